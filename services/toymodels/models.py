@@ -65,8 +65,8 @@ PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         # Test models: tiny, fast to start, outputs sensitive to adapters.
-        ModelPreset("tiny-llama", "llama", 64, 128, 2, 4, 2),
-        ModelPreset("tiny-qwen2", "qwen2", 64, 128, 2, 4, 2),
+        ModelPreset("tiny-llama", "llama", 128, 256, 2, 4, 2),
+        ModelPreset("tiny-qwen2", "qwen2", 128, 256, 2, 4, 2),
         # Benchmark model for CPU runs: big enough that matmuls, not Python, dominate.
         ModelPreset("bench-llama", "llama", 512, 1408, 4, 8, 4, initializer_range=0.02),
         # Qwen2.5-0.5B's real shapes (GPU-sized benchmarks; ~2 GB in float32).

@@ -1,0 +1,15 @@
+"""preft-serve adapter kernels (import name ``preft_kernels``).
+
+* :mod:`preft_kernels.lora_grouped` — CPU grouped (segment-per-adapter) LoRA: one matmul
+  per adapter group instead of vLLM's per-token weight gather.
+* :mod:`preft_kernels.reference` — float64 references every kernel is tested against.
+"""
+
+from preft_kernels.lora_grouped import (
+    AdapterGroups,
+    grouped_lora_expand,
+    grouped_lora_linear,
+    grouped_lora_shrink,
+)
+
+__all__ = ["AdapterGroups", "grouped_lora_expand", "grouped_lora_linear", "grouped_lora_shrink"]

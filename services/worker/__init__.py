@@ -1,0 +1,1 @@
+"""The worker: vLLM's own OpenAI server extended through the ``preft`` plugin."""

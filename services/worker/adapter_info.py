@@ -1,0 +1,65 @@
+"""Reads an adapter's mode, type and content digest from its directory, once.
+
+Both the scheduler (engine-core process) and the model runner (worker process) need to
+know whether a request's adapter is prefill-only; vLLM only carries ``LoRARequest``
+(name, int id, path), so the config on disk is the one source both can read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+
+from preft_serve.common.adapter_format import (
+    AdapterMode,
+    AdapterType,
+    adapter_mode,
+    adapter_type,
+    directory_digest,
+    read_config,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterInfo:
+    """What the engine needs to know about one loaded adapter."""
+
+    mode: AdapterMode
+    type: AdapterType
+    digest: str
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.mode is AdapterMode.PREFILL
+
+
+class AdapterInfoCache:
+    """Memoises :class:`AdapterInfo` per ``(adapter int id, path)``.
+
+    vLLM gives a re-registered adapter a new int id, so the key never goes stale; requests
+    marked ``load_inplace`` (weights replaced under the same id) are re-read.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._infos: dict[tuple[int, str], AdapterInfo] = {}
+
+    def get(self, adapter_id: int, path: str, reload: bool = False) -> AdapterInfo:
+        key = (adapter_id, path)
+        info = None if reload else self._infos.get(key)
+        if info is None:
+            config = read_config(Path(path))
+            info = AdapterInfo(adapter_mode(config), adapter_type(config), directory_digest(path))
+            with self._lock:
+                self._infos[key] = info
+        return info
+
+    def forget(self, adapter_id: int) -> None:
+        with self._lock:
+            for key in [k for k in self._infos if k[0] == adapter_id]:
+                del self._infos[key]
+
+
+ADAPTER_INFO = AdapterInfoCache()
+"""Process-wide cache shared by the scheduler, model runner and prefix-cache hashing."""

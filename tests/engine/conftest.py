@@ -1,0 +1,120 @@
+"""One vLLM engine per model per test session (real vLLM, PreFT plugin on), plus adapters.
+
+The engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni`` executor) so a
+session starts each in ~2 s; the budget of 64 batched tokens makes any prompt over 64
+tokens a chunked prefill, and ``max_loras=2`` makes most tests oversubscribe adapter slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from preft_serve.common.adapter_format import AdapterMode  # noqa: E402
+from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model  # noqa: E402
+
+ARCHS = ("tiny-llama", "tiny-qwen2")
+MAX_LORAS = 2
+BATCH_TOKENS = 64
+ADAPTER_SEEDS = (1, 2, 3, 4)
+
+
+@dataclasses.dataclass
+class Engine:
+    """A live vLLM engine with the PreFT plugin and the adapters generated for its model."""
+
+    llm: Any
+    model_dir: Path
+    adapters: dict[str, Path]  # "prefill-1", "all-1", ... -> adapter dir
+    _ids: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
+    _requests: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+
+    def lora(self, name: str | None, path: Path | None = None) -> Any:
+        """A LoRARequest for adapter ``name`` (stable id per name and path)."""
+        from vllm.lora.request import LoRARequest
+
+        if name is None:
+            return None
+        path = path or self.adapters[name]
+        key = (name, str(path))
+        if key not in self._requests:
+            self._requests[key] = LoRARequest(name, next(self._ids), str(path))
+        return self._requests[key]
+
+    def fresh_lora(self, name: str, path: Path) -> Any:
+        """A new registration (new int id) of ``name`` at ``path``, as a reload would do."""
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(name, next(self._ids), str(path))
+        self._requests[(name, str(path))] = request
+        return request
+
+    def generate(
+        self, prompts: list[list[int]], loras: list[Any], max_tokens: int = 16
+    ) -> list[Any]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        return self.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, lora_request=loras,
+            use_tqdm=False,
+        )
+
+    def tokens(self, prompts: list[list[int]], loras: list[Any], max_tokens: int = 16
+               ) -> list[list[int]]:
+        return [list(o.outputs[0].token_ids) for o in self.generate(prompts, loras, max_tokens)]
+
+
+def make_adapters(model_dir: Path, root: Path) -> dict[str, Path]:
+    """Prefill and all versions of the same weights for each seed."""
+    adapters = {}
+    for seed in ADAPTER_SEEDS:
+        for mode in AdapterMode:
+            name = f"{mode.value}-{seed}"
+            adapters[name] = make_lora_adapter(
+                model_dir, root / name, seed=seed, spec=LoraSpec(rank=8, mode=mode)
+            )
+    return adapters
+
+
+@pytest.fixture(scope="session")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Engine]:
+    from vllm import LLM
+
+    from preft_serve.worker.engine_config import preft_engine_kwargs
+
+    root = tmp_path_factory.mktemp("engine-models")
+    built: dict[str, Engine] = {}
+    for arch in ARCHS:
+        model_dir = make_model(arch, root / arch)
+        llm = LLM(
+            model=str(model_dir),
+            dtype="float32",
+            enforce_eager=True,
+            max_loras=MAX_LORAS,
+            max_cpu_loras=4,
+            max_lora_rank=8,
+            kv_cache_memory_bytes=64 << 20,
+            distributed_executor_backend="uni",
+            max_model_len=512,
+            max_num_seqs=8,
+            max_num_batched_tokens=BATCH_TOKENS,
+            enable_prefix_caching=True,
+            seed=0,
+            disable_log_stats=False,
+            **preft_engine_kwargs(),
+        )
+        built[arch] = Engine(llm, model_dir, make_adapters(model_dir, root / f"{arch}-adapters"))
+    return built
+
+
+@pytest.fixture(params=ARCHS)
+def engine(request: pytest.FixtureRequest, engines: dict[str, Engine]) -> Engine:
+    return engines[request.param]

@@ -1,0 +1,78 @@
+"""The reference oracle: Hugging Face transformers + peft, independent of vLLM.
+
+* base:    the plain model, greedy.
+* all:     ``PeftModel.generate`` (adapter on every token).
+* prefill: the prompt runs through the PeftModel with the adapter enabled and
+  ``use_cache=True``; then decoding continues greedily under ``disable_adapter()`` on that
+  same cache, so every generated token after the first comes from the base model.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+
+@functools.lru_cache(maxsize=4)
+def _base_model(model_dir: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model.eval()
+
+
+def _peft_model(model_dir: str, adapter_dir: str):
+    from peft import PeftModel
+
+    # A fresh base each time: PeftModel injects layers into the module it wraps.
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return PeftModel.from_pretrained(base, adapter_dir).eval()
+
+
+@torch.no_grad()
+def _greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt):].tolist()
+
+
+@torch.no_grad()
+def generate_base(model_dir: str | Path, prompt: list[int], max_tokens: int) -> list[int]:
+    return _greedy(_base_model(str(model_dir)), prompt, max_tokens)
+
+
+@torch.no_grad()
+def generate_all(
+    model_dir: str | Path, adapter_dir: str | Path, prompt: list[int], max_tokens: int
+) -> list[int]:
+    return _greedy(_peft_model(str(model_dir), str(adapter_dir)), prompt, max_tokens)
+
+
+@torch.no_grad()
+def generate_prefill(
+    model_dir: str | Path, adapter_dir: str | Path, prompt: list[int], max_tokens: int
+) -> list[int]:
+    model = _peft_model(str(model_dir), str(adapter_dir))
+    ids = torch.tensor([prompt])
+    out = model(input_ids=ids, use_cache=True)
+    cache = out.past_key_values
+    token = int(out.logits[0, -1].argmax())
+    generated = [token]
+    with model.disable_adapter():
+        for _ in range(max_tokens - 1):
+            step = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache = step.past_key_values
+            token = int(step.logits[0, -1].argmax())
+            generated.append(token)
+    return generated

@@ -1,0 +1,62 @@
+"""PreFT correctness: vLLM's greedy tokens equal the HF+peft oracle exactly (float32)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.engine import oracle
+from tests.engine.conftest import BATCH_TOKENS, MAX_LORAS, Engine
+
+MAX_TOKENS = 16
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(length)]
+
+
+def expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:
+    if name is None:
+        return oracle.generate_base(engine.model_dir, tokens, MAX_TOKENS)
+    generate = oracle.generate_prefill if name.startswith("prefill") else oracle.generate_all
+    return generate(engine.model_dir, engine.adapters[name], tokens, MAX_TOKENS)
+
+
+def test_base_all_prefill_match_oracle_and_differ(engine: Engine) -> None:
+    p = prompt(1, 24)
+    names = [None, "all-1", "prefill-1"]
+    got = [engine.tokens([p], [engine.lora(n)], MAX_TOKENS)[0] for n in names]
+    want = [expected(engine, n, p) for n in names]
+    assert got == want
+    base, all_tokens, prefill = got
+    assert base != all_tokens and base != prefill and all_tokens != prefill
+    # PreFT's first token comes from the adapted prompt, so it matches mode "all"...
+    assert prefill[0] == all_tokens[0]
+    # ...and everything after is decoded by the base model.
+    assert prefill[1:] != all_tokens[1:]
+
+
+@pytest.mark.parametrize("name", ["prefill-2", "all-2"])
+def test_prompt_longer_than_chunked_prefill_budget(engine: Engine, name: str) -> None:
+    p = prompt(2, 3 * BATCH_TOKENS + 7)  # four chunks; the last prompt token in the last one
+    assert engine.tokens([p], [engine.lora(name)], MAX_TOKENS)[0] == expected(engine, name, p)
+
+
+def test_more_distinct_adapters_than_slots_in_one_mixed_batch(engine: Engine) -> None:
+    names = [None, "prefill-1", "prefill-2", "prefill-3", "prefill-4", "all-3", None, "all-4"]
+    assert len({n for n in names if n}) > MAX_LORAS
+    prompts = [prompt(10 + i, 12 + 9 * i) for i in range(len(names))]  # some chunked
+    got = engine.tokens(prompts, [engine.lora(n) for n in names], MAX_TOKENS)
+    for name, p, tokens in zip(names, prompts, got):
+        assert tokens == expected(engine, name, p), name
+
+
+def test_same_prompt_different_adapters_in_one_batch(engine: Engine) -> None:
+    """One prompt under four adapters at once: prompt KV must never be shared."""
+    p = prompt(3, 40)
+    names = ["prefill-1", "prefill-2", "all-1", None]
+    got = engine.tokens([p] * 4, [engine.lora(n) for n in names], MAX_TOKENS)
+    assert got == [expected(engine, n, p) for n in names]
+    assert len({tuple(t) for t in got}) == 4
