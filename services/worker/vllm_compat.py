@@ -16,9 +16,9 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
 3. Punica wrapper (``vllm/lora/punica_wrapper/punica_cpu.py``): on CPU, grouped per-adapter
    GEMMs from ``preft_kernels`` replace the per-token weight gather, and a step with no
    adapter token does no adapter work. Installed through ``CpuPlatform.get_punica_wrapper``.
-4. Prefix-cache keys (``vllm/v1/core/kv_cache_utils.py::_gen_lora_extra_hash_keys``): the
-   adapter's content digest is added, so different content under one name/path never
-   shares KV blocks.
+4. Prefix-cache keys (``vllm/v1/core/kv_cache_utils.py::_gen_lora_extra_hash_keys``): keyed
+   by the adapter's content digest instead of its name and path, so different content
+   under one name/path never shares KV blocks and identical content does.
 """
 
 from __future__ import annotations
@@ -244,14 +244,12 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
 # -- 4. prefix-cache keys --------------------------------------------------------------
 
 
-def _lora_extra_hash_keys_with_digest(request: Any) -> list[tuple[str, ...]]:
-    keys = list(_STOCK_LORA_HASH_KEYS(request))
-    if request.lora_request is not None:
-        keys.append(("adapter_sha256", adapter_info_of(request.lora_request).digest))
-    return keys
-
-
-_STOCK_LORA_HASH_KEYS = kv_cache_utils._gen_lora_extra_hash_keys
+def _lora_extra_hash_keys_by_content(request: Any) -> list[tuple[str, str]]:
+    """Key prompt KV by adapter content, not by name/path as stock vLLM does: a new version
+    under an old name or path never reuses stale KV, and identical content shares blocks."""
+    if request.lora_request is None:
+        return []
+    return [("adapter_sha256", adapter_info_of(request.lora_request).digest)]
 
 
 # -- installation ----------------------------------------------------------------------
@@ -269,7 +267,7 @@ def install() -> None:
             "preft plugin is pinned to vLLM %s but found %s: re-check %s",
             PINNED_VLLM_VERSION, vllm.__version__, __file__,
         )
-    kv_cache_utils._gen_lora_extra_hash_keys = _lora_extra_hash_keys_with_digest
+    kv_cache_utils._gen_lora_extra_hash_keys = _lora_extra_hash_keys_by_content
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():

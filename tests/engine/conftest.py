@@ -23,6 +23,7 @@ from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model  # noq
 ARCHS = ("tiny-llama", "tiny-qwen2")
 MAX_LORAS = 2
 BATCH_TOKENS = 64
+KV_BLOCK = 32  # CPU attention wants multiples of 32; the CPU default is 128
 ADAPTER_SEEDS = (1, 2, 3, 4)
 
 
@@ -107,6 +108,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Engine]:
             max_num_seqs=8,
             max_num_batched_tokens=BATCH_TOKENS,
             enable_prefix_caching=True,
+            block_size=KV_BLOCK,
             seed=0,
             disable_log_stats=False,
             **preft_engine_kwargs(),

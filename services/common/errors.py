@@ -1,0 +1,194 @@
+"""One error envelope for every preft-serve HTTP service.
+
+Every error response has the same JSON shape, so clients (and the ``preft`` CLI) can show
+the message without guessing::
+
+    {"error": {"code": "not_found", "message": "adapter 'x' does not exist", "details": null}}
+
+Handlers raise a :class:`ServiceError` subclass; :func:`install_error_handlers` turns it,
+FastAPI's request-validation errors, unknown routes and unexpected exceptions into that
+envelope. ``ServiceError`` subclasses Starlette's ``HTTPException`` on purpose: FastAPI
+re-raises ``HTTPException`` from inside body parsing instead of turning it into a generic
+400, so a size limit enforced while the body streams keeps its 413.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any, ClassVar, Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class ErrorBody(BaseModel):
+    """What went wrong and what to do about it."""
+
+    code: str
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The envelope every error response uses."""
+
+    error: ErrorBody
+
+
+class ServiceError(StarletteHTTPException):
+    """Base of all expected errors; the message must tell the caller what to fix."""
+
+    status_code: ClassVar[int] = 500  # type: ignore[misc]
+    code: ClassVar[str] = "internal"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: list[dict[str, Any]] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(self.status_code, message, dict(headers) if headers else None)
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class BadRequest(ServiceError):
+    status_code = 400
+    code = "bad_request"
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("headers", {"WWW-Authenticate": "Bearer"})
+        super().__init__(message, **kwargs)
+
+
+class Forbidden(ServiceError):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class Unprocessable(ServiceError):
+    status_code = 422
+    code = "invalid"
+
+
+class TooManyRequests(ServiceError):
+    status_code = 429
+    code = "rate_limited"
+
+
+class ServiceUnavailable(ServiceError):
+    status_code = 503
+    code = "unavailable"
+
+
+def error_response(
+    status_code: int,
+    code: str,
+    message: str,
+    details: list[dict[str, Any]] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """Build the envelope response (also usable from plain ASGI middleware)."""
+    body = ErrorResponse(error=ErrorBody(code=code, message=message, details=details))
+    return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
+
+
+def _status_code_name(status_code: int) -> str:
+    try:
+        return HTTPStatus(status_code).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        return "error"
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """Readable one-line summary plus per-field details of a pydantic/FastAPI error list."""
+    details = []
+    parts = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        field = ".".join(loc) or "request"
+        msg = err.get("msg", "invalid value")
+        if err.get("type") == "missing":
+            msg = "field required"
+        details.append({"field": field, "message": msg})
+        parts.append(f"{field}: {msg}")
+    return "invalid request: " + "; ".join(parts), details
+
+
+async def _service_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
+
+
+async def _http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404 and message == "Not Found":
+        message = "no such endpoint; see /docs for the API"
+    elif exc.status_code == 405:
+        message = "method not allowed on this endpoint; see /docs for the API"
+    return error_response(
+        exc.status_code, _status_code_name(exc.status_code), message, None, exc.headers
+    )
+
+
+async def _validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, details = _validation_message(list(exc.errors()))
+    return error_response(422, "invalid", message, details)
+
+
+async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal server error; the server log has details")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error an app can produce through the one envelope."""
+    app.add_exception_handler(ServiceError, _service_error_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_error_handler)
+    app.add_exception_handler(RequestValidationError, _validation_error_handler)
+    app.add_exception_handler(Exception, _unexpected_error_handler)
+
+
+def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries documenting the envelope for these status codes."""
+    return {
+        code: {"model": ErrorResponse, "description": HTTPStatus(code).phrase}
+        for code in status_codes
+    }

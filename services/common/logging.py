@@ -1,0 +1,132 @@
+"""One logging setup for every preft-serve process.
+
+Modules log through ``logging.getLogger(__name__)`` with lazy ``%s`` arguments; a service
+calls :func:`setup_logging` once at start-up. Output is plain text for humans or one JSON
+object per line for log collectors (``json_output=True``). A :class:`RedactingFilter` on
+the handler scrubs bearer tokens, ``Authorization`` values and API keys from every record
+(including ones from uvicorn and libraries), so a secret that reaches a log call by
+accident never reaches the log.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import re
+import sys
+from typing import IO, Any
+
+REDACTED = "***"
+_HANDLER_MARK = "_preft_handler"
+
+# Attributes every LogRecord has; anything else came in through ``extra=``.
+_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+_SENSITIVE_NAMES = re.compile(r"(?i)(authorization|api[_-]?key|token|secret|password|credential)")
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # preft API keys: keep the public key id, drop the secret.
+    (re.compile(r"\b(pft_[A-Za-z0-9]+)\.[A-Za-z0-9_\-]+"), rf"\1.{REDACTED}"),
+    # "Authorization: Bearer xyz", "authorization=xyz", JSON-ish "authorization": "xyz"
+    (
+        re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)(bearer\s+|basic\s+)?[^\s'\",;]+"),
+        rf"\1\2{REDACTED}",
+    ),
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]+"), rf"\1{REDACTED}"),
+    (
+        re.compile(
+            r"(?i)\b((?:x-)?api[_-]?key|access[_-]?token|secret(?:[_-]access)?[_-]?key|"
+            r"admin[_-]?token|password)(['\"]?\s*[:=]\s*['\"]?)[^\s'\",;&]+"
+        ),
+        rf"\1\2{REDACTED}",
+    ),
+)
+
+
+def redact(text: str) -> str:
+    """Scrub tokens and keys out of free text."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _redact_value(name: str, value: Any) -> Any:
+    if _SENSITIVE_NAMES.search(name):
+        return REDACTED
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_value(str(k), v) for k, v in value.items()}
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites each record so its message and ``extra`` fields carry no secrets."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string must not lose the record
+            message = str(record.msg)
+        record.msg = redact(message)
+        record.args = None
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD_ATTRS:
+                setattr(record, key, _redact_value(key, value))
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, extras, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": _dt.datetime.fromtimestamp(record.created, _dt.timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exc_info"] = redact(self.formatException(record.exc_info))
+        if record.stack_info:
+            entry["stack_info"] = record.stack_info
+        return json.dumps(entry, default=str)
+
+
+class _TextFormatter(logging.Formatter):
+    def formatException(self, ei: Any) -> str:  # noqa: N802 (stdlib name)
+        return redact(super().formatException(ei))
+
+
+def setup_logging(
+    level: str | int = "INFO", *, json_output: bool = False, stream: IO[str] | None = None
+) -> logging.Handler:
+    """Install the one root handler (idempotent: a second call replaces the first).
+
+    uvicorn's loggers are pointed at the root handler too, so access logs get the same
+    format and redaction.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _HANDLER_MARK, False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    setattr(handler, _HANDLER_MARK, True)
+    handler.addFilter(RedactingFilter())
+    handler.setFormatter(
+        JsonFormatter()
+        if json_output
+        else _TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    )
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uv = logging.getLogger(name)
+        uv.handlers.clear()
+        uv.propagate = True
+    return handler

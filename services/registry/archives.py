@@ -1,0 +1,189 @@
+"""Unpacking an uploaded adapter archive (.tar, .tar.gz/.tgz, .zip) safely.
+
+Only regular files named like adapter files are extracted, at the archive root or under one
+top-level folder. Links, devices, absolute paths and ``..`` are rejected before anything is
+written; sizes are enforced on the bytes actually produced while decompressing (never on
+header claims alone), and a compression ratio cap stops zip/gzip bombs.
+"""
+
+from __future__ import annotations
+
+import stat
+import tarfile
+import zipfile
+import zlib
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+from preft_serve.common.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from preft_serve.registry.validation import ValidationLimits
+from preft_serve.registry.validation.weights import CONVERT_HINT
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
+IGNORED = ("README.md", ".gitattributes")  # written by PEFT's save_pretrained; not stored
+_RATIO_FLOOR = 1 << 20  # ratios only matter once output passes 1 MiB
+_CHUNK = 1 << 20
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def is_archive(filename: str) -> bool:
+    return filename.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def file_role(basename: str) -> str:
+    """Which adapter file an uploaded name is; rejects pickles and strangers with a hint."""
+    if basename in (CONFIG_FILE, WEIGHTS_FILE):
+        return basename
+    if basename.lower().endswith(PICKLE_SUFFIXES):
+        raise UnsupportedMediaType(
+            f"{basename} is a pickle-based PyTorch file, which the registry never loads; "
+            f"{CONVERT_HINT}"
+        )
+    raise BadRequest(f"unexpected file {basename!r}: an adapter is exactly {CONFIG_FILE} and "
+                     f"{WEIGHTS_FILE} (or one .tar.gz/.zip of a folder holding them)")
+
+
+class _Extractor:
+    """Shared member checks and bounded copying for tar and zip."""
+
+    def __init__(self, dest: Path, limits: ValidationLimits, compressed_size: int) -> None:
+        self.dest = dest
+        self.limits = limits
+        self.compressed_size = max(compressed_size, 1)
+        self.members = 0
+        self.total_out = 0
+        self.found: dict[str, Path] = {}
+
+    def count(self, name: str) -> None:
+        self.members += 1
+        if self.members > self.limits.max_archive_members:
+            raise BadRequest(f"archive has more than {self.limits.max_archive_members} entries; "
+                             f"an adapter archive holds {CONFIG_FILE} and {WEIGHTS_FILE}")
+
+    def role(self, name: str) -> str | None:
+        """Which adapter file this member is (None: ignorable); rejects unsafe paths."""
+        if "\\" in name or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+            raise BadRequest(f"archive entry {name!r} has an absolute or Windows path; "
+                             "use relative paths")
+        parts = [p for p in PurePosixPath(name).parts if p != "."]
+        if ".." in parts:
+            raise BadRequest(f"archive entry {name!r} points outside the archive ('..')")
+        if not parts or parts[0] == "__MACOSX" or parts[-1].startswith("._"):
+            return None
+        if len(parts) > 2:
+            raise BadRequest(f"archive entry {name!r} is nested too deeply; put the adapter "
+                             "files at the archive root or in one top-level folder")
+        base = parts[-1]
+        if base in IGNORED:
+            return None
+        return file_role(base)
+
+    def take(self, name: str, role: str, size: int, compressed: int, src: BinaryIO) -> None:
+        if role in self.found:
+            raise BadRequest(f"archive contains {role} more than once")
+        limit = self.limits.max_config_bytes if role == CONFIG_FILE else (
+            self.limits.max_weights_bytes)
+        if size > limit:
+            raise PayloadTooLarge(f"{role} in the archive is {size} bytes; the limit is {limit}")
+        ratio_cap = self.limits.max_compression_ratio
+        if size > _RATIO_FLOOR and compressed and size / compressed > ratio_cap:
+            raise BadRequest(f"archive entry {name!r} expands {size / compressed:.0f}x, over "
+                             f"the {ratio_cap:.0f}x limit (zip bomb?)")
+        path = self.dest / role
+        written = 0
+        with open(path, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                written += len(chunk)
+                self.total_out += len(chunk)
+                if written > min(limit, size):
+                    raise PayloadTooLarge(f"{role} in the archive expands beyond its declared "
+                                          f"size or the {limit}-byte limit")
+                if (self.total_out > _RATIO_FLOOR
+                        and self.total_out / self.compressed_size > ratio_cap):
+                    raise BadRequest(f"archive expands more than {ratio_cap:.0f}x (zip bomb?)")
+                out.write(chunk)
+        self.found[role] = path
+
+
+def extract_archive(
+    fileobj: BinaryIO, filename: str, dest: Path, limits: ValidationLimits
+) -> dict[str, Path]:
+    """Extract adapter files from an archive upload into ``dest``: role -> path."""
+    fileobj.seek(0, 2)
+    compressed_size = fileobj.tell()
+    fileobj.seek(0)
+    ex = _Extractor(dest, limits, compressed_size)
+    if filename.lower().endswith(".zip"):
+        _zip(fileobj, ex)
+    else:
+        _tar(fileobj, ex)
+    return ex.found
+
+
+def _zip(fileobj: BinaryIO, ex: _Extractor) -> None:
+    try:
+        archive = zipfile.ZipFile(fileobj)
+    except zipfile.BadZipFile as exc:
+        raise BadRequest(f"upload is not a readable .zip archive: {exc}") from None
+    with archive:
+        for info in archive.infolist():
+            ex.count(info.filename)
+            mode = info.external_attr >> 16
+            if stat.S_ISLNK(mode):
+                raise BadRequest(f"archive entry {info.filename!r} is a symbolic link; "
+                                 "only regular files are allowed")
+            if info.is_dir():
+                continue
+            if info.flag_bits & 0x1:
+                raise BadRequest(f"archive entry {info.filename!r} is encrypted")
+            role = ex.role(info.filename)
+            if role is None:
+                continue
+            try:
+                with archive.open(info) as src:
+                    ex.take(info.filename, role, info.file_size, info.compress_size, src)
+            except (zipfile.BadZipFile, EOFError, OSError) as exc:
+                raise BadRequest(f"archive entry {info.filename!r} is corrupt: {exc}") from None
+
+
+def _tar(fileobj: BinaryIO, ex: _Extractor) -> None:
+    try:
+        archive = tarfile.open(fileobj=fileobj, mode="r|*")
+    except tarfile.TarError as exc:
+        raise BadRequest(f"upload is not a readable .tar/.tar.gz archive: {exc}") from None
+    try:
+        with archive:
+            for member in archive:
+                ex.count(member.name)
+                if member.issym() or member.islnk():
+                    raise BadRequest(f"archive entry {member.name!r} is a link; only regular "
+                                     "files are allowed")
+                if member.isdir():
+                    continue
+                if not member.isreg():
+                    raise BadRequest(f"archive entry {member.name!r} is not a regular file")
+                role = ex.role(member.name)
+                if role is None:
+                    if member.size > ex.limits.max_config_bytes:
+                        raise PayloadTooLarge(f"archive entry {member.name!r} is too large")
+                    continue
+                src = archive.extractfile(member)
+                assert src is not None
+                ex.take(member.name, role, member.size, 0, src)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise BadRequest(f"archive is corrupt or truncated: {exc}") from None
+
+
+def copy_bounded(src: BinaryIO, dest: Path, limit: int, what: str) -> int:
+    """Copy an uploaded part to ``dest``, failing as soon as it passes ``limit`` bytes."""
+    written = 0
+    src.seek(0)
+    with open(dest, "wb") as out:
+        while chunk := src.read(_CHUNK):
+            written += len(chunk)
+            if written > limit:
+                raise PayloadTooLarge(f"{what} is larger than the {limit}-byte limit")
+            out.write(chunk)
+    return written

@@ -1,0 +1,164 @@
+"""Adapter validation: nothing is stored unless every check here passes.
+
+:func:`validate_adapter` runs the shared checks (config JSON, type, safetensors structure,
+dtypes, exact tensor names and shapes for the base model, finite values) and the
+type-specific rules of the validator registered for the adapter's type (``lora``,
+``reft``; see ``validation/base.py`` for adding one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from preft_serve.common.adapter_format import (
+    MODE_KEY,
+    AdapterFormatError,
+    AdapterMode,
+    AdapterType,
+    adapter_type,
+    canonical_config_bytes,
+)
+from preft_serve.common.objectstore import file_digest
+from preft_serve.registry.validation import lora, reft  # noqa: F401  (register validators)
+from preft_serve.registry.validation.base import (
+    AdapterRejected,
+    AdapterValidator,
+    BaseModelSpec,
+    ValidationLimits,
+    get_validator,
+    register_validator,
+    supported_types,
+)
+from preft_serve.registry.validation.weights import WeightsFile, WeightsFormatError
+
+__all__ = [
+    "AdapterRejected",
+    "AdapterValidator",
+    "BaseModelSpec",
+    "ValidatedAdapter",
+    "ValidationLimits",
+    "get_validator",
+    "register_validator",
+    "supported_types",
+    "validate_adapter",
+]
+_MAX_LISTED = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidatedAdapter:
+    """A checked adapter: canonical config bytes plus the facts the registry records."""
+
+    config: dict[str, Any]
+    config_bytes: bytes
+    weights_path: Path
+    type: AdapterType
+    mode: AdapterMode
+    rank: int
+    sha256: str
+    size_bytes: int
+    base_model: str
+
+
+def load_config(path: Path, limits: ValidationLimits) -> dict[str, Any]:
+    """Parse adapter_config.json (size-bounded) into a JSON object."""
+    size = path.stat().st_size
+    if size > limits.max_config_bytes:
+        raise AdapterRejected(f"adapter_config.json is {size} bytes; the limit is "
+                              f"{limits.max_config_bytes}")
+    try:
+        config = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise AdapterRejected(f"adapter_config.json is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise AdapterRejected("adapter_config.json must hold a JSON object")
+    return config
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _tensor_problems(
+    validator: AdapterValidator,
+    config: dict[str, Any],
+    weights: WeightsFile,
+    base: BaseModelSpec,
+    limits: ValidationLimits,
+) -> list[str]:
+    expected = validator.expected_tensors(config, base)
+    actual = weights.tensors
+    problems: list[str] = []
+    for name, info in actual.items():
+        if name not in expected:
+            problems.append(f"unexpected tensor {name}: adapter_config.json "
+                            f"({validator.type.value}) does not call for it")
+        elif info.shape != expected[name]:
+            problems.append(
+                f"tensor {name} has shape {_shape(info.shape)}; base model {base.describe()} "
+                f"needs {_shape(expected[name])} - was it trained for another base model?"
+            )
+        if info.dtype not in limits.allowed_dtypes:
+            problems.append(f"tensor {name} has dtype {info.dtype}; use one of "
+                            f"{', '.join(limits.allowed_dtypes)}")
+    for name, shape in expected.items():
+        if name not in actual:
+            problems.append(f"missing tensor {name} (shape {_shape(shape)}) that "
+                            f"adapter_config.json calls for")
+    if not problems:
+        problems = [f"tensor {name} contains NaN or Inf values; fix the training run"
+                    for name in actual if weights.has_non_finite(name)]
+    return problems
+
+
+def validate_adapter(
+    config_path: Path,
+    weights_path: Path,
+    mode: AdapterMode,
+    base: BaseModelSpec,
+    limits: ValidationLimits,
+) -> ValidatedAdapter:
+    """Check an unpacked adapter; raise :class:`AdapterRejected` with every problem found.
+
+    The stored config is the uploaded one with ``preft_mode`` set from ``mode``.
+    """
+    config = load_config(config_path, limits)
+    config[MODE_KEY] = AdapterMode(mode).value
+    try:
+        kind = adapter_type(config)
+    except AdapterFormatError as exc:
+        raise AdapterRejected(f"adapter_config.json: {exc}") from None
+    validator = get_validator(kind)
+    rank = validator.check_config(config, base, limits)
+    size = weights_path.stat().st_size
+    if size > limits.max_weights_bytes:
+        raise AdapterRejected(f"adapter_model.safetensors is {size} bytes; the limit is "
+                              f"{limits.max_weights_bytes}")
+    try:
+        weights = WeightsFile(weights_path)
+    except WeightsFormatError as exc:
+        raise AdapterRejected(str(exc)) from None
+    problems = _tensor_problems(validator, config, weights, base, limits)
+    if not problems:
+        problems = validator.check_values(config, weights)
+    if problems:
+        extra = f" (and {len(problems) - 1} more; see details)" if len(problems) > 1 else ""
+        raise AdapterRejected(
+            problems[0] + extra,
+            details=[{"message": p} for p in problems[:_MAX_LISTED]],
+        )
+    config_bytes = canonical_config_bytes(config)
+    return ValidatedAdapter(
+        config=config,
+        config_bytes=config_bytes,
+        weights_path=weights_path,
+        type=kind,
+        mode=AdapterMode(mode),
+        rank=rank,
+        sha256=file_digest(config_bytes, weights_path),
+        size_bytes=size,
+        base_model=base.name,
+    )

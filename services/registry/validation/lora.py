@@ -1,0 +1,110 @@
+"""LoRA (PEFT ``"peft_type": "LORA"``): config rules and the tensors a config implies.
+
+Tensor names follow PEFT: ``base_model.model.model.layers.{L}.{self_attn|mlp}.{module}.
+lora_A.weight`` with shape ``(r, in_features)`` and ``lora_B.weight`` with shape
+``(out_features, r)``. Features the engine does not apply (DoRA, bias, modules_to_save,
+per-module ranks) are rejected rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from preft_serve.common.adapter_format import AdapterType
+from preft_serve.registry.validation.base import (
+    AdapterValidator,
+    BaseModelSpec,
+    Shapes,
+    ValidationLimits,
+    is_int,
+    register_validator,
+    require,
+)
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+SUPPORTED_MODULES = ATTENTION + MLP
+_PREFIX = "base_model.model.model.layers"
+
+
+def module_features(base: BaseModelSpec, module: str) -> tuple[int, int]:
+    """(in_features, out_features) of a decoder projection."""
+    q = base.num_heads * base.head_dim
+    kv = base.num_kv_heads * base.head_dim
+    return {
+        "q_proj": (base.hidden_size, q),
+        "k_proj": (base.hidden_size, kv),
+        "v_proj": (base.hidden_size, kv),
+        "o_proj": (q, base.hidden_size),
+        "gate_proj": (base.hidden_size, base.intermediate_size),
+        "up_proj": (base.hidden_size, base.intermediate_size),
+        "down_proj": (base.intermediate_size, base.hidden_size),
+    }[module]
+
+
+def _layers(config: Mapping[str, Any], base: BaseModelSpec) -> list[int]:
+    chosen = config.get("layers_to_transform")
+    if chosen is None:
+        return list(range(base.num_layers))
+    return [chosen] if is_int(chosen) else list(chosen)
+
+
+@register_validator
+class LoraValidator(AdapterValidator):
+    type = AdapterType.LORA
+
+    def check_config(
+        self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
+    ) -> int:
+        rank = config.get("r")
+        require(is_int(rank) and rank >= 1, f"LoRA config 'r' must be a positive integer "
+                f"(got {rank!r})")
+        require(rank <= limits.max_rank, f"LoRA rank r={rank} exceeds this registry's maximum "
+                f"of {limits.max_rank}; retrain with r <= {limits.max_rank}")
+        alpha = config.get("lora_alpha", rank)
+        require((is_int(alpha) or isinstance(alpha, float)) and alpha > 0,
+                f"LoRA config 'lora_alpha' must be a positive number (got {alpha!r})")
+        modules = config.get("target_modules")
+        require(
+            isinstance(modules, list) and bool(modules)
+            and all(isinstance(m, str) for m in modules),
+            "LoRA config 'target_modules' must be a non-empty list of module names "
+            f"from: {', '.join(SUPPORTED_MODULES)} (got {modules!r})",
+        )
+        unknown = sorted(set(modules) - set(SUPPORTED_MODULES))
+        require(not unknown, f"LoRA target_modules {unknown} are not supported; use only: "
+                f"{', '.join(SUPPORTED_MODULES)}")
+        require(not config.get("use_dora"), "DoRA adapters (use_dora=true) are not supported; "
+                "train a plain LoRA adapter")
+        require(config.get("bias", "none") == "none", f"LoRA bias={config.get('bias')!r} is not "
+                "supported; train with bias='none'")
+        require(not config.get("modules_to_save"), "modules_to_save is not supported (it would "
+                "replace base-model weights); train without it")
+        require(not config.get("fan_in_fan_out"), "fan_in_fan_out=true is not supported")
+        for key in ("rank_pattern", "alpha_pattern"):
+            require(not config.get(key), f"per-module {key} is not supported; use one r and "
+                    "lora_alpha for all modules")
+        require(isinstance(config.get("use_rslora", False), bool),
+                "LoRA config 'use_rslora' must be true or false")
+        layers = config.get("layers_to_transform")
+        if layers is not None:
+            as_list = [layers] if is_int(layers) else layers
+            require(
+                isinstance(as_list, list) and bool(as_list)
+                and all(is_int(x) and 0 <= x < base.num_layers for x in as_list),
+                f"layers_to_transform must list layer indices in 0..{base.num_layers - 1} "
+                f"(the base model has {base.num_layers} layers; got {layers!r})",
+            )
+        return int(rank)
+
+    def expected_tensors(self, config: Mapping[str, Any], base: BaseModelSpec) -> Shapes:
+        rank = int(config["r"])
+        shapes: Shapes = {}
+        for layer in _layers(config, base):
+            for module in dict.fromkeys(config["target_modules"]):
+                group = "self_attn" if module in ATTENTION else "mlp"
+                fan_in, fan_out = module_features(base, module)
+                prefix = f"{_PREFIX}.{layer}.{group}.{module}"
+                shapes[f"{prefix}.lora_A.weight"] = (rank, fan_in)
+                shapes[f"{prefix}.lora_B.weight"] = (fan_out, rank)
+        return shapes

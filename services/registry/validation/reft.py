@@ -1,0 +1,118 @@
+"""ReFT (``"peft_type": "REFT"``): DiReFT and LoReFT interventions, per docs/adapters.md.
+
+For each layer ``L`` in ``layers`` and each part ``P`` the tensors are
+``layers.{L}.{P}.{w1,b,w2}`` (DiReFT) or ``layers.{L}.{P}.{r,w,b}`` (LoReFT). ``P`` is
+``shared`` when ``share_weights`` is true or ``positions`` is ``prefill``; otherwise one part
+per position set the ``positions`` string names: ``first`` for ``f{n}``, ``last`` for ``l{n}``.
+LoReFT's ``r`` must have orthonormal rows.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+from preft_serve.common.adapter_format import AdapterType
+from preft_serve.registry.validation.base import (
+    AdapterValidator,
+    BaseModelSpec,
+    Shapes,
+    ValidationLimits,
+    is_int,
+    register_validator,
+    require,
+)
+from preft_serve.registry.validation.weights import WeightsFile
+
+_POSITIONS = re.compile(r"^(?:f(?P<f>\d+)\+l(?P<fl>\d+)|f(?P<fo>\d+)|l(?P<lo>\d+)|prefill)$")
+MAX_POSITIONS = 1024
+# Orthonormality tolerance on max |R Rᵀ - I|, looser for half-precision storage.
+_ORTHO_TOL = {"F32": 1e-3, "F64": 1e-3, "F16": 2e-2, "BF16": 5e-2}
+
+
+def parts(config: Mapping[str, Any]) -> list[str]:
+    """Intervention parts a config implies (see module docstring)."""
+    positions = config["positions"]
+    if positions == "prefill" or config.get("share_weights", False):
+        return ["shared"]
+    match = _POSITIONS.match(positions)
+    assert match is not None
+    if match["fo"]:
+        return ["first"]
+    if match["lo"]:
+        return ["last"]
+    return ["first", "last"]
+
+
+class _ReftValidator(AdapterValidator):
+    tensor_shapes: ClassVar[dict[str, str]]  # tensor suffix -> "rd" (rank x hidden) or "r"
+
+    def check_config(
+        self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
+    ) -> int:
+        rank = config.get("rank")
+        require(is_int(rank) and rank >= 1,
+                f"ReFT config 'rank' must be a positive integer (got {rank!r})")
+        require(rank <= limits.max_rank, f"ReFT rank {rank} exceeds this registry's maximum of "
+                f"{limits.max_rank}; retrain with rank <= {limits.max_rank}")
+        require(rank <= base.hidden_size, f"ReFT rank {rank} exceeds the base model's "
+                f"hidden_size {base.hidden_size}")
+        layers = config.get("layers")
+        require(
+            isinstance(layers, list) and bool(layers)
+            and all(is_int(x) and 0 <= x < base.num_layers for x in layers)
+            and len(set(layers)) == len(layers),
+            f"ReFT config 'layers' must be a non-empty list of distinct layer indices in "
+            f"0..{base.num_layers - 1} (the base model has {base.num_layers} layers; "
+            f"got {layers!r})",
+        )
+        positions = config.get("positions")
+        match = _POSITIONS.match(positions) if isinstance(positions, str) else None
+        require(match is not None, "ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', "
+                f"'l{{n}}' or 'prefill' (got {positions!r})")
+        assert match is not None
+        counts = [int(v) for v in match.groupdict().values() if v is not None]
+        require(all(1 <= n <= MAX_POSITIONS for n in counts),
+                f"ReFT position counts must be between 1 and {MAX_POSITIONS} (got {positions!r})")
+        require(isinstance(config.get("share_weights", False), bool),
+                "ReFT config 'share_weights' must be true or false")
+        return int(rank)
+
+    def expected_tensors(self, config: Mapping[str, Any], base: BaseModelSpec) -> Shapes:
+        rank, hidden = int(config["rank"]), base.hidden_size
+        shapes: Shapes = {}
+        for layer in config["layers"]:
+            for part in parts(config):
+                for suffix, kind in self.tensor_shapes.items():
+                    shapes[f"layers.{layer}.{part}.{suffix}"] = (
+                        (rank, hidden) if kind == "rd" else (rank,)
+                    )
+        return shapes
+
+
+@register_validator
+class DireftValidator(_ReftValidator):
+    type = AdapterType.DIREFT
+    tensor_shapes = {"w1": "rd", "b": "r", "w2": "rd"}
+
+
+@register_validator
+class LoreftValidator(_ReftValidator):
+    type = AdapterType.LOREFT
+    tensor_shapes = {"r": "rd", "w": "rd", "b": "r"}
+
+    def check_values(self, config: Mapping[str, Any], weights: WeightsFile) -> list[str]:
+        problems = []
+        for name, info in weights.tensors.items():
+            if not name.endswith(".r"):
+                continue
+            r = weights.array(name).astype(np.float64)
+            error = float(np.max(np.abs(r @ r.T - np.eye(r.shape[0]))))
+            if error > _ORTHO_TOL.get(info.dtype, 1e-3):
+                problems.append(
+                    f"LoReFT tensor {name} must have orthonormal rows (max |R·Rᵀ − I| = "
+                    f"{error:.3g}); orthonormalise it, e.g. with torch.linalg.qr(R.T).Q.T"
+                )
+        return problems
