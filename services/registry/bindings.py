@@ -1,0 +1,85 @@
+"""User -> adapter bindings (the logic behind /v1/users).
+
+A binding names an adapter, not a version, so a hot swap (new version) moves every bound
+user at once. Each binding is its own key, so binding different users never contends;
+the per-adapter user set lets deletion find (and refuse, or remove) bindings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from preft_serve.common.errors import NotFound
+from preft_serve.common.registry_client import (
+    AdapterRef,
+    EventType,
+    RegistryClient,
+    RegistryEvent,
+    RegistryKeys,
+)
+from preft_serve.registry.events import queue_event
+from preft_serve.registry.models import BindingOut
+from preft_serve.registry.names import check_adapter_name, check_user_id
+
+
+def _out(user: str, ref: AdapterRef) -> BindingOut:
+    return BindingOut(user=user, adapter=ref.name, version=ref.version, sha256=ref.sha256,
+                      type=ref.type, mode=ref.mode)
+
+
+class BindingService:
+    def __init__(self, client: redis.Redis, keys: RegistryKeys, events_maxlen: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.maxlen = events_maxlen
+        # The same read path the gateway uses, without a cache (reads here must be fresh).
+        self.reader = RegistryClient(client=client, namespace=keys.ns, cache=False)
+
+    def bind(self, tenant: str, user: str, adapter: str) -> BindingOut:
+        check_user_id(user)
+        check_adapter_name(adapter)
+        k = self.keys
+        binding_key, adapter_key = k.binding(tenant, user), k.adapter(tenant, adapter)
+
+        def txn(pipe: Any) -> None:
+            if not pipe.exists(adapter_key):
+                raise NotFound(f"adapter {adapter!r} does not exist; upload it first")
+            old = pipe.get(binding_key)
+            if old == adapter:
+                return
+            pipe.multi()
+            pipe.set(binding_key, adapter)
+            if old:
+                pipe.srem(k.adapter_users(tenant, old), user)
+            pipe.sadd(k.adapter_users(tenant, adapter), user)
+            queue_event(pipe, k, RegistryEvent(EventType.BINDING_UPDATED.value, tenant,
+                                               adapter=adapter, user=user), self.maxlen)
+
+        self.redis.transaction(txn, binding_key, adapter_key)
+        return self.get(tenant, user)
+
+    def get(self, tenant: str, user: str) -> BindingOut:
+        check_user_id(user)
+        ref = self.reader.resolve_user(tenant, user)
+        if ref is None:
+            raise NotFound(f"user {user!r} is not bound to an adapter")
+        return _out(user, ref)
+
+    def unbind(self, tenant: str, user: str) -> None:
+        check_user_id(user)
+        k = self.keys
+        binding_key = k.binding(tenant, user)
+
+        def txn(pipe: Any) -> None:
+            old = pipe.get(binding_key)
+            if old is None:
+                raise NotFound(f"user {user!r} is not bound to an adapter")
+            pipe.multi()
+            pipe.delete(binding_key)
+            pipe.srem(k.adapter_users(tenant, old), user)
+            queue_event(pipe, k, RegistryEvent(EventType.BINDING_DELETED.value, tenant,
+                                               adapter=old, user=user), self.maxlen)
+
+        self.redis.transaction(txn, binding_key)

@@ -1,0 +1,87 @@
+"""Request and response bodies of the REST API (what /docs shows)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+
+class TenantCreate(BaseModel):
+    name: str = Field(description="Tenant id: 2-63 lowercase letters, digits or '-'",
+                      examples=["acme"])
+
+
+class ApiKeyInfo(BaseModel):
+    key_id: str
+    created_at: str
+
+
+class ApiKeyCreated(ApiKeyInfo):
+    tenant: str
+    api_key: str = Field(description="Shown once; only its hash is stored")
+
+
+class TenantOut(BaseModel):
+    name: str
+    created_at: str
+    keys: list[ApiKeyInfo]
+
+
+class TenantCreated(TenantOut):
+    api_key: str = Field(description="Shown once; only its hash is stored")
+    key_id: str
+
+
+class AdapterVersion(BaseModel):
+    """One immutable version: a label pointing at content."""
+
+    name: str
+    version: int
+    sha256: str
+    type: AdapterType
+    rank: int
+    mode: AdapterMode
+    base_model: str
+    size_bytes: int
+    created_at: str
+
+
+class AdapterOut(AdapterVersion):
+    """An adapter's current version plus adapter-level facts."""
+
+    updated_at: str
+    bound_users: int
+
+
+class VersionOut(BaseModel):
+    version: int
+    sha256: str
+    type: AdapterType
+    rank: int
+    mode: AdapterMode
+    size_bytes: int
+    created_at: str
+
+
+class AdapterDetail(AdapterOut):
+    versions: list[VersionOut]
+
+
+class AdapterPage(BaseModel):
+    items: list[AdapterOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; "
+                                    "null on the last page")
+
+
+class BindingIn(BaseModel):
+    adapter: str = Field(description="Name of one of your adapters", examples=["support-bot"])
+
+
+class BindingOut(BaseModel):
+    user: str
+    adapter: str
+    version: int
+    sha256: str
+    type: AdapterType
+    mode: AdapterMode

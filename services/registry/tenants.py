@@ -1,0 +1,125 @@
+"""Tenants and their API keys. Keys are random, shown once, and stored only as sha256.
+
+A key is ``pft_<key_id>.<secret>``: the key id is public (it names the key in listings,
+logs and revocation), the secret has 256 bits of entropy, so an unsalted hash is enough
+and lets authentication be one Redis lookup. Several keys may be live at once, which is
+how rotation works: create a new key, switch clients, revoke the old one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import secrets
+from typing import Any
+
+import redis
+
+from preft_serve.common.errors import Conflict, NotFound, Unauthorized
+from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
+from preft_serve.registry.events import queue_event
+from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantOut
+from preft_serve.registry.names import check_tenant_name, utcnow
+
+KEY_PREFIX = "pft_"
+
+
+def hash_api_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """The authenticated caller of a tenant endpoint."""
+
+    tenant: str
+    key_id: str
+
+
+class TenantService:
+    def __init__(self, client: redis.Redis, keys: RegistryKeys, events_maxlen: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.maxlen = events_maxlen
+
+    def _queue_key(self, pipe: Any, tenant: str) -> ApiKeyCreated:
+        key_id = secrets.token_hex(6)
+        api_key = f"{KEY_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
+        digest = hash_api_key(api_key)
+        created = ApiKeyCreated(tenant=tenant, key_id=key_id, api_key=api_key,
+                                created_at=utcnow())
+        record = {"key_id": key_id, "hash": digest, "created_at": created.created_at}
+        pipe.hset(self.keys.tenant_keys(tenant), key_id, json.dumps(record))
+        pipe.hset(self.keys.api_key(digest), mapping={"tenant": tenant, "key_id": key_id})
+        queue_event(pipe, self.keys, RegistryEvent(EventType.API_KEY_CREATED.value, tenant,
+                                                   key_id=key_id), self.maxlen)
+        return created
+
+    def create(self, name: str) -> tuple[TenantOut, ApiKeyCreated]:
+        """Create a tenant with its first API key (409 if the name is taken)."""
+        check_tenant_name(name)
+        created_at = utcnow()
+
+        def txn(pipe: Any) -> ApiKeyCreated:
+            if pipe.exists(self.keys.tenant(name)):
+                raise Conflict(f"tenant {name!r} already exists; choose another name or issue "
+                               f"a new key with POST /v1/tenants/{name}/keys")
+            pipe.multi()
+            pipe.hset(self.keys.tenant(name), mapping={"name": name, "created_at": created_at})
+            pipe.sadd(self.keys.tenants, name)
+            queue_event(pipe, self.keys, RegistryEvent(EventType.TENANT_CREATED.value, name),
+                        self.maxlen)
+            return self._queue_key(pipe, name)
+
+        key = self.redis.transaction(txn, self.keys.tenant(name), value_from_callable=True)
+        tenant = TenantOut(name=name, created_at=created_at,
+                           keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)])
+        return tenant, key
+
+    def get(self, name: str) -> TenantOut:
+        info = self.redis.hgetall(self.keys.tenant(name))
+        if not info:
+            raise NotFound(f"tenant {name!r} does not exist")
+        return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name))
+
+    def list_keys(self, tenant: str) -> list[ApiKeyInfo]:
+        records = [json.loads(v) for v in self.redis.hvals(self.keys.tenant_keys(tenant))]
+        return sorted((ApiKeyInfo(key_id=r["key_id"], created_at=r["created_at"])
+                       for r in records), key=lambda k: k.created_at)
+
+    def create_key(self, tenant: str) -> ApiKeyCreated:
+        """Issue an additional key (rotation step 1); existing keys stay valid."""
+
+        def txn(pipe: Any) -> ApiKeyCreated:
+            if not pipe.exists(self.keys.tenant(tenant)):
+                raise NotFound(f"tenant {tenant!r} does not exist")
+            pipe.multi()
+            return self._queue_key(pipe, tenant)
+
+        return self.redis.transaction(txn, self.keys.tenant(tenant), value_from_callable=True)
+
+    def revoke_key(self, tenant: str, key_id: str) -> None:
+        """Revoke one key; requests with it fail from the next call on."""
+        keys_key = self.keys.tenant_keys(tenant)
+
+        def txn(pipe: Any) -> None:
+            raw = pipe.hget(keys_key, key_id)
+            if raw is None:
+                raise NotFound(f"tenant {tenant!r} has no key {key_id!r}")
+            pipe.multi()
+            pipe.hdel(keys_key, key_id)
+            pipe.delete(self.keys.api_key(json.loads(raw)["hash"]))
+            queue_event(pipe, self.keys, RegistryEvent(EventType.API_KEY_REVOKED.value, tenant,
+                                                       key_id=key_id), self.maxlen)
+
+        self.redis.transaction(txn, keys_key)
+
+    def authenticate(self, api_key: str) -> Principal:
+        if not api_key.startswith(KEY_PREFIX):
+            raise Unauthorized("not a preft API key (they start with 'pft_'); send "
+                               "'Authorization: Bearer <API key>'")
+        found = self.redis.hgetall(self.keys.api_key(hash_api_key(api_key)))
+        if not found:
+            raise Unauthorized("invalid or revoked API key")
+        return Principal(found["tenant"], found["key_id"])

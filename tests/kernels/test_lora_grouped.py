@@ -1,0 +1,109 @@
+"""Grouped CPU LoRA kernels against a float64 reference, and vLLM's stock ops' -1 bug."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from preft_kernels import AdapterGroups, grouped_lora_expand, grouped_lora_linear, grouped_lora_shrink
+from preft_kernels.reference import lora_linear_reference
+
+# (in_features, output slices): Llama q_proj, fused qkv (GQA), fused gate_up, o_proj-like.
+SHAPES = [(64, (64,)), (128, (128, 32, 32)), (96, (256, 256)), (896, (896, 128, 128))]
+
+
+def stacked(slots: int, rank: int, in_f: int, outs: tuple[int, ...], used_rank: int | None,
+            gen: torch.Generator) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """vLLM-layout weights; ranks above ``used_rank`` are zero padding, as vLLM pads."""
+    a = [torch.randn(slots, 1, rank, in_f, generator=gen, dtype=torch.float32) for _ in outs]
+    b = [torch.randn(slots, 1, o, rank, generator=gen, dtype=torch.float32) for o in outs]
+    if used_rank is not None:
+        for t in a:
+            t[:, :, used_rank:] = 0
+        for t in b:
+            t[..., used_rank:] = 0
+    return a, b
+
+
+def random_slots(rng: np.random.Generator, rows: int, slots: int, kind: str) -> np.ndarray:
+    if kind == "none":
+        return np.full(rows, -1)
+    if kind == "segments":  # one request after another, as vLLM lays tokens out
+        lengths = rng.integers(1, 6, size=rows)
+        ids = rng.integers(-1, slots, size=rows)
+        return np.repeat(ids, lengths)[:rows]
+    return rng.integers(-1, slots, size=rows)  # "interleaved": worst case, many 1-row groups
+
+
+@pytest.mark.parametrize("in_f,outs", SHAPES)
+@pytest.mark.parametrize("kind", ["segments", "interleaved", "none"])
+@pytest.mark.parametrize("rows,slots", [(0, 4), (1, 1), (7, 3), (64, 16), (33, 64)])
+def test_linear_matches_float64_reference(in_f, outs, kind, rows, slots) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + slots)
+    rng = np.random.default_rng(rows + slots)
+    a, b = stacked(slots, 16, in_f, outs, used_rank=8, gen=gen)
+    row_slots = random_slots(rng, rows, slots, kind)
+    x = torch.randn(rows, in_f, generator=gen)
+    y = torch.randn(rows, sum(outs), generator=gen)
+    want = lora_linear_reference(y, x, a, b, row_slots.tolist(), 0.5, outs)
+    grouped_lora_linear(y, x, a, b, AdapterGroups.from_slots(row_slots), 0.5, outs)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("in_f,outs", SHAPES)
+def test_shrink_then_expand_equals_linear(in_f, outs) -> None:
+    gen = torch.Generator().manual_seed(7)
+    rows, slots = 40, 5
+    a, b = stacked(slots, 8, in_f, outs, used_rank=None, gen=gen)
+    row_slots = np.random.default_rng(3).integers(-1, slots, size=rows)
+    groups = AdapterGroups.from_slots(row_slots)
+    x = torch.randn(rows, in_f, generator=gen)
+    y = torch.randn(rows, sum(outs) + 8, generator=gen)  # wider than the slices: offset 8
+    want = y.double().clone()
+    want[:, 8:] = lora_linear_reference(y[:, 8:], x, a, b, row_slots.tolist(), 2.0, outs)
+    buffers = torch.zeros(len(outs), rows, 8)
+    grouped_lora_shrink(buffers, x, a, groups, 2.0)
+    grouped_lora_expand(y, buffers, b, groups, outs, offset_start=8)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_groups_use_views_for_contiguous_rows_and_drop_no_adapter_rows() -> None:
+    groups = AdapterGroups.from_slots([2, 2, 2, -1, 0, 0, -1, 2])
+    as_dict = dict(groups.groups)
+    assert set(as_dict) == {0, 2}
+    assert as_dict[0] == slice(4, 6)
+    assert as_dict[2].tolist() == [0, 1, 2, 7]
+    assert AdapterGroups.from_slots([-1, -1]).empty and AdapterGroups.from_slots([]).empty
+
+
+def test_rows_without_adapter_are_untouched_even_with_nan_weights() -> None:
+    a = [torch.full((2, 1, 4, 8), float("nan"))]
+    b = [torch.full((2, 1, 8, 4), float("nan"))]
+    y = torch.ones(3, 8)
+    grouped_lora_linear(y, torch.ones(3, 8), a, b, AdapterGroups.from_slots([-1, -1, -1]), 1.0, (8,))
+    assert torch.equal(y, torch.ones(3, 8))
+
+
+def test_stock_vllm_cpu_ops_apply_last_slot_to_no_adapter_tokens() -> None:
+    """vLLM 0.32's torch ops index weights with -1, i.e. the *last* slot (documented bug)."""
+    from vllm.lora.ops.torch_ops import bgmv_expand, bgmv_shrink
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = stacked(2, 4, 16, (16,), used_rank=None, gen=gen)
+    x = torch.randn(3, 16, generator=gen)
+    slots = [0, -1, -1]
+    want = lora_linear_reference(torch.zeros(3, 16), x, a, b, slots, 1.0, (16,))
+    assert torch.count_nonzero(want[1:]) == 0  # reference: no adapter, no change
+
+    buffer = torch.zeros(3, 4)
+    stock = torch.zeros(3, 16)
+    idx = torch.tensor(slots)
+    bgmv_shrink(x, a[0], buffer, idx, 1.0)
+    bgmv_expand(buffer, b[0], stock, idx, add_inputs=True)
+    last_slot = lora_linear_reference(torch.zeros(3, 16), x, a, b, [0, 1, 1], 1.0, (16,))
+    torch.testing.assert_close(stock.double(), last_slot, rtol=1e-4, atol=1e-4)  # the bug
+
+    ours = torch.zeros(3, 16)
+    grouped_lora_linear(ours, x, a, b, AdapterGroups.from_slots(slots), 1.0, (16,))
+    torch.testing.assert_close(ours.double(), want, rtol=1e-4, atol=1e-4)
