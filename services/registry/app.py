@@ -1,0 +1,64 @@
+"""The registry's FastAPI application (OpenAPI at /docs)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from preft_serve import __version__
+from preft_serve.common.errors import error_response, install_error_handlers
+from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
+from preft_serve.registry.limits import BodySizeLimitMiddleware
+from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
+from preft_serve.registry.routers import adapters, health, tenants, users
+from preft_serve.registry.settings import RegistrySettings
+from preft_serve.registry.state import RegistryState
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Tenants upload adapters (LoRA, DiReFT, LoReFT) for the served base model, version them and
+bind their users to them. Adapters are validated before anything is stored; their
+identity is the sha256 of their content. Errors are always
+`{"error": {"code", "message", "details"}}` with a message that says what to fix.
+"""
+
+
+async def _backend_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    what = "Redis" if isinstance(exc, redis.RedisError) else "the object store"
+    logger.error("%s unavailable: %s", what, exc)
+    return error_response(503, "unavailable", f"{what} is unavailable; retry shortly")
+
+
+def create_app(settings: RegistrySettings | None = None,
+               store: ObjectStore | None = None) -> FastAPI:
+    """Build the app; clients are created in the lifespan (``store`` overrides the config)."""
+    settings = settings or RegistrySettings()  # type: ignore[call-arg]
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = RegistryState.build(settings, store)
+        app.state.registry = state
+        logger.info("registry ready: base model %s, object store %r, redis namespace %s",
+                    state.base.describe(), state.store, settings.namespace)
+        try:
+            yield
+        finally:
+            state.close()
+
+    app = FastAPI(title="preft-serve adapter registry", version=__version__,
+                  description=DESCRIPTION, lifespan=lifespan)
+    app.state.metrics = RegistryMetrics()
+    install_error_handlers(app)
+    app.add_exception_handler(redis.RedisError, _backend_unavailable)
+    app.add_exception_handler(ObjectStoreError, _backend_unavailable)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    for module in (tenants, adapters, users, health):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,87 @@
+"""Tenant endpoints for adapters: upload, versions (hot swap), list, show, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
+
+from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.common.errors import error_responses
+from preft_serve.registry.deps import AdaptersDep, PrincipalDep
+from preft_serve.registry.ingest import UploadedFile
+from preft_serve.registry.models import AdapterDetail, AdapterPage, AdapterVersion
+
+router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+
+FilesField = Annotated[list[UploadFile], File(
+    description="adapter_config.json and adapter_model.safetensors as two parts, or one "
+                ".tar.gz/.zip of the adapter folder")]
+_UPLOAD_ERRORS = error_responses(400, 401, 409, 413, 415, 422)
+
+
+def _files(files: list[UploadFile]) -> list[UploadedFile]:
+    return [UploadedFile(f.filename or "", f.file) for f in files]
+
+
+@router.post("", response_model=AdapterVersion, status_code=status.HTTP_201_CREATED,
+             responses={200: {"description": "Identical content already uploaded: unchanged",
+                              "model": AdapterVersion}, **_UPLOAD_ERRORS})
+def upload_adapter(
+    principal: PrincipalDep,
+    adapters: AdaptersDep,
+    response: Response,
+    name: Annotated[str, Form(description="Adapter name, unique within your tenant")],
+    mode: Annotated[AdapterMode, Form(description="prefill (PreFT) or all (classic)")],
+    files: FilesField,
+) -> AdapterVersion:
+    """Upload a new adapter (version 1). Re-uploading identical content is a no-op (200)."""
+    result = adapters.upload(principal.tenant, name, mode, _files(files), create=True)
+    response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+    return result.version
+
+
+@router.put("/{name}", response_model=AdapterVersion, status_code=status.HTTP_201_CREATED,
+            responses={200: {"description": "Identical to the current version: unchanged",
+                             "model": AdapterVersion}, **_UPLOAD_ERRORS})
+def upload_version(
+    name: str,
+    principal: PrincipalDep,
+    adapters: AdaptersDep,
+    response: Response,
+    files: FilesField,
+    mode: Annotated[AdapterMode | None, Form(description="Defaults to the current mode")] = None,
+) -> AdapterVersion:
+    """Upload the next version (the hot swap: bound users move to it at once)."""
+    result = adapters.upload(principal.tenant, name, mode, _files(files), create=False)
+    response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+    return result.version
+
+
+@router.get("", response_model=AdapterPage, responses=error_responses(401))
+def list_adapters(
+    principal: PrincipalDep,
+    adapters: AdaptersDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> AdapterPage:
+    items, next_cursor = adapters.list(principal.tenant, limit, cursor)
+    return AdapterPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/{name}", response_model=AdapterDetail, responses=error_responses(401, 404))
+def get_adapter(name: str, principal: PrincipalDep, adapters: AdaptersDep) -> AdapterDetail:
+    """Current version plus the full version history."""
+    return adapters.get(principal.tenant, name)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=error_responses(401, 404, 409))
+def delete_adapter(
+    name: str,
+    principal: PrincipalDep,
+    adapters: AdaptersDep,
+    force: Annotated[bool, Query(description="Also unbind users bound to it")] = False,
+) -> Response:
+    adapters.delete(principal.tenant, name, force=force)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

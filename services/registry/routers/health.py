@@ -1,0 +1,38 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from preft_serve.common.errors import ServiceUnavailable, error_responses
+from preft_serve.common.objectstore import ObjectStoreError
+from preft_serve.registry.deps import StateDep
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses=error_responses(503))
+def readyz(state: StateDep) -> dict[str, str]:
+    """Redis and the object store are reachable."""
+    try:
+        state.redis.ping()
+    except Exception as exc:
+        raise ServiceUnavailable(f"Redis is not reachable: {exc}") from None
+    try:
+        state.store.check()
+    except ObjectStoreError as exc:
+        raise ServiceUnavailable(str(exc)) from None
+    return {"status": "ready"}
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry),
+                    media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,46 @@
+"""Admin endpoints: tenants and their API keys (``Authorization: Bearer <admin token>``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+
+from preft_serve.common.errors import error_responses
+from preft_serve.registry.deps import AdminDep, TenantsDep
+from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantCreate, TenantCreated
+from preft_serve.registry.models import TenantOut
+
+router = APIRouter(prefix="/v1/tenants", tags=["tenants (admin)"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantCreated,
+             responses=error_responses(400, 401, 409))
+def create_tenant(body: TenantCreate, _: AdminDep, tenants: TenantsDep) -> TenantCreated:
+    """Create a tenant; the response carries its first API key, shown only this once."""
+    tenant, key = tenants.create(body.name)
+    return TenantCreated(**tenant.model_dump(), api_key=key.api_key, key_id=key.key_id)
+
+
+@router.get("/{tenant}", response_model=TenantOut, responses=error_responses(401, 404))
+def get_tenant(tenant: str, _: AdminDep, tenants: TenantsDep) -> TenantOut:
+    return tenants.get(tenant)
+
+
+@router.get("/{tenant}/keys", response_model=list[ApiKeyInfo],
+            responses=error_responses(401, 404))
+def list_keys(tenant: str, _: AdminDep, tenants: TenantsDep) -> list[ApiKeyInfo]:
+    tenants.get(tenant)
+    return tenants.list_keys(tenant)
+
+
+@router.post("/{tenant}/keys", status_code=status.HTTP_201_CREATED, response_model=ApiKeyCreated,
+             responses=error_responses(401, 404))
+def create_key(tenant: str, _: AdminDep, tenants: TenantsDep) -> ApiKeyCreated:
+    """Issue another key (rotation: create, switch clients, then revoke the old one)."""
+    return tenants.create_key(tenant)
+
+
+@router.delete("/{tenant}/keys/{key_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=error_responses(401, 404))
+def revoke_key(tenant: str, key_id: str, _: AdminDep, tenants: TenantsDep) -> Response:
+    tenants.revoke_key(tenant, key_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,57 @@
+"""Process-wide clients and services, built once in the app's lifespan."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import redis
+
+from preft_serve.common.objectstore import ObjectStore
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.bindings import BindingService
+from preft_serve.registry.settings import RegistrySettings
+from preft_serve.registry.tenants import TenantService
+from preft_serve.registry.validation import BaseModelSpec, ValidationLimits
+
+
+@dataclasses.dataclass
+class RegistryState:
+    settings: RegistrySettings
+    redis: redis.Redis
+    store: ObjectStore
+    base: BaseModelSpec
+    tenants: TenantService
+    adapters: AdapterService
+    bindings: BindingService
+
+    @classmethod
+    def build(cls, settings: RegistrySettings, store: ObjectStore | None = None) -> RegistryState:
+        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
+                                      health_check_interval=30)
+        keys = RegistryKeys(settings.namespace)
+        store = store or settings.object_store.create()
+        base = BaseModelSpec.load(settings.base_model_label, settings.base_model_config)
+        limits = ValidationLimits(
+            max_rank=settings.max_rank,
+            allowed_dtypes=tuple(settings.allowed_dtypes),
+            max_weights_bytes=settings.max_weights_bytes,
+            max_config_bytes=settings.max_config_bytes,
+            max_archive_members=settings.max_archive_members,
+            max_compression_ratio=settings.max_compression_ratio,
+        )
+        maxlen = settings.events_maxlen
+        return cls(
+            settings=settings,
+            redis=client,
+            store=store,
+            base=base,
+            tenants=TenantService(client, keys, maxlen),
+            adapters=AdapterService(client, keys, store, base, limits, settings.staging_dir,
+                                    maxlen),
+            bindings=BindingService(client, keys, maxlen),
+        )
+
+    def close(self) -> None:
+        self.redis.close()
+

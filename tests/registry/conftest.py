@@ -1,0 +1,176 @@
+"""Registry test fixtures: a tiny base model, adapter factories, and an app per test.
+
+Every test gets its own Redis namespace and S3 bucket on the session's real servers, so
+"Redis and the bucket are unchanged" can be checked by snapshotting exactly those.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.registry.app import create_app
+from preft_serve.registry.settings import RegistrySettings
+from tests.registry import factories
+
+ADMIN_TOKEN = "test-admin-0123456789abcdef"
+S3_CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+            "region_name": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def base_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from preft_serve.toymodels import make_model
+
+    return make_model("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def lora_dir(base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A valid rank-8 prefill LoRA for the tiny base model (seed 1)."""
+    return factories.lora(base_model_dir, tmp_path_factory.mktemp("lora1"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def lora_dir2(base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second, different valid LoRA (seed 2)."""
+    return factories.lora(base_model_dir, tmp_path_factory.mktemp("lora2"), seed=2)
+
+
+@pytest.fixture
+def redis_client(redis_server: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def s3(s3_server: str) -> Any:
+    return boto3.client("s3", endpoint_url=s3_server, **S3_CREDS)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def settings(redis_server: str, s3_server: str, namespace: str, bucket: str,
+             base_model_dir: Path, tmp_path: Path) -> RegistrySettings:
+    return RegistrySettings(
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_server,
+        namespace=namespace,
+        base_model=base_model_dir,
+        object_store=ObjectStoreSettings(
+            url=f"s3://{bucket}", s3_endpoint_url=s3_server, s3_region="us-east-1",
+            s3_access_key_id="testing", s3_secret_access_key="testing",
+        ),
+        staging_dir=tmp_path,
+        max_rank=16,
+        max_weights_bytes=4 << 20,
+        max_upload_bytes=8 << 20,
+    )
+
+
+@pytest.fixture
+def make_client(settings: RegistrySettings) -> Iterator[Callable[..., TestClient]]:
+    """Build a started app; keyword arguments override settings fields."""
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        app = create_app(settings.model_copy(update=overrides))
+        client = TestClient(app, raise_server_exceptions=False)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    return make_client()
+
+
+def admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def new_tenant(client: TestClient) -> Callable[[str], dict[str, str]]:
+    """Create a tenant; returns its auth headers."""
+
+    def create(name: str) -> dict[str, str]:
+        resp = client.post("/v1/tenants", json={"name": name}, headers=admin())
+        assert resp.status_code == 201, resp.text
+        return bearer(resp.json()["api_key"])
+
+    return create
+
+
+@pytest.fixture
+def acme(new_tenant: Callable[[str], dict[str, str]]) -> dict[str, str]:
+    return new_tenant("acme")
+
+
+@pytest.fixture
+def state_snapshot(redis_client: redis.Redis, s3: Any, namespace: str,
+                   bucket: str) -> Callable[[], dict[str, Any]]:
+    """Everything this test's registry stored: Redis keys (dumped) and bucket objects."""
+
+    def snapshot() -> dict[str, Any]:
+        keys = sorted(redis_client.scan_iter(f"{namespace}:*", count=1000))
+        raw = redis.Redis(connection_pool=redis_client.connection_pool)
+        dumped = {k: raw.execute_command("DUMP", k, NEVER_DECODE=True) for k in keys}
+        objects = sorted(
+            (o["Key"], o["ETag"])
+            for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+        )
+        return {"redis": dumped, "bucket": objects}
+
+    return snapshot
+
+
+def upload(client: TestClient, headers: dict[str, str], name: str, adapter_dir: Path,
+           mode: str = "prefill", method: str = "POST") -> Any:
+    """Multipart upload of an adapter directory's two files."""
+    files = [("files", (p.name, p.read_bytes(), "application/octet-stream"))
+             for p in sorted(adapter_dir.iterdir()) if p.is_file()]
+    data = {"mode": mode}
+    if method == "POST":
+        data["name"] = name
+        return client.post("/v1/adapters", data=data, files=files, headers=headers)
+    return client.put(f"/v1/adapters/{name}", data=data, files=files, headers=headers)
+
+
+def error_message(resp: Any) -> str:
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    return str(body["error"]["message"])
+
+
+__all__ = ["AdapterMode", "admin", "bearer", "error_message", "json", "upload"]
