@@ -32,7 +32,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)(bearer\s+|basic\s+)?[^\s'\",;]+"),
         rf"\1\2{REDACTED}",
     ),
-    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]+"), rf"\1{REDACTED}"),
+    # (trailing stars: a key already redacted above collapses, so redaction is idempotent)
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=\-]+\**"), rf"\1{REDACTED}"),
     (
         re.compile(
             r"(?i)\b((?:x-)?api[_-]?key|access[_-]?token|secret(?:[_-]access)?[_-]?key|"
@@ -94,13 +95,16 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc_info"] = redact(self.formatException(record.exc_info))
         if record.stack_info:
-            entry["stack_info"] = record.stack_info
+            entry["stack_info"] = redact(record.stack_info)
         return json.dumps(entry, default=str)
 
 
 class _TextFormatter(logging.Formatter):
-    def formatException(self, ei: Any) -> str:  # noqa: N802 (stdlib name)
-        return redact(super().formatException(ei))
+    """Plain text; the whole line (tracebacks included) passes through :func:`redact`,
+    since another handler may already have cached an unredacted ``exc_text``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def setup_logging(

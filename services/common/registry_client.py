@@ -269,12 +269,13 @@ class _Cache:
 class _Base:
     """State and event handling shared by the sync and async clients."""
 
-    def __init__(self, namespace: str, cache: bool, max_cache_entries: int) -> None:
+    def __init__(self, namespace: str, cache: bool, max_cache_entries: int,
+                 cursor: str | None) -> None:
         self.keys = RegistryKeys(namespace)
         self._use_cache = cache
         self._cache = _Cache(max_cache_entries)
         self._listeners: list[Listener] = []
-        self._cursor: str | None = None
+        self._cursor: str | None = cursor
         self._live = False
 
     @property
@@ -323,14 +324,28 @@ class _Base:
 
     @staticmethod
     def _trimmed(info: Mapping[str, Any] | None, cursor: str) -> bool:
+        """Whether events after ``cursor`` may have been trimmed away (Redis >= 7 fields).
+
+        Conservative: a cursor equal to the last trimmed id also reports a reset.
+        """
         if not info:
             return False
-        deleted = info.get("max-deleted-entry-id") or "0-0"
-        return stream_id_key(cursor or "0-0") < stream_id_key(deleted)
+        at = stream_id_key(cursor or "0-0")
+        if at < stream_id_key(info.get("max-deleted-entry-id") or "0-0"):
+            return True  # XDEL'd entries
+        if int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
+            return False  # nothing trimmed
+        if not int(info.get("length", 0)):
+            return at < stream_id_key(info.get("last-generated-id") or "0-0")
+        return at < stream_id_key(info.get("recorded-first-entry-id") or "0-0")
 
 
 class RegistryClient(_Base):
     """Blocking client with a listener thread; see the module docstring.
+
+    ``cursor``: resume from a saved :attr:`cursor` — ``start`` replays every event since it
+    to the listeners before going live (default: start from now). ``cache=False`` always
+    reads Redis (the registry itself reads this way).
 
     >>> client = RegistryClient("redis://localhost:6379/0").start()
     >>> ref = client.resolve_user("acme", "user-42")   # AdapterRef | None
@@ -344,8 +359,9 @@ class RegistryClient(_Base):
         namespace: str = "preft",
         cache: bool = True,
         max_cache_entries: int = 1_000_000,
+        cursor: str | None = None,
     ) -> None:
-        super().__init__(namespace, cache, max_cache_entries)
+        super().__init__(namespace, cache, max_cache_entries, cursor)
         if client is None:
             if redis_url is None:
                 raise ValueError("pass redis_url or client")
@@ -477,8 +493,9 @@ class AsyncRegistryClient(_Base):
         namespace: str = "preft",
         cache: bool = True,
         max_cache_entries: int = 1_000_000,
+        cursor: str | None = None,
     ) -> None:
-        super().__init__(namespace, cache, max_cache_entries)
+        super().__init__(namespace, cache, max_cache_entries, cursor)
         if client is None:
             if redis_url is None:
                 raise ValueError("pass redis_url or client")

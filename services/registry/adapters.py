@@ -117,25 +117,43 @@ class AdapterService:
             staged = stage_upload(files, Path(tmp), self.limits)
             validated = validate_adapter(staged.config_path, staged.weights_path, mode,
                                          self.base, self.limits)
+            # Decide no-op / conflict before writing a blob nobody would reference.
+            early = self._unchanged_or_conflict(
+                name, self.redis.hgetall(self.keys.adapter(tenant, name)), validated, create)
+            if early is not None:
+                return early
             self.store.put_adapter(validated.sha256, validated.config_bytes,
                                    validated.weights_path, verify=False)
         return self.commit(tenant, name, validated, create=create)
 
+    @staticmethod
+    def _unchanged_or_conflict(
+        name: str, current: dict[str, str], v: ValidatedAdapter, create: bool
+    ) -> UploadResult | None:
+        if current and current["sha256"] == v.sha256:
+            return UploadResult(AdapterVersion(name=name, **{
+                f: current[f] for f in _VERSION_FIELDS}), created=False)
+        if current and create:
+            raise Conflict(f"adapter {name!r} already exists (version {current['version']}); "
+                           f"upload a new version with PUT /v1/adapters/{name}")
+        return None
+
     def commit(
         self, tenant: str, name: str, v: ValidatedAdapter, *, create: bool
     ) -> UploadResult:
-        """Point ``name`` at stored content ``v`` as its next version (atomic)."""
+        """Point ``name`` at stored content ``v`` as its next version (atomic).
+
+        Re-checks under WATCH what ``upload`` pre-checked, since another writer may have
+        committed in between.
+        """
         adapter_key = self.keys.adapter(tenant, name)
 
         def txn(pipe: Any) -> UploadResult:
             current = pipe.hgetall(adapter_key)
             now = utcnow()
-            if current and current["sha256"] == v.sha256:
-                return UploadResult(AdapterVersion(name=name, **{
-                    f: current[f] for f in _VERSION_FIELDS}), created=False)
-            if current and create:
-                raise Conflict(f"adapter {name!r} already exists (version {current['version']}); "
-                               f"upload a new version with PUT /v1/adapters/{name}")
+            early = self._unchanged_or_conflict(name, current, v, create)
+            if early is not None:
+                return early
             version = int(current["version"]) + 1 if current else 1
             rec = version_record(name, v, version, now)
             pipe.multi()

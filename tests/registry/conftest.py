@@ -6,7 +6,6 @@ Every test gets its own Redis namespace and S3 bucket on the session's real serv
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
@@ -30,9 +28,12 @@ S3_CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
 
 @pytest.fixture(scope="session")
 def base_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from preft_serve.toymodels import make_model
+    """A tiny Llama with shapes pinned here (messages in tests quote them)."""
+    from preft_serve.toymodels import ModelPreset, make_model
 
-    return make_model("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama")
+    preset = ModelPreset("tiny-llama", "llama", hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    return make_model(preset, tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
@@ -120,16 +121,16 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def create_tenant(client: TestClient, name: str) -> dict[str, str]:
+    """Create a tenant through the admin API; returns its auth headers."""
+    resp = client.post("/v1/tenants", json={"name": name}, headers=admin())
+    assert resp.status_code == 201, resp.text
+    return bearer(resp.json()["api_key"])
+
+
 @pytest.fixture
 def new_tenant(client: TestClient) -> Callable[[str], dict[str, str]]:
-    """Create a tenant; returns its auth headers."""
-
-    def create(name: str) -> dict[str, str]:
-        resp = client.post("/v1/tenants", json={"name": name}, headers=admin())
-        assert resp.status_code == 201, resp.text
-        return bearer(resp.json()["api_key"])
-
-    return create
+    return lambda name: create_tenant(client, name)
 
 
 @pytest.fixture
@@ -173,4 +174,31 @@ def error_message(resp: Any) -> str:
     return str(body["error"]["message"])
 
 
-__all__ = ["AdapterMode", "admin", "bearer", "error_message", "json", "upload"]
+
+@pytest.fixture
+def live_server(settings: RegistrySettings) -> Iterator[str]:
+    """The registry on a real loopback HTTP port (uvicorn in a thread); yields its URL."""
+    import threading
+
+    import uvicorn
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                            log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    import time
+
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("registry server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

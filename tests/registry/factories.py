@@ -77,3 +77,15 @@ def reft(base_model_dir: Path, out: Path, reft_type: str = "loreft", rank: int =
               "base_model_name_or_path": str(base_model_dir), "preft_mode": "prefill"}
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     return out
+
+
+def cast(adapter_dir: Path, dtype: str) -> Path:
+    """Re-save the weights as ``torch.<dtype>`` (numpy has no bfloat16)."""
+    import torch
+    from safetensors.torch import load_file as load_pt
+    from safetensors.torch import save_file as save_pt
+
+    path = adapter_dir / WEIGHTS_FILE
+    tensors = load_pt(str(path))
+    save_pt({k: v.to(getattr(torch, dtype)).contiguous() for k, v in tensors.items()}, str(path))
+    return adapter_dir

@@ -1,0 +1,81 @@
+"""One logging setup: text or JSON, secrets redacted wherever they appear."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from preft_serve.common.logging import redact, setup_logging
+
+KEY = "pft_0a1b2c3d4e5f.Zm9vYmFyYmF6cXV4cXV1eGNvcmdlZ3JhdWx0Z2FycGx5"
+
+
+@pytest.fixture
+def capture():
+    stream = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+
+    def setup(json_output: bool) -> io.StringIO:
+        setup_logging("DEBUG", json_output=json_output, stream=stream)
+        return stream
+
+    yield setup
+    for handler in list(root.handlers):
+        if getattr(handler, "_preft_handler", False):
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Authorization: Bearer abc.def-123", "Authorization: Bearer ***"),
+    ("headers={'authorization': 'Bearer abc'}", "headers={'authorization': 'Bearer ***'}"),
+    ("got bearer sk-live-123 from client", "got bearer *** from client"),
+    (f"key {KEY} used", "key pft_0a1b2c3d4e5f.*** used"),
+    ("url?api_key=s3cr3t&x=1", "url?api_key=***&x=1"),
+    ('{"admin_token": "hunter2hunter2"}', '{"admin_token": "***"}'),
+    ("aws secret_access_key=AKIAXYZ", "aws secret_access_key=***"),
+    ("nothing secret here", "nothing secret here"),
+])
+def test_redact(text, expected):
+    assert redact(text) == expected
+
+
+def test_text_output_redacts_args_and_exceptions(capture):
+    stream = capture(json_output=False)
+    log = logging.getLogger("preft_serve.test")
+    log.info("auth header %s for %s", f"Bearer {KEY}", "acme")
+    try:
+        raise ValueError(f"bad key {KEY}")
+    except ValueError:
+        log.exception("failed")
+    out = stream.getvalue()
+    assert KEY not in out and KEY.split(".")[1] not in out
+    assert "auth header Bearer *** for acme" in out
+    assert "preft_serve.test" in out and "INFO" in out
+    assert "ValueError: bad key pft_0a1b2c3d4e5f.***" in out
+
+
+def test_json_output_with_extras(capture):
+    stream = capture(json_output=True)
+    log = logging.getLogger("preft_serve.test")
+    log.warning("upload %s", "bot", extra={"tenant": "acme", "api_key": KEY,
+                                           "headers": {"Authorization": "Bearer x"}})
+    entry = json.loads(stream.getvalue().strip())
+    assert entry["message"] == "upload bot"
+    assert entry["level"] == "WARNING" and entry["logger"] == "preft_serve.test"
+    assert entry["tenant"] == "acme"
+    assert entry["api_key"] == "***"
+    assert entry["headers"] == {"Authorization": "***"}
+    assert "ts" in entry
+
+
+def test_setup_is_idempotent(capture):
+    capture(json_output=False)
+    capture(json_output=True)
+    ours = [h for h in logging.getLogger().handlers if getattr(h, "_preft_handler", False)]
+    assert len(ours) == 1
+    assert logging.getLogger("uvicorn.access").propagate

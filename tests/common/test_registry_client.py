@@ -1,0 +1,225 @@
+"""RegistryClient / AsyncRegistryClient against a real Redis, with changes written by the
+registry's own service code (so reader and writer agree on the layout)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import redis
+
+from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.common.registry_client import (
+    AdapterRef,
+    AsyncRegistryClient,
+    EventType,
+    RegistryClient,
+    RegistryEvent,
+    RegistryKeys,
+    _Cache,
+)
+from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.bindings import BindingService
+from preft_serve.registry.validation import ValidatedAdapter
+
+
+class Writer:
+    """The registry's write path without HTTP or blobs (metadata only)."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.redis = redis.Redis.from_url(url, decode_responses=True)
+        self.keys = RegistryKeys(namespace)
+        self.adapters = AdapterService(self.redis, self.keys, None, None, None, None,  # type: ignore[arg-type]
+                                       events_maxlen=100_000)
+        self.bindings = BindingService(self.redis, self.keys, 100_000)
+
+    def version(self, tenant: str, name: str, content: str,
+                mode: AdapterMode = AdapterMode.PREFILL) -> str:
+        sha = hashlib.sha256(content.encode()).hexdigest()
+        v = ValidatedAdapter(config={"peft_type": "LORA"}, config_bytes=b'{"peft_type":"LORA"}',
+                             weights_path=Path("/dev/null"), type=AdapterType.LORA, mode=mode,
+                             rank=8, sha256=sha, size_bytes=10, base_model="tiny")
+        self.adapters.commit(tenant, name, v, create=False)
+        return sha
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"c{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def writer(redis_server: str, namespace: str) -> Writer:
+    return Writer(redis_server, namespace)
+
+
+@pytest.fixture
+def client(redis_server: str, namespace: str):
+    with RegistryClient(redis_server, namespace=namespace) as c:
+        yield c
+
+
+def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.01)
+
+
+def test_resolve_user_and_adapter(client, writer):
+    sha = writer.version("acme", "bot", "v1")
+    writer.bindings.bind("acme", "alice", "bot")
+    expected = AdapterRef("acme", "bot", 1, sha, AdapterType.LORA, AdapterMode.PREFILL, 8, "tiny")
+    assert client.resolve_user("acme", "alice") == expected
+    assert client.resolve_adapter("acme", "bot") == expected
+    assert client.resolve_user("acme", "bob") is None
+    assert client.resolve_user("other", "alice") is None  # tenant-scoped
+    assert client.resolve_adapter("other", "bot") is None
+
+
+def test_cache_serves_without_redis_and_events_invalidate(client, writer, redis_server,
+                                                          namespace):
+    writer.version("acme", "bot", "v1")
+    writer.version("acme", "bot2", "other")
+    writer.bindings.bind("acme", "alice", "bot")
+    assert client.resolve_user("acme", "alice").version == 1
+    assert client.resolve_user("acme", "nobody") is None
+    # Remove the binding behind the registry's back (no event): the cache still answers.
+    writer.redis.delete(writer.keys.binding("acme", "alice"))
+    assert client.resolve_user("acme", "alice").name == "bot"
+    uncached = RegistryClient(redis_server, namespace=namespace, cache=False)
+    assert uncached.resolve_user("acme", "alice") is None
+    # A real change publishes an event, which invalidates exactly that entry.
+    writer.bindings.bind("acme", "alice", "bot2")
+    assert eventually(lambda: client.resolve_user("acme", "alice").name == "bot2")
+    # Hot swap: a new version of the adapter reaches bound users.
+    sha3 = writer.version("acme", "bot2", "v3")
+    assert eventually(lambda: client.resolve_user("acme", "alice").sha256 == sha3)
+    assert client.resolve_user("acme", "alice").version == 2
+    # Negative entries are invalidated too.
+    writer.bindings.bind("acme", "nobody", "bot")
+    assert eventually(lambda: client.resolve_user("acme", "nobody") is not None)
+    # Forced delete unbinds: users resolve to None (base model).
+    writer.adapters.delete("acme", "bot2", force=True)
+    assert eventually(lambda: client.resolve_user("acme", "alice") is None)
+    assert client.resolve_adapter("acme", "bot2") is None
+
+
+def test_listeners_and_cursor(client, writer):
+    seen: list[RegistryEvent] = []
+    client.add_listener(seen.append)
+    writer.version("acme", "bot", "v1")
+    writer.bindings.bind("acme", "u1", "bot")
+    writer.bindings.unbind("acme", "u1")
+    assert eventually(lambda: len(seen) == 3)
+    assert [e.type for e in seen] == [EventType.ADAPTER_UPDATED, EventType.BINDING_UPDATED,
+                                      EventType.BINDING_DELETED]
+    assert seen[0].adapter == "bot" and seen[0].version == 1 and seen[0].sha256
+    assert seen[1].user == "u1" and seen[1].adapter == "bot"
+    assert client.cursor == seen[-1].id == client.latest_cursor()
+
+
+def test_changes_since_pages_and_reports_trimming(client, writer):
+    start = client.latest_cursor()
+    for i in range(5):
+        writer.version("acme", f"a{i}", f"c{i}")
+    first = client.changes_since(start, limit=3)
+    rest = client.changes_since(first.cursor, limit=3)
+    assert [e.adapter for e in first.events + rest.events] == [f"a{i}" for i in range(5)]
+    assert not first.reset and not rest.reset
+    assert client.changes_since(rest.cursor).events == []
+    assert client.changes_since(rest.cursor).cursor == rest.cursor
+    everything = client.changes_since("0-0")
+    assert len(everything.events) == 5 and not everything.reset
+    # Events older than the stream keeps: a consumer that far behind must rebuild.
+    writer.redis.xtrim(writer.keys.events, maxlen=2, approximate=False)
+    assert client.changes_since(start).reset is True
+    assert client.changes_since(first.cursor).reset is True
+    assert client.changes_since(client.latest_cursor()).reset is False
+
+
+def test_resume_from_saved_cursor_replays_missed_events(client, writer, redis_server,
+                                                        namespace):
+    writer.version("acme", "bot", "v1")
+    saved = eventually(lambda: client.cursor if client.cursor != "0-0" else None)
+    writer.bindings.bind("acme", "u1", "bot")  # happens while a consumer is away
+    writer.version("acme", "bot", "v2")
+    replayed: list[RegistryEvent] = []
+    later = RegistryClient(redis_server, namespace=namespace, cursor=saved)
+    later.add_listener(replayed.append)
+    with later:
+        assert [e.type for e in replayed] == ["binding.updated", "adapter.updated"]
+        assert later.cursor == replayed[-1].id
+
+
+def test_reconnect_catches_up(client, writer):
+    writer.version("acme", "bot", "v1")
+    writer.version("acme", "bot2", "x")
+    writer.bindings.bind("acme", "u1", "bot")
+    assert client.resolve_user("acme", "u1").name == "bot"
+    writer.redis.client_kill_filter(_type="pubsub")  # drop the listener's connection
+    writer.bindings.bind("acme", "u1", "bot2")  # may be published while it is away
+    assert eventually(lambda: client.live and client.resolve_user("acme", "u1").name == "bot2")
+
+
+def test_not_live_means_no_cache(redis_server, writer, namespace):
+    client = RegistryClient(redis_server, namespace=namespace)  # never started
+    writer.version("acme", "bot", "v1")
+    writer.bindings.bind("acme", "u1", "bot")
+    assert not client.live
+    assert client.resolve_user("acme", "u1").name == "bot"
+    writer.redis.delete(writer.keys.binding("acme", "u1"))
+    assert client.resolve_user("acme", "u1") is None
+
+
+def test_blob_info(client, writer):
+    sha = writer.version("acme", "bot", "v1", mode=AdapterMode.ALL)
+    info = client.blob_info(sha)
+    assert (info.type, info.mode, info.rank, info.base_model) == (AdapterType.LORA,
+                                                                  AdapterMode.ALL, 8, "tiny")
+    assert info.config == {"peft_type": "LORA"}
+    assert client.blob_info("0" * 64) is None
+
+
+def test_cache_drops_writes_that_raced_an_event():
+    cache = _Cache(max_entries=10)
+    ref = AdapterRef("t", "a", 1, "s", AdapterType.LORA, AdapterMode.ALL, 1, "m")
+    epoch = cache.epoch
+    cache.apply(RegistryEvent("binding.updated", "t", user="u", adapter="a"))
+    cache.put(epoch, "t", "u", "a", ref)  # read before the event: must not be stored
+    assert cache.users == {}
+    cache.put(cache.epoch, "t", "u", "a", ref)
+    assert cache.get_user("t", "u") == ref
+    for i in range(20):
+        cache.put(cache.epoch, "t", f"user{i}", "a", ref)
+    assert len(cache.users) == 10  # bounded
+
+
+def test_async_client(redis_server, namespace, writer):
+    async def scenario() -> None:
+        async with AsyncRegistryClient(redis_server, namespace=namespace) as client:
+            writer.version("acme", "bot", "v1")
+            writer.bindings.bind("acme", "u1", "bot")
+            ref = await client.resolve_user("acme", "u1")
+            assert ref is not None and ref.version == 1
+            assert (await client.resolve_adapter("acme", "bot")) == ref
+            sha2 = writer.version("acme", "bot", "v2")
+            for _ in range(500):
+                ref = await client.resolve_user("acme", "u1")
+                if ref.sha256 == sha2:
+                    break
+                await asyncio.sleep(0.01)
+            assert ref.sha256 == sha2 and ref.version == 2
+            batch = await client.changes_since("0-0")
+            assert [e.version for e in batch.events if e.type == "adapter.updated"] == [1, 2]
+            assert (await client.blob_info(sha2)).rank == 8
+            assert client.cursor == await client.latest_cursor()
+
+    asyncio.run(scenario())

@@ -1,0 +1,144 @@
+"""Archive uploads: accepted layouts give the same content hash as plain files; links,
+traversal, bombs and clutter are refused without storing anything."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+from tests.registry.conftest import error_message, upload
+
+
+def _post_archive(client, headers, filename: str, data: bytes, name: str = "bot"):
+    return client.post(
+        "/v1/adapters", data={"name": name, "mode": "prefill"},
+        files=[("files", (filename, data, "application/octet-stream"))], headers=headers,
+    )
+
+
+def _tar(entries: list[tarfile.TarInfo | tuple[str, bytes]], mode: str = "w:gz") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
+        for entry in entries:
+            if isinstance(entry, tarfile.TarInfo):
+                tar.addfile(entry)
+            else:
+                info = tarfile.TarInfo(entry[0])
+                info.size = len(entry[1])
+                tar.addfile(info, io.BytesIO(entry[1]))
+    return buf.getvalue()
+
+
+def _zip(entries: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries:
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _adapter_entries(adapter_dir: Path, folder: str = "") -> list[tuple[str, bytes]]:
+    return [(folder + n, (adapter_dir / n).read_bytes()) for n in (CONFIG_FILE, WEIGHTS_FILE)]
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "tgz", "tar", "zip"])
+@pytest.mark.parametrize("folder", ["", "my-adapter/", "./"])
+def test_archive_matches_plain_upload(kind, folder, client, acme, lora_dir):
+    plain = upload(client, acme, "plain", lora_dir)
+    assert plain.status_code == 201
+    entries = _adapter_entries(lora_dir, folder) + [(folder + "README.md", b"# PEFT readme")]
+    if kind == "zip":
+        data = _zip(entries)
+    else:
+        data = _tar(entries, "w" if kind == "tar" else "w:gz")
+    resp = _post_archive(client, acme, f"adapter.{kind}", data)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["sha256"] == plain.json()["sha256"]
+
+
+def _link(name: str, target: str, hard: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.LNKTYPE if hard else tarfile.SYMTYPE
+    info.linkname = target
+    return info
+
+
+def _zip_symlink() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        info = zipfile.ZipInfo(WEIGHTS_FILE)
+        info.external_attr = (0o120777 << 16)
+        zf.writestr(info, "/etc/passwd")
+    return buf.getvalue()
+
+
+def _bomb_zip() -> bytes:
+    return _zip([(CONFIG_FILE, b"{}"), (WEIGHTS_FILE, b"\0" * (3 << 20))])
+
+
+BAD_ARCHIVES = {
+    "symlink": (lambda d: _tar([_link(WEIGHTS_FILE, "/etc/passwd")]), "adapter.tar.gz", 400,
+                f"archive entry '{WEIGHTS_FILE}' is a link; only regular files are allowed"),
+    "hardlink": (lambda d: _tar([_link(CONFIG_FILE, "x", hard=True)]), "adapter.tgz", 400,
+                 f"archive entry '{CONFIG_FILE}' is a link"),
+    "zip symlink": (lambda d: _zip_symlink(), "adapter.zip", 400,
+                    f"archive entry '{WEIGHTS_FILE}' is a symbolic link"),
+    "traversal": (lambda d: _tar(_adapter_entries(d, "../")), "adapter.tar.gz", 400,
+                  f"archive entry '../{CONFIG_FILE}' points outside the archive ('..')"),
+    "zip traversal": (lambda d: _zip(_adapter_entries(d, "a/../../")), "adapter.zip", 400,
+                      "points outside the archive ('..')"),
+    "absolute": (lambda d: _tar(_adapter_entries(d, "/tmp/")), "adapter.tar.gz", 400,
+                 f"archive entry '/tmp/{CONFIG_FILE}' has an absolute or Windows path"),
+    "too deep": (lambda d: _tar(_adapter_entries(d, "a/b/")), "adapter.tar.gz", 400,
+                 f"archive entry 'a/b/{CONFIG_FILE}' is nested too deeply"),
+    "zip bomb": (lambda d: _bomb_zip(), "adapter.zip", 400, "over the 100x limit (zip bomb?)"),
+    "too many entries": (lambda d: _zip([(f"README{i}/README.md", b"") for i in range(20)]),
+                         "adapter.zip", 400, "archive has more than 16 entries"),
+    "pickle inside": (lambda d: _tar([(CONFIG_FILE, b"{}"), ("adapter_model.bin", b"\x80\x04")]),
+                      "adapter.tar.gz", 415, "adapter_model.bin is a pickle-based PyTorch file"),
+    "stranger inside": (lambda d: _zip(_adapter_entries(d) + [("run.sh", b"rm -rf /")]),
+                        "adapter.zip", 400, "unexpected file 'run.sh'"),
+    "duplicate": (lambda d: _tar(_adapter_entries(d) + _adapter_entries(d, "x/")),
+                  "adapter.tar.gz", 400, "archive contains adapter_config.json more than once"),
+    "missing weights": (lambda d: _zip(_adapter_entries(d)[:1]), "adapter.zip", 400,
+                        "the upload lacks adapter_model.safetensors"),
+    "corrupt zip": (lambda d: b"PK\x03\x04 definitely not a zip", "adapter.zip", 400,
+                    "upload is not a readable .zip archive"),
+    "corrupt tar.gz": (lambda d: _tar(_adapter_entries(d))[:300], "adapter.tar.gz", 400,
+                       "archive is corrupt or truncated"),
+    "declared too large": (lambda d: _tar([(CONFIG_FILE, b"{" + b" " * 5000 + b"}")]),
+                           "adapter.tar.gz", 413, "adapter_config.json in the archive is 5002 "
+                           "bytes; the limit is 4096"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARCHIVES))
+def test_bad_archive_rejected_and_nothing_stored(case, make_client, lora_dir, state_snapshot):
+    from tests.registry.conftest import create_tenant
+
+    client = make_client(max_config_bytes=4096)
+    headers = create_tenant(client, "acme")
+    build, filename, status, message = BAD_ARCHIVES[case]
+    before = state_snapshot()
+    resp = _post_archive(client, headers, filename, build(lora_dir))
+    assert resp.status_code == status, resp.text
+    assert message in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_archive_with_other_files_rejected(client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    data = _zip(_adapter_entries(lora_dir))
+    resp = client.post(
+        "/v1/adapters", data={"name": "bot", "mode": "prefill"}, headers=acme,
+        files=[("files", ("a.zip", data, "application/zip")),
+               ("files", (CONFIG_FILE, b"{}", "application/json"))],
+    )
+    assert resp.status_code == 400
+    assert "send either one archive or the two adapter files, not both" in error_message(resp)
+    assert state_snapshot() == before

@@ -1,0 +1,93 @@
+"""The ``preft`` CLI against a live registry over HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from preft_serve.cli import main
+from tests.registry.conftest import ADMIN_TOKEN
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def tenant_key(live_server, capsys) -> str:
+    code, out, _ = run(capsys, "tenant", "create", "acme", "--url", live_server,
+                       "--admin-token", ADMIN_TOKEN, "--json")
+    assert code == 0
+    return json.loads(out)["api_key"]
+
+
+def test_tenant_adapter_user_workflow(live_server, tenant_key, lora_dir, lora_dir2, capsys,
+                                      monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFT_REGISTRY_URL", live_server)
+    monkeypatch.setenv("PREFT_API_KEY", tenant_key)
+    code, out, err = run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot",
+                         "--mode", "prefill", "--progress")
+    assert code == 0, err
+    assert "version:     1" in out and "type:        lora" in out
+    assert "uploading bot:" in err and "(100%)" in err
+    archive = tmp_path / "v2.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(lora_dir2, arcname="v2")
+    code, out, err = run(capsys, "adapter", "upload", str(archive), "--name", "bot",
+                         "--new-version", "--json")
+    assert code == 0, err
+    assert json.loads(out)["version"] == 2 and json.loads(out)["mode"] == "prefill"
+    code, out, _ = run(capsys, "adapter", "list")
+    assert code == 0
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["NAME", "VERSION", "TYPE", "MODE", "RANK", "BOUND_USERS", "SHA256"]
+    assert row.split()[:6] == ["bot", "2", "lora", "prefill", "8", "0"]
+    assert run(capsys, "user", "bind", "alice", "bot")[0] == 0
+    code, out, _ = run(capsys, "user", "show", "alice", "--json")
+    assert json.loads(out)["adapter"] == "bot"
+    code, out, _ = run(capsys, "adapter", "show", "bot")
+    assert "bound_users: 1" in out and "versions:" in out
+    code, _, err = run(capsys, "adapter", "delete", "bot")
+    assert code == 1
+    assert err == ("error: adapter 'bot' is bound to 1 user(s); unbind them first or delete "
+                   "with ?force=true, which also unbinds them (HTTP 409)\n")
+    assert run(capsys, "user", "unbind", "alice") == (0, "ok\n", "")
+    assert run(capsys, "adapter", "delete", "bot") == (0, "ok\n", "")
+
+
+def test_clear_errors(live_server, tenant_key, lora_dir, tmp_path, capsys):
+    common = ["--url", live_server, "--api-key", tenant_key]
+    code, _, err = run(capsys, "adapter", "show", "ghost", *common)
+    assert (code, err) == (1, "error: adapter 'ghost' does not exist (HTTP 404)\n")
+    code, _, err = run(capsys, "adapter", "list", "--url", live_server, "--api-key", "pft_x.y")
+    assert (code, err) == (1, "error: invalid or revoked API key (HTTP 401)\n")
+    (tmp_path / "adapter_model.bin").write_bytes(b"\x80\x04")
+    code, _, err = run(capsys, "adapter", "upload", str(tmp_path), "--name", "x", "--mode",
+                       "all", *common)
+    assert code == 1
+    assert "lacks adapter_config.json and adapter_model.safetensors; found adapter_model.bin: " \
+           "convert it to safetensors" in err
+    code, _, err = run(capsys, "adapter", "upload", str(lora_dir), "--name", "x", *common)
+    assert (code, err) == (1, "error: --mode is required for a new adapter (prefill or all)\n")
+    code, _, err = run(capsys, "adapter", "list", "--url", "http://127.0.0.1:9", "--api-key",
+                       tenant_key)
+    assert code == 1
+    assert err.startswith("error: cannot reach the registry at http://127.0.0.1:9")
+    code, _, err = run(capsys, "adapter", "list", "--url", live_server)
+    assert code == 2 and "no API key: pass --api-key or set PREFT_API_KEY" in err
+
+
+def test_console_script_help():
+    proc = subprocess.run([sys.executable, "-m", "preft_serve.cli", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "preft adapter upload ./my-adapter --name support-bot --mode prefill" in proc.stdout

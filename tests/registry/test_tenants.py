@@ -1,0 +1,96 @@
+"""Admin-created tenants, API keys shown once and stored hashed, rotation and revocation."""
+
+from __future__ import annotations
+
+import hashlib
+
+from preft_serve.common.registry_client import RegistryKeys
+from tests.registry.conftest import admin, bearer, error_message
+
+
+def test_create_tenant_returns_key_once_and_stores_only_its_hash(client, redis_client,
+                                                                   namespace):
+    resp = client.post("/v1/tenants", json={"name": "acme"}, headers=admin())
+    assert resp.status_code == 201
+    body = resp.json()
+    key = body["api_key"]
+    assert key.startswith(f"pft_{body['key_id']}.")
+    dump = " ".join(f"{k} {redis_client.dump(k)!r}"
+                    for k in redis_client.scan_iter(f"{namespace}:*"))
+    assert key not in dump and key.split(".", 1)[1] not in dump
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    assert redis_client.hgetall(RegistryKeys(namespace).api_key(digest)) == {
+        "tenant": "acme", "key_id": body["key_id"]}
+    shown = client.get("/v1/tenants/acme", headers=admin()).json()
+    assert shown["name"] == "acme"
+    assert [k["key_id"] for k in shown["keys"]] == [body["key_id"]]
+    assert "api_key" not in shown
+    assert client.get("/v1/adapters", headers=bearer(key)).status_code == 200
+
+
+def test_admin_auth_required(client, state_snapshot):
+    before = state_snapshot()
+    resp = client.post("/v1/tenants", json={"name": "acme"})
+    assert resp.status_code == 401
+    assert error_message(resp) == "missing credentials: send 'Authorization: Bearer <admin token>'"
+    resp = client.post("/v1/tenants", json={"name": "acme"},
+                       headers={"Authorization": "Bearer wrong-token-wrong-token"})
+    assert resp.status_code == 401
+    assert error_message(resp) == "invalid admin token"
+    resp = client.post("/v1/tenants", json={"name": "acme"},
+                       headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    assert resp.status_code == 401
+    assert state_snapshot() == before
+
+
+def test_tenant_key_is_not_an_admin_token_and_vice_versa(client, acme):
+    resp = client.post("/v1/tenants", json={"name": "evil"}, headers=acme)
+    assert resp.status_code == 401
+    assert error_message(resp) == "invalid admin token"
+    resp = client.get("/v1/adapters", headers=admin())
+    assert resp.status_code == 401
+    assert error_message(resp).startswith("not a preft API key (they start with 'pft_')")
+
+
+def test_duplicate_and_invalid_tenant_names(client, acme, state_snapshot):
+    before = state_snapshot()
+    resp = client.post("/v1/tenants", json={"name": "acme"}, headers=admin())
+    assert resp.status_code == 409
+    assert error_message(resp) == ("tenant 'acme' already exists; choose another name or issue "
+                                   "a new key with POST /v1/tenants/acme/keys")
+    resp = client.post("/v1/tenants", json={"name": "Bad Name"}, headers=admin())
+    assert resp.status_code == 400
+    assert error_message(resp) == ("tenant name 'Bad Name' is invalid: use 2-63 lowercase "
+                                   "letters, digits or '-', starting with a letter or digit")
+    resp = client.post("/v1/tenants", json={}, headers=admin())
+    assert resp.status_code == 422
+    assert error_message(resp) == "invalid request: name: field required"
+    assert state_snapshot() == before
+
+
+def test_rotate_then_revoke(client):
+    first = client.post("/v1/tenants", json={"name": "acme"}, headers=admin()).json()
+    second = client.post("/v1/tenants/acme/keys", headers=admin())
+    assert second.status_code == 201
+    second = second.json()
+    for key in (first["api_key"], second["api_key"]):  # both live during rotation
+        assert client.get("/v1/adapters", headers=bearer(key)).status_code == 200
+    keys = client.get("/v1/tenants/acme/keys", headers=admin()).json()
+    assert {k["key_id"] for k in keys} == {first["key_id"], second["key_id"]}
+    resp = client.delete(f"/v1/tenants/acme/keys/{first['key_id']}", headers=admin())
+    assert resp.status_code == 204
+    resp = client.get("/v1/adapters", headers=bearer(first["api_key"]))
+    assert resp.status_code == 401
+    assert error_message(resp) == "invalid or revoked API key"
+    assert client.get("/v1/adapters", headers=bearer(second["api_key"])).status_code == 200
+    resp = client.delete(f"/v1/tenants/acme/keys/{first['key_id']}", headers=admin())
+    assert resp.status_code == 404
+    assert error_message(resp) == f"tenant 'acme' has no key '{first['key_id']}'"
+
+
+def test_unknown_tenant(client):
+    for resp in (client.get("/v1/tenants/ghost", headers=admin()),
+                 client.post("/v1/tenants/ghost/keys", headers=admin()),
+                 client.get("/v1/tenants/ghost/keys", headers=admin())):
+        assert resp.status_code == 404
+        assert error_message(resp) == "tenant 'ghost' does not exist"

@@ -1,0 +1,253 @@
+"""Every bad upload is refused with a status, a message that says what to fix, and no trace
+in Redis or the bucket."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+from tests.registry import factories
+from tests.registry.conftest import create_tenant, error_message, upload
+
+A0 = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+B0 = "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"
+
+
+def _scale_first(tensors: dict[str, np.ndarray], value: float) -> dict[str, np.ndarray]:
+    arr = tensors[A0].copy()
+    arr[0, 0] = value
+    return {**tensors, A0: arr}
+
+
+def _bad(mutate: Callable[[Path], Any]) -> Callable[[Path, Path], Path]:
+    def build(src: Path, work: Path) -> Path:
+        out = factories.copy_adapter(src, work / "bad")
+        mutate(out)
+        return out
+    return build
+
+
+def _write(name: str, data: bytes) -> Callable[[Path], None]:
+    return lambda d: (d / name).write_bytes(data)
+
+
+CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
+    "config not json": (_bad(_write(CONFIG_FILE, b"{not json")), 422,
+                        "adapter_config.json is not valid JSON"),
+    "config not object": (_bad(_write(CONFIG_FILE, b"[1, 2]")), 422,
+                          "adapter_config.json must hold a JSON object"),
+    "unknown peft_type": (_bad(lambda d: factories.edit_config(d, peft_type="IA3")), 422,
+                          "peft_type must be 'LORA' or 'REFT'"),
+    "rank over max": (_bad(lambda d: factories.edit_config(d, r=32)), 422,
+                      "LoRA rank r=32 exceeds this registry's maximum of 16"),
+    "rank not int": (_bad(lambda d: factories.edit_config(d, r="8")), 422,
+                     "LoRA config 'r' must be a positive integer"),
+    "unsupported module": (
+        _bad(lambda d: factories.edit_config(d, target_modules=["q_proj", "embed_tokens"])),
+        422, "LoRA target_modules ['embed_tokens'] are not supported"),
+    "dora": (_bad(lambda d: factories.edit_config(d, use_dora=True)), 422,
+             "DoRA adapters (use_dora=true) are not supported"),
+    "layer out of range": (
+        _bad(lambda d: factories.edit_config(d, layers_to_transform=[0, 5])), 422,
+        "layers_to_transform must list layer indices in 0..1"),
+    "rank mismatch with tensors": (
+        _bad(lambda d: factories.edit_config(d, r=4)), 422,
+        "has shape [8, 64]; base model tiny-llama"),
+    "missing tensor": (
+        _bad(lambda d: factories.edit_tensors(d, lambda t: {k: v for k, v in t.items()
+                                                              if k != B0})),
+        422, f"missing tensor {B0} (shape [32, 8])"),
+    "unexpected tensor": (
+        _bad(lambda d: factories.edit_tensors(
+            d, lambda t: {**t, "base_model.model.lm_head.lora_A.weight": np.zeros((8, 64),
+                                                                                   np.float32)})),
+        422, "unexpected tensor base_model.model.lm_head.lora_A.weight"),
+    "wrong shape": (
+        _bad(lambda d: factories.edit_tensors(
+            d, lambda t: {**t, B0: np.zeros((64, 8), np.float32)})),
+        422, f"tensor {B0} has shape [64, 8]; base model tiny-llama (layers=2, hidden_size=64, "
+             "heads=4, kv_heads=2"),
+    "dtype f64": (
+        _bad(lambda d: factories.edit_tensors(d, lambda t: {**t, A0: t[A0].astype(np.float64)})),
+        422, f"tensor {A0} has dtype F64; use one of F32, F16, BF16"),
+    "dtype int": (
+        _bad(lambda d: factories.edit_tensors(d, lambda t: {**t, A0: t[A0].astype(np.int32)})),
+        422, f"tensor {A0} has dtype I32"),
+    "nan": (_bad(lambda d: factories.edit_tensors(d, lambda t: _scale_first(t, np.nan))), 422,
+            f"tensor {A0} contains NaN or Inf values"),
+    "inf": (_bad(lambda d: factories.edit_tensors(d, lambda t: _scale_first(t, np.inf))), 422,
+            f"tensor {A0} contains NaN or Inf values"),
+    "truncated safetensors": (
+        _bad(lambda d: (d / WEIGHTS_FILE).write_bytes((d / WEIGHTS_FILE).read_bytes()[:-100])),
+        422, "adapter_model.safetensors is not a valid safetensors file"),
+    "not safetensors": (_bad(_write(WEIGHTS_FILE, b"hello world, not tensors")), 422,
+                        "adapter_model.safetensors is not a safetensors file"),
+    "pickle named safetensors": (
+        _bad(_write(WEIGHTS_FILE, pickle.dumps({"a": [1.0]}, protocol=4))), 422,
+        "adapter_model.safetensors holds a pickled PyTorch checkpoint, which the registry "
+        "never loads; convert it to safetensors"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_adapter_rejected_and_nothing_stored(case, client, acme, lora_dir, tmp_path,
+                                                 state_snapshot):
+    build, status, message = CASES[case]
+    bad_dir = build(lora_dir, tmp_path)
+    before = state_snapshot()
+    resp = upload(client, acme, "bot", bad_dir)
+    assert resp.status_code == status, resp.text
+    assert message in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_all_problems_listed_in_details(client, acme, lora_dir, tmp_path, state_snapshot):
+    bad = factories.copy_adapter(lora_dir, tmp_path / "bad")
+    factories.edit_tensors(bad, lambda t: {k: v.astype(np.float64) for k, v in t.items()})
+    before = state_snapshot()
+    resp = upload(client, acme, "bot", bad)
+    assert resp.status_code == 422
+    body = resp.json()["error"]
+    assert body["code"] == "invalid_adapter"
+    # 2 layers x 4 modules x (A, B): every tensor is reported, the first in the message.
+    assert "(and 15 more; see details)" in body["message"]
+    assert len(body["details"]) == 16
+    assert all("has dtype F64" in d["message"] for d in body["details"])
+    assert state_snapshot() == before
+
+
+def _files(*parts: tuple[str, bytes]) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("files", (name, data, "application/octet-stream")) for name, data in parts]
+
+
+def _post(client, headers, files, name="bot", mode="prefill"):
+    data = {k: v for k, v in (("name", name), ("mode", mode)) if v is not None}
+    return client.post("/v1/adapters", data=data, files=files, headers=headers)
+
+
+def test_pickle_bin_rejected_with_conversion_hint(client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    config = (lora_dir / CONFIG_FILE).read_bytes()
+    resp = _post(client, acme, _files((CONFIG_FILE, config),
+                                      ("adapter_model.bin", pickle.dumps({"w": 1}))))
+    assert resp.status_code == 415
+    message = error_message(resp)
+    assert "adapter_model.bin is a pickle-based PyTorch file, which the registry never loads" \
+        in message
+    assert "safe_serialization=True" in message
+    assert state_snapshot() == before
+
+
+@pytest.mark.parametrize("filename", ["adapter_model.pt", "model.pth", "weights.ckpt"])
+def test_other_pickle_suffixes_rejected(filename, client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    resp = _post(client, acme, _files((CONFIG_FILE, (lora_dir / CONFIG_FILE).read_bytes()),
+                                      (filename, b"\x80\x04junk")))
+    assert resp.status_code == 415
+    assert f"{filename} is a pickle-based PyTorch file" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_missing_weights_file(client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    resp = _post(client, acme, _files((CONFIG_FILE, (lora_dir / CONFIG_FILE).read_bytes())))
+    assert resp.status_code == 400
+    assert "the upload lacks adapter_model.safetensors" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_unexpected_extra_file(client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    parts = [(p.name, p.read_bytes()) for p in sorted(lora_dir.iterdir())]
+    resp = _post(client, acme, _files(*parts, ("notes.txt", b"hi")))
+    assert resp.status_code == 400
+    assert "unexpected file 'notes.txt'" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_duplicate_file(client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    config = (lora_dir / CONFIG_FILE).read_bytes()
+    resp = _post(client, acme, _files((CONFIG_FILE, config), (CONFIG_FILE, config)))
+    assert resp.status_code == 400
+    assert "adapter_config.json was sent more than once" in error_message(resp)
+    assert state_snapshot() == before
+
+
+@pytest.mark.parametrize("name", ["", "-lead", "has space", "a" * 65, "x/y", "a..b", "näme"])
+def test_bad_adapter_name(name, client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    resp = upload(client, acme, name, lora_dir)
+    if name == "":
+        assert resp.status_code == 422  # the form field itself is missing
+        assert "name: field required" in error_message(resp)
+    else:
+        assert resp.status_code == 400, resp.text
+        assert f"adapter name {name!r} is invalid: use 1-64 letters" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_bad_mode(client, acme, lora_dir, state_snapshot):
+    before = state_snapshot()
+    resp = upload(client, acme, "bot", lora_dir, mode="decode")
+    assert resp.status_code == 422
+    assert "mode: Input should be 'prefill' or 'all'" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_missing_files_field(client, acme, state_snapshot):
+    before = state_snapshot()
+    resp = client.post("/v1/adapters", data={"name": "bot", "mode": "prefill"}, headers=acme)
+    assert resp.status_code == 422
+    assert "files: field required" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_weights_over_size_limit(make_client, lora_dir, state_snapshot):
+    client = make_client(max_weights_bytes=10_000)
+    headers = create_tenant(client, "acme")
+    before = state_snapshot()
+    resp = upload(client, headers, "bot", lora_dir)
+    assert resp.status_code == 413
+    assert "adapter_model.safetensors is larger than the 10000-byte limit" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_request_body_over_limit_by_content_length(make_client, lora_dir, state_snapshot):
+    client = make_client(max_upload_bytes=20_000)
+    headers = create_tenant(client, "acme")
+    before = state_snapshot()
+    resp = upload(client, headers, "bot", lora_dir)
+    assert resp.status_code == 413
+    assert "request body exceeds this registry's 20000-byte limit" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_unauthenticated_upload(client, lora_dir, state_snapshot):
+    before = state_snapshot()
+    resp = upload(client, {}, "bot", lora_dir)
+    assert resp.status_code == 401
+    assert "missing credentials: send 'Authorization: Bearer <API key>'" in error_message(resp)
+    assert resp.headers["www-authenticate"] == "Bearer"
+    resp = upload(client, {"Authorization": "Bearer pft_nope.nope"}, "bot", lora_dir)
+    assert resp.status_code == 401
+    assert "invalid or revoked API key" in error_message(resp)
+    assert state_snapshot() == before
+
+
+def test_config_json_size_limit(make_client, lora_dir, tmp_path, state_snapshot):
+    client = make_client(max_config_bytes=2048)
+    headers = create_tenant(client, "acme")
+    bad = factories.copy_adapter(lora_dir, tmp_path / "big")
+    factories.edit_config(bad, padding="x" * 5000)
+    before = state_snapshot()
+    resp = upload(client, headers, "bot", bad)
+    assert resp.status_code == 413
+    assert "adapter_config.json is larger than the 2048-byte limit" in error_message(resp)
+    assert state_snapshot() == before
+
