@@ -28,10 +28,17 @@ class AdapterInfo:
     mode: AdapterMode
     type: AdapterType
     digest: str
+    positions: str | None = None  # ReFT only: "f{n}+l{n}", "f{n}", "l{n}" or "prefill"
 
     @property
     def prefill_only(self) -> bool:
-        return self.mode is AdapterMode.PREFILL
+        """Applied to prompt tokens only (PreFT LoRA, and every ReFT adapter)."""
+        return self.mode is AdapterMode.PREFILL or self.type is not AdapterType.LORA
+
+    @property
+    def prompt_length_dependent(self) -> bool:
+        """Prompt KV depends on the prompt's length (ReFT at first/last-n positions)."""
+        return self.type is not AdapterType.LORA and self.positions != "prefill"
 
 
 class AdapterInfoCache:
@@ -50,7 +57,9 @@ class AdapterInfoCache:
         info = None if reload else self._infos.get(key)
         if info is None:
             config = read_config(Path(path))
-            info = AdapterInfo(adapter_mode(config), adapter_type(config), directory_digest(path))
+            kind = adapter_type(config)
+            positions = str(config.get("positions", "prefill")) if kind is not AdapterType.LORA else None
+            info = AdapterInfo(adapter_mode(config), kind, directory_digest(path), positions)
             with self._lock:
                 self._infos[key] = info
         return info

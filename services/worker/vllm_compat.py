@@ -16,9 +16,11 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
 3. Punica wrapper (``vllm/lora/punica_wrapper/punica_cpu.py``): on CPU, grouped per-adapter
    GEMMs from ``preft_kernels`` replace the per-token weight gather, and a step with no
    adapter token does no adapter work. Installed through ``CpuPlatform.get_punica_wrapper``.
-4. Prefix-cache keys (``vllm/v1/core/kv_cache_utils.py::_gen_lora_extra_hash_keys``): keyed
-   by the adapter's content digest instead of its name and path, so different content
-   under one name/path never shares KV blocks and identical content does.
+4. Prefix-cache keys (``vllm/v1/core/kv_cache_utils.py``: ``_gen_lora_extra_hash_keys`` and
+   ``generate_block_hash_extra_keys``, looked up as module globals by the block hasher):
+   keyed by the adapter's content digest instead of its name and path, so different
+   content under one name/path never shares KV blocks and identical content does; blocks of
+   prefill-only adapters that reach past the prompt are also keyed on the prompt length.
 """
 
 from __future__ import annotations
@@ -244,6 +246,38 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
 # -- 4. prefix-cache keys --------------------------------------------------------------
 
 
+def _block_extra_keys_with_phase(
+    request: Any, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[tuple[Any, ...] | None, int]:
+    """Stock extra keys plus what makes a prefill-only adapter's KV differ per block.
+
+    A prefill-only adapter's KV for a token depends on whether the token was a prompt token
+    (adapted) or a decoded one (base model). A block made purely of prompt tokens is valid
+    for any request whose prompt starts with those tokens; a block that reaches past the
+    prompt is valid only for the same prompt length (else a follow-up turn whose prompt
+    contains the previous reply would reuse base-model KV for adapted tokens). Adapters
+    whose prompt KV depends on the prompt length (ReFT at f/l positions) key every block on it.
+    """
+    keys, next_mm_idx = _STOCK_BLOCK_EXTRA_KEYS(
+        request, start_token_idx, end_token_idx, start_mm_idx
+    )
+    lora_request = request.lora_request
+    if lora_request is None:
+        return keys, next_mm_idx
+    info = adapter_info_of(lora_request)
+    prompt_len = request.num_prompt_tokens
+    if info.prompt_length_dependent:
+        extra: tuple[Any, ...] = (("prompt_len", prompt_len),)
+    elif info.prefill_only and end_token_idx > prompt_len:
+        extra = (("decoded_after", prompt_len),)
+    else:
+        return keys, next_mm_idx
+    return (keys or ()) + extra, next_mm_idx
+
+
+_STOCK_BLOCK_EXTRA_KEYS = kv_cache_utils.generate_block_hash_extra_keys
+
+
 def _lora_extra_hash_keys_by_content(request: Any) -> list[tuple[str, str]]:
     """Key prompt KV by adapter content, not by name/path as stock vLLM does: a new version
     under an old name or path never reuses stale KV, and identical content shares blocks."""
@@ -268,6 +302,7 @@ def install() -> None:
             PINNED_VLLM_VERSION, vllm.__version__, __file__,
         )
     kv_cache_utils._gen_lora_extra_hash_keys = _lora_extra_hash_keys_by_content
+    kv_cache_utils.generate_block_hash_extra_keys = _block_extra_keys_with_phase
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():

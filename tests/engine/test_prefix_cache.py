@@ -15,8 +15,9 @@ from tests.engine.test_oracle import MAX_TOKENS, prompt
 
 
 
-def run(engine: Engine, tokens: list[int], lora) -> tuple[list[int], int]:
-    out = engine.generate([tokens], [lora], MAX_TOKENS)[0]
+def run(engine: Engine, tokens: list[int], lora, max_tokens: int = MAX_TOKENS
+        ) -> tuple[list[int], int]:
+    out = engine.generate([tokens], [lora], max_tokens)[0]
     return list(out.outputs[0].token_ids), out.num_cached_tokens
 
 
@@ -61,3 +62,16 @@ def test_new_version_under_same_name_and_path_never_reuses_stale_kv(
     assert cached == 0
     assert v2 == oracle.generate_prefill(engine.model_dir, path, p, MAX_TOKENS)
     assert v2 != v1
+
+
+def test_follow_up_prompt_recomputes_generated_tokens_with_the_adapter(engine: Engine) -> None:
+    """Multi-turn chat: the next prompt contains the previous reply. Those tokens were decoded
+    by the base model, but as prompt tokens they must get the adapter, so their cached KV
+    blocks must not be reused (only blocks made purely of prompt tokens are)."""
+    first_prompt = prompt(104, 2 * BLOCK + 5)
+    reply, _ = run(engine, first_prompt, engine.lora("prefill-1"), max_tokens=40)
+    follow_up = first_prompt + reply  # block 2 holds 5 prompt + 27 generated tokens
+    tokens, cached = run(engine, follow_up, engine.lora("prefill-1"))
+    assert cached == 2 * BLOCK
+    assert tokens == oracle.generate_prefill(
+        engine.model_dir, engine.adapters["prefill-1"], follow_up, MAX_TOKENS)
