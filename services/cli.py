@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import httpx
-
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
@@ -58,7 +57,7 @@ class _ProgressFile:
     """A binary file that reports how far httpx has read it."""
 
     def __init__(self, path: Path, progress: _Progress | None) -> None:
-        self._fh = open(path, "rb")
+        self._fh = open(path, "rb")  # noqa: SIM115  (closed by the upload command)
         self._progress = progress
         self.name = str(path)
 

@@ -15,8 +15,9 @@ re-raises ``HTTPException`` from inside body parsing instead of turning it into 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -44,7 +45,7 @@ class ErrorResponse(BaseModel):
 class ServiceError(StarletteHTTPException):
     """Base of all expected errors; the message must tell the caller what to fix."""
 
-    status_code: ClassVar[int] = 500  # type: ignore[misc]
+    http_status: ClassVar[int] = 500
     code: ClassVar[str] = "internal"
 
     def __init__(
@@ -54,7 +55,7 @@ class ServiceError(StarletteHTTPException):
         details: list[dict[str, Any]] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(self.status_code, message, dict(headers) if headers else None)
+        super().__init__(self.http_status, message, dict(headers) if headers else None)
         self.message = message
         self.details = details
 
@@ -63,12 +64,12 @@ class ServiceError(StarletteHTTPException):
 
 
 class BadRequest(ServiceError):
-    status_code = 400
+    http_status = 400
     code = "bad_request"
 
 
 class Unauthorized(ServiceError):
-    status_code = 401
+    http_status = 401
     code = "unauthorized"
 
     def __init__(self, message: str, **kwargs: Any) -> None:
@@ -77,42 +78,42 @@ class Unauthorized(ServiceError):
 
 
 class Forbidden(ServiceError):
-    status_code = 403
+    http_status = 403
     code = "forbidden"
 
 
 class NotFound(ServiceError):
-    status_code = 404
+    http_status = 404
     code = "not_found"
 
 
 class Conflict(ServiceError):
-    status_code = 409
+    http_status = 409
     code = "conflict"
 
 
 class PayloadTooLarge(ServiceError):
-    status_code = 413
+    http_status = 413
     code = "payload_too_large"
 
 
 class UnsupportedMediaType(ServiceError):
-    status_code = 415
+    http_status = 415
     code = "unsupported_media_type"
 
 
 class Unprocessable(ServiceError):
-    status_code = 422
+    http_status = 422
     code = "invalid"
 
 
 class TooManyRequests(ServiceError):
-    status_code = 429
+    http_status = 429
     code = "rate_limited"
 
 
 class ServiceUnavailable(ServiceError):
-    status_code = 503
+    http_status = 503
     code = "unavailable"
 
 

@@ -67,7 +67,7 @@ class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
-        except Exception:  # a broken format string must not lose the record
+        except Exception:  # noqa: BLE001  (a broken format string must not lose the record)
             message = str(record.msg)
         record.msg = redact(message)
         record.args = None
@@ -82,7 +82,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": _dt.datetime.fromtimestamp(record.created, _dt.timezone.utc).isoformat(
+            "ts": _dt.datetime.fromtimestamp(record.created, _dt.UTC).isoformat(
                 timespec="milliseconds"
             ),
             "level": record.levelname,

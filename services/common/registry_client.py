@@ -33,11 +33,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 import redis
 import redis.asyncio as aioredis
-
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 
 logger = logging.getLogger(__name__)
@@ -179,18 +178,19 @@ def stream_id_key(event_id: str) -> tuple[int, int]:
 
 
 # One round trip: binding -> adapter name -> current version fields.
-_RESOLVE_USER_LUA = """
-local name = redis.call('GET', KEYS[1])
-if not name then return false end
-local f = redis.call('HMGET', ARGV[1] .. name, %s)
-return {name, unpack(f)}
-""" % ", ".join(f"'{f}'" for f in ADAPTER_FIELDS)
+_RESOLVE_USER_LUA = (
+    "local name = redis.call('GET', KEYS[1])\n"
+    "if not name then return false end\n"
+    "local f = redis.call('HMGET', ARGV[1] .. name, "
+    + ", ".join(f"'{f}'" for f in ADAPTER_FIELDS)
+    + ")\nreturn {name, unpack(f)}\n"
+)
 
 _MISSING: Any = object()
 Listener = Callable[[RegistryEvent], None]
 
 
-def _ref(tenant: str, name: str, values: list[str | None]) -> AdapterRef | None:
+def _ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:
     if not values or values[0] is None:
         return None
     version, sha256, type_, mode, rank, base_model = values
@@ -366,13 +366,14 @@ class RegistryClient(_Base):
             if redis_url is None:
                 raise ValueError("pass redis_url or client")
             client = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.redis = client
+        # decode_responses=True: replies are str (redis-py's stubs say bytes | str).
+        self.redis: Any = client
         self._resolve_user = client.register_script(_RESOLVE_USER_LUA)
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, timeout: float = 10.0) -> RegistryClient:
+    def start(self, timeout: float = 10.0) -> Self:
         """Start the event listener; return once it is live (or raise TimeoutError)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._listen, name="registry-events",
@@ -388,7 +389,7 @@ class RegistryClient(_Base):
             self._thread.join(timeout=5)
         self._live = False
 
-    def __enter__(self) -> RegistryClient:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -500,12 +501,12 @@ class AsyncRegistryClient(_Base):
             if redis_url is None:
                 raise ValueError("pass redis_url or client")
             client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-        self.redis = client
+        self.redis: Any = client
         self._resolve_user = client.register_script(_RESOLVE_USER_LUA)
         self._task: asyncio.Task[None] | None = None
         self._caught_up = asyncio.Event()
 
-    async def start(self, timeout: float = 10.0) -> AsyncRegistryClient:
+    async def start(self, timeout: float = 10.0) -> Self:
         if self._task is None:
             self._task = asyncio.create_task(self._listen(), name="registry-events")
         await asyncio.wait_for(self._caught_up.wait(), timeout)
@@ -521,7 +522,7 @@ class AsyncRegistryClient(_Base):
             self._task = None
         self._live = False
 
-    async def __aenter__(self) -> AsyncRegistryClient:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

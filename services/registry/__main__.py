@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 
 import uvicorn
-from pydantic import ValidationError
-
 from preft_serve.common.logging import setup_logging
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
+from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:

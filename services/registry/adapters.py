@@ -16,9 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from preft_serve.common.errors import BadRequest, Conflict, NotFound
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
@@ -26,6 +24,7 @@ from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
 from preft_serve.registry.models import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
 from preft_serve.registry.names import check_adapter_name, utcnow
+from preft_serve.registry.txn import Redis, transact
 from preft_serve.registry.validation import (
     BaseModelSpec,
     ValidatedAdapter,
@@ -76,7 +75,8 @@ def queue_version(
 def _adapter_out(current: dict[str, str], bound: int) -> AdapterOut:
     return AdapterOut(
         name=current["name"], version=int(current["version"]), sha256=current["sha256"],
-        type=current["type"], rank=int(current["rank"]), mode=current["mode"],
+        type=AdapterType(current["type"]), rank=int(current["rank"]),
+        mode=AdapterMode(current["mode"]),
         base_model=current["base_model"], size_bytes=int(current["size_bytes"]),
         created_at=current["adapter_created_at"], updated_at=current["updated_at"],
         bound_users=bound,
@@ -85,7 +85,7 @@ def _adapter_out(current: dict[str, str], bound: int) -> AdapterOut:
 
 class AdapterService:
     def __init__(
-        self, client: redis.Redis, keys: RegistryKeys, store: ObjectStore, base: BaseModelSpec,
+        self, client: Redis, keys: RegistryKeys, store: ObjectStore, base: BaseModelSpec,
         limits: ValidationLimits, staging_dir: Path | None, events_maxlen: int,
     ) -> None:
         self.redis = client
@@ -131,8 +131,8 @@ class AdapterService:
         name: str, current: dict[str, str], v: ValidatedAdapter, create: bool
     ) -> UploadResult | None:
         if current and current["sha256"] == v.sha256:
-            return UploadResult(AdapterVersion(name=name, **{
-                f: current[f] for f in _VERSION_FIELDS}), created=False)
+            return UploadResult(AdapterVersion.model_validate(
+                {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}), created=False)
         if current and create:
             raise Conflict(f"adapter {name!r} already exists (version {current['version']}); "
                            f"upload a new version with PUT /v1/adapters/{name}")
@@ -161,7 +161,7 @@ class AdapterService:
                           current.get("adapter_created_at", now), self.maxlen)
             return UploadResult(rec, created=True)
 
-        return self.redis.transaction(txn, adapter_key, value_from_callable=True)
+        return transact(self.redis, txn, adapter_key)
 
     def list(self, tenant: str, limit: int, cursor: str | None) -> tuple[list[AdapterOut],
                                                                          str | None]:
@@ -218,5 +218,4 @@ class AdapterService:
                                                adapter=name), self.maxlen)
             return len(users)
 
-        return self.redis.transaction(txn, k.adapter(tenant, name), users_key,
-                                      value_from_callable=True)
+        return transact(self.redis, txn, k.adapter(tenant, name), users_key)

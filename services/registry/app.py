@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 import redis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-
 from preft_serve import __version__
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError

@@ -13,7 +13,7 @@ import tarfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import IO
 
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
@@ -80,7 +80,7 @@ class _Extractor:
             return None
         return file_role(base)
 
-    def take(self, name: str, role: str, size: int, compressed: int, src: BinaryIO) -> None:
+    def take(self, name: str, role: str, size: int, compressed: int, src: IO[bytes]) -> None:
         if role in self.found:
             raise BadRequest(f"archive contains {role} more than once")
         limit = self.limits.max_config_bytes if role == CONFIG_FILE else (
@@ -108,7 +108,7 @@ class _Extractor:
 
 
 def extract_archive(
-    fileobj: BinaryIO, filename: str, dest: Path, limits: ValidationLimits
+    fileobj: IO[bytes], filename: str, dest: Path, limits: ValidationLimits
 ) -> dict[str, Path]:
     """Extract adapter files from an archive upload into ``dest``: role -> path."""
     fileobj.seek(0, 2)
@@ -122,7 +122,7 @@ def extract_archive(
     return ex.found
 
 
-def _zip(fileobj: BinaryIO, ex: _Extractor) -> None:
+def _zip(fileobj: IO[bytes], ex: _Extractor) -> None:
     try:
         archive = zipfile.ZipFile(fileobj)
     except zipfile.BadZipFile as exc:
@@ -148,13 +148,9 @@ def _zip(fileobj: BinaryIO, ex: _Extractor) -> None:
                 raise BadRequest(f"archive entry {info.filename!r} is corrupt: {exc}") from None
 
 
-def _tar(fileobj: BinaryIO, ex: _Extractor) -> None:
+def _tar(fileobj: IO[bytes], ex: _Extractor) -> None:
     try:
-        archive = tarfile.open(fileobj=fileobj, mode="r|*")
-    except tarfile.TarError as exc:
-        raise BadRequest(f"upload is not a readable .tar/.tar.gz archive: {exc}") from None
-    try:
-        with archive:
+        with tarfile.open(fileobj=fileobj, mode="r|*") as archive:
             for member in archive:
                 ex.count(member.name)
                 if member.issym() or member.islnk():
@@ -172,11 +168,14 @@ def _tar(fileobj: BinaryIO, ex: _Extractor) -> None:
                 src = archive.extractfile(member)
                 assert src is not None
                 ex.take(member.name, role, member.size, 0, src)
+    except tarfile.ReadError as exc:
+        raise BadRequest(f"upload is not a readable .tar/.tar.gz archive, or it is corrupt or "
+                         f"truncated: {exc}") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise BadRequest(f"archive is corrupt or truncated: {exc}") from None
 
 
-def copy_bounded(src: BinaryIO, dest: Path, limit: int, what: str) -> int:
+def copy_bounded(src: IO[bytes], dest: Path, limit: int, what: str) -> int:
     """Copy an uploaded part to ``dest``, failing as soon as it passes ``limit`` bytes."""
     written = 0
     src.seek(0)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-
 from preft_serve.common.errors import NotFound
 from preft_serve.common.registry_client import (
     AdapterRef,
@@ -22,6 +20,18 @@ from preft_serve.common.registry_client import (
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import BindingOut
 from preft_serve.registry.names import check_adapter_name, check_user_id
+from preft_serve.registry.txn import Redis, transact
+
+
+def queue_binding(pipe: Any, keys: RegistryKeys, tenant: str, user: str, adapter: str,
+                  old: str | None, maxlen: int) -> None:
+    """Queue the writes of one (re)binding plus its event (shared with the benchmark)."""
+    pipe.set(keys.binding(tenant, user), adapter)
+    if old:
+        pipe.srem(keys.adapter_users(tenant, old), user)
+    pipe.sadd(keys.adapter_users(tenant, adapter), user)
+    queue_event(pipe, keys, RegistryEvent(EventType.BINDING_UPDATED.value, tenant,
+                                          adapter=adapter, user=user), maxlen)
 
 
 def _out(user: str, ref: AdapterRef) -> BindingOut:
@@ -30,7 +40,7 @@ def _out(user: str, ref: AdapterRef) -> BindingOut:
 
 
 class BindingService:
-    def __init__(self, client: redis.Redis, keys: RegistryKeys, events_maxlen: int) -> None:
+    def __init__(self, client: Redis, keys: RegistryKeys, events_maxlen: int) -> None:
         self.redis = client
         self.keys = keys
         self.maxlen = events_maxlen
@@ -50,14 +60,9 @@ class BindingService:
             if old == adapter:
                 return
             pipe.multi()
-            pipe.set(binding_key, adapter)
-            if old:
-                pipe.srem(k.adapter_users(tenant, old), user)
-            pipe.sadd(k.adapter_users(tenant, adapter), user)
-            queue_event(pipe, k, RegistryEvent(EventType.BINDING_UPDATED.value, tenant,
-                                               adapter=adapter, user=user), self.maxlen)
+            queue_binding(pipe, k, tenant, user, adapter, old, self.maxlen)
 
-        self.redis.transaction(txn, binding_key, adapter_key)
+        transact(self.redis, txn, binding_key, adapter_key)
         return self.get(tenant, user)
 
     def get(self, tenant: str, user: str) -> BindingOut:
@@ -82,4 +87,4 @@ class BindingService:
             queue_event(pipe, k, RegistryEvent(EventType.BINDING_DELETED.value, tenant,
                                                adapter=old, user=user), self.maxlen)
 
-        self.redis.transaction(txn, binding_key)
+        transact(self.redis, txn, binding_key)

@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
 from preft_serve.common.errors import Unauthorized
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService

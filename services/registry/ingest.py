@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import BinaryIO
+from typing import IO
 
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest
@@ -21,7 +21,7 @@ class UploadedFile:
     """One multipart file part: the client's file name and a seekable stream."""
 
     filename: str
-    stream: BinaryIO
+    stream: IO[bytes]
 
 
 @dataclasses.dataclass(frozen=True)

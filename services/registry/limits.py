@@ -7,9 +7,8 @@ so no request can make the server buffer more than the limit.
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from preft_serve.common.errors import PayloadTooLarge, error_response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodySizeLimitMiddleware:

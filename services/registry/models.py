@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from pydantic import BaseModel, Field
 
 
 class TenantCreate(BaseModel):

@@ -35,4 +35,4 @@ def check_user_id(user: str) -> str:
 
 def utcnow() -> str:
     """Timestamps are ISO 8601 UTC strings, stored and returned as-is."""
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")

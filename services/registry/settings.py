@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from preft_serve.common.objectstore import ObjectStoreSettings
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from preft_serve.common.objectstore import ObjectStoreSettings
 
 _PLACEHOLDERS = ("changeme", "change-me", "change_me", "secret", "password", "admin", "token",
                  "example", "xxx", "todo", "replace")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import redis
-
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.adapters import AdapterService

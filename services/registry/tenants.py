@@ -14,13 +14,12 @@ import json
 import secrets
 from typing import Any
 
-import redis
-
 from preft_serve.common.errors import Conflict, NotFound, Unauthorized
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantOut
 from preft_serve.registry.names import check_tenant_name, utcnow
+from preft_serve.registry.txn import Redis, transact
 
 KEY_PREFIX = "pft_"
 
@@ -38,7 +37,7 @@ class Principal:
 
 
 class TenantService:
-    def __init__(self, client: redis.Redis, keys: RegistryKeys, events_maxlen: int) -> None:
+    def __init__(self, client: Redis, keys: RegistryKeys, events_maxlen: int) -> None:
         self.redis = client
         self.keys = keys
         self.maxlen = events_maxlen
@@ -72,7 +71,7 @@ class TenantService:
                         self.maxlen)
             return self._queue_key(pipe, name)
 
-        key = self.redis.transaction(txn, self.keys.tenant(name), value_from_callable=True)
+        key = transact(self.redis, txn, self.keys.tenant(name))
         tenant = TenantOut(name=name, created_at=created_at,
                            keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)])
         return tenant, key
@@ -97,7 +96,7 @@ class TenantService:
             pipe.multi()
             return self._queue_key(pipe, tenant)
 
-        return self.redis.transaction(txn, self.keys.tenant(tenant), value_from_callable=True)
+        return transact(self.redis, txn, self.keys.tenant(tenant))
 
     def revoke_key(self, tenant: str, key_id: str) -> None:
         """Revoke one key; requests with it fail from the next call on."""
@@ -113,7 +112,7 @@ class TenantService:
             queue_event(pipe, self.keys, RegistryEvent(EventType.API_KEY_REVOKED.value, tenant,
                                                        key_id=key_id), self.maxlen)
 
-        self.redis.transaction(txn, keys_key)
+        transact(self.redis, txn, keys_key)
 
     def authenticate(self, api_key: str) -> Principal:
         if not api_key.startswith(KEY_PREFIX):

@@ -7,7 +7,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from preft_serve.common.adapter_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -85,7 +84,7 @@ def test_adapter_layout_roundtrip(store, adapter, tmp_path):
 
 
 def test_put_adapter_refuses_wrong_digest(store, adapter):
-    digest, config, weights = adapter
+    _, config, weights = adapter
     with pytest.raises(BlobIntegrityError, match="content hashes to"):
         store.put_adapter("0" * 64, config, weights)
     assert list(store.list_keys("")) == []

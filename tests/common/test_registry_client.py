@@ -7,12 +7,12 @@ import asyncio
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
-
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from preft_serve.common.registry_client import (
     AdapterRef,

@@ -7,6 +7,7 @@ objects written, metadata not).
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -37,7 +38,8 @@ def main(settings_json: str, adapter_dir: str, tenant: str, point: str) -> None:
             return True
 
         store.put_adapter = put_then_die  # type: ignore[method-assign]
-    files = [UploadedFile(p.name, open(p, "rb")) for p in sorted(Path(adapter_dir).iterdir())]
+    files = [UploadedFile(p.name, io.BytesIO(p.read_bytes()))
+             for p in sorted(Path(adapter_dir).iterdir())]
     state.adapters.upload(tenant, "bot", AdapterMode.PREFILL, files, create=True)
     sys.exit("unreachable: the upload should have been killed")
 

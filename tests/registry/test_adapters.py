@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from preft_serve.common.adapter_format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -14,8 +13,8 @@ from preft_serve.common.adapter_format import (
     canonical_config_bytes,
     read_config,
 )
-from preft_serve.common.objectstore import create_object_store
 from preft_serve.common.registry_client import RegistryKeys
+
 from tests.registry import factories
 from tests.registry.conftest import error_message, upload
 
@@ -203,7 +202,7 @@ def test_bf16_nan_found(client, acme, lora_dir, tmp_path, state_snapshot):
 
     adapter = factories.cast(factories.copy_adapter(lora_dir, tmp_path / "half"), "bfloat16")
     tensors = load_file(str(adapter / WEIGHTS_FILE))
-    name = sorted(tensors)[-1]
+    name = max(tensors)
     tensors[name][-1, -1] = torch.inf
     save_file(tensors, str(adapter / WEIGHTS_FILE))
     before = state_snapshot()

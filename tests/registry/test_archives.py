@@ -9,8 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+
 from tests.registry.conftest import error_message, upload
 
 
@@ -110,10 +110,10 @@ BAD_ARCHIVES = {
     "corrupt zip": (lambda d: b"PK\x03\x04 definitely not a zip", "adapter.zip", 400,
                     "upload is not a readable .zip archive"),
     "corrupt tar.gz": (lambda d: _tar(_adapter_entries(d))[:300], "adapter.tar.gz", 400,
-                       "archive is corrupt or truncated"),
+                       "corrupt or truncated"),
     "declared too large": (lambda d: _tar([(CONFIG_FILE, b"{" + b" " * 5000 + b"}")]),
-                           "adapter.tar.gz", 413, "adapter_config.json in the archive is 5002 "
-                           "bytes; the limit is 4096"),
+                           "adapter.tar.gz", 413,
+                           "adapter_config.json in the archive is 5002 bytes; the limit is 4096"),
 }
 
 

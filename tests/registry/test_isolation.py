@@ -27,7 +27,7 @@ def test_tenants_are_isolated(client, new_tenant, lora_dir, lora_dir2, state_sna
         ("DELETE", "/v1/adapters/{}?force=true", {}),
         ("PUT", "/v1/users/bob", {"json": {"adapter": "{}"}}),
     ]:
-        def call(name: str):
+        def call(name: str, method=method, path=path, kwargs=kwargs):
             kw = dict(kwargs)
             if "json" in kw:
                 kw["json"] = {"adapter": name}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from preft_serve.common.registry_client import RegistryKeys
+
 from tests.registry.conftest import admin, bearer, error_message
 
 

@@ -4,13 +4,14 @@ in Redis or the bucket."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
-
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+
 from tests.registry import factories
 from tests.registry.conftest import create_tenant, error_message, upload
 
@@ -70,8 +71,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
     "wrong shape": (
         _bad(lambda d: factories.edit_tensors(
             d, lambda t: {**t, B0: np.zeros((64, 8), np.float32)})),
-        422, f"tensor {B0} has shape [64, 8]; base model tiny-llama (layers=2, hidden_size=64, "
-             "heads=4, kv_heads=2"),
+        422, (f"tensor {B0} has shape [64, 8]; base model tiny-llama (layers=2, "
+              "hidden_size=64, heads=4, kv_heads=2")),
     "dtype f64": (
         _bad(lambda d: factories.edit_tensors(d, lambda t: {**t, A0: t[A0].astype(np.float64)})),
         422, f"tensor {A0} has dtype F64; use one of F32, F16, BF16"),
@@ -89,8 +90,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
                         "adapter_model.safetensors is not a safetensors file"),
     "pickle named safetensors": (
         _bad(_write(WEIGHTS_FILE, pickle.dumps({"a": [1.0]}, protocol=4))), 422,
-        "adapter_model.safetensors holds a pickled PyTorch checkpoint, which the registry "
-        "never loads; convert it to safetensors"),
+        ("adapter_model.safetensors holds a pickled PyTorch checkpoint, which the registry "
+         "never loads; convert it to safetensors")),
 }
 
 

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, SecretStr
-
 from preft_serve.common.objectstore.base import (
     ADAPTER_FILES,
     ADAPTER_PREFIX,
@@ -28,6 +26,7 @@ from preft_serve.common.objectstore.base import (
 )
 from preft_serve.common.objectstore.local import LocalObjectStore
 from preft_serve.common.objectstore.s3 import S3ObjectStore
+from pydantic import BaseModel, SecretStr
 
 __all__ = [
     "ADAPTER_FILES",

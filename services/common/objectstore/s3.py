@@ -10,7 +10,6 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
-
 from preft_serve.common.objectstore.base import (
     ObjectNotFound,
     ObjectStore,

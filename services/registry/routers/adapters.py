@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
-
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.common.errors import error_responses
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import redis
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from preft_serve.common.errors import ServiceUnavailable, error_responses
 from preft_serve.common.objectstore import ObjectStoreError
 from preft_serve.registry.deps import StateDep
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 router = APIRouter(tags=["ops"])
 
@@ -23,7 +23,7 @@ def readyz(state: StateDep) -> dict[str, str]:
     """Redis and the object store are reachable."""
     try:
         state.redis.ping()
-    except Exception as exc:
+    except redis.RedisError as exc:
         raise ServiceUnavailable(f"Redis is not reachable: {exc}") from None
     try:
         state.store.check()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
-
 from preft_serve.common.errors import error_responses
 from preft_serve.registry.deps import AdminDep, TenantsDep
-from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantCreate, TenantCreated
-from preft_serve.registry.models import TenantOut
+from preft_serve.registry.models import (
+    ApiKeyCreated,
+    ApiKeyInfo,
+    TenantCreate,
+    TenantCreated,
+    TenantOut,
+)
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants (admin)"])
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
-
 from preft_serve.common.errors import error_responses
 from preft_serve.registry.deps import BindingsDep, PrincipalDep
 from preft_serve.registry.models import BindingIn, BindingOut

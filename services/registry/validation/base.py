@@ -12,8 +12,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from preft_serve.common.adapter_format import AdapterType
 from preft_serve.common.errors import Unprocessable
@@ -134,5 +135,6 @@ def require(condition: bool, message: str) -> None:
         raise AdapterRejected(message)
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
+    """A JSON integer (``true`` is not 1 here)."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -8,10 +8,12 @@ per-module ranks) are rejected rather than silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from preft_serve.common.adapter_format import AdapterType
 from preft_serve.registry.validation.base import (
+    AdapterRejected,
     AdapterValidator,
     BaseModelSpec,
     Shapes,
@@ -57,20 +59,19 @@ class LoraValidator(AdapterValidator):
         self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
     ) -> int:
         rank = config.get("r")
-        require(is_int(rank) and rank >= 1, f"LoRA config 'r' must be a positive integer "
-                f"(got {rank!r})")
+        if not (is_int(rank) and rank >= 1):
+            raise AdapterRejected(f"LoRA config 'r' must be a positive integer (got {rank!r})")
         require(rank <= limits.max_rank, f"LoRA rank r={rank} exceeds this registry's maximum "
                 f"of {limits.max_rank}; retrain with r <= {limits.max_rank}")
         alpha = config.get("lora_alpha", rank)
         require((is_int(alpha) or isinstance(alpha, float)) and alpha > 0,
                 f"LoRA config 'lora_alpha' must be a positive number (got {alpha!r})")
         modules = config.get("target_modules")
-        require(
-            isinstance(modules, list) and bool(modules)
-            and all(isinstance(m, str) for m in modules),
-            "LoRA config 'target_modules' must be a non-empty list of module names "
-            f"from: {', '.join(SUPPORTED_MODULES)} (got {modules!r})",
-        )
+        if not (isinstance(modules, list) and modules
+                and all(isinstance(m, str) for m in modules)):
+            raise AdapterRejected(
+                "LoRA config 'target_modules' must be a non-empty list of module names "
+                f"from: {', '.join(SUPPORTED_MODULES)} (got {modules!r})")
         unknown = sorted(set(modules) - set(SUPPORTED_MODULES))
         require(not unknown, f"LoRA target_modules {unknown} are not supported; use only: "
                 f"{', '.join(SUPPORTED_MODULES)}")
@@ -95,7 +96,7 @@ class LoraValidator(AdapterValidator):
                 f"layers_to_transform must list layer indices in 0..{base.num_layers - 1} "
                 f"(the base model has {base.num_layers} layers; got {layers!r})",
             )
-        return int(rank)
+        return rank
 
     def expected_tensors(self, config: Mapping[str, Any], base: BaseModelSpec) -> Shapes:
         rank = int(config["r"])

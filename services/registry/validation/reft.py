@@ -10,12 +10,13 @@ LoReFT's ``r`` must have orthonormal rows.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
-
 from preft_serve.common.adapter_format import AdapterType
 from preft_serve.registry.validation.base import (
+    AdapterRejected,
     AdapterValidator,
     BaseModelSpec,
     Shapes,
@@ -53,8 +54,8 @@ class _ReftValidator(AdapterValidator):
         self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
     ) -> int:
         rank = config.get("rank")
-        require(is_int(rank) and rank >= 1,
-                f"ReFT config 'rank' must be a positive integer (got {rank!r})")
+        if not (is_int(rank) and rank >= 1):
+            raise AdapterRejected(f"ReFT config 'rank' must be a positive integer (got {rank!r})")
         require(rank <= limits.max_rank, f"ReFT rank {rank} exceeds this registry's maximum of "
                 f"{limits.max_rank}; retrain with rank <= {limits.max_rank}")
         require(rank <= base.hidden_size, f"ReFT rank {rank} exceeds the base model's "
@@ -70,15 +71,15 @@ class _ReftValidator(AdapterValidator):
         )
         positions = config.get("positions")
         match = _POSITIONS.match(positions) if isinstance(positions, str) else None
-        require(match is not None, "ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', "
-                f"'l{{n}}' or 'prefill' (got {positions!r})")
-        assert match is not None
+        if match is None:
+            raise AdapterRejected("ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', "
+                                  f"'l{{n}}' or 'prefill' (got {positions!r})")
         counts = [int(v) for v in match.groupdict().values() if v is not None]
         require(all(1 <= n <= MAX_POSITIONS for n in counts),
                 f"ReFT position counts must be between 1 and {MAX_POSITIONS} (got {positions!r})")
         require(isinstance(config.get("share_weights", False), bool),
                 "ReFT config 'share_weights' must be true or false")
-        return int(rank)
+        return rank
 
     def expected_tensors(self, config: Mapping[str, Any], base: BaseModelSpec) -> Shapes:
         rank, hidden = int(config["rank"]), base.hidden_size
@@ -95,13 +96,13 @@ class _ReftValidator(AdapterValidator):
 @register_validator
 class DireftValidator(_ReftValidator):
     type = AdapterType.DIREFT
-    tensor_shapes = {"w1": "rd", "b": "r", "w2": "rd"}
+    tensor_shapes: ClassVar[dict[str, str]] = {"w1": "rd", "b": "r", "w2": "rd"}
 
 
 @register_validator
 class LoreftValidator(_ReftValidator):
     type = AdapterType.LOREFT
-    tensor_shapes = {"r": "rd", "w": "rd", "b": "r"}
+    tensor_shapes: ClassVar[dict[str, str]] = {"r": "rd", "w": "rd", "b": "r"}
 
     def check_values(self, config: Mapping[str, Any], weights: WeightsFile) -> list[str]:
         problems = []
