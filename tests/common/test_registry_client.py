@@ -21,7 +21,7 @@ from preft_serve.common.registry_client import (
     RegistryClient,
     RegistryEvent,
     RegistryKeys,
-    _Cache,
+    ResolveCache,
 )
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
@@ -189,7 +189,7 @@ def test_blob_info(client, writer):
 
 
 def test_cache_drops_writes_that_raced_an_event():
-    cache = _Cache(max_entries=10)
+    cache = ResolveCache(max_entries=10)
     ref = AdapterRef("t", "a", 1, "s", AdapterType.LORA, AdapterMode.ALL, 1, "m")
     epoch = cache.epoch
     cache.apply(RegistryEvent("binding.updated", "t", user="u", adapter="a"))

@@ -6,6 +6,8 @@ Every test gets its own Redis namespace and S3 bucket on the session's real serv
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,11 +16,13 @@ from typing import Any
 import boto3
 import pytest
 import redis
+import uvicorn
 from fastapi.testclient import TestClient
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
 
+from tests.conftest import free_port
 from tests.registry import factories
 
 ADMIN_TOKEN = "test-admin-0123456789abcdef"
@@ -178,20 +182,12 @@ def error_message(resp: Any) -> str:
 @pytest.fixture
 def live_server(settings: RegistrySettings) -> Iterator[str]:
     """The registry on a real loopback HTTP port (uvicorn in a thread); yields its URL."""
-    import threading
-
-    import uvicorn
-
-    from tests.conftest import free_port
-
     port = free_port()
     config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                             log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    import time
-
     deadline = time.monotonic() + 15
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():

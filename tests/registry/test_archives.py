@@ -97,6 +97,8 @@ BAD_ARCHIVES = {
     "too deep": (lambda d: _tar(_adapter_entries(d, "a/b/")), "adapter.tar.gz", 400,
                  f"archive entry 'a/b/{CONFIG_FILE}' is nested too deeply"),
     "zip bomb": (lambda d: _bomb_zip(), "adapter.zip", 400, "over the 100x limit (zip bomb?)"),
+    "gzip bomb": (lambda d: _tar([(CONFIG_FILE, b"{}"), (WEIGHTS_FILE, b"\0" * (3 << 20))]),
+                  "adapter.tar.gz", 400, "archive expands more than 100x (zip bomb?)"),
     "too many entries": (lambda d: _zip([(f"README{i}/README.md", b"") for i in range(20)]),
                          "adapter.zip", 400, "archive has more than 16 entries"),
     "pickle inside": (lambda d: _tar([(CONFIG_FILE, b"{}"), ("adapter_model.bin", b"\x80\x04")]),

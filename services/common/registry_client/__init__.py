@@ -1,0 +1,52 @@
+"""Read side of the adapter registry, for the gateway and the workers.
+
+Resolves ``(tenant, user)`` and ``(tenant, adapter name)`` to an :class:`AdapterRef`
+(name, version, sha256, type, mode, ...) straight from the registry's Redis, with a local
+cache that the registry's change events invalidate, and lists changes since a cursor so a
+consumer that was away can catch up.
+
+Two flavours share one cache and one key layout:
+
+* :class:`RegistryClient` — blocking redis-py; a daemon thread listens for events.
+  Thread-safe: call it from any number of threads (or from ``run_in_executor``).
+* :class:`AsyncRegistryClient` — ``redis.asyncio``; an asyncio task listens for events.
+  Use it from one event loop (the one that called ``start``); it is not thread-safe.
+
+Consistency: events travel over Redis pub/sub, and each carries its id in the registry's
+event stream. Every (re)subscription replays the stream from the last id seen before the
+cache is trusted again, so nothing published while disconnected is missed. While the
+listener is down the client is not ``live`` and every lookup goes to Redis. A lookup that
+raced with an event is not cached (an epoch counter detects the race).
+
+``contract.py`` is the Redis layout (:class:`RegistryKeys`) and the event format
+(:class:`RegistryEvent`); the registry service writes what this package reads. ``cache.py``
+holds the cache and the logic both clients share; ``sync.py`` and ``aio.py`` do the I/O.
+"""
+
+from preft_serve.common.registry_client.aio import AsyncRegistryClient
+from preft_serve.common.registry_client.cache import ResolveCache
+from preft_serve.common.registry_client.contract import (
+    ADAPTER_FIELDS,
+    AdapterRef,
+    BlobInfo,
+    ChangeBatch,
+    EventType,
+    RegistryEvent,
+    RegistryKeys,
+    stream_id_key,
+)
+from preft_serve.common.registry_client.sync import RegistryClient
+
+__all__ = [
+    "ADAPTER_FIELDS",
+    "AdapterRef",
+    "AsyncRegistryClient",
+    "BlobInfo",
+    "ChangeBatch",
+    "EventType",
+    "RegistryClient",
+    "RegistryEvent",
+    "RegistryKeys",
+    "ResolveCache",
+    "stream_id_key",
+]

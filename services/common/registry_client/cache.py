@@ -1,0 +1,185 @@
+"""The client cache and the state and event handling shared by the sync and async clients."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.common.registry_client.contract import (
+    ADAPTER_FIELDS,
+    AdapterRef,
+    BlobInfo,
+    EventType,
+    RegistryEvent,
+    RegistryKeys,
+    stream_id_key,
+)
+
+logger = logging.getLogger(__name__)
+
+# One round trip: binding -> adapter name -> current version fields.
+RESOLVE_USER_LUA = (
+    "local name = redis.call('GET', KEYS[1])\n"
+    "if not name then return false end\n"
+    "local f = redis.call('HMGET', ARGV[1] .. name, "
+    + ", ".join(f"'{f}'" for f in ADAPTER_FIELDS)
+    + ")\nreturn {name, unpack(f)}\n"
+)
+
+MISSING: Any = object()
+Listener = Callable[[RegistryEvent], None]
+
+
+def parse_ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:
+    if not values or values[0] is None:
+        return None
+    version, sha256, type_, mode, rank, base_model = values
+    return AdapterRef(
+        tenant, name, int(version), str(sha256), AdapterType(type_), AdapterMode(mode),
+        int(rank or 0), str(base_model or ""),
+    )
+
+
+def parse_blob(fields: Mapping[str, str]) -> BlobInfo | None:
+    if not fields:
+        return None
+    return BlobInfo(
+        sha256=fields["sha256"], type=AdapterType(fields["type"]),
+        mode=AdapterMode(fields["mode"]), rank=int(fields["rank"]),
+        base_model=fields.get("base_model", ""), size_bytes=int(fields.get("size_bytes", 0)),
+        config=json.loads(fields.get("config", "{}")),
+    )
+
+
+class ResolveCache:
+    """user -> adapter name and adapter -> ref maps, invalidated by events; no I/O.
+
+    Reads are lock-free dict lookups; writes take a lock and are dropped when an event was
+    applied since the caller's read began (``epoch`` changed), so a stale value fetched
+    just before an invalidation is never stored after it.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.users: OrderedDict[tuple[str, str], str | None] = OrderedDict()
+        self.adapters: OrderedDict[tuple[str, str], AdapterRef | None] = OrderedDict()
+        self.blobs: dict[str, BlobInfo] = {}
+        self.epoch = 0
+        self.lock = threading.Lock()
+
+    def get_user(self, tenant: str, user: str) -> Any:
+        name = self.users.get((tenant, user), MISSING)
+        if name is MISSING or name is None:
+            return name
+        return self.adapters.get((tenant, name), MISSING)
+
+    def put(self, epoch: int, tenant: str, user: str | None, name: str | None,
+            ref: AdapterRef | None) -> None:
+        with self.lock:
+            if epoch != self.epoch:
+                return
+            if user is not None:
+                self._put(self.users, (tenant, user), name)
+            if name is not None:
+                self._put(self.adapters, (tenant, name), ref)
+
+    def _put(self, table: OrderedDict, key: Any, value: Any) -> None:  # type: ignore[type-arg]
+        table[key] = value
+        if len(table) > self.max_entries:
+            table.popitem(last=False)
+
+    def apply(self, event: RegistryEvent) -> None:
+        with self.lock:
+            self.epoch += 1
+            if event.type in (EventType.ADAPTER_UPDATED, EventType.ADAPTER_DELETED):
+                self.adapters.pop((event.tenant, event.adapter or ""), None)
+            elif event.type in (EventType.BINDING_UPDATED, EventType.BINDING_DELETED):
+                self.users.pop((event.tenant, event.user or ""), None)
+            elif event.type not in {e.value for e in EventType}:
+                self.users.clear()  # unknown kind of change: forget everything
+                self.adapters.clear()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.epoch += 1
+            self.users.clear()
+            self.adapters.clear()
+
+
+class ClientBase:
+    """State and event handling shared by the sync and async clients."""
+
+    def __init__(self, namespace: str, cache: bool, max_cache_entries: int,
+                 cursor: str | None) -> None:
+        self.keys = RegistryKeys(namespace)
+        self._use_cache = cache
+        self._cache = ResolveCache(max_cache_entries)
+        self._listeners: list[Listener] = []
+        self._cursor: str | None = cursor
+        self._live = False
+
+    @property
+    def live(self) -> bool:
+        """Subscribed and caught up: cached answers are current."""
+        return self._live
+
+    @property
+    def cursor(self) -> str | None:
+        """Id of the last event applied (pass it to ``changes_since`` after a restart)."""
+        return self._cursor
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(event)`` after each event is applied; it must not block."""
+        self._listeners.append(listener)
+
+    def invalidate_all(self) -> None:
+        self._cache.clear()
+
+    def _cached_user(self, tenant: str, user: str) -> Any:
+        return self._cache.get_user(tenant, user) if self._live and self._use_cache else MISSING
+
+    def _cached_adapter(self, tenant: str, name: str) -> Any:
+        if not (self._live and self._use_cache):
+            return MISSING
+        return self._cache.adapters.get((tenant, name), MISSING)
+
+    def _apply(self, event: RegistryEvent) -> None:
+        self._cache.apply(event)
+        if event.id and (self._cursor is None or stream_id_key(event.id) > stream_id_key(
+            self._cursor
+        )):
+            self._cursor = event.id
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a consumer bug must not stop invalidation
+                logger.exception("registry event listener failed")
+
+    def _on_message(self, data: str) -> None:
+        payload = json.loads(data)
+        self._apply(RegistryEvent.from_fields(payload.pop("id", ""), payload))
+
+    def _xrange_min(self, cursor: str) -> str:
+        return "-" if cursor in ("", "0", "0-0") else f"({cursor}"
+
+    @staticmethod
+    def _trimmed(info: Mapping[str, Any] | None, cursor: str) -> bool:
+        """Whether events after ``cursor`` may have been trimmed away (Redis >= 7 fields).
+
+        Conservative: a cursor equal to the last trimmed id also reports a reset.
+        """
+        if not info:
+            return False
+        at = stream_id_key(cursor or "0-0")
+        if at < stream_id_key(info.get("max-deleted-entry-id") or "0-0"):
+            return True  # XDEL'd entries
+        if int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
+            return False  # nothing trimmed
+        if not int(info.get("length", 0)):
+            return at < stream_id_key(info.get("last-generated-id") or "0-0")
+        return at < stream_id_key(info.get("recorded-first-entry-id") or "0-0")

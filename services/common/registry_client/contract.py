@@ -1,0 +1,150 @@
+"""The registry's Redis contract: key layout, event format and the resolved records.
+
+The registry service writes exactly what this module describes and the clients read it,
+so both import it from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model")
+
+
+class RegistryKeys:
+    """Every Redis key and channel the registry uses, under one namespace."""
+
+    def __init__(self, namespace: str = "preft") -> None:
+        self.ns = namespace
+        self.tenants = f"{namespace}:tenants"  # SET of tenant names
+        self.events = f"{namespace}:events"  # STREAM of RegistryEvent fields
+        self.channel = f"{namespace}:events:live"  # pub/sub: JSON RegistryEvent with id
+
+    def tenant(self, tenant: str) -> str:  # HASH name, created_at
+        return f"{self.ns}:tenant:{tenant}"
+
+    def tenant_keys(self, tenant: str) -> str:  # HASH key_id -> JSON {key_id, hash, created_at}
+        return f"{self.ns}:tenant:{tenant}:keys"
+
+    def api_key(self, key_hash: str) -> str:  # HASH tenant, key_id
+        return f"{self.ns}:apikey:{key_hash}"
+
+    def adapters(self, tenant: str) -> str:  # ZSET (score 0) of adapter names, for paging
+        return f"{self.ns}:tenant:{tenant}:adapters"
+
+    def adapter_prefix(self, tenant: str) -> str:
+        return f"{self.ns}:tenant:{tenant}:adapter:"
+
+    def adapter(self, tenant: str, name: str) -> str:  # HASH current version (ADAPTER_FIELDS+)
+        return f"{self.adapter_prefix(tenant)}{name}"
+
+    def versions(self, tenant: str, name: str) -> str:  # HASH version -> JSON version record
+        return f"{self.adapter(tenant, name)}:versions"
+
+    def adapter_users(self, tenant: str, name: str) -> str:  # SET of user ids bound to it
+        return f"{self.adapter(tenant, name)}:users"
+
+    def binding(self, tenant: str, user: str) -> str:  # STRING adapter name
+        return f"{self.ns}:tenant:{tenant}:user:{user}"
+
+    def blob(self, sha256: str) -> str:  # HASH sha256, type, mode, rank, base_model, config...
+        return f"{self.ns}:blob:{sha256}"
+
+
+class EventType(str, enum.Enum):
+    """Kinds of change the registry publishes."""
+
+    ADAPTER_UPDATED = "adapter.updated"  # new current version (incl. the first)
+    ADAPTER_DELETED = "adapter.deleted"  # adapter and, if forced, its bindings are gone
+    BINDING_UPDATED = "binding.updated"
+    BINDING_DELETED = "binding.deleted"
+    TENANT_CREATED = "tenant.created"
+    API_KEY_CREATED = "apikey.created"
+    API_KEY_REVOKED = "apikey.revoked"
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryEvent:
+    """One change. ``id`` is its position in the event stream (the catch-up cursor)."""
+
+    type: str
+    tenant: str
+    id: str = ""
+    adapter: str | None = None
+    user: str | None = None
+    version: int | None = None
+    sha256: str | None = None
+    key_id: str | None = None
+    ts: float = 0.0
+
+    def fields(self) -> dict[str, str]:
+        """Flat string fields as stored in the stream (``id`` is assigned by Redis)."""
+        out = {"type": self.type, "tenant": self.tenant, "ts": f"{self.ts or time.time():.3f}"}
+        for name in ("adapter", "user", "version", "sha256", "key_id"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = str(value)
+        return out
+
+    @classmethod
+    def from_fields(cls, event_id: str, fields: Mapping[str, str]) -> RegistryEvent:
+        version = fields.get("version")
+        return cls(
+            id=event_id,
+            type=fields.get("type", ""),
+            tenant=fields.get("tenant", ""),
+            adapter=fields.get("adapter"),
+            user=fields.get("user"),
+            version=int(version) if version else None,
+            sha256=fields.get("sha256"),
+            key_id=fields.get("key_id"),
+            ts=float(fields.get("ts", 0) or 0),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdapterRef:
+    """What a request needs to run an adapter: its content hash and how to apply it."""
+
+    tenant: str
+    name: str
+    version: int
+    sha256: str
+    type: AdapterType
+    mode: AdapterMode
+    rank: int
+    base_model: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BlobInfo:
+    """Metadata of stored adapter content, enough for a worker to load it by hash alone."""
+
+    sha256: str
+    type: AdapterType
+    mode: AdapterMode
+    rank: int
+    base_model: str
+    size_bytes: int
+    config: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChangeBatch:
+    """Events after a cursor. ``reset``: some were trimmed away, so rebuild all state."""
+
+    events: list[RegistryEvent]
+    cursor: str
+    reset: bool
+
+
+def stream_id_key(event_id: str) -> tuple[int, int]:
+    """Sort key of a Redis stream id ``ms-seq``."""
+    ms, _, seq = event_id.partition("-")
+    return int(ms), int(seq or 0)

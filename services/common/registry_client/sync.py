@@ -1,0 +1,168 @@
+"""Blocking registry client: a daemon thread listens for events; thread-safe."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Self
+
+import redis
+from preft_serve.common.registry_client.cache import (
+    MISSING,
+    RESOLVE_USER_LUA,
+    ClientBase,
+    parse_blob,
+    parse_ref,
+)
+from preft_serve.common.registry_client.contract import (
+    ADAPTER_FIELDS,
+    AdapterRef,
+    BlobInfo,
+    ChangeBatch,
+    RegistryEvent,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class RegistryClient(ClientBase):
+    """Blocking client with a listener thread; see the module docstring.
+
+    ``cursor``: resume from a saved :attr:`cursor` — ``start`` replays every event since it
+    to the listeners before going live (default: start from now). ``cache=False`` always
+    reads Redis (the registry itself reads this way).
+
+    >>> client = RegistryClient("redis://localhost:6379/0").start()
+    >>> ref = client.resolve_user("acme", "user-42")   # AdapterRef | None
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        client: redis.Redis | None = None,
+        namespace: str = "preft",
+        cache: bool = True,
+        max_cache_entries: int = 1_000_000,
+        cursor: str | None = None,
+    ) -> None:
+        super().__init__(namespace, cache, max_cache_entries, cursor)
+        if client is None:
+            if redis_url is None:
+                raise ValueError("pass redis_url or client")
+            client = redis.Redis.from_url(redis_url, decode_responses=True)
+        # decode_responses=True: replies are str (redis-py's stubs say bytes | str).
+        self.redis: Any = client
+        self._resolve_user = client.register_script(RESOLVE_USER_LUA)
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 10.0) -> Self:
+        """Start the event listener; return once it is live (or raise TimeoutError)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._listen, name="registry-events",
+                                            daemon=True)
+            self._thread.start()
+        if not self._caught_up.wait(timeout):
+            raise TimeoutError("registry client could not subscribe to events in time")
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._live = False
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def resolve_user(self, tenant: str, user: str) -> AdapterRef | None:
+        """Adapter bound to ``user`` in ``tenant``; ``None`` when unbound (base model)."""
+        hit = self._cached_user(tenant, user)
+        if hit is not MISSING:
+            return hit
+        epoch = self._cache.epoch
+        raw = self._resolve_user(
+            keys=[self.keys.binding(tenant, user)], args=[self.keys.adapter_prefix(tenant)]
+        )
+        name = raw[0] if raw else None
+        ref = parse_ref(tenant, name, raw[1:]) if name else None
+        if self._live and self._use_cache:
+            self._cache.put(epoch, tenant, user, name, ref)
+        return ref
+
+    def resolve_adapter(self, tenant: str, name: str) -> AdapterRef | None:
+        """Current version of a tenant's adapter; ``None`` if it does not exist."""
+        hit = self._cached_adapter(tenant, name)
+        if hit is not MISSING:
+            return hit
+        epoch = self._cache.epoch
+        ref = parse_ref(tenant, name, self.redis.hmget(self.keys.adapter(tenant, name),
+                                                  ADAPTER_FIELDS))
+        if self._live and self._use_cache:
+            self._cache.put(epoch, tenant, None, name, ref)
+        return ref
+
+    def blob_info(self, sha256: str) -> BlobInfo | None:
+        """Type, mode, rank, base model and config of stored content (immutable: cached)."""
+        if (hit := self._cache.blobs.get(sha256)) is not None:
+            return hit
+        info = parse_blob(self.redis.hgetall(self.keys.blob(sha256)))
+        if info is not None:
+            self._cache.blobs[sha256] = info
+        return info
+
+    def latest_cursor(self) -> str:
+        """Id of the newest event ("0-0" when none): where a fresh consumer starts."""
+        last = self.redis.xrevrange(self.keys.events, count=1)
+        return last[0][0] if last else "0-0"
+
+    def changes_since(self, cursor: str = "0-0", limit: int = 1000) -> ChangeBatch:
+        """Up to ``limit`` events after ``cursor``, the next cursor, and a reset flag."""
+        try:
+            info = self.redis.xinfo_stream(self.keys.events)
+        except redis.ResponseError:  # no stream yet: nothing ever happened
+            info = None
+        entries = self.redis.xrange(self.keys.events, min=self._xrange_min(cursor), count=limit)
+        events = [RegistryEvent.from_fields(i, f) for i, f in entries]
+        return ChangeBatch(events, events[-1].id if events else cursor, self._trimmed(info, cursor))
+
+    def _catch_up(self) -> None:
+        if self._cursor is None:
+            self._cursor = self.latest_cursor()
+        else:
+            while True:
+                batch = self.changes_since(self._cursor)
+                if batch.reset:
+                    self._cache.clear()
+                for event in batch.events:
+                    self._apply(event)
+                self._cursor = batch.cursor
+                if len(batch.events) < 1000:
+                    break
+        self._live = True
+        self._caught_up.set()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            pubsub = self.redis.pubsub()
+            try:
+                pubsub.subscribe(self.keys.channel)
+                while not self._stop.is_set():
+                    msg = pubsub.get_message(timeout=0.5)
+                    if msg is None:
+                        continue
+                    if msg["type"] == "subscribe":  # first subscription or a reconnect
+                        self._catch_up()
+                    elif msg["type"] == "message":
+                        self._on_message(msg["data"])
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._live = False
+                logger.warning("registry event listener lost Redis (%s); retrying", exc)
+                self._stop.wait(0.5)
+            finally:
+                pubsub.close()
