@@ -2,9 +2,11 @@
 
 * :mod:`preft_kernels.lora_grouped` — CPU grouped (segment-per-adapter) LoRA: one matmul
   per adapter group instead of vLLM's per-token weight gather.
+* :mod:`preft_kernels.reft` — grouped low-rank ReFT interventions (DiReFT, LoReFT).
 * :mod:`preft_kernels.reference` — float64 references every kernel is tested against.
 """
 
+from preft_kernels.reft import ReftGroup, grouped_reft
 from preft_kernels.lora_grouped import (
     AdapterGroups,
     grouped_lora_expand,
@@ -12,4 +14,11 @@ from preft_kernels.lora_grouped import (
     grouped_lora_shrink,
 )
 
-__all__ = ["AdapterGroups", "grouped_lora_expand", "grouped_lora_linear", "grouped_lora_shrink"]
+__all__ = [
+    "AdapterGroups",
+    "ReftGroup",
+    "grouped_lora_expand",
+    "grouped_lora_linear",
+    "grouped_lora_shrink",
+    "grouped_reft",
+]

@@ -8,9 +8,12 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    prefill-only adapter whose prompt is fully computed no longer needs a slot, so during
    ``schedule()`` its ``lora_request`` is hidden from that count and restored afterwards.
    Only the running loop reads it there; block hashes are computed outside ``schedule()``.
-2. Model runner (``LoRAModelRunnerMixin.set_active_loras``, V1 runner): token→adapter
-   mapping per PreFT semantics (see ``token_mapping.py``); adapters without tokens in the
-   step are not activated. The worker classes below graft this onto vLLM's runner class.
+2. Model runner (``LoRAModelRunnerMixin.set_active_loras`` / ``add_lora`` / ``remove_lora`` /
+   ``list_loras`` and ``GPUModelRunner.load_model``, V1 runner): token→adapter mapping per
+   PreFT semantics (see ``token_mapping.py``); adapters without tokens in the step are not
+   activated; ReFT adapters are routed to ``reft.runtime`` (forward hooks on
+   ``model.model.layers``, whose outputs are ``(hidden_states, residual)`` in vLLM's Llama
+   and Qwen2). The worker classes below graft this onto vLLM's runner class.
    The V2 model runner (default on GPU when Triton exists) maps tokens elsewhere, so the
    worker launcher sets ``VLLM_USE_V2_MODEL_RUNNER=0``.
 3. Punica wrapper (``vllm/lora/punica_wrapper/punica_cpu.py``): on CPU, grouped per-adapter
@@ -37,7 +40,9 @@ from preft_kernels.lora_grouped import (
     grouped_lora_linear,
     grouped_lora_shrink,
 )
+from preft_serve.common.adapter_format import AdapterType
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
+from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
 
 PINNED_VLLM_VERSION = "0.32.0"
@@ -99,7 +104,19 @@ class PreftAsyncScheduler(PreftSchedulerMixin, AsyncScheduler):
 
 
 class PreftLoRAMappingMixin:
-    """Replaces ``LoRAModelRunnerMixin.set_active_loras`` with the PreFT mapping."""
+    """PreFT token mapping for vLLM's LoRA manager, and ReFT adapters beside it."""
+
+    reft: ReftRuntime
+
+    def load_model(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().load_model(*args, **kwargs)  # type: ignore[misc]
+        hf = self.model_config.hf_config  # type: ignore[attr-defined]
+        lora_config = self.lora_config  # type: ignore[attr-defined]
+        capacity = lora_config.max_cpu_loras if lora_config else 0
+        self.reft = ReftRuntime(hf.hidden_size, hf.num_hidden_layers, max(capacity, 1),
+                                device=self.device)  # type: ignore[attr-defined]
+        self.reft.install(_decoder_layers(self.get_model()))  # type: ignore[attr-defined]
+        return result
 
     def set_active_loras(
         self,
@@ -115,12 +132,18 @@ class PreftLoRAMappingMixin:
         n = input_batch.num_reqs
         adapter_ids = input_batch.request_lora_mapping[:n]
         requests = input_batch.lora_id_to_lora_request
-        prefill_ids = {i for i, r in requests.items() if adapter_info_of(r).prefill_only}
+        infos = {i: adapter_info_of(r) for i, r in requests.items()}
+        reft_ids = [i for i, info in infos.items() if info.type is not AdapterType.LORA]
+        is_reft = np.isin(adapter_ids, reft_ids)
+        lora_ids = np.where(is_reft, NO_ADAPTER, adapter_ids)
+        prefill_ids = [i for i, info in infos.items() if info.prefill_only]
+        num_computed = input_batch.num_computed_tokens_cpu[:n]
+        num_prompt = input_batch.num_prompt_tokens[:n]
         mapping = step_mapping(
-            adapter_ids,
-            np.isin(adapter_ids, list(prefill_ids)),
-            input_batch.num_computed_tokens_cpu[:n],
-            input_batch.num_prompt_tokens[:n],
+            lora_ids,
+            np.isin(lora_ids, prefill_ids),
+            num_computed,
+            num_prompt,
             num_scheduled_tokens[:n],
             num_sampled_tokens[:n],
         )
@@ -131,6 +154,37 @@ class PreftLoRAMappingMixin:
             active,
             mapping_type or LoRAMappingType.LANGUAGE,
         )
+        self.reft.prepare_step(
+            np.where(is_reft, adapter_ids, NO_ADAPTER),
+            {i: requests[i].lora_path for i in reft_ids},
+            num_computed, num_prompt, num_scheduled_tokens[:n],
+        )
+
+    def add_lora(self, lora_request: Any) -> bool:
+        if adapter_info_of(lora_request).type is not AdapterType.LORA:
+            self.reft.load(lora_request.lora_int_id, lora_request.lora_path)
+            return True
+        return super().add_lora(lora_request)  # type: ignore[misc]
+
+    def remove_lora(self, lora_id: int) -> bool:
+        removed = self.reft.remove(lora_id)
+        return super().remove_lora(lora_id) or removed  # type: ignore[misc]
+
+    def list_loras(self) -> set[int]:
+        return super().list_loras() | self.reft.loaded_ids()  # type: ignore[misc]
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of a vLLM causal LM (Llama/Qwen2 families)."""
+    for path in ("model.layers", "language_model.model.layers"):
+        module: Any = model
+        try:
+            for attr in path.split("."):
+                module = getattr(module, attr)
+        except AttributeError:
+            continue
+        return list(module)
+    raise TypeError(f"cannot find decoder layers in {type(model).__name__} for ReFT hooks")
 
 
 _RUNNER_CLASSES: dict[type, type] = {}

@@ -17,14 +17,27 @@ import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from preft_serve.common.adapter_format import AdapterMode  # noqa: E402
-from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model  # noqa: E402
+from preft_serve.common.adapter_format import AdapterMode, AdapterType  # noqa: E402
+from preft_serve.toymodels import (  # noqa: E402
+    LoraSpec,
+    ReftSpec,
+    make_lora_adapter,
+    make_model,
+    make_reft_adapter,
+)
 
 ARCHS = ("tiny-llama", "tiny-qwen2")
 MAX_LORAS = 2
 BATCH_TOKENS = 64
 KV_BLOCK = 32  # CPU attention wants multiples of 32; the CPU default is 128
 ADAPTER_SEEDS = (1, 2, 3, 4)
+REFT_SPECS = {
+    "direft-f3l3": ReftSpec(AdapterType.DIREFT, rank=4, layers=(0, 1), positions="f3+l3"),
+    "loreft-f2l2-shared": ReftSpec(AdapterType.LOREFT, rank=8, layers=(1,), positions="f2+l2",
+                                   share_weights=True),
+    "direft-prefill": ReftSpec(AdapterType.DIREFT, rank=2, layers=(0,), positions="prefill"),
+    "loreft-l4": ReftSpec(AdapterType.LOREFT, rank=4, layers=(0, 1), positions="l4"),
+}
 
 
 @dataclasses.dataclass
@@ -74,8 +87,10 @@ class Engine:
 
 
 def make_adapters(model_dir: Path, root: Path) -> dict[str, Path]:
-    """Prefill and all versions of the same weights for each seed."""
+    """Prefill and all versions of the same LoRA weights for each seed, and ReFT adapters."""
     adapters = {}
+    for seed, (name, spec) in enumerate(REFT_SPECS.items(), start=100):
+        adapters[name] = make_reft_adapter(model_dir, root / name, seed=seed, spec=spec)
     for seed in ADAPTER_SEEDS:
         for mode in AdapterMode:
             name = f"{mode.value}-{seed}"

@@ -1,7 +1,7 @@
 """The reference oracle: Hugging Face transformers + peft, independent of vLLM.
 
 * base:    the plain model, greedy.
-* all:     ``PeftModel.generate`` (adapter on every token).
+* all:     the PeftModel with the adapter on every token (greedy, as ``generate``).
 * prefill: the prompt runs through the PeftModel with the adapter enabled and
   ``use_cache=True``; then decoding continues greedily under ``disable_adapter()`` on that
   same cache, so every generated token after the first comes from the base model.
@@ -35,16 +35,19 @@ def _peft_model(model_dir: str, adapter_dir: str):
 
 @torch.no_grad()
 def _greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_tokens,
-        min_new_tokens=max_tokens,
-        do_sample=False,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt):].tolist()
+    """Greedy decoding with the KV cache that never stops at EOS (vLLM's ``ignore_eos``).
+
+    Equivalent to ``generate(do_sample=False)`` but without its EOS handling: HF stops at
+    EOS, and ``min_new_tokens`` would mask the EOS logit, while ``ignore_eos`` keeps it.
+    """
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    token = int(out.logits[0, -1].argmax())
+    generated, cache = [token], out.past_key_values
+    for _ in range(max_tokens - 1):
+        out = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+        cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
+        generated.append(token)
+    return generated
 
 
 @torch.no_grad()
@@ -76,3 +79,14 @@ def generate_prefill(
             token = int(step.logits[0, -1].argmax())
             generated.append(token)
     return generated
+
+
+@torch.no_grad()
+def peft_generate(model_dir: str | Path, adapter_dir: str | Path, prompt: list[int],
+                  max_tokens: int) -> list[int]:
+    """Plain ``PeftModel.generate`` (greedy); it stops early at EOS, unlike the loops above."""
+    model = _peft_model(str(model_dir), str(adapter_dir))
+    ids = torch.tensor([prompt])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                         max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

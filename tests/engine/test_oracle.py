@@ -32,6 +32,9 @@ def test_base_all_prefill_match_oracle_and_differ(engine: Engine) -> None:
     assert got == want
     base, all_tokens, prefill = got
     assert base != all_tokens and base != prefill and all_tokens != prefill
+    # Mode "all" is plain PeftModel.generate (which may stop early at EOS).
+    hf = oracle.peft_generate(engine.model_dir, engine.adapters["all-1"], p, MAX_TOKENS)
+    assert hf and all_tokens[: len(hf)] == hf
     # PreFT's first token comes from the adapted prompt, so it matches mode "all"...
     assert prefill[0] == all_tokens[0]
     # ...and everything after is decoded by the base model.
