@@ -145,7 +145,7 @@ async def time_async(url: str, ns: str, queries: list[tuple[str, str]]) -> list[
             out.append(time.perf_counter_ns() - t0)
             assert ref is not None
     finally:
-        await client.redis.aclose()
+        await client.aclose()
     return out
 
 

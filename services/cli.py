@@ -92,9 +92,13 @@ class Registry:
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             resp = self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise CliError(f"cannot reach the registry at {self.url} ({exc}); check --url or "
                            "PREFT_REGISTRY_URL") from None
+        except httpx.TransportError as exc:
+            raise CliError(f"the connection to {self.url} failed during the request ({exc!r}); "
+                           "if this was an upload, it may exceed the registry's size limit"
+                           ) from None
         if resp.status_code >= 400:
             try:
                 message = resp.json()["error"]["message"]

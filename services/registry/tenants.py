@@ -9,23 +9,22 @@ how rotation works: create a new key, switch clients, revoke the old one.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import secrets
 from typing import Any
 
 from preft_serve.common.errors import Conflict, NotFound, Unauthorized
-from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
+from preft_serve.common.registry_client import (
+    API_KEY_PREFIX,
+    EventType,
+    RegistryEvent,
+    RegistryKeys,
+    hash_api_key,
+)
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantOut
 from preft_serve.registry.names import check_tenant_name, utcnow
 from preft_serve.registry.txn import Redis, transact
-
-KEY_PREFIX = "pft_"
-
-
-def hash_api_key(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +43,7 @@ class TenantService:
 
     def _queue_key(self, pipe: Any, tenant: str) -> ApiKeyCreated:
         key_id = secrets.token_hex(6)
-        api_key = f"{KEY_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
+        api_key = f"{API_KEY_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
         digest = hash_api_key(api_key)
         created = ApiKeyCreated(tenant=tenant, key_id=key_id, api_key=api_key,
                                 created_at=utcnow())
@@ -115,7 +114,7 @@ class TenantService:
         transact(self.redis, txn, keys_key)
 
     def authenticate(self, api_key: str) -> Principal:
-        if not api_key.startswith(KEY_PREFIX):
+        if not api_key.startswith(API_KEY_PREFIX):
             raise Unauthorized("not a preft API key (they start with 'pft_'); send "
                                "'Authorization: Bearer <API key>'")
         found = self.redis.hgetall(self.keys.api_key(hash_api_key(api_key)))

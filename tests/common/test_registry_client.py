@@ -18,6 +18,7 @@ from preft_serve.common.registry_client import (
     AdapterRef,
     AsyncRegistryClient,
     EventType,
+    KeyOwner,
     RegistryClient,
     RegistryEvent,
     RegistryKeys,
@@ -25,6 +26,7 @@ from preft_serve.common.registry_client import (
 )
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
+from preft_serve.registry.tenants import TenantService
 from preft_serve.registry.validation import ValidatedAdapter
 
 
@@ -37,6 +39,7 @@ class Writer:
         self.adapters = AdapterService(self.redis, self.keys, None, None, None, None,  # type: ignore[arg-type]
                                        events_maxlen=100_000)
         self.bindings = BindingService(self.redis, self.keys, 100_000)
+        self.tenants = TenantService(self.redis, self.keys, 100_000)
 
     def version(self, tenant: str, name: str, content: str,
                 mode: AdapterMode = AdapterMode.PREFILL) -> str:
@@ -221,5 +224,32 @@ def test_async_client(redis_server, namespace, writer):
             assert [e.version for e in batch.events if e.type == "adapter.updated"] == [1, 2]
             assert (await client.blob_info(sha2)).rank == 8
             assert client.cursor == await client.latest_cursor()
+
+    asyncio.run(scenario())
+
+
+def test_authenticate_caches_until_revoked(client, writer):
+    _, first = writer.tenants.create("acme")
+    second = writer.tenants.create_key("acme")
+    assert client.authenticate(first.api_key) == KeyOwner("acme", first.key_id)
+    assert client.authenticate(second.api_key) == KeyOwner("acme", second.key_id)
+    assert client.authenticate(first.api_key + "x") is None
+    assert client.authenticate("Bearer nonsense") is None
+    writer.tenants.revoke_key("acme", first.key_id)
+    assert eventually(lambda: client.authenticate(first.api_key) is None)
+    assert client.authenticate(second.api_key) == KeyOwner("acme", second.key_id)
+
+
+def test_async_authenticate(redis_server, namespace, writer):
+    async def scenario() -> None:
+        async with AsyncRegistryClient(redis_server, namespace=namespace) as client:
+            _, key = writer.tenants.create("acme")
+            assert await client.authenticate(key.api_key) == KeyOwner("acme", key.key_id)
+            writer.tenants.revoke_key("acme", key.key_id)
+            for _ in range(500):
+                if await client.authenticate(key.api_key) is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert await client.authenticate(key.api_key) is None
 
     asyncio.run(scenario())

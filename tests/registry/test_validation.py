@@ -40,6 +40,8 @@ def _write(name: str, data: bytes) -> Callable[[Path], None]:
 CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
     "config not json": (_bad(_write(CONFIG_FILE, b"{not json")), 422,
                         "adapter_config.json is not valid JSON"),
+    "config with NaN": (_bad(_write(CONFIG_FILE, b'{"peft_type": "LORA", "r": NaN}')), 422,
+                        "adapter_config.json is not valid JSON: NaN is not allowed in JSON"),
     "config not object": (_bad(_write(CONFIG_FILE, b"[1, 2]")), 422,
                           "adapter_config.json must hold a JSON object"),
     "unknown peft_type": (_bad(lambda d: factories.edit_config(d, peft_type="IA3")), 422,

@@ -27,26 +27,32 @@ from preft_serve.common.registry_client.aio import AsyncRegistryClient
 from preft_serve.common.registry_client.cache import ResolveCache
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
+    API_KEY_PREFIX,
     AdapterRef,
     BlobInfo,
     ChangeBatch,
     EventType,
+    KeyOwner,
     RegistryEvent,
     RegistryKeys,
+    hash_api_key,
     stream_id_key,
 )
 from preft_serve.common.registry_client.sync import RegistryClient
 
 __all__ = [
     "ADAPTER_FIELDS",
+    "API_KEY_PREFIX",
     "AdapterRef",
     "AsyncRegistryClient",
     "BlobInfo",
     "ChangeBatch",
     "EventType",
+    "KeyOwner",
     "RegistryClient",
     "RegistryEvent",
     "RegistryKeys",
     "ResolveCache",
+    "hash_api_key",
     "stream_id_key",
 ]

@@ -17,10 +17,13 @@ from preft_serve.common.registry_client.cache import (
 )
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
+    API_KEY_PREFIX,
     AdapterRef,
     BlobInfo,
     ChangeBatch,
+    KeyOwner,
     RegistryEvent,
+    hash_api_key,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class AsyncRegistryClient(ClientBase):
         cursor: str | None = None,
     ) -> None:
         super().__init__(namespace, cache, max_cache_entries, cursor)
+        self._owns_client = client is None
         if client is None:
             if redis_url is None:
                 raise ValueError("pass redis_url or client")
@@ -56,6 +60,7 @@ class AsyncRegistryClient(ClientBase):
         return self
 
     async def aclose(self) -> None:
+        """Stop listening; closes the Redis client too if this object created it."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -64,6 +69,8 @@ class AsyncRegistryClient(ClientBase):
                 pass
             self._task = None
         self._live = False
+        if self._owns_client:
+            await self.redis.aclose()
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -95,6 +102,18 @@ class AsyncRegistryClient(ClientBase):
         if self._live and self._use_cache:
             self._cache.put(epoch, tenant, None, name, ref)
         return ref
+
+    async def authenticate(self, api_key: str) -> KeyOwner | None:
+        """Owner of a valid API key; ``None`` for unknown or revoked ones (cached until an
+        ``apikey.revoked`` event)."""
+        if not api_key.startswith(API_KEY_PREFIX):
+            return None
+        digest = hash_api_key(api_key)
+        hit = self._cached_key(digest)
+        if hit is not MISSING:
+            return hit  # type: ignore[no-any-return]
+        epoch = self._cache.epoch
+        return self._store_key(epoch, digest, await self.redis.hgetall(self.keys.api_key(digest)))
 
     async def blob_info(self, sha256: str) -> BlobInfo | None:
         if (hit := self._cache.blobs.get(sha256)) is not None:

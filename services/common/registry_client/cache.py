@@ -15,6 +15,7 @@ from preft_serve.common.registry_client.contract import (
     AdapterRef,
     BlobInfo,
     EventType,
+    KeyOwner,
     RegistryEvent,
     RegistryKeys,
     stream_id_key,
@@ -69,6 +70,7 @@ class ResolveCache:
         self.users: OrderedDict[tuple[str, str], str | None] = OrderedDict()
         self.adapters: OrderedDict[tuple[str, str], AdapterRef | None] = OrderedDict()
         self.blobs: dict[str, BlobInfo] = {}
+        self.api_keys: OrderedDict[str, KeyOwner] = OrderedDict()  # valid keys only
         self.epoch = 0
         self.lock = threading.Lock()
 
@@ -100,15 +102,27 @@ class ResolveCache:
                 self.adapters.pop((event.tenant, event.adapter or ""), None)
             elif event.type in (EventType.BINDING_UPDATED, EventType.BINDING_DELETED):
                 self.users.pop((event.tenant, event.user or ""), None)
+            elif event.type == EventType.API_KEY_REVOKED:
+                revoked = KeyOwner(event.tenant, event.key_id or "")
+                for digest in [d for d, owner in self.api_keys.items() if owner == revoked]:
+                    del self.api_keys[digest]
             elif event.type not in {e.value for e in EventType}:
-                self.users.clear()  # unknown kind of change: forget everything
-                self.adapters.clear()
+                self._clear()  # unknown kind of change: forget everything
+
+    def put_key(self, epoch: int, digest: str, owner: KeyOwner) -> None:
+        with self.lock:
+            if epoch == self.epoch:
+                self._put(self.api_keys, digest, owner)
+
+    def _clear(self) -> None:
+        self.users.clear()
+        self.adapters.clear()
+        self.api_keys.clear()
 
     def clear(self) -> None:
         with self.lock:
             self.epoch += 1
-            self.users.clear()
-            self.adapters.clear()
+            self._clear()
 
 
 class ClientBase:
@@ -142,6 +156,17 @@ class ClientBase:
 
     def _cached_user(self, tenant: str, user: str) -> Any:
         return self._cache.get_user(tenant, user) if self._live and self._use_cache else MISSING
+
+    def _cached_key(self, digest: str) -> Any:
+        if not (self._live and self._use_cache):
+            return MISSING
+        return self._cache.api_keys.get(digest, MISSING)
+
+    def _store_key(self, epoch: int, digest: str, fields: Mapping[str, str]) -> KeyOwner | None:
+        owner = KeyOwner(fields["tenant"], fields["key_id"]) if fields else None
+        if owner is not None and self._live and self._use_cache:
+            self._cache.put_key(epoch, digest, owner)
+        return owner
 
     def _cached_adapter(self, tenant: str, name: str) -> Any:
         if not (self._live and self._use_cache):

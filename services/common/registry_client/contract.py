@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -148,3 +149,20 @@ def stream_id_key(event_id: str) -> tuple[int, int]:
     """Sort key of a Redis stream id ``ms-seq``."""
     ms, _, seq = event_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+API_KEY_PREFIX = "pft_"
+
+
+def hash_api_key(api_key: str) -> str:
+    """How API keys are stored and looked up (``pft_<key_id>.<256-bit secret>``: no salt
+    needed at that entropy, and one hash means one Redis lookup per request)."""
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyOwner:
+    """Who a valid API key belongs to."""
+
+    tenant: str
+    key_id: str

@@ -16,10 +16,13 @@ from preft_serve.common.registry_client.cache import (
 )
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
+    API_KEY_PREFIX,
     AdapterRef,
     BlobInfo,
     ChangeBatch,
+    KeyOwner,
     RegistryEvent,
+    hash_api_key,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ class RegistryClient(ClientBase):
         cursor: str | None = None,
     ) -> None:
         super().__init__(namespace, cache, max_cache_entries, cursor)
+        self._owns_client = client is None
         if client is None:
             if redis_url is None:
                 raise ValueError("pass redis_url or client")
@@ -69,10 +73,13 @@ class RegistryClient(ClientBase):
         return self
 
     def close(self) -> None:
+        """Stop listening; closes the Redis client too if this object created it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._live = False
+        if self._owns_client:
+            self.redis.close()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -106,6 +113,18 @@ class RegistryClient(ClientBase):
         if self._live and self._use_cache:
             self._cache.put(epoch, tenant, None, name, ref)
         return ref
+
+    def authenticate(self, api_key: str) -> KeyOwner | None:
+        """Owner of a valid API key; ``None`` for unknown or revoked ones (cached until an
+        ``apikey.revoked`` event)."""
+        if not api_key.startswith(API_KEY_PREFIX):
+            return None
+        digest = hash_api_key(api_key)
+        hit = self._cached_key(digest)
+        if hit is not MISSING:
+            return hit  # type: ignore[no-any-return]
+        epoch = self._cache.epoch
+        return self._store_key(epoch, digest, self.redis.hgetall(self.keys.api_key(digest)))
 
     def blob_info(self, sha256: str) -> BlobInfo | None:
         """Type, mode, rank, base model and config of stored content (immutable: cached)."""

@@ -63,6 +63,10 @@ class ValidatedAdapter:
     base_model: str
 
 
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not allowed in JSON")
+
+
 def load_config(path: Path, limits: ValidationLimits) -> dict[str, Any]:
     """Parse adapter_config.json (size-bounded) into a JSON object."""
     size = path.stat().st_size
@@ -70,8 +74,8 @@ def load_config(path: Path, limits: ValidationLimits) -> dict[str, Any]:
         raise AdapterRejected(f"adapter_config.json is {size} bytes; the limit is "
                               f"{limits.max_config_bytes}")
     try:
-        config = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        config = json.loads(path.read_bytes(), parse_constant=_no_constants)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         raise AdapterRejected(f"adapter_config.json is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise AdapterRejected("adapter_config.json must hold a JSON object")
