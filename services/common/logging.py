@@ -20,8 +20,10 @@ from typing import IO, Any
 REDACTED = "***"
 _HANDLER_MARK = "_preft_handler"
 
-# Attributes every LogRecord has; anything else came in through ``extra=``.
-_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# Attributes every LogRecord has; anything else came in through ``extra=``
+# (uvicorn's ANSI-coloured duplicate of each message is dropped too).
+_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {
+    "message", "asctime", "color_message"}
 
 _SENSITIVE_NAMES = re.compile(r"(?i)(authorization|api[_-]?key|token|secret|password|credential)")
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (

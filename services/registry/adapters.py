@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from preft_serve.registry.validation import (
     validate_adapter,
 )
 
+logger = logging.getLogger(__name__)
 _VERSION_FIELDS = ("version", "sha256", "type", "rank", "mode", "base_model", "size_bytes",
                    "created_at")
 
@@ -124,7 +126,12 @@ class AdapterService:
                 return early
             self.store.put_adapter(validated.sha256, validated.config_bytes,
                                    validated.weights_path, verify=False)
-        return self.commit(tenant, name, validated, create=create)
+        result = self.commit(tenant, name, validated, create=create)
+        if result.created:
+            logger.info("tenant %s adapter %s version %d -> %s (%s, %s, rank %d)", tenant, name,
+                        result.version.version, result.version.sha256, validated.type.value,
+                        validated.mode.value, validated.rank)
+        return result
 
     @staticmethod
     def _unchanged_or_conflict(
@@ -218,4 +225,6 @@ class AdapterService:
                                                adapter=name), self.maxlen)
             return len(users)
 
-        return transact(self.redis, txn, k.adapter(tenant, name), users_key)
+        unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
+        logger.info("tenant %s deleted adapter %s (%d users unbound)", tenant, name, unbound)
+        return unbound

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import secrets
 from typing import Any
 
@@ -25,6 +26,8 @@ from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantOut
 from preft_serve.registry.names import check_tenant_name, utcnow
 from preft_serve.registry.txn import Redis, transact
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +74,7 @@ class TenantService:
             return self._queue_key(pipe, name)
 
         key = transact(self.redis, txn, self.keys.tenant(name))
+        logger.info("created tenant %s with key %s", name, key.key_id)
         tenant = TenantOut(name=name, created_at=created_at,
                            keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)])
         return tenant, key
@@ -112,6 +116,7 @@ class TenantService:
                                                        key_id=key_id), self.maxlen)
 
         transact(self.redis, txn, keys_key)
+        logger.info("revoked key %s of tenant %s", key_id, tenant)
 
     def authenticate(self, api_key: str) -> Principal:
         if not api_key.startswith(API_KEY_PREFIX):

@@ -70,6 +70,8 @@ def test_json_output_with_extras(capture):
     assert entry["api_key"] == "***"
     assert entry["headers"] == {"Authorization": "***"}
     assert "ts" in entry
+    logging.getLogger("uvicorn.error").info("x", extra={"color_message": "\x1b[36mx\x1b[0m"})
+    assert "color_message" not in json.loads(stream.getvalue().strip().splitlines()[-1])
 
 
 def test_setup_is_idempotent(capture):
