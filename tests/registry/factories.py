@@ -53,8 +53,7 @@ def reft(base_model_dir: Path, out: Path, reft_type: str = "loreft", rank: int =
     """A valid DiReFT/LoReFT adapter per docs/adapters.md (LoReFT ``r`` orthonormal)."""
     hidden = json.loads((base_model_dir / "config.json").read_text())["hidden_size"]
     rng = np.random.default_rng(seed)
-    parts = ["shared"] if share or positions == "prefill" else (
-        ["first", "last"] if "+" in positions else ["first" if positions[0] == "f" else "last"])
+    parts = ["shared"] if share or positions == "prefill" else ["first", "last"]
     tensors: dict[str, np.ndarray] = {}
     for layer in layers:
         for part in parts:

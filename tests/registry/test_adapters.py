@@ -187,6 +187,31 @@ def test_reft_adapters_accepted(reft_type, positions, share, client, acme, base_
     assert (body["type"], body["rank"], body["mode"]) == (reft_type, 4, "prefill")
 
 
+@pytest.mark.parametrize("spec", [
+    {"type": "direft", "positions": "f3+l3", "share_weights": False},
+    {"type": "loreft", "positions": "f2+l2", "share_weights": True},
+    {"type": "loreft", "positions": "prefill", "share_weights": False},
+    {"type": "direft", "positions": "l4", "share_weights": False},
+])
+def test_worker_toymodel_reft_adapters_accepted(spec, client, acme, base_model_dir, tmp_path):
+    """The generator the worker's tests use produces adapters the registry accepts."""
+    from preft_serve.common.adapter_format import AdapterType
+    from preft_serve.toymodels import ReftSpec, make_reft_adapter
+
+    adapter = make_reft_adapter(base_model_dir, tmp_path / "reft", 0, ReftSpec(
+        type=AdapterType(spec["type"]), positions=spec["positions"],
+        share_weights=spec["share_weights"]))
+    resp = upload(client, acme, "reft", adapter)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["type"] == spec["type"]
+
+
+def test_reft_without_share_weights_key_is_shared(client, acme, base_model_dir, tmp_path):
+    adapter = factories.reft(base_model_dir, tmp_path / "reft", "direft", share=True)
+    factories.edit_config(adapter, share_weights=...)
+    assert upload(client, acme, "reft", adapter).status_code == 201
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kind", ["lora", "loreft"])
 def test_half_precision_accepted(kind, dtype, client, acme, lora_dir, base_model_dir, tmp_path):

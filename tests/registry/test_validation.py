@@ -254,3 +254,59 @@ def test_config_json_size_limit(make_client, lora_dir, tmp_path, state_snapshot)
     assert "adapter_config.json is larger than the 2048-byte limit" in error_message(resp)
     assert state_snapshot() == before
 
+
+
+def _reft_bad(mutate: Callable[[Path], Any], **kwargs: Any) -> Callable[[Path, Path], Path]:
+    def build(base_model_dir: Path, work: Path) -> Path:
+        out = factories.reft(base_model_dir, work / "reft", **kwargs)
+        mutate(out)
+        return out
+    return build
+
+
+def _skew_r(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    r = tensors["layers.0.shared.r"].copy()
+    r[0] *= 2.0
+    return {**tensors, "layers.0.shared.r": r}
+
+
+REFT_CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
+    "unknown reft_type": (_reft_bad(lambda d: factories.edit_config(d, reft_type="noreft")),
+                          "reft_type must be 'direft' or 'loreft' (got 'noreft')"),
+    "rank over max": (_reft_bad(lambda d: factories.edit_config(d, rank=17)),
+                      "ReFT rank 17 exceeds this registry's maximum of 16"),
+    "layer out of range": (_reft_bad(lambda d: factories.edit_config(d, layers=[0, 2])),
+                           ("ReFT config 'layers' must be a non-empty list of distinct layer "
+                           "indices in 0..1 (the base model has 2 layers; got [0, 2])")),
+    "duplicate layers": (_reft_bad(lambda d: factories.edit_config(d, layers=[1, 1])),
+                         "must be a non-empty list of distinct layer indices"),
+    "bad positions": (_reft_bad(lambda d: factories.edit_config(d, positions="middle")),
+                      ("ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', 'l{n}' or "
+                      "'prefill' (got 'middle')")),
+    "zero positions": (_reft_bad(lambda d: factories.edit_config(d, positions="f0+l1")),
+                       "ReFT position counts must be between 1 and 1024"),
+    "parts disagree with share_weights": (
+        _reft_bad(lambda d: factories.edit_config(d, share_weights=False)),
+        "unexpected tensor layers.0.shared.b"),
+    "non-orthonormal loreft r": (
+        _reft_bad(lambda d: factories.edit_tensors(d, _skew_r), reft_type="loreft"),
+        "LoReFT tensor layers.0.shared.r must have orthonormal rows"),
+    "direft wrong hidden size": (
+        _reft_bad(lambda d: factories.edit_tensors(
+            d, lambda t: {**t, "layers.1.shared.w2": np.zeros((4, 32), np.float32)}),
+            reft_type="direft"),
+        ("tensor layers.1.shared.w2 has shape [4, 32]; base model tiny-llama (layers=2, "
+        "hidden_size=64")),
+}
+
+
+@pytest.mark.parametrize("case", list(REFT_CASES))
+def test_bad_reft_rejected_and_nothing_stored(case, client, acme, base_model_dir, tmp_path,
+                                              state_snapshot):
+    build, message = REFT_CASES[case]
+    bad_dir = build(base_model_dir, tmp_path)
+    before = state_snapshot()
+    resp = upload(client, acme, "reft", bad_dir)
+    assert resp.status_code == 422, resp.text
+    assert message in error_message(resp)
+    assert state_snapshot() == before

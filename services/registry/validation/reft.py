@@ -2,9 +2,9 @@
 
 For each layer ``L`` in ``layers`` and each part ``P`` the tensors are
 ``layers.{L}.{P}.{w1,b,w2}`` (DiReFT) or ``layers.{L}.{P}.{r,w,b}`` (LoReFT). ``P`` is
-``shared`` when ``share_weights`` is true or ``positions`` is ``prefill``; otherwise one part
-per position set the ``positions`` string names: ``first`` for ``f{n}``, ``last`` for ``l{n}``.
-LoReFT's ``r`` must have orthonormal rows.
+``shared`` when ``share_weights`` is true (the default when absent, as the worker reads it)
+or ``positions`` is ``prefill``; otherwise both ``first`` and ``last``, whatever the position
+string (the worker loads both). LoReFT's ``r`` must have orthonormal rows.
 """
 
 from __future__ import annotations
@@ -35,15 +35,8 @@ _ORTHO_TOL = {"F32": 1e-3, "F64": 1e-3, "F16": 2e-2, "BF16": 5e-2}
 
 def parts(config: Mapping[str, Any]) -> list[str]:
     """Intervention parts a config implies (see module docstring)."""
-    positions = config["positions"]
-    if positions == "prefill" or config.get("share_weights", False):
+    if config["positions"] == "prefill" or config.get("share_weights", True):
         return ["shared"]
-    match = _POSITIONS.match(positions)
-    assert match is not None
-    if match["fo"]:
-        return ["first"]
-    if match["lo"]:
-        return ["last"]
     return ["first", "last"]
 
 
@@ -77,7 +70,7 @@ class _ReftValidator(AdapterValidator):
         counts = [int(v) for v in match.groupdict().values() if v is not None]
         require(all(1 <= n <= MAX_POSITIONS for n in counts),
                 f"ReFT position counts must be between 1 and {MAX_POSITIONS} (got {positions!r})")
-        require(isinstance(config.get("share_weights", False), bool),
+        require(isinstance(config.get("share_weights", True), bool),
                 "ReFT config 'share_weights' must be true or false")
         return rank
 
