@@ -2,7 +2,8 @@
 
 Offline workload, identical for every mode: ``--requests`` requests of ``--prompt-len``
 random tokens, ``--output-len`` generated tokens each (``ignore_eos``), rank-16 LoRA on
-q,k,v,o, request ``i`` using adapter ``i % adapters``. Each run is a fresh process (the
+q,k,v,o (or rank-8 DiReFT / LoReFT at positions f7+l7 of every layer), request ``i``
+using adapter ``i % adapters``. Each run is a fresh process (the
 plugin is process-wide: "stock" runs with ``VLLM_PLUGINS=""``, i.e. plain vLLM), warmed
 up by one short request per adapter (so every mode starts with its adapters in host
 memory), then timed over the whole batch. Runs are interleaved in one invocation so the
@@ -24,7 +25,10 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-MODES = ("base", "stock-lora", "all-lora", "preft-lora")
+MODES = ("base", "stock-lora", "all-lora", "preft-lora", "preft-direft", "preft-loreft")
+ADAPTER_PREFIX = {"stock-lora": "all", "all-lora": "all", "preft-lora": "prefill",
+                  "preft-direft": "direft", "preft-loreft": "loreft"}
+REFT_RANK, REFT_POSITIONS = 8, "f7+l7"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,16 +64,23 @@ def best_of(results: list[dict]) -> list[dict]:
 
 
 def prepare_adapters(model: Path, root: Path, count: int, rank: int) -> None:
-    """Prefill and all-token versions of the same weights (cached across runs)."""
-    from preft_serve.common.adapter_format import AdapterMode
-    from preft_serve.toymodels import LoraSpec, make_lora_adapter
+    """LoRA (prefill and all-token versions of the same weights) and ReFT adapters on
+    every layer (cached across runs)."""
+    from preft_serve.common.adapter_format import AdapterMode, AdapterType
+    from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_reft_adapter
 
+    layers = tuple(range(json.loads((model / "config.json").read_text())["num_hidden_layers"]))
     for i in range(count):
         for mode in AdapterMode:
             out = root / f"{mode.value}-{i}"
             if not (out / "adapter_model.safetensors").exists():
                 make_lora_adapter(model, out, seed=10_000 + i,
                                   spec=LoraSpec(rank=rank, mode=mode, std=0.02))
+        for kind in (AdapterType.DIREFT, AdapterType.LOREFT):
+            out = root / f"{kind.value}-{i}"
+            if not (out / "adapter_model.safetensors").exists():
+                make_reft_adapter(model, out, seed=20_000 + i, spec=ReftSpec(
+                    kind, rank=REFT_RANK, layers=layers, positions=REFT_POSITIONS, std=0.02))
         if (i + 1) % 64 == 0:
             print(f"  adapters ready: {i + 1}/{count}", flush=True)
 
@@ -95,13 +106,13 @@ def run_once(cfg: dict) -> dict:
     if mode != "base":
         kwargs.update(enable_lora=True, max_loras=cfg["max_loras"], max_lora_rank=cfg["rank"],
                       max_cpu_loras=max(adapters, cfg["max_loras"]))
-    if mode in ("all-lora", "preft-lora"):
+    if mode not in ("base", "stock-lora"):
         kwargs.update(preft_engine_kwargs())
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
 
-    prefix = "prefill" if mode == "preft-lora" else "all"
+    prefix = ADAPTER_PREFIX.get(mode, "all")
     loras = [LoRARequest(f"{prefix}-{i}", i + 1, str(Path(cfg["adapter_root"]) / f"{prefix}-{i}"))
              for i in range(adapters)]
     rng = random.Random(0)

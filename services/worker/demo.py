@@ -9,14 +9,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from preft_serve.common.adapter_format import AdapterMode
-from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
+from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_model, make_reft_adapter
 from preft_serve.worker import serve
 
 DEMO_ADAPTERS = {
     "alice-prefill": (1, AdapterMode.PREFILL),
     "bob-prefill": (2, AdapterMode.PREFILL),
     "carol-all": (3, AdapterMode.ALL),
+}
+DEMO_REFT_ADAPTERS = {
+    "dave-direft": (4, ReftSpec(AdapterType.DIREFT, rank=4, positions="f3+l3")),
+    "erin-loreft": (5, ReftSpec(AdapterType.LOREFT, rank=4, positions="prefill")),
 }
 
 
@@ -26,6 +30,8 @@ def prepare(root: Path, preset: str = "tiny-llama") -> tuple[Path, Path]:
     adapters = root / "adapters"
     for name, (seed, mode) in DEMO_ADAPTERS.items():
         make_lora_adapter(model, adapters / name, seed=seed, spec=LoraSpec(rank=8, mode=mode))
+    for name, (seed, spec) in DEMO_REFT_ADAPTERS.items():
+        make_reft_adapter(model, adapters / name, seed=seed, spec=spec)
     return model, adapters
 
 
