@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -61,14 +62,19 @@ def redis_server() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
-    """Endpoint URL of a real S3-protocol HTTP server (moto), stopped at session end."""
-    from moto.server import ThreadedMotoServer
+    """Endpoint URL of a real S3-protocol HTTP server (moto), killed at session end.
 
+    A separate process, like a real S3 endpoint: moto's server imports Flask, whose context
+    proxies break vLLM's start-up scan of loaded modules if they share the test process.
+    """
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
     try:
-        _wait_for_port(port, None, 10)
+        _wait_for_port(port, proc, 30)
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.stop()
+        proc.kill()
+        proc.wait(10)
