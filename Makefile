@@ -8,7 +8,7 @@ ARGS ?=
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv test worker bench-engine clean
+.PHONY: help venv test worker bench-engine bench-registry clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ worker: $(STAMP)  ## Serve a generated model + demo adapters through the worker'
 
 bench-engine: $(STAMP)  ## Engine throughput: base vs stock multi-LoRA vs PreFT (ARGS=--quick)
 	$(PY) -m loadtests.engine_bench $(ARGS)
+
+bench-registry: $(STAMP)  ## Registry resolve latency at 10k adapters / 100k bindings (ARGS=--quick)
+	$(PY) -m loadtests.registry_bench $(ARGS)
 
 clean:  ## Remove the virtualenv and generated files
 	rm -rf $(VENV) $(VAR) .pytest_cache
