@@ -274,3 +274,26 @@ if HAS_TRITON:
     _INTERPRETED = type(_reft_kernel).__name__ == "InterpretedFunction"
 else:
     _INTERPRETED = False
+
+
+def grouped_reft_triton(
+    out: torch.Tensor,  # (n, d) receives the deltas, in place
+    h: torch.Tensor,  # (n, d)
+    groups: Sequence[ReftGroup],  # rows as slices or host index tensors
+    proj_in: torch.Tensor,  # (K, r, d)
+    bias: torch.Tensor,  # (K, r)
+    proj_out: torch.Tensor,  # (K, r, d)
+) -> None:
+    """Drop-in for ``preft_kernels.reft.grouped_reft``: same arguments, one launch per call.
+
+    Rows should stay on the host (``wants_host_rows``): the metadata is packed there and
+    copied to the device once, without a device→host sync.
+    """
+    if not groups:
+        return
+    meta = ReftTritonMeta.from_groups(groups, h.device, num_rows=h.shape[0])
+    reft_triton(out, h, *meta.args(), proj_in.contiguous(), bias.contiguous(),
+                proj_out.contiguous(), max_group_rows=meta.max_group_rows)
+
+
+grouped_reft_triton.wants_host_rows = True  # type: ignore[attr-defined]

@@ -114,7 +114,8 @@ class PreftLoRAMappingMixin:
         lora_config = self.lora_config  # type: ignore[attr-defined]
         capacity = lora_config.max_cpu_loras if lora_config else 0
         self.reft = ReftRuntime(hf.hidden_size, hf.num_hidden_layers, max(capacity, 1),
-                                device=self.device)  # type: ignore[attr-defined]
+                                device=self.device,  # type: ignore[attr-defined]
+                                kernel=_reft_kernel_for(self.device))  # type: ignore[attr-defined]
         self.reft.install(_decoder_layers(self.get_model()))  # type: ignore[attr-defined]
         return result
 
@@ -172,6 +173,17 @@ class PreftLoRAMappingMixin:
 
     def list_loras(self) -> set[int]:
         return super().list_loras() | self.reft.loaded_ids()  # type: ignore[misc]
+
+
+def _reft_kernel_for(device: torch.device) -> Any:
+    """The Triton ReFT kernel on GPUs, the grouped torch path elsewhere."""
+    from preft_kernels.reft import grouped_reft
+
+    if torch.device(device).type != "cuda":
+        return grouped_reft
+    from preft_kernels.reft_triton import HAS_TRITON, grouped_reft_triton
+
+    return grouped_reft_triton if HAS_TRITON else grouped_reft
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

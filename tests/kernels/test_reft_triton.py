@@ -240,3 +240,21 @@ def test_wrapper_rejects_bad_inputs() -> None:
                        proj_in, bias, proj_out)
     with pytest.raises(AssertionError):  # bias of the wrong rank
         rt.reft_triton(h.clone(), h, *meta.args(), proj_in, bias[:, :2].contiguous(), proj_out)
+
+
+def test_grouped_api_wrapper_is_a_drop_in_for_the_torch_path() -> None:
+    """What the worker calls on GPUs: grouped_reft's arguments, host-side rows."""
+    gen = torch.Generator().manual_seed(5)
+    idx = row_layout(np.random.default_rng(5), 30, 4, "interleaved")
+    proj_in, bias, proj_out = weights(4, 8, 64, gen)
+    h = torch.randn(30, 64, generator=gen).to(DEVICE)
+    groups = [ReftGroup(g.rows.cpu() if isinstance(g.rows, torch.Tensor) else g.rows, g.index)
+              for g in groups_from_index(idx)]
+    want, got = h.clone(), h.clone()
+    grouped_reft(want, h, groups_from_index(idx), proj_in, bias, proj_out)
+    rt.grouped_reft_triton(got, h, groups, proj_in, bias, proj_out)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    untouched = h.clone()
+    rt.grouped_reft_triton(untouched, h, [], proj_in, bias, proj_out)
+    assert torch.equal(untouched, h)
+    assert rt.grouped_reft_triton.wants_host_rows

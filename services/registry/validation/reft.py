@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-from preft_serve.common.adapter_format import AdapterType
+from preft_serve.common.adapter_format import AdapterFormatError, AdapterType
+from preft_serve.common.reft_format import TENSORS, parse_positions, parts, tensor_name
 from preft_serve.registry.validation.base import (
     AdapterRejected,
     AdapterValidator,
@@ -27,22 +28,12 @@ from preft_serve.registry.validation.base import (
 )
 from preft_serve.registry.validation.weights import WeightsFile
 
-_POSITIONS = re.compile(r"^(?:f(?P<f>\d+)\+l(?P<fl>\d+)|f(?P<fo>\d+)|l(?P<lo>\d+)|prefill)$")
 MAX_POSITIONS = 1024
 # Orthonormality tolerance on max |R Rᵀ - I|, looser for half-precision storage.
 _ORTHO_TOL = {"F32": 1e-3, "F64": 1e-3, "F16": 2e-2, "BF16": 5e-2}
 
 
-def parts(config: Mapping[str, Any]) -> list[str]:
-    """Intervention parts a config implies (see module docstring)."""
-    if config["positions"] == "prefill" or config.get("share_weights", True):
-        return ["shared"]
-    return ["first", "last"]
-
-
 class _ReftValidator(AdapterValidator):
-    tensor_shapes: ClassVar[dict[str, str]]  # tensor suffix -> "rd" (rank x hidden) or "r"
-
     def check_config(
         self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
     ) -> int:
@@ -63,11 +54,11 @@ class _ReftValidator(AdapterValidator):
             f"got {layers!r})",
         )
         positions = config.get("positions")
-        match = _POSITIONS.match(positions) if isinstance(positions, str) else None
-        if match is None:
-            raise AdapterRejected("ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', "
-                                  f"'l{{n}}' or 'prefill' (got {positions!r})")
-        counts = [int(v) for v in match.groupdict().values() if v is not None]
+        try:
+            spec = parse_positions(positions)
+        except AdapterFormatError as exc:
+            raise AdapterRejected(str(exc)) from None
+        counts = [int(n) for n in re.findall(r"\d+", positions)] if spec is not None else []
         require(all(1 <= n <= MAX_POSITIONS for n in counts),
                 f"ReFT position counts must be between 1 and {MAX_POSITIONS} (got {positions!r})")
         require(isinstance(config.get("share_weights", True), bool),
@@ -79,8 +70,8 @@ class _ReftValidator(AdapterValidator):
         shapes: Shapes = {}
         for layer in config["layers"]:
             for part in parts(config):
-                for suffix, kind in self.tensor_shapes.items():
-                    shapes[f"layers.{layer}.{part}.{suffix}"] = (
+                for suffix, kind in TENSORS[self.type].items():
+                    shapes[tensor_name(layer, part, suffix)] = (
                         (rank, hidden) if kind == "rd" else (rank,)
                     )
         return shapes
@@ -89,13 +80,11 @@ class _ReftValidator(AdapterValidator):
 @register_validator
 class DireftValidator(_ReftValidator):
     type = AdapterType.DIREFT
-    tensor_shapes: ClassVar[dict[str, str]] = {"w1": "rd", "b": "r", "w2": "rd"}
 
 
 @register_validator
 class LoreftValidator(_ReftValidator):
     type = AdapterType.LOREFT
-    tensor_shapes: ClassVar[dict[str, str]] = {"r": "rd", "w": "rd", "b": "r"}
 
     def check_values(self, config: Mapping[str, Any], weights: WeightsFile) -> list[str]:
         problems = []

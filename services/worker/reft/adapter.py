@@ -14,7 +14,14 @@ from preft_serve.common.adapter_format import (
     adapter_type,
     read_config,
 )
-from preft_serve.worker.reft.positions import FIRST, LAST, SHARED, parse_positions
+from preft_serve.common.reft_format import (
+    FIRST,
+    LAST,
+    SHARED,
+    parse_positions,
+    shares_weights,
+    tensor_prefix,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +81,16 @@ def load_reft_adapter(directory: str | Path, hidden_size: int, num_layers: int) 
     layers = [int(x) for x in config["layers"]]
     if any(not 0 <= layer < num_layers for layer in layers):
         raise AdapterFormatError(f"layers {layers} out of range for a {num_layers}-layer model")
-    shared = bool(config.get("share_weights", True)) or positions is None
+    shared = shares_weights(config)
     weights = load_file(str(directory / WEIGHTS_FILE))
     loaded = {}
     for layer in layers:
         if shared:
-            one = _intervention(kind, weights, f"layers.{layer}.{SHARED}", rank, hidden_size)
+            one = _intervention(kind, weights, tensor_prefix(layer, SHARED), rank, hidden_size)
             loaded[layer] = (one, one)
         else:
             loaded[layer] = tuple(
-                _intervention(kind, weights, f"layers.{layer}.{part}", rank, hidden_size)
+                _intervention(kind, weights, tensor_prefix(layer, part), rank, hidden_size)
                 for part in (FIRST, LAST)
             )
     return ReftAdapter(kind, rank, positions, loaded)

@@ -8,27 +8,13 @@ two sets never overlap. ``f{n}`` / ``l{m}`` use one side; ``prefill`` is every p
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-FIRST, LAST, SHARED = "first", "last", "shared"
+from preft_serve.common.reft_format import FIRST, LAST, SHARED, parse_positions
+
+__all__ = ["FIRST", "LAST", "SHARED", "first_last", "parse_positions", "part_codes"]
 NONE = -1  # part code: no intervention
 PART_CODES = {FIRST: 0, LAST: 1}
-_PATTERN = re.compile(r"^(?:f(\d+))?\+?(?:l(\d+))?$")
-
-
-def parse_positions(positions: str) -> tuple[int, int] | None:
-    """``(first_n, last_n)`` for ``f{n}+l{m}``, ``f{n}``, ``l{m}``; None for ``prefill``."""
-    if positions == "prefill":
-        return None
-    match = _PATTERN.match(positions)
-    if not match or not any(match.groups()) or positions.startswith("+") or positions.endswith("+"):
-        raise ValueError(
-            f"positions must be 'prefill', 'f<n>+l<m>', 'f<n>' or 'l<m>' (got {positions!r})"
-        )
-    first, last = (int(g) if g else 0 for g in match.groups())
-    return first, last
 
 
 def first_last(prompt_len: int, spec: tuple[int, int]) -> tuple[int, int]:

@@ -110,9 +110,10 @@ class ReftRuntime:
                     parts == NONE, -1, slot_of[adapter_id] * 2 + parts)
             start += count
         grouped = AdapterGroups.from_slots(codes)
+        to_device = not getattr(self.kernel, "wants_host_rows", False)
         self.plan = ReftStepPlan(num_tokens, [
             (ids[code // 2], code % 2,
-             rows if isinstance(rows, slice) else rows.to(self.device))
+             rows.to(self.device) if to_device and not isinstance(rows, slice) else rows)
             for code, rows in grouped.groups
         ])
         return self.plan
