@@ -29,16 +29,34 @@ Rows = slice | torch.Tensor
 
 
 @dataclasses.dataclass(frozen=True)
+class BatchedLayout:
+    """Small groups as one padded ``(G, L)`` batch, so a layer does a few ``bmm`` calls
+    instead of two GEMMs per group (the per-call overhead of many tiny GEMMs dominates on
+    CPU). Groups are ordered by first row; ``block`` is set when they are equal-length,
+    back-to-back row ranges, so ``x[block]`` is a zero-copy ``(G, L, in)`` view."""
+
+    slots: torch.Tensor  # (G,) slot per group
+    length: int  # L: rows per group after padding
+    block: tuple[int, int] | None  # (first row, G * L) for the zero-copy case
+    gather: torch.Tensor | None  # (G, L) row index per padded position (padding -> row 0)
+    valid: torch.Tensor | None  # (G * L,) bool: position holds a real row
+    valid_rows: torch.Tensor | None  # (m,) the real rows, in padded-position order
+
+
+@dataclasses.dataclass(frozen=True)
 class AdapterGroups:
     """Rows of a batch grouped by adapter slot, computed once per step.
 
     ``groups`` holds ``(slot, rows)`` for every slot that has at least one row; ``rows`` is a
     ``slice`` when the slot's rows are contiguous (the common case: one request's tokens are
-    adjacent), so the GEMM reads a view instead of copying activations.
+    adjacent), so the GEMM reads a view instead of copying activations. ``batched`` is the
+    padded layout for :func:`grouped_lora_linear`, or None when padding would more than
+    double the work (very unequal groups), in which case groups run one by one.
     """
 
     groups: tuple[tuple[int, Rows], ...]
     num_rows: int
+    batched: BatchedLayout | None = None
 
     @classmethod
     def from_slots(cls, slots: np.ndarray | Sequence[int]) -> "AdapterGroups":
@@ -60,12 +78,51 @@ class AdapterGroups:
                 groups.append((slot, slice(int(rows[0]), int(rows[-1]) + 1)))
             else:
                 groups.append((slot, torch.from_numpy(rows.copy())))
-        return cls(tuple(groups), int(slots.size))
+        row_lists = [order[a:b] for a, b in zip(starts.tolist(), ends.tolist())
+                     if sorted_slots[a] >= 0]
+        return cls(tuple(groups), int(slots.size), _batched_layout(groups, row_lists))
 
     @property
     def empty(self) -> bool:
         """True when no row has an adapter: callers skip all adapter work."""
         return not self.groups
+
+
+BATCH_MAX_ROWS = 32
+"""Groups up to this many rows (decode-like steps) are batched into ``bmm`` calls; larger
+groups (prefill chunks) are compute-bound and faster as one GEMM pair per group (measured
+on 2 AVX2 cores: 8 x 128 rows 1.7 ms looped vs 2.4 ms batched; 8 x 32 rows 1.55 ms looped
+vs 0.96 ms batched)."""
+
+
+def _batched_layout(groups: list[tuple[int, Rows]], rows: list[np.ndarray]
+                    ) -> BatchedLayout | None:
+    if not groups:
+        return None
+    sizes = [r.size for r in rows]
+    length, total = max(sizes), sum(sizes)
+    if length > BATCH_MAX_ROWS or len(groups) * length > 2 * total:
+        return None
+    by_first_row = sorted(range(len(rows)), key=lambda i: int(rows[i][0]))
+    groups = [groups[i] for i in by_first_row]
+    rows = [rows[i] for i in by_first_row]
+    sizes = [r.size for r in rows]
+    slot_ids = torch.tensor([slot for slot, _ in groups], dtype=torch.long)
+    first = int(rows[0][0])
+    expected = first + length * np.arange(len(rows))
+    if all(isinstance(g, slice) for _, g in groups) and set(sizes) == {length} and all(
+        int(r[0]) == e for r, e in zip(rows, expected.tolist())
+    ):
+        return BatchedLayout(slot_ids, length, (first, len(rows) * length), None, None, None)
+    gather = np.zeros((len(rows), length), dtype=np.int64)
+    valid = np.zeros((len(rows), length), dtype=bool)
+    for i, r in enumerate(rows):
+        gather[i, : r.size] = r
+        valid[i, : r.size] = True
+    flat_valid = valid.reshape(-1)
+    return BatchedLayout(slot_ids, length, None, torch.from_numpy(gather),
+                         torch.from_numpy(flat_valid),
+                         torch.from_numpy(gather.reshape(-1)[flat_valid].copy()))
 
 
 def _add_rows(y: torch.Tensor, rows: Rows, value: torch.Tensor) -> None:
@@ -135,12 +192,54 @@ def grouped_lora_linear(
     """Fused shrink+expand: ``y[i, slice s] += scale * x[i] @ A.T @ B.T`` per group."""
     assert x.dim() == 2 and y.dim() == 2 and x.shape[0] == y.shape[0] == groups.num_rows
     assert len(a_stacked) == len(b_stacked) == len(output_slices)
+    if groups.batched is not None:
+        _batched_lora_linear(y, x, a_stacked, b_stacked, groups.batched, scale, output_slices)
+        return
     for slot, rows in groups.groups:
-        xs = x[rows]
-        offset = 0
-        for a, b, size in zip(a_stacked, b_stacked, output_slices):
-            wa, wb = a[slot, 0], b[slot, 0]
-            n = min(size, wb.shape[0])
-            delta = ((xs.to(wa.dtype) @ wa.T) * scale) @ wb[:n].T
-            _add_rows(y[:, offset : offset + n], rows, delta)
+        # One GEMM shrinks all slices (fused qkv / gate_up), then one per slice expands.
+        wa = torch.cat([a[slot, 0] for a in a_stacked])
+        t = x[rows].to(wa.dtype) @ wa.T
+        if scale != 1.0:
+            t = t * scale
+        offset, r0 = 0, 0
+        for b, size in zip(b_stacked, output_slices):
+            wb = b[slot, 0]
+            rank, n = wb.shape[1], min(size, wb.shape[0])
+            _add_rows(y[:, offset : offset + n], rows, t[:, r0 : r0 + rank] @ wb[:n].T)
             offset += size
+            r0 += rank
+
+
+def _batched_lora_linear(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a_stacked: Sequence[torch.Tensor],
+    b_stacked: Sequence[torch.Tensor],
+    layout: BatchedLayout,
+    scale: float,
+    output_slices: Sequence[int],
+) -> None:
+    """One ``bmm`` shrinks every slice of every group; one ``bmm`` per slice expands."""
+    g, length = layout.slots.numel(), layout.length
+    if layout.block is not None:
+        start, count = layout.block
+        xg = x[start : start + count].view(g, length, x.shape[-1])
+    else:
+        xg = x[layout.gather]  # (G, L, in)
+    a_all = torch.cat([a[layout.slots, 0] for a in a_stacked], dim=1)  # (G, S*r, in)
+    t = torch.bmm(xg.to(a_all.dtype), a_all.transpose(1, 2))  # (G, L, S*r)
+    if scale != 1.0:
+        t = t * scale
+    offset, r0 = 0, 0
+    for b, size in zip(b_stacked, output_slices):
+        w = b[layout.slots, 0]  # (G, out_s, r)
+        rank, n = w.shape[2], min(size, w.shape[1])
+        delta = torch.bmm(t[:, :, r0 : r0 + rank], w[:, :n].transpose(1, 2))  # (G, L, n)
+        target = y[:, offset : offset + n]
+        if layout.block is not None:
+            target[start : start + count] += delta.reshape(count, n).to(y.dtype)
+        else:
+            rows = delta.reshape(g * length, n)[layout.valid]
+            target.index_add_(0, layout.valid_rows, rows.to(y.dtype))
+        offset += size
+        r0 += rank

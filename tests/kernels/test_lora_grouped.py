@@ -107,3 +107,31 @@ def test_stock_vllm_cpu_ops_apply_last_slot_to_no_adapter_tokens() -> None:
     ours = torch.zeros(3, 16)
     grouped_lora_linear(ours, x, a, b, AdapterGroups.from_slots(slots), 1.0, (16,))
     torch.testing.assert_close(ours.double(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["block", "gather", "unbalanced", "large"])
+def test_batched_layouts_match_reference(layout: str) -> None:
+    """Prefill-like equal groups use a zero-copy (G, L, in) view; others a padded gather;
+    very unequal groups fall back to one group at a time."""
+    gen = torch.Generator().manual_seed(11)
+    if layout == "block":  # 4 requests x 16 tokens, after 5 rows of base-model decode tokens
+        slots = np.r_[np.full(5, -1), np.repeat([3, 0, 2, 1], 16)]
+    elif layout == "large":  # prefill-sized groups: one GEMM pair per group is faster
+        slots = np.repeat([1, 0], 100)
+    elif layout == "gather":
+        slots = np.r_[np.repeat([2, 0], 9), [-1, 1, 1, -1, 1], np.repeat([3], 7)]
+    else:
+        slots = np.r_[np.repeat([0], 40), [1, 2]]
+    groups = AdapterGroups.from_slots(slots)
+    if layout in ("unbalanced", "large"):
+        assert groups.batched is None
+    else:
+        assert groups.batched is not None
+        assert (groups.batched.block is not None) == (layout == "block")
+    outs = (128, 32, 32)
+    a, b = stacked(4, 8, 64, outs, used_rank=6, gen=gen)
+    x = torch.randn(len(slots), 64, generator=gen)
+    y = torch.randn(len(slots), sum(outs), generator=gen)
+    want = lora_linear_reference(y, x, a, b, slots.tolist(), 0.5, outs)
+    grouped_lora_linear(y, x, a, b, groups, 0.5, outs)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
