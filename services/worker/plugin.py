@@ -11,7 +11,11 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """Install PreFT's process-wide seams (prefix-cache keys, CPU LoRA kernels)."""
+    """Install PreFT's process-wide seams (prefix-cache keys, CPU LoRA kernels) and, when
+    ``PREFT_WORKER_OBJECT_STORE_URL`` is set, the load-by-hash LoRA resolver."""
     from preft_serve.worker import vllm_compat
+    from preft_serve.worker.resolver import register_resolver
 
     vllm_compat.install()
+    if register_resolver() is not None:
+        logger.info("preft: adapters named sha256:<hex> load from the object store")

@@ -2,8 +2,10 @@
 
 Everything after ``--`` (or any flag this launcher does not know) goes to vLLM unchanged, so
 every vLLM server option still works. The launcher only adds the PreFT scheduler/worker
-classes, LoRA settings, CPU-friendly defaults, and ``--lora-modules`` for a directory of
-adapters. It ``exec``s vLLM, so signals (Ctrl-C, SIGTERM) reach vLLM's graceful shutdown.
+classes, LoRA settings, CPU-friendly defaults, ``--lora-modules`` for a directory of
+adapters, and (``--object-store``) loading of adapters named ``sha256:<hex>`` from the object
+store through a disk cache. It ``exec``s vLLM, so signals (Ctrl-C, SIGTERM) reach vLLM's
+graceful shutdown; settings for the plugin travel as ``PREFT_WORKER_*`` environment variables.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from preft_serve.common.adapter_format import CONFIG_FILE
 from preft_serve.worker.engine_config import preft_cli_args
+from preft_serve.worker.settings import ENV_PREFIX
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -34,8 +37,10 @@ def parser() -> argparse.ArgumentParser:
             "Serve a base model and many adapters (LoRA, prefill-only PreFT or all-token) "
             "through vLLM's OpenAI-compatible API. Unknown flags are passed to vLLM."
         ),
-        epilog="Example: python -m preft_serve.worker.serve --model var/demo/model "
-        "--adapter-dir var/demo/adapters --port 8001",
+        epilog="Examples: python -m preft_serve.worker.serve --model var/demo/model "
+        "--adapter-dir var/demo/adapters --port 8001  |  python -m preft_serve.worker.serve "
+        "--model DIR --object-store s3://bucket/prefix --adapter-cache-gib 20 (then request "
+        "model=sha256:<hex>; S3 credentials from AWS_* variables or the instance role)",
     )
     p.add_argument("--model", required=True, help="Hugging Face model directory")
     p.add_argument("--adapter-dir", type=Path,
@@ -52,7 +57,46 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-lora-rank", type=int, default=16)
     p.add_argument("--kv-cache-gib", type=float, default=1.0,
                    help="CPU only: KV cache size in GiB")
+    store = p.add_argument_group(
+        "adapters by content hash",
+        "With --object-store, a request for model 'sha256:<64 lowercase hex>' loads that "
+        "adapter from the store (verified) into a local disk LRU cache. This turns on vLLM's "
+        "runtime LoRA updating, which also opens /v1/load_lora_adapter: expose the worker "
+        "only to the gateway.",
+    )
+    store.add_argument("--object-store", metavar="URL",
+                       help="s3://bucket[/prefix], file:///dir or a directory "
+                       f"(sets {ENV_PREFIX}OBJECT_STORE_URL)")
+    store.add_argument("--s3-endpoint-url", metavar="URL",
+                       help=f"S3-protocol endpoint, e.g. MinIO ({ENV_PREFIX}S3_ENDPOINT_URL)")
+    store.add_argument("--adapter-cache-dir", type=Path,
+                       help=f"disk cache directory ({ENV_PREFIX}ADAPTER_CACHE_DIR; "
+                       "default var/worker/adapter-cache)")
+    store.add_argument("--adapter-cache-gib", type=float,
+                       help=f"disk cache budget in GiB ({ENV_PREFIX}ADAPTER_CACHE_BYTES; "
+                       "default 10)")
     return p
+
+
+def resolver_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment for the plugin's resolver (empty without ``--object-store``)."""
+    if not args.object_store:
+        for flag in ("s3_endpoint_url", "adapter_cache_dir", "adapter_cache_gib"):
+            if getattr(args, flag) is not None:
+                raise SystemExit(f"--{flag.replace('_', '-')} needs --object-store")
+        return {}
+    env = {
+        f"{ENV_PREFIX}OBJECT_STORE_URL": args.object_store,
+        # vLLM consults LoRA resolvers only when runtime LoRA updating is allowed.
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+    }
+    if args.s3_endpoint_url:
+        env[f"{ENV_PREFIX}S3_ENDPOINT_URL"] = args.s3_endpoint_url
+    if args.adapter_cache_dir:
+        env[f"{ENV_PREFIX}ADAPTER_CACHE_DIR"] = str(args.adapter_cache_dir.resolve())
+    if args.adapter_cache_gib is not None:
+        env[f"{ENV_PREFIX}ADAPTER_CACHE_BYTES"] = str(int(args.adapter_cache_gib * (1 << 30)))
+    return env
 
 
 def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
@@ -79,6 +123,7 @@ def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args, passthrough = parser().parse_known_args(argv)
+    os.environ.update(resolver_env(args))
     command = [sys.executable, "-m", VLLM_SERVER, *vllm_argv(args, passthrough)]
     print("preft worker:", " ".join(command), flush=True)
     os.execv(sys.executable, command)

@@ -1,0 +1,97 @@
+"""vLLM LoRA resolver that loads adapters by content hash from the object store.
+
+vLLM's OpenAI server asks every registered :class:`LoRAResolver` about a ``model`` name it
+does not know (only when ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), then loads the returned
+``LoRARequest`` and remembers it under that name. The gateway sends ``sha256:<hex>``, so a
+name *is* the adapter's identity and needs no lookup. Anything else — a path, a URL, a
+registry name, uppercase hex — is refused with ``None``, which vLLM answers with a 404:
+a client can never make the worker read an arbitrary file or fetch an arbitrary URL.
+
+The resolver only runs in the API-server process, but the plugin registers it in every
+vLLM process, so the object store client and the disk cache are built on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+
+from preft_serve.common.objectstore import ObjectNotFound
+from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCache
+from preft_serve.worker.settings import WorkerSettings
+from vllm.lora.request import LoRARequest
+from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
+
+logger = logging.getLogger(__name__)
+
+RESOLVER_NAME = "preft-object-store"
+MODEL_NAME_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+def parse_model_name(name: str) -> str | None:
+    """The hex digest of a ``sha256:<64 lowercase hex>`` model name, else None."""
+    match = MODEL_NAME_RE.fullmatch(name) if isinstance(name, str) else None
+    return match.group(1) if match else None
+
+
+def lora_int_id(sha256: str) -> int:
+    """A positive id that is stable across restarts and processes (60 bits of the hash).
+
+    vLLM's server currently replaces it with its own counter; it matters for callers that
+    build requests from this resolver directly (and keeps ids meaningful in logs).
+    """
+    return int(sha256[:15], 16) + 1
+
+
+class ObjectStoreResolver(LoRAResolver):
+    """Resolves ``sha256:<hex>`` names to directories in the local disk cache."""
+
+    def __init__(self, settings: WorkerSettings, cache: AdapterDiskCache | None = None) -> None:
+        self.settings = settings
+        self._cache = cache
+        self._init_lock = threading.Lock()
+
+    @property
+    def cache(self) -> AdapterDiskCache:
+        """The disk cache, created on first use (and only in the process that resolves)."""
+        if self._cache is None:
+            with self._init_lock:
+                if self._cache is None:
+                    self._cache = AdapterDiskCache(
+                        self.settings.create_store(),
+                        self.settings.adapter_cache_dir,
+                        self.settings.adapter_cache_bytes,
+                        metrics=AdapterCacheMetrics(),
+                    )
+        return self._cache
+
+    async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+        sha256 = parse_model_name(lora_name)
+        if sha256 is None:
+            return None
+        try:
+            path = await asyncio.to_thread(self.cache.get, sha256)
+        except ObjectNotFound:
+            logger.info("adapter %s: not in the object store", sha256)
+            return None
+        # Corrupt blobs and store outages propagate: vLLM answers 500 with the message,
+        # which is the truth (a server-side fault, not an unknown model).
+        return LoRARequest(
+            lora_name=lora_name, lora_int_id=lora_int_id(sha256), lora_path=str(path)
+        )
+
+
+def register_resolver(settings: WorkerSettings | None = None) -> ObjectStoreResolver | None:
+    """Register the resolver with vLLM if an object store is configured; idempotent."""
+    settings = settings or WorkerSettings()
+    if not settings.resolver_enabled:
+        return None
+    if RESOLVER_NAME in LoRAResolverRegistry.get_supported_resolvers():
+        existing = LoRAResolverRegistry.get_resolver(RESOLVER_NAME)
+        if isinstance(existing, ObjectStoreResolver) and existing.settings == settings:
+            return existing
+    resolver = ObjectStoreResolver(settings)
+    LoRAResolverRegistry.register_resolver(RESOLVER_NAME, resolver)
+    return resolver

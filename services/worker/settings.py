@@ -1,0 +1,52 @@
+"""Worker-side configuration for loading adapters by content hash (pydantic-settings).
+
+vLLM starts the worker, not us, so the only channel into the plugin is the environment:
+``python -m preft_serve.worker.serve --object-store ...`` sets these variables before it
+``exec``s vLLM, and :func:`preft_serve.worker.plugin.register` reads them. The resolver is
+off unless ``PREFT_WORKER_OBJECT_STORE_URL`` is set, so a plain PreFT worker is unchanged.
+S3 credentials come from boto3's usual sources (``AWS_ACCESS_KEY_ID``, an instance role...),
+never from these settings, so they never appear in a process listing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from preft_serve.common.objectstore import ObjectStore, create_object_store, parse_store_url
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "PREFT_WORKER_"
+
+
+class WorkerSettings(BaseSettings):
+    """Object store and local disk cache of the hash-addressed adapter resolver."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    object_store_url: str | None = Field(
+        None, description="s3://bucket[/prefix], file:///dir or a path; unset = resolver off")
+    s3_endpoint_url: str | None = Field(None, description="S3-protocol endpoint (MinIO, moto)")
+    s3_region: str | None = None
+    adapter_cache_dir: Path = Field(Path("var/worker/adapter-cache"),
+                                    description="Local disk LRU of adapter directories")
+    adapter_cache_bytes: int = Field(10 << 30, ge=1 << 20,
+                                     description="Disk cache budget in bytes")
+
+    @field_validator("object_store_url")
+    @classmethod
+    def _known_scheme(cls, value: str | None) -> str | None:
+        if value:
+            parse_store_url(value)  # raises with the list of valid schemes
+        return value or None
+
+    @property
+    def resolver_enabled(self) -> bool:
+        return self.object_store_url is not None
+
+    def create_store(self) -> ObjectStore:
+        if self.object_store_url is None:
+            raise ValueError(f"{ENV_PREFIX}OBJECT_STORE_URL is not set")
+        return create_object_store(
+            self.object_store_url, endpoint_url=self.s3_endpoint_url, region=self.s3_region
+        )

@@ -1,0 +1,249 @@
+"""The load-by-hash LoRA resolver: name checks, settings, and vLLM's real OpenAI server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from preft_serve.common.adapter_format import (
+    WEIGHTS_FILE,
+    canonical_config_bytes,
+    directory_digest,
+    read_config,
+)
+from preft_serve.common.objectstore import ObjectStore, adapter_key, create_object_store
+from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
+from preft_serve.worker import serve
+from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCache
+from preft_serve.worker.resolver import (
+    RESOLVER_NAME,
+    ObjectStoreResolver,
+    lora_int_id,
+    parse_model_name,
+    register_resolver,
+)
+from preft_serve.worker.settings import WorkerSettings
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+from vllm.lora.resolver import LoRAResolverRegistry
+
+from tests.conftest import free_port
+
+CREDS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+SHA = "0123456789abcdef" * 4
+BAD_NAMES = [
+    "/tmp/adapter", "../" + SHA, f"file:///{SHA}", f"s3://bucket/adapters/{SHA}",
+    f"https://example.com/{SHA}", SHA, f"sha256:{SHA.upper()}", f"sha256:{SHA[:-1]}",
+    f"sha256:{SHA}0", f"sha256:{SHA}/", f"sha256:{SHA}\n", f"SHA256:{SHA}",
+    f"sha256:/{SHA[1:]}", f"md5:{SHA}", "sha256:", "", "named-adapter",
+]
+
+
+class TripwireStore:
+    """An object store that must not be touched."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"object store used: {name}")
+
+
+def upload(store: ObjectStore, adapter_dir: Path) -> str:
+    sha = directory_digest(adapter_dir)
+    store.put_adapter(sha, canonical_config_bytes(read_config(adapter_dir)),
+                      adapter_dir / WEIGHTS_FILE)
+    return sha
+
+
+# -- unit ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_rejected_names_return_none_without_touching_the_store(name: str,
+                                                               tmp_path: Path) -> None:
+    cache = AdapterDiskCache(TripwireStore(), tmp_path / "cache", 1 << 20,  # type: ignore[arg-type]
+                             metrics=AdapterCacheMetrics(CollectorRegistry()))
+    resolver = ObjectStoreResolver(WorkerSettings(object_store_url=str(tmp_path)), cache=cache)
+    assert parse_model_name(name) is None
+    assert asyncio.run(resolver.resolve_lora("base", name)) is None
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_resolves_hash_from_s3_into_the_cache(tmp_path: Path, s3_server: str) -> None:
+    model = make_model("tiny-llama", tmp_path / "model")
+    adapter = make_lora_adapter(model, tmp_path / "adapter", seed=5, spec=LoraSpec(rank=4))
+    store = create_object_store(f"s3://res-{uuid.uuid4().hex[:10]}", endpoint_url=s3_server,
+                                create_bucket=True, **CREDS)
+    sha = upload(store, adapter)
+    cache = AdapterDiskCache(store, tmp_path / "cache", 1 << 30,
+                             metrics=AdapterCacheMetrics(CollectorRegistry()))
+    resolver = ObjectStoreResolver(WorkerSettings(object_store_url="s3://unused"), cache=cache)
+
+    request = asyncio.run(resolver.resolve_lora(str(model), f"sha256:{sha}"))
+
+    assert request is not None
+    assert request.lora_name == f"sha256:{sha}"
+    assert request.lora_int_id == lora_int_id(sha) > 0
+    assert Path(request.lora_path) == (tmp_path / "cache" / sha).resolve()
+    assert directory_digest(request.lora_path) == sha
+    assert asyncio.run(resolver.resolve_lora(str(model), f"sha256:{'e' * 64}")) is None
+    assert (cache.stats.misses, cache.stats.downloads) == (2, 1)
+
+
+def test_int_id_is_stable_positive_and_distinct() -> None:
+    assert lora_int_id(SHA) == lora_int_id(SHA)
+    assert lora_int_id("0" * 64) == 1
+    assert lora_int_id("f" * 64) < 2**63 and lora_int_id("f" * 64) != lora_int_id("e" * 64)
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PREFT_WORKER_OBJECT_STORE_URL", "s3://bucket/prefix")
+    monkeypatch.setenv("PREFT_WORKER_S3_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("PREFT_WORKER_ADAPTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PREFT_WORKER_ADAPTER_CACHE_BYTES", str(5 << 30))
+    settings = WorkerSettings()
+    assert settings.resolver_enabled
+    assert (settings.object_store_url, settings.s3_endpoint_url) == (
+        "s3://bucket/prefix", "http://127.0.0.1:9000")
+    assert (settings.adapter_cache_dir, settings.adapter_cache_bytes) == (tmp_path, 5 << 30)
+    monkeypatch.setenv("PREFT_WORKER_OBJECT_STORE_URL", "ftp://host/x")
+    with pytest.raises(ValidationError, match="valid: local"):
+        WorkerSettings()
+
+
+def test_plugin_registers_resolver_only_when_configured(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    monkeypatch.delenv("PREFT_WORKER_OBJECT_STORE_URL", raising=False)
+    assert register_resolver() is None
+    assert RESOLVER_NAME not in LoRAResolverRegistry.get_supported_resolvers()
+    monkeypatch.setenv("PREFT_WORKER_OBJECT_STORE_URL", str(tmp_path / "objects"))
+    try:
+        first = register_resolver()
+        assert first is not None
+        assert LoRAResolverRegistry.get_resolver(RESOLVER_NAME) is first
+        assert register_resolver() is first  # idempotent: vLLM calls plugins repeatedly
+        assert not (tmp_path / "objects").exists()  # nothing built until the first resolve
+    finally:
+        LoRAResolverRegistry.resolvers.pop(RESOLVER_NAME, None)
+
+
+def test_serve_flags_set_the_resolver_environment(tmp_path: Path) -> None:
+    args, _ = serve.parser().parse_known_args([
+        "--model", "m", "--object-store", "s3://b/p", "--s3-endpoint-url", "http://h:9000",
+        "--adapter-cache-dir", str(tmp_path), "--adapter-cache-gib", "0.5",
+    ])
+    assert serve.resolver_env(args) == {
+        "PREFT_WORKER_OBJECT_STORE_URL": "s3://b/p",
+        "PREFT_WORKER_S3_ENDPOINT_URL": "http://h:9000",
+        "PREFT_WORKER_ADAPTER_CACHE_DIR": str(tmp_path.resolve()),
+        "PREFT_WORKER_ADAPTER_CACHE_BYTES": str(1 << 29),
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+    }
+    plain, _ = serve.parser().parse_known_args(["--model", "m"])
+    assert serve.resolver_env(plain) == {}
+    lonely, _ = serve.parser().parse_known_args(["--model", "m", "--adapter-cache-gib", "1"])
+    with pytest.raises(SystemExit, match="needs --object-store"):
+        serve.resolver_env(lonely)
+
+
+# -- end to end: vLLM's OpenAI server, a moto S3 bucket, adapters by hash -----------------
+
+
+class Worker:
+    def __init__(self, url: str, model: str, sha: str, corrupt_sha: str) -> None:
+        self.url, self.model, self.sha, self.corrupt_sha = url, model, sha, corrupt_sha
+
+    def complete(self, model: str, prompt: str = "The quick brown fox") -> httpx.Response:
+        return httpx.post(f"{self.url}/v1/completions", timeout=60, json={
+            "model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True,
+        })
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory, s3_server: str) -> Iterator[Worker]:
+    root = tmp_path_factory.mktemp("resolver-e2e")
+    model = make_model("tiny-llama", root / "model")
+    adapter = make_lora_adapter(model, root / "adapters" / "named", seed=7,
+                                spec=LoraSpec(rank=8))
+    other = make_lora_adapter(model, root / "other", seed=8, spec=LoraSpec(rank=8))
+    bucket = f"e2e-{uuid.uuid4().hex[:10]}"
+    store = create_object_store(f"s3://{bucket}/blobs", endpoint_url=s3_server,
+                                create_bucket=True, **CREDS)
+    sha, corrupt_sha = upload(store, adapter), upload(store, other)
+    store.put_bytes(adapter_key(corrupt_sha, WEIGHTS_FILE), b"\0" * 64)
+
+    port = free_port()
+    env = {**os.environ, **AWS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    log_path = root / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
+             "--port", str(port), "--adapter-dir", str(root / "adapters"),
+             "--object-store", f"s3://{bucket}/blobs", "--s3-endpoint-url", s3_server,
+             "--adapter-cache-dir", str(root / "cache"), "--adapter-cache-gib", "0.01",
+             "--kv-cache-gib", "0.0625", "--max-model-len", "256"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("worker did not start:\n" + log_path.read_text()[-4000:])
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield Worker(url, str(model), sha, corrupt_sha)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_server_loads_adapter_by_hash_from_s3(worker: Worker) -> None:
+    by_hash = worker.complete(f"sha256:{worker.sha}")
+    assert by_hash.status_code == 200, by_hash.text
+    by_name = worker.complete("named")  # the same adapter, registered by --lora-modules
+    base = worker.complete(worker.model)
+    assert by_name.status_code == base.status_code == 200
+
+    text = by_hash.json()["choices"][0]["text"]
+    assert text == by_name.json()["choices"][0]["text"]
+    assert text != base.json()["choices"][0]["text"]  # the adapter really changed the output
+    assert by_hash.json()["usage"]["completion_tokens"] == 12
+
+    metrics = httpx.get(f"{worker.url}/metrics", timeout=10).text
+    assert 'preft_worker_adapter_loads_total{outcome="miss",tier="disk"} 1.0' in metrics
+    assert 'preft_worker_resident_adapters{tier="disk"} 1.0' in metrics
+
+
+def test_server_answers_404_for_unknown_or_malformed_names(worker: Worker) -> None:
+    for name in (f"sha256:{'ab' * 32}", f"sha256:{worker.sha.upper()}", "/etc/passwd",
+                 f"s3://bucket/adapters/{worker.sha}"):
+        response = worker.complete(name)
+        assert response.status_code == 404, (name, response.text)
+        assert "does not exist" in response.json()["error"]["message"]
+
+
+def test_server_refuses_corrupt_blob_with_an_error(worker: Worker) -> None:
+    response = worker.complete(f"sha256:{worker.corrupt_sha}")
+    assert response.status_code == 500, response.text
+    assert "corrupt" in response.json()["error"]["message"]
+    ok = worker.complete(f"sha256:{worker.sha}")  # the server is still healthy
+    assert ok.status_code == 200
