@@ -6,13 +6,13 @@
 * :mod:`preft_kernels.reference` — float64 references every kernel is tested against.
 """
 
-from preft_kernels.reft import ReftGroup, grouped_reft
 from preft_kernels.lora_grouped import (
     AdapterGroups,
     grouped_lora_expand,
     grouped_lora_linear,
     grouped_lora_shrink,
 )
+from preft_kernels.reft import ReftGroup, grouped_reft
 
 __all__ = [
     "AdapterGroups",

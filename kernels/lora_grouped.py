@@ -20,7 +20,7 @@ layout of vLLM's ``lora_a_stacked`` / ``lora_b_stacked``; ``s`` indexes output s
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -59,7 +59,7 @@ class AdapterGroups:
     batched: BatchedLayout | None = None
 
     @classmethod
-    def from_slots(cls, slots: np.ndarray | Sequence[int]) -> "AdapterGroups":
+    def from_slots(cls, slots: np.ndarray | Sequence[int]) -> AdapterGroups:
         """Group rows by slot index; ``-1`` means "no adapter" and is dropped."""
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size == 0 or slots.max(initial=-1) < 0:

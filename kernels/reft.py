@@ -17,7 +17,7 @@ delta is added to (vLLM keeps the stream as ``hidden_states + residual``, so add
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

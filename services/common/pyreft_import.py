@@ -27,8 +27,12 @@ import re
 from pathlib import Path
 
 import torch
-
-from preft_serve.common.adapter_format import CONFIG_FILE, MODE_KEY, WEIGHTS_FILE, AdapterFormatError
+from preft_serve.common.adapter_format import (
+    CONFIG_FILE,
+    MODE_KEY,
+    WEIGHTS_FILE,
+    AdapterFormatError,
+)
 
 _LAYER = re.compile(r"layer[._](\d+)")
 _INDEX = re.compile(r"#(\d+)$")

@@ -10,7 +10,13 @@ import argparse
 from pathlib import Path
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
-from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_model, make_reft_adapter
+from preft_serve.toymodels import (
+    LoraSpec,
+    ReftSpec,
+    make_lora_adapter,
+    make_model,
+    make_reft_adapter,
+)
 from preft_serve.worker import serve
 
 DEMO_ADAPTERS = {

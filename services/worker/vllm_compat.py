@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
-
+import vllm
 from preft_kernels.lora_grouped import (
     AdapterGroups,
     grouped_lora_expand,
@@ -44,17 +44,15 @@ from preft_serve.common.adapter_format import AdapterType
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
 from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
+from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker as GPUWorker
 
 PINNED_VLLM_VERSION = "0.32.0"
 logger = logging.getLogger(__name__)
-
-import vllm  # noqa: E402
-from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
-from vllm.v1.core import kv_cache_utils  # noqa: E402
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.worker.cpu_worker import CPUWorker  # noqa: E402
-from vllm.v1.worker.gpu_worker import Worker as GPUWorker  # noqa: E402
 
 GROUPED_PUNICA_QUALNAME = f"{__name__}.GroupedPunicaWrapperCPU"
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from preft_serve.common.adapter_format import AdapterMode, AdapterType  # noqa: E402
-from preft_serve.toymodels import (  # noqa: E402
+from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.toymodels import (
     LoraSpec,
     ReftSpec,
     make_lora_adapter,
@@ -102,9 +103,8 @@ def make_adapters(model_dir: Path, root: Path) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Engine]:
-    from vllm import LLM
-
     from preft_serve.worker.engine_config import preft_engine_kwargs
+    from vllm import LLM
 
     root = tmp_path_factory.mktemp("engine-models")
     built: dict[str, Engine] = {}

@@ -7,12 +7,11 @@ from pathlib import Path
 
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
+
 from tests.engine import oracle
 from tests.engine.conftest import KV_BLOCK as BLOCK
 from tests.engine.conftest import Engine
 from tests.engine.test_oracle import MAX_TOKENS, prompt
-
-
 
 
 def run(engine: Engine, tokens: list[int], lora, max_tokens: int = MAX_TOKENS
@@ -34,7 +33,7 @@ def test_other_adapter_mode_or_base_never_reuse_prompt_kv(engine: Engine) -> Non
     p = prompt(101, 3 * BLOCK + 5)
     run(engine, p, engine.lora("prefill-2"))
     for name in ("prefill-3", "all-2", None):  # all-2 has prefill-2's weights, other mode
-        tokens, cached = run(engine, p, engine.lora(name))
+        _, cached = run(engine, p, engine.lora(name))
         assert cached == 0, name
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from preft_kernels import AdapterGroups, grouped_lora_expand, grouped_lora_linear, grouped_lora_shrink
+from preft_kernels import (
+    AdapterGroups,
+    grouped_lora_expand,
+    grouped_lora_linear,
+    grouped_lora_shrink,
+)
 from preft_kernels.reference import lora_linear_reference
 
 # (in_features, output slices): Llama q_proj, fused qkv (GQA), fused gate_up, o_proj-like.

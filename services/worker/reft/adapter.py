@@ -6,7 +6,6 @@ import dataclasses
 from pathlib import Path
 
 import torch
-
 from preft_serve.common.adapter_format import (
     WEIGHTS_FILE,
     AdapterFormatError,

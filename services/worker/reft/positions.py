@@ -9,7 +9,6 @@ two sets never overlap. ``f{n}`` / ``l{m}`` use one side; ``prefill`` is every p
 from __future__ import annotations
 
 import numpy as np
-
 from preft_serve.common.reft_format import FIRST, LAST, SHARED, parse_positions
 
 __all__ = ["FIRST", "LAST", "SHARED", "first_last", "parse_positions", "part_codes"]

@@ -11,11 +11,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
-
 from preft_kernels.lora_grouped import AdapterGroups
 from preft_kernels.reft import ReftGroup, grouped_reft
 from preft_serve.worker.reft.adapter import ReftAdapter, load_reft_adapter
