@@ -235,7 +235,7 @@ def main() -> None:
         return
 
     if args.quick:
-        requests, counts, sweep = args.requests or 64, args.adapters or [8, 64], args.sweep or [64]
+        requests, counts, sweep = args.requests or 64, args.adapters or [64], args.sweep or [64]
         args.output_len = min(args.output_len, 32)
         args.prompt_len = min(args.prompt_len, 64)
     else:
