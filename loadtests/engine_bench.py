@@ -227,13 +227,17 @@ def main() -> None:
                    help="adapter modes to run (base always runs)")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole matrix N times, interleaved, and keep each run's best")
-    p.add_argument("--out", type=Path, default=RESULTS / "engine_bench.json")
+    p.add_argument("--out", type=Path,
+                   help="results JSON (a PNG is written beside it); default "
+                   "loadtests/results/engine_bench.json, or engine_bench_quick.json with --quick")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print("RESULT " + json.dumps(run_once(json.loads(args.child))), flush=True)
         return
 
+    if args.out is None:
+        args.out = RESULTS / ("engine_bench_quick.json" if args.quick else "engine_bench.json")
     if args.quick:
         requests, counts, sweep = args.requests or 64, args.adapters or [64], args.sweep or [64]
         args.output_len = min(args.output_len, 32)
