@@ -1,0 +1,59 @@
+"""``python -m preft_serve.gateway``: run the gateway HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+from preft_serve.common.logging import setup_logging
+from preft_serve.gateway.app import create_app
+from preft_serve.gateway.settings import GatewaySettings
+from pydantic import ValidationError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m preft_serve.gateway",
+        description="preft-serve gateway: OpenAI-compatible API that picks each request's "
+        "adapter from the registry and proxies it to a worker. Configuration comes from "
+        "PREFT_GATEWAY_* environment variables (required: PREFT_GATEWAY_WORKER_URLS as a JSON "
+        "list); these flags override them.",
+    )
+    parser.add_argument("--host", help="bind address (PREFT_GATEWAY_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (PREFT_GATEWAY_PORT, default 8080)")
+    parser.add_argument("--redis-url", help="the registry's Redis (PREFT_GATEWAY_REDIS_URL)")
+    parser.add_argument("--namespace", help="the registry's Redis namespace "
+                        "(PREFT_GATEWAY_NAMESPACE, default preft)")
+    parser.add_argument("--workers", help="comma-separated worker URLs "
+                        "(PREFT_GATEWAY_WORKER_URLS)")
+    parser.add_argument("--base-model-name", help="public name of the base model "
+                        "(PREFT_GATEWAY_BASE_MODEL_NAME, default 'base')")
+    parser.add_argument("--worker-base-model", help="the workers' name for the base model "
+                        "(PREFT_GATEWAY_WORKER_BASE_MODEL)")
+    parser.add_argument("--max-body-bytes", type=int, help="PREFT_GATEWAY_MAX_BODY_BYTES")
+    parser.add_argument("--max-tokens-cap", type=int, help="PREFT_GATEWAY_MAX_TOKENS_CAP")
+    parser.add_argument("--log-json", action="store_true", default=None,
+                        help="log one JSON object per line (PREFT_GATEWAY_LOG_JSON)")
+    parser.add_argument("--log-level", help="PREFT_GATEWAY_LOG_LEVEL (default INFO)")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in {
+        "host": args.host, "port": args.port, "redis_url": args.redis_url,
+        "namespace": args.namespace, "worker_urls": args.workers,
+        "base_model_name": args.base_model_name, "worker_base_model": args.worker_base_model,
+        "max_body_bytes": args.max_body_bytes, "max_tokens_cap": args.max_tokens_cap,
+        "log_json": args.log_json, "log_level": args.log_level,
+    }.items() if v is not None}
+    try:
+        settings = GatewaySettings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        parser.error(f"invalid configuration (PREFT_GATEWAY_<NAME> or flags): {problems}")
+    setup_logging(settings.log_level, json_output=settings.log_json)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""The gateway's FastAPI application (OpenAPI at /docs)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import redis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from preft_serve import __version__
+from preft_serve.common.errors import PayloadTooLarge, error_response, install_error_handlers
+from preft_serve.common.registry_client import AsyncRegistryClient
+from preft_serve.gateway.metrics import GatewayMetrics
+from preft_serve.gateway.routers import completions, health, models
+from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.state import GatewayState
+from preft_serve.registry.limits import BodySizeLimitMiddleware
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+OpenAI-compatible front door: `Authorization: Bearer <tenant API key>`. The adapter is the
+one named by `model`, else the one bound to `user` (or the `X-User-Id` header); `model` set
+to the base model's name runs the user's binding if any, else the base model. A user with no
+binding and no `model` gets 404. Errors are `{"error": {"code", "message", "details"}}`.
+"""
+
+
+class GatewayBodyLimit(BodySizeLimitMiddleware):
+    """The registry's streaming body cap, with a message about completion requests."""
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body exceeds this gateway's {self.max_bytes}-byte "
+                               "limit; send a shorter prompt or ask the operator to raise "
+                               "PREFT_GATEWAY_MAX_BODY_BYTES")
+
+
+async def _redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    logger.error("Redis unavailable: %s", exc)
+    return error_response(503, "unavailable", "the registry's Redis is unavailable; retry "
+                          "shortly")
+
+
+def create_app(settings: GatewaySettings | None = None,
+               transport: httpx.AsyncBaseTransport | None = None,
+               registry: AsyncRegistryClient | None = None) -> FastAPI:
+    """Build the app; ``transport`` and ``registry`` replace the real ones (tests)."""
+    settings = settings or GatewaySettings()  # type: ignore[call-arg]
+    metrics = GatewayMetrics(settings.metrics_max_adapters)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = await GatewayState.build(settings, metrics, transport, registry)
+        app.state.gateway = state
+        logger.info("gateway ready: %d workers, redis namespace %s",
+                    len(state.pool.workers), settings.namespace)
+        try:
+            yield
+        finally:
+            await state.aclose()
+
+    app = FastAPI(title="preft-serve gateway", version=__version__, description=DESCRIPTION,
+                  lifespan=lifespan)
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.add_exception_handler(redis.RedisError, _redis_unavailable)
+    app.add_middleware(GatewayBodyLimit, max_bytes=settings.max_body_bytes)
+    for module in (completions, models, health):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,98 @@
+"""Serving one completion request: validate, select the adapter, route, proxy, count."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from preft_serve.common.errors import ServiceError
+from preft_serve.gateway.proxy import BadGateway, Upstream, open_upstream, relay_sse, rewrite_json
+from preft_serve.gateway.selection import select_target
+from preft_serve.gateway.state import GatewayState
+from preft_serve.gateway.validation import parse_body, validate_body
+from starlette.background import BackgroundTask
+
+NO_ADAPTER = "none"
+
+
+async def handle(state: GatewayState, tenant: str, request: Request, path: str,
+                 chat: bool) -> Response:
+    """The whole request; every outcome is counted in ``requests_total``."""
+    metrics, settings = state.metrics, state.settings
+    start = time.perf_counter()
+    label = NO_ADAPTER
+    try:
+        body = parse_body(await request.body())
+        validate_body(body, chat=chat, max_tokens_cap=settings.max_tokens_cap)
+        user = body.get("user") or request.headers.get("x-user-id")
+        target = await select_target(
+            state.registry, tenant, body.get("model"), user,
+            base_name=settings.base_model_name, worker_base_model=settings.worker_model)
+        label = metrics.adapter_label(target.public_name)
+        body["model"] = target.worker_model
+        stream = bool(body.get("stream"))
+        strip_usage = False
+        if stream:
+            options = body.get("stream_options")
+            options = dict(options) if isinstance(options, dict) else {}
+            strip_usage = not options.get("include_usage")
+            options["include_usage"] = True
+            body["stream_options"] = options
+        upstream = await open_upstream(state.http, state.pool, target.routing_key, path, body)
+    except ServiceError as exc:
+        metrics.requests.labels(label, str(exc.status_code)).inc()
+        metrics.errors.labels(exc.code).inc()
+        raise
+    metrics.routing.labels("affinity" if upstream.affinity else "spill").inc()
+    status = upstream.response.status_code
+    metrics.requests.labels(label, str(status)).inc()
+    if status >= 400:
+        metrics.errors.labels(f"worker_{status // 100}xx").inc()
+    if stream and status == 200:
+        def finish() -> None:
+            metrics.latency.observe(time.perf_counter() - start)
+
+        async def body_iter() -> Any:
+            try:
+                async for piece in relay_sse(upstream, target.public_name, strip_usage,
+                                             lambda usage: metrics.record_usage(label, usage)):
+                    yield piece
+            finally:
+                finish()
+
+        return StreamingResponse(body_iter(), status_code=status,
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"},
+                                 # Releases the worker slot even if the client left before
+                                 # the first byte (aclose is idempotent).
+                                 background=BackgroundTask(upstream.aclose))
+    return await _buffered(upstream, state, label, target.public_name, start)
+
+
+async def _buffered(upstream: Upstream, state: GatewayState, label: str, public_name: str,
+                    start: float) -> Response:
+    """Read the worker's whole JSON answer, rewrite ``model``, count its usage."""
+    try:
+        raw = await upstream.response.aread()
+    except httpx.HTTPError as exc:
+        state.metrics.errors.labels("bad_gateway").inc()
+        raise BadGateway(f"worker {upstream.worker} failed mid-response: "
+                         f"{exc.__class__.__name__}") from None
+    finally:
+        await upstream.aclose()
+    state.metrics.latency.observe(time.perf_counter() - start)
+    status = upstream.response.status_code
+    media_type = upstream.response.headers.get("content-type", "application/json")
+    try:
+        payload = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return Response(raw, status_code=status, media_type=media_type)
+    if status == 200:
+        state.metrics.record_usage(label, payload.get("usage") if isinstance(payload, dict)
+                                   else None)
+        payload = rewrite_json(payload, public_name)
+    return Response(json.dumps(payload), status_code=status, media_type="application/json")

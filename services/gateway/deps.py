@@ -1,0 +1,38 @@
+"""FastAPI dependencies: the shared state and the authenticated tenant."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from preft_serve.common.errors import Unauthorized
+from preft_serve.common.registry_client import KeyOwner
+from preft_serve.gateway.state import GatewayState
+
+_tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
+                            description="A tenant API key (pft_...)")
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+StateDep = Annotated[GatewayState, Depends(get_state)]
+
+
+async def require_tenant(
+    state: StateDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_tenant_bearer)],
+) -> KeyOwner:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        state.metrics.errors.labels("unauthorized").inc()
+        raise Unauthorized("missing credentials: send 'Authorization: Bearer <tenant API key>'")
+    owner = await state.registry.authenticate(credentials.credentials)
+    if owner is None:
+        state.metrics.errors.labels("unauthorized").inc()
+        raise Unauthorized("invalid API key: use a key issued by the registry for your tenant")
+    return owner
+
+
+TenantDep = Annotated[KeyOwner, Depends(require_tenant)]

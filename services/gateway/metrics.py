@@ -1,0 +1,59 @@
+"""Prometheus metrics for the gateway, on a per-app registry (tests build many apps).
+
+Label cardinality is bounded: the first ``max_adapters`` distinct adapter names seen since
+start-up get their own ``adapter`` label, every later one is counted as ``other``. (First
+seen rather than "top N by traffic": a ranking would move series between labels and make
+counters non-monotonic per label.) The base model is labelled with its public name.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+OTHER = "other"
+
+
+class GatewayMetrics:
+    def __init__(self, max_adapters: int = 100) -> None:
+        self.registry = CollectorRegistry()
+        self.max_adapters = max_adapters
+        self._named: set[str] = set()
+        self.requests = Counter(
+            "preft_gateway_requests_total", "Completion requests by adapter and HTTP status",
+            ["adapter", "status"], registry=self.registry)
+        self.prompt_tokens = Counter(
+            "preft_gateway_prompt_tokens_total", "Prompt tokens reported by workers",
+            ["adapter"], registry=self.registry)
+        self.generation_tokens = Counter(
+            "preft_gateway_generation_tokens_total", "Generated tokens reported by workers",
+            ["adapter"], registry=self.registry)
+        self.latency = Histogram(
+            "preft_gateway_request_seconds", "Completion request latency (to the last byte)",
+            registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.routing = Counter(
+            "preft_gateway_routing_total", "Routing decisions: the adapter's own worker "
+            "(affinity) or the next one because of the load cap (spill)",
+            ["result"], registry=self.registry)
+        self.errors = Counter(
+            "preft_gateway_errors_total", "Failed requests by cause", ["cause"],
+            registry=self.registry)
+
+    def adapter_label(self, name: str) -> str:
+        """``name`` while under the cardinality budget, else ``other``."""
+        if name in self._named:
+            return name
+        if len(self._named) < self.max_adapters:
+            self._named.add(name)
+            return name
+        return OTHER
+
+    def record_usage(self, label: str, usage: object) -> None:
+        """Add an OpenAI ``usage`` object's token counts (ignores anything malformed)."""
+        if not isinstance(usage, dict):
+            return
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and prompt >= 0:
+            self.prompt_tokens.labels(label).inc(prompt)
+        if isinstance(completion, int) and completion >= 0:
+            self.generation_tokens.labels(label).inc(completion)

@@ -1,0 +1,127 @@
+"""Forwarding a request to a worker: retries on connection failure, SSE relaying.
+
+A request is retried on the next worker in its rendezvous order only when the connection
+failed before any byte was sent (connect error / connect timeout): then the worker cannot
+have started generating, so a retry cannot duplicate work. Any later failure is a 502.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from preft_serve.common.errors import ServiceError, ServiceUnavailable
+from preft_serve.gateway.routing import WorkerPool
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+class BadGateway(ServiceError):
+    http_status = 502
+    code = "bad_gateway"
+
+
+@dataclass
+class Upstream:
+    """An open worker response; ``aclose`` releases the worker's in-flight slot."""
+
+    worker: str
+    response: httpx.Response
+    pool: WorkerPool
+    affinity: bool
+    _closed: bool = False
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                await self.response.aclose()
+            finally:
+                self.pool.release(self.worker)
+
+
+async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, path: str,
+                        body: dict[str, Any]) -> Upstream:
+    """Send ``body`` to the best worker for ``key``; the response body is not read yet."""
+    choice = pool.choose(key)
+    failures: list[str] = []
+    for worker in choice.order:
+        pool.acquire(worker)
+        try:
+            request = client.build_request("POST", f"{worker}{path}", json=body)
+            response = await client.send(request, stream=True)
+        except RETRYABLE as exc:
+            pool.release(worker)
+            failures.append(f"{worker}: {exc.__class__.__name__}")
+            logger.warning("worker %s unreachable (%s); trying the next one", worker, exc)
+            continue
+        except httpx.HTTPError as exc:
+            pool.release(worker)
+            raise BadGateway(f"worker {worker} failed: {exc.__class__.__name__}") from None
+        except BaseException:
+            pool.release(worker)
+            raise
+        return Upstream(worker, response, pool, affinity=worker == choice.preferred)
+    raise ServiceUnavailable("no worker is reachable (" + "; ".join(failures) + "); retry "
+                             "shortly")
+
+
+def rewrite_json(payload: Any, public_name: str) -> Any:
+    """Show the client the adapter's name, not the content address the worker saw."""
+    if isinstance(payload, dict) and "model" in payload:
+        payload["model"] = public_name
+    return payload
+
+
+async def relay_sse(upstream: Upstream, public_name: str, strip_usage: bool,
+                    on_usage: Callable[[Any], None]) -> AsyncIterator[bytes]:
+    """Pass the worker's SSE stream through event by event, rewriting ``model``.
+
+    The gateway always asks for ``stream_options.include_usage`` so it can count tokens;
+    when the client did not ask for it, the usage-only final chunk is dropped again.
+    """
+    buffer = b""
+    try:
+        async for chunk in upstream.response.aiter_bytes():
+            buffer += chunk
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                out = _rewrite_event(event, public_name, strip_usage, on_usage)
+                if out is not None:
+                    yield out + b"\n\n"
+        if buffer.strip():
+            yield buffer
+    except httpx.HTTPError as exc:
+        # Headers are already sent: the best we can do is end the stream with an error event.
+        logger.warning("stream from %s broke: %s", upstream.worker, exc)
+        error = {"error": {"code": "bad_gateway", "message": "the worker's stream broke"}}
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+    finally:
+        await upstream.aclose()
+
+
+def _rewrite_event(event: bytes, public_name: str, strip_usage: bool,
+                   on_usage: Callable[[Any], None]) -> bytes | None:
+    if not event.startswith(b"data: ") or event == b"data: [DONE]":
+        return event
+    try:
+        payload = json.loads(event[6:])
+    except json.JSONDecodeError:
+        return event
+    if not isinstance(payload, dict):
+        return event
+    usage = payload.get("usage")
+    if usage:
+        on_usage(usage)
+    if strip_usage:
+        if usage and not payload.get("choices"):
+            return None
+        payload.pop("usage", None)
+    rewrite_json(payload, public_name)
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode()

@@ -1,0 +1,1 @@
+"""One router per file: completions, models, ops (health + metrics)."""

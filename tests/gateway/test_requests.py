@@ -1,0 +1,190 @@
+"""Request handling without a network: a fake registry and MockTransport workers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.common.registry_client import AdapterRef, KeyOwner
+from preft_serve.gateway.app import create_app
+from preft_serve.gateway.settings import GatewaySettings
+
+SHA = "ab" * 32
+KEY = "pft_good"
+
+
+class FakeRegistry:
+    """Tenant 'acme' (key pft_good) has adapter 'bot'; user u1 is bound to it."""
+
+    def __init__(self) -> None:
+        self.ref = AdapterRef("acme", "bot", 1, SHA, "lora", AdapterMode.PREFILL, 8, "m")  # type: ignore[arg-type]
+
+    async def authenticate(self, api_key: str) -> KeyOwner | None:
+        return KeyOwner("acme", "k1") if api_key == KEY else None
+
+    async def resolve_user(self, tenant: str, user: str) -> AdapterRef | None:
+        return self.ref if (tenant, user) == ("acme", "u1") else None
+
+    async def resolve_adapter(self, tenant: str, name: str) -> AdapterRef | None:
+        return self.ref if (tenant, name) == ("acme", "bot") else None
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Workers:
+    """Records what the worker saw; answers like vLLM would."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.seen.append(body)
+        usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+        if body.get("stream"):
+            chunks = [{"model": body["model"], "choices": [{"delta": {"content": c}}]}
+                      for c in ("a", "b")]
+            chunks.append({"model": body["model"], "choices": [], "usage": usage})
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={"model": body["model"], "usage": usage,
+                                         "choices": [{"message": {"content": "hi"}}]})
+
+
+@pytest.fixture
+def workers() -> Workers:
+    return Workers()
+
+
+@pytest.fixture
+def client(workers: Workers) -> Iterator[TestClient]:
+    settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"],
+                               base_model_name="tiny", worker_base_model="/models/tiny",
+                               max_tokens_cap=100, max_body_bytes=4096)
+    app = create_app(settings, transport=httpx.MockTransport(workers),
+                     registry=FakeRegistry())  # type: ignore[arg-type]
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MSGS = [{"role": "user", "content": "hello"}]
+
+
+def chat(client: TestClient, headers: dict[str, str] | None = None, **body: Any) -> Any:
+    return client.post("/v1/chat/completions", json={"messages": MSGS, **body},
+                       headers=AUTH if headers is None else headers)
+
+
+def message(resp: Any) -> str:
+    return str(resp.json()["error"]["message"])
+
+
+def test_missing_and_wrong_keys_are_401(client: TestClient) -> None:
+    missing = chat(client, headers={}, user="u1")
+    wrong = chat(client, headers={"Authorization": "Bearer nope"}, user="u1")
+    assert missing.status_code == wrong.status_code == 401
+    assert "Authorization: Bearer" in message(missing)
+    assert "invalid API key" in message(wrong)
+
+
+def test_user_binding_rewrites_model_both_ways(client: TestClient, workers: Workers) -> None:
+    resp = chat(client, user="u1", max_tokens=10)
+    assert resp.status_code == 200, resp.text
+    assert workers.seen[-1]["model"] == f"sha256:{SHA}"
+    assert resp.json()["model"] == "bot"
+    header = chat(client, headers={**AUTH, "X-User-Id": "u1"})
+    assert header.status_code == 200 and workers.seen[-1]["model"] == f"sha256:{SHA}"
+
+
+def test_model_selection_rules(client: TestClient, workers: Workers) -> None:
+    assert chat(client, model="bot").json()["model"] == "bot"
+    base = chat(client, model="tiny", user="stranger")
+    assert base.status_code == 200 and workers.seen[-1]["model"] == "/models/tiny"
+    assert base.json()["model"] == "tiny"
+    assert chat(client, model="tiny", user="u1").json()["model"] == "bot"
+    unknown = chat(client, user="u2")
+    assert unknown.status_code == 404
+    assert message(unknown) == "user u2 has no adapter binding; bind one with PUT /v1/users/u2"
+    other = chat(client, model="someone-elses")
+    assert other.status_code == 404 and "does not exist" in message(other)
+    neither = chat(client)
+    assert neither.status_code == 400 and "X-User-Id" in message(neither)
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"max_tokens": 101}, "cap of 100"),
+    ({"max_completion_tokens": 1000}, "cap of 100"),
+    ({"max_tokens": 0}, "positive integer"),
+    ({"max_tokens": "5"}, "positive integer"),
+    ({"messages": []}, "'messages'"),
+    ({"user": 5}, "'user' must be a string"),
+    ({"stream": "yes"}, "'stream'"),
+])
+def test_invalid_bodies_are_400(client: TestClient, workers: Workers, body: dict[str, Any],
+                                needle: str) -> None:
+    resp = chat(client, **{"user": "u1", **body})
+    assert resp.status_code == 400, resp.text
+    assert needle in message(resp)
+    assert workers.seen == []
+
+
+def test_not_json_and_completions_prompt(client: TestClient) -> None:
+    raw = client.post("/v1/chat/completions", content=b"{nope", headers=AUTH)
+    assert raw.status_code == 400 and "not valid JSON" in message(raw)
+    no_prompt = client.post("/v1/completions", json={"model": "bot"}, headers=AUTH)
+    assert no_prompt.status_code == 400 and "'prompt'" in message(no_prompt)
+    ok = client.post("/v1/completions", json={"model": "bot", "prompt": "x"}, headers=AUTH)
+    assert ok.status_code == 200
+
+
+def test_body_over_limit_is_413(client: TestClient) -> None:
+    resp = chat(client, user="u1", padding="x" * 5000)
+    assert resp.status_code == 413
+    assert "4096-byte limit" in message(resp)
+
+
+def test_stream_rewrites_model_and_hides_usage_unless_asked(client: TestClient,
+                                                            workers: Workers) -> None:
+    resp = chat(client, user="u1", stream=True)
+    assert resp.status_code == 200
+    assert workers.seen[-1]["stream_options"] == {"include_usage": True}
+    events = [e for e in resp.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    payloads = [json.loads(e[6:]) for e in events[:-1]]
+    assert [p["model"] for p in payloads] == ["bot", "bot"]
+    assert all("usage" not in p for p in payloads)
+    asked = chat(client, user="u1", stream=True, stream_options={"include_usage": True})
+    last = json.loads([e for e in asked.text.split("\n\n") if e][-2][6:])
+    assert last["usage"]["completion_tokens"] == 3
+
+
+def test_metrics_count_requests_tokens_routing(client: TestClient) -> None:
+    chat(client, user="u1")
+    chat(client, user="u1", stream=True)
+    chat(client, user="u2")
+    text = client.get("/metrics").text
+    assert 'preft_gateway_requests_total{adapter="bot",status="200"} 2.0' in text
+    assert 'preft_gateway_requests_total{adapter="none",status="404"} 1.0' in text
+    assert 'preft_gateway_generation_tokens_total{adapter="bot"} 6.0' in text
+    assert 'preft_gateway_prompt_tokens_total{adapter="bot"} 10.0' in text
+    assert 'preft_gateway_routing_total{result="affinity"} 2.0' in text
+    assert 'preft_gateway_errors_total{cause="not_found"} 1.0' in text
+    assert "preft_gateway_request_seconds_count 2.0" in text
+
+
+def test_adapter_label_budget() -> None:
+    from preft_serve.gateway.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics(max_adapters=2)
+    assert [metrics.adapter_label(n) for n in ("a", "b", "c", "a")] == ["a", "b", "other", "a"]
+
+
+def test_healthz(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
