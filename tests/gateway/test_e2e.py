@@ -1,0 +1,183 @@
+"""End to end: real Redis, the registry app, a real vLLM worker process, the gateway.
+
+The official ``openai`` client talks to the gateway with a tenant key and ``user="u1"``
+(bound to a LoRA in the registry); the answer must be exactly what the worker gives for
+``model="sha256:<that adapter's sha>"`` directly, which proves the gateway picked, rewrote
+and proxied the right adapter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.gateway.app import create_app as create_gateway
+from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.registry.app import create_app as create_registry
+from preft_serve.registry.settings import RegistrySettings
+from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
+
+from tests.conftest import free_port
+
+ADMIN = "e2e-admin-0123456789abcdef"
+PROMPT = [{"role": "user", "content": "The quick brown fox"}]
+
+
+@dataclass
+class Stack:
+    gateway: str
+    worker: str
+    api_key: str
+    sha: str
+
+
+def _start_worker(model: Path, objects: Path, root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    log_path = root / "worker.log"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
+             "--port", str(port), "--object-store", str(objects),
+             "--adapter-cache-dir", str(root / "cache"), "--adapter-cache-gib", "0.01",
+             "--kv-cache-gib", "0.0625", "--max-model-len", "256"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("worker did not start:\n" + log_path.read_text()[-4000:])
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+
+
+def _serve_in_thread(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,  # type: ignore[arg-type]
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("gateway did not start")
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("gateway-e2e")
+    model = make_model("tiny-llama", root / "model")
+    adapter = make_lora_adapter(model, root / "lora", seed=1,
+                                spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
+    objects = root / "objects"
+    namespace = f"g{uuid.uuid4().hex[:10]}"
+    registry_settings = RegistrySettings(
+        admin_token=ADMIN, redis_url=redis_server, namespace=namespace, base_model=model,
+        object_store=ObjectStoreSettings(url=str(objects)), staging_dir=root,
+    )
+    with TestClient(create_registry(registry_settings)) as registry:
+        tenant = registry.post("/v1/tenants", json={"name": "acme"},
+                               headers={"Authorization": f"Bearer {ADMIN}"})
+        assert tenant.status_code == 201, tenant.text
+        auth = {"Authorization": f"Bearer {tenant.json()['api_key']}"}
+        files = [("files", (p.name, p.read_bytes(), "application/octet-stream"))
+                 for p in sorted(adapter.iterdir()) if p.is_file()]
+        up = registry.post("/v1/adapters", data={"name": "bot", "mode": "prefill"},
+                           files=files, headers=auth)
+        assert up.status_code == 201, up.text
+        bind = registry.put("/v1/users/u1", json={"adapter": "bot"}, headers=auth)
+        assert bind.status_code == 200, bind.text
+        api_key, sha = tenant.json()["api_key"], up.json()["sha256"]
+
+    proc, worker_url = _start_worker(model, objects, root)
+    try:
+        settings = GatewaySettings(redis_url=redis_server, namespace=namespace,
+                                   worker_urls=[worker_url], base_model_name="tiny-llama",
+                                   worker_base_model=str(model))
+        server, thread, gateway_url = _serve_in_thread(create_gateway(settings))
+        try:
+            yield Stack(gateway_url, worker_url, api_key, sha)
+        finally:
+            server.should_exit = True
+            thread.join(10)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _generated_tokens(gateway: str) -> float:
+    text = httpx.get(f"{gateway}/metrics", timeout=10).text
+    match = re.search(r'^preft_gateway_generation_tokens_total\{adapter="bot"\} (\S+)$', text,
+                      re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_openai_client_through_gateway_matches_worker(stack: Stack) -> None:
+    direct = httpx.post(f"{stack.worker}/v1/chat/completions", timeout=60, json={
+        "model": f"sha256:{stack.sha}", "messages": PROMPT, "max_tokens": 8,
+        "temperature": 0})
+    assert direct.status_code == 200, direct.text
+    expected = direct.json()["choices"][0]["message"]["content"]
+
+    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key=stack.api_key,
+                           max_retries=0, timeout=60)
+    assert httpx.get(f"{stack.gateway}/readyz", timeout=10).status_code == 200
+    before = _generated_tokens(stack.gateway)
+    reply = client.chat.completions.create(model="tiny-llama", messages=PROMPT, user="u1",
+                                           max_tokens=8, temperature=0)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == expected
+    assert reply.model == "bot"
+    assert reply.usage is not None
+    assert _generated_tokens(stack.gateway) - before == reply.usage.completion_tokens > 0
+
+    stream = client.chat.completions.create(model="tiny-llama", messages=PROMPT, user="u1",
+                                            max_tokens=8, temperature=0, stream=True)  # type: ignore[arg-type]
+    pieces = []
+    for chunk in stream:
+        assert chunk.model == "bot"
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    assert "".join(pieces) == expected
+    assert _generated_tokens(stack.gateway) - before == 2 * reply.usage.completion_tokens
+
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["bot", "tiny-llama"]
+
+
+def test_wrong_key_and_unknown_user(stack: Stack) -> None:
+    bad = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="pft_wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="tiny-llama", messages=PROMPT, user="u1")  # type: ignore[arg-type]
+    good = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key=stack.api_key, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as info:
+        good.chat.completions.create(messages=PROMPT, user="nobody",  # type: ignore[call-overload]
+                                     model=openai.NOT_GIVEN)
+    assert "user nobody has no adapter binding; bind one with PUT /v1/users/nobody" in str(
+        info.value)
