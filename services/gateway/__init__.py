@@ -3,5 +3,7 @@
 It authenticates a tenant API key, picks the adapter a request should run (the ``model``
 field or the user's binding, read through the registry client), rewrites ``model`` to the
 content address ``sha256:<hex>`` that workers load by, and proxies to a worker chosen by
-rendezvous hashing with a bounded-load cap. See docs/gateway notes in ``app.py``.
+rendezvous hashing with a bounded-load cap. The selection rules are in ``selection.py``,
+routing in ``routing.py``, metrics (and their label budget) in ``metrics.py`` and
+docs/metrics.md.
 """

@@ -1,6 +1,6 @@
 """Which adapter a request runs, from its ``model`` field and its user.
 
-Rules (documented in docs/gateway.md-to-be and the app description):
+Rules (also in the app's OpenAPI description, /docs):
 
 * ``model`` names one of the tenant's adapters -> that adapter (the user is ignored).
 * ``model`` equals the base model's public name -> the user's binding if the user has one,

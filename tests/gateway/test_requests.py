@@ -188,3 +188,40 @@ def test_adapter_label_budget() -> None:
 
 def test_healthz(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
+
+
+class _Redis:
+    def __init__(self, up: bool) -> None:
+        self.up = up
+
+    async def ping(self) -> bool:
+        if not self.up:
+            import redis
+
+            raise redis.ConnectionError("refused")
+        return True
+
+
+@pytest.mark.parametrize(("redis_up", "healthy", "status", "needle"), [
+    (True, {"w1"}, 200, None),
+    (True, set(), 503, "no worker is healthy"),
+    (False, {"w1"}, 503, "Redis is not reachable"),
+])
+def test_readyz(redis_up: bool, healthy: set[str], status: int, needle: str | None) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host not in healthy:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200)
+
+    registry = FakeRegistry()
+    registry.redis = _Redis(redis_up)  # type: ignore[attr-defined]
+    settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"])
+    app = create_app(settings, transport=httpx.MockTransport(handler),
+                     registry=registry)  # type: ignore[arg-type]
+    with TestClient(app, raise_server_exceptions=False) as c:
+        resp = c.get("/readyz")
+    assert resp.status_code == status, resp.text
+    if needle:
+        assert needle in message(resp)
+    else:
+        assert resp.json() == {"status": "ready", "healthy_workers": 1, "workers": 2}
