@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-import uvicorn
-from preft_serve.common.logging import setup_logging
+from preft_serve.common.service_main import load_settings, serve
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,23 +34,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="log one JSON object per line (PREFT_GATEWAY_LOG_JSON)")
     parser.add_argument("--log-level", help="PREFT_GATEWAY_LOG_LEVEL (default INFO)")
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in {
+    overrides = {
         "host": args.host, "port": args.port, "redis_url": args.redis_url,
         "namespace": args.namespace, "worker_urls": args.workers,
         "base_model_name": args.base_model_name, "worker_base_model": args.worker_base_model,
         "max_body_bytes": args.max_body_bytes, "max_tokens_cap": args.max_tokens_cap,
         "log_json": args.log_json, "log_level": args.log_level,
-    }.items() if v is not None}
-    try:
-        settings = GatewaySettings(**overrides)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors()
-        )
-        parser.error(f"invalid configuration (PREFT_GATEWAY_<NAME> or flags): {problems}")
-    setup_logging(settings.log_level, json_output=settings.log_json)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
-    return 0
+    }
+    settings = load_settings(parser, GatewaySettings, overrides, "PREFT_GATEWAY_")
+    return serve(settings, create_app)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-import uvicorn
-from preft_serve.common.logging import setup_logging
+from preft_serve.common.service_main import load_settings, serve
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
-from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,22 +27,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="log one JSON object per line (PREFT_REGISTRY_LOG_JSON)")
     parser.add_argument("--log-level", help="PREFT_REGISTRY_LOG_LEVEL (default INFO)")
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in {
+    overrides = {
         "host": args.host, "port": args.port, "base_model": args.base_model,
         "redis_url": args.redis_url, "log_json": args.log_json, "log_level": args.log_level,
-    }.items() if v is not None}
+    }
     if args.object_store:
         overrides["object_store"] = {"url": args.object_store}
-    try:
-        settings = RegistrySettings(**overrides)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors()
-        )
-        parser.error(f"invalid configuration (PREFT_REGISTRY_<NAME> or flags): {problems}")
-    setup_logging(settings.log_level, json_output=settings.log_json)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
-    return 0
+    settings = load_settings(parser, RegistrySettings, overrides, "PREFT_REGISTRY_")
+    return serve(settings, create_app)
 
 
 if __name__ == "__main__":
