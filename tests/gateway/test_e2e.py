@@ -8,16 +8,12 @@ and proxied the right adapter.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
@@ -33,6 +29,7 @@ from preft_serve.registry.settings import RegistrySettings
 from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
 
 from tests.conftest import free_port
+from tests.support.worker_process import running_worker
 
 ADMIN = "e2e-admin-0123456789abcdef"
 PROMPT = [{"role": "user", "content": "The quick brown fox"}]
@@ -44,32 +41,6 @@ class Stack:
     worker: str
     api_key: str
     sha: str
-
-
-def _start_worker(model: Path, objects: Path, root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    log_path = root / "worker.log"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
-             "--port", str(port), "--object-store", str(objects),
-             "--adapter-cache-dir", str(root / "cache"), "--adapter-cache-gib", "0.01",
-             "--kv-cache-gib", "0.0625", "--max-model-len", "256"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("worker did not start:\n" + log_path.read_text()[-4000:])
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
 
 
 def _serve_in_thread(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
@@ -112,8 +83,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
         assert bind.status_code == 200, bind.text
         api_key, sha = tenant.json()["api_key"], up.json()["sha256"]
 
-    proc, worker_url = _start_worker(model, objects, root)
-    try:
+    worker_args = ["--object-store", str(objects), "--adapter-cache-dir", str(root / "cache"),
+                   "--adapter-cache-gib", "0.01"]
+    with running_worker(model, root, worker_args) as worker_url:
         settings = GatewaySettings(redis_url=redis_server, namespace=namespace,
                                    worker_urls=[worker_url], base_model_name="tiny-llama",
                                    worker_base_model=str(model))
@@ -123,13 +95,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
         finally:
             server.should_exit = True
             thread.join(10)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _generated_tokens(gateway: str) -> float:

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from vllm.lora.resolver import LoRAResolverRegistry
 
-from tests.conftest import free_port
+from tests.support.worker_process import running_worker
 
 CREDS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -182,38 +178,11 @@ def worker(tmp_path_factory: pytest.TempPathFactory, s3_server: str) -> Iterator
     sha, corrupt_sha = upload(store, adapter), upload(store, other)
     store.put_bytes(adapter_key(corrupt_sha, WEIGHTS_FILE), b"\0" * 64)
 
-    port = free_port()
-    env = {**os.environ, **AWS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    log_path = root / "worker.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
-             "--port", str(port), "--adapter-dir", str(root / "adapters"),
-             "--object-store", f"s3://{bucket}/blobs", "--s3-endpoint-url", s3_server,
-             "--adapter-cache-dir", str(root / "cache"), "--adapter-cache-gib", "0.01",
-             "--kv-cache-gib", "0.0625", "--max-model-len", "256"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("worker did not start:\n" + log_path.read_text()[-4000:])
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    args = ["--adapter-dir", str(root / "adapters"), "--object-store", f"s3://{bucket}/blobs",
+            "--s3-endpoint-url", s3_server, "--adapter-cache-dir", str(root / "cache"),
+            "--adapter-cache-gib", "0.01"]
+    with running_worker(model, root, args, env=AWS_ENV) as url:
         yield Worker(url, str(model), sha, corrupt_sha)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_server_loads_adapter_by_hash_from_s3(worker: Worker) -> None:
