@@ -12,11 +12,12 @@ import threading
 from pathlib import Path
 
 from preft_serve.common.adapter_format import (
+    WEIGHTS_FILE,
     AdapterMode,
     AdapterType,
+    adapter_digest,
     adapter_mode,
     adapter_type,
-    directory_digest,
     read_config,
 )
 
@@ -44,30 +45,27 @@ class AdapterInfo:
 class AdapterInfoCache:
     """Memoises :class:`AdapterInfo` per ``(adapter int id, path)``.
 
-    vLLM gives a re-registered adapter a new int id, so the key never goes stale; requests
-    marked ``load_inplace`` (weights replaced under the same id) are re-read.
+    vLLM gives a re-registered adapter a new int id, so the key never goes stale. vLLM's
+    ``load_inplace`` (new weights under the same id) is not tracked: content-addressed
+    adapter directories never change in place.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._infos: dict[tuple[int, str], AdapterInfo] = {}
 
-    def get(self, adapter_id: int, path: str, reload: bool = False) -> AdapterInfo:
+    def get(self, adapter_id: int, path: str) -> AdapterInfo:
         key = (adapter_id, path)
-        info = None if reload else self._infos.get(key)
+        info = self._infos.get(key)
         if info is None:
             config = read_config(Path(path))
             kind = adapter_type(config)
-            positions = str(config.get("positions", "prefill")) if kind is not AdapterType.LORA else None
-            info = AdapterInfo(adapter_mode(config), kind, directory_digest(path), positions)
+            positions = None if kind is AdapterType.LORA else str(config.get("positions", "prefill"))
+            digest = adapter_digest(config, (Path(path) / WEIGHTS_FILE).read_bytes())
+            info = AdapterInfo(adapter_mode(config), kind, digest, positions)
             with self._lock:
                 self._infos[key] = info
         return info
-
-    def forget(self, adapter_id: int) -> None:
-        with self._lock:
-            for key in [k for k in self._infos if k[0] == adapter_id]:
-                del self._infos[key]
 
 
 ADAPTER_INFO = AdapterInfoCache()
