@@ -13,7 +13,7 @@ from preft_serve.common.errors import ServiceError
 from preft_serve.gateway.proxy import BadGateway, Upstream, open_upstream, relay_sse, rewrite_json
 from preft_serve.gateway.selection import select_target
 from preft_serve.gateway.state import GatewayState
-from preft_serve.gateway.validation import parse_body, validate_body
+from preft_serve.gateway.validation import parse_body, request_user, validate_body
 from starlette.background import BackgroundTask
 
 NO_ADAPTER = "none"
@@ -28,7 +28,8 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     try:
         body = parse_body(await request.body())
         validate_body(body, chat=chat, max_tokens_cap=settings.max_tokens_cap)
-        user = body.get("user") or request.headers.get("x-user-id")
+        user = request_user(body, request.headers.get("x-user-id"))
+        await state.limiter.check(tenant, user)
         target = await select_target(
             state.registry, tenant, body.get("model"), user,
             base_name=settings.base_model_name, worker_base_model=settings.worker_model)
@@ -47,22 +48,23 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         metrics.requests.labels(label, str(exc.status_code)).inc()
         metrics.errors.labels(exc.code).inc()
         raise
-    metrics.routing.labels("affinity" if upstream.affinity else "spill").inc()
+    metrics.routing.labels(upstream.result.value).inc()
     status = upstream.response.status_code
     metrics.requests.labels(label, str(status)).inc()
     if status >= 400:
         metrics.errors.labels(f"worker_{status // 100}xx").inc()
     if stream and status == 200:
-        def finish() -> None:
-            metrics.latency.observe(time.perf_counter() - start)
+        def first_token() -> None:
+            metrics.ttft.labels(label).observe(time.perf_counter() - start)
 
         async def body_iter() -> Any:
             try:
                 async for piece in relay_sse(upstream, target.public_name, strip_usage,
-                                             lambda usage: metrics.record_usage(label, usage)):
+                                             lambda usage: metrics.record_usage(label, usage),
+                                             first_token):
                     yield piece
             finally:
-                finish()
+                metrics.latency.labels(label).observe(time.perf_counter() - start)
 
         return StreamingResponse(body_iter(), status_code=status,
                                  media_type="text/event-stream",
@@ -84,7 +86,7 @@ async def _buffered(upstream: Upstream, state: GatewayState, label: str, public_
                          f"{exc.__class__.__name__}") from None
     finally:
         await upstream.aclose()
-    state.metrics.latency.observe(time.perf_counter() - start)
+    state.metrics.latency.labels(label).observe(time.perf_counter() - start)
     status = upstream.response.status_code
     media_type = upstream.response.headers.get("content-type", "application/json")
     try:

@@ -8,9 +8,11 @@ counters non-monotonic per label.) The base model is labelled with its public na
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 OTHER = "other"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class GatewayMetrics:
@@ -28,9 +30,19 @@ class GatewayMetrics:
             "preft_gateway_generation_tokens_total", "Generated tokens reported by workers",
             ["adapter"], registry=self.registry)
         self.latency = Histogram(
-            "preft_gateway_request_seconds", "Completion request latency (to the last byte)",
-            registry=self.registry,
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+            "preft_gateway_request_seconds", "Completion request latency (to the last byte) "
+            "of requests a worker answered", ["adapter"], registry=self.registry,
+            buckets=LATENCY_BUCKETS)
+        self.ttft = Histogram(
+            "preft_gateway_ttft_seconds", "Time to first token of streamed completions: from "
+            "the request's arrival to the first generated text sent to the client",
+            ["adapter"], registry=self.registry, buckets=TTFT_BUCKETS)
+        self.rate_limited = Counter(
+            "preft_gateway_rate_limited_total", "Requests refused with 429 by a rate limit",
+            ["scope"], registry=self.registry)
+        self.workers = Gauge(
+            "preft_gateway_workers", "Workers known to this gateway by health state",
+            ["state"], registry=self.registry)
         self.routing = Counter(
             "preft_gateway_routing_total", "Routing decisions: the adapter's own worker "
             "(affinity) or the next one because of the load cap (spill)",

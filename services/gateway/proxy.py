@@ -2,7 +2,9 @@
 
 A request is retried on the next worker in its rendezvous order only when the connection
 failed before any byte was sent (connect error / connect timeout): then the worker cannot
-have started generating, so a retry cannot duplicate work. Any later failure is a 502.
+have started generating, so a retry cannot duplicate work. Any later failure is a 502. A
+connection failure also counts against the worker's health, so a dead worker stops getting
+traffic without waiting for the next health check.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import httpx
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
-from preft_serve.gateway.routing import WorkerPool
+from preft_serve.gateway.routing import RouteResult, WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class Upstream:
     worker: str
     response: httpx.Response
     pool: WorkerPool
-    affinity: bool
+    result: RouteResult
     _closed: bool = False
 
     async def aclose(self) -> None:
@@ -58,6 +60,7 @@ async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, p
             response = await client.send(request, stream=True)
         except RETRYABLE as exc:
             pool.release(worker)
+            pool.mark_failed(worker)
             failures.append(f"{worker}: {exc.__class__.__name__}")
             logger.warning("worker %s unreachable (%s); trying the next one", worker, exc)
             continue
@@ -67,7 +70,9 @@ async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, p
         except BaseException:
             pool.release(worker)
             raise
-        return Upstream(worker, response, pool, affinity=worker == choice.preferred)
+        pool.mark_ok(worker)
+        result = choice.result if worker == choice.order[0] else RouteResult.SPILL
+        return Upstream(worker, response, pool, result)
     raise ServiceUnavailable("no worker is reachable (" + "; ".join(failures) + "); retry "
                              "shortly")
 
@@ -80,19 +85,26 @@ def rewrite_json(payload: Any, public_name: str) -> Any:
 
 
 async def relay_sse(upstream: Upstream, public_name: str, strip_usage: bool,
-                    on_usage: Callable[[Any], None]) -> AsyncIterator[bytes]:
+                    on_usage: Callable[[Any], None],
+                    on_first_token: Callable[[], None]) -> AsyncIterator[bytes]:
     """Pass the worker's SSE stream through event by event, rewriting ``model``.
 
     The gateway always asks for ``stream_options.include_usage`` so it can count tokens;
     when the client did not ask for it, the usage-only final chunk is dropped again.
+    ``on_first_token`` runs once, just before the first event carrying generated text is
+    handed on.
     """
     buffer = b""
+    first = True
     try:
         async for chunk in upstream.response.aiter_bytes():
             buffer += chunk
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
-                out = _rewrite_event(event, public_name, strip_usage, on_usage)
+                out, has_text = _rewrite_event(event, public_name, strip_usage, on_usage)
+                if first and has_text:
+                    first = False
+                    on_first_token()
                 if out is not None:
                     yield out + b"\n\n"
         if buffer.strip():
@@ -106,22 +118,32 @@ async def relay_sse(upstream: Upstream, public_name: str, strip_usage: bool,
         await upstream.aclose()
 
 
+def _has_text(payload: dict[str, Any]) -> bool:
+    """Whether a chat (``delta.content``) or text (``text``) chunk carries generated text."""
+    for choice in payload.get("choices") or []:
+        if isinstance(choice, dict) and (
+                choice.get("text") or (choice.get("delta") or {}).get("content")):
+            return True
+    return False
+
+
 def _rewrite_event(event: bytes, public_name: str, strip_usage: bool,
-                   on_usage: Callable[[Any], None]) -> bytes | None:
+                   on_usage: Callable[[Any], None]) -> tuple[bytes | None, bool]:
+    """The event to send on (None: drop it) and whether it carries generated text."""
     if not event.startswith(b"data: ") or event == b"data: [DONE]":
-        return event
+        return event, False
     try:
         payload = json.loads(event[6:])
     except json.JSONDecodeError:
-        return event
+        return event, False
     if not isinstance(payload, dict):
-        return event
+        return event, False
     usage = payload.get("usage")
     if usage:
         on_usage(usage)
     if strip_usage:
         if usage and not payload.get("choices"):
-            return None
+            return None, False
         payload.pop("usage", None)
     rewrite_json(payload, public_name)
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode()
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode(), _has_text(payload)

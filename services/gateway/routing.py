@@ -6,16 +6,22 @@ has it loaded (affinity), and adding or removing a worker only moves the adapter
 choice changed. A hot adapter must not melt its favourite worker, so the gateway counts its
 own in-flight requests per worker and skips a worker whose count is at the cap
 ``ceil(avg * load_factor) + 1`` (avg = in-flight per worker, this request included); taking
-the next worker in the adapter's order is a "spill".
+the next worker in the adapter's order is a "spill". Workers report which adapters they
+have loaded (``/v1/models``, polled by ``gateway.health``); among the workers under the cap
+one that already has the adapter wins, so a spilled or re-homed adapter is not loaded twice.
+Workers failing health checks get no new requests until they pass again.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from preft_serve.common.errors import ServiceUnavailable
 
 
 def rendezvous_order(key: str, workers: Sequence[str]) -> list[str]:
@@ -27,47 +33,118 @@ def rendezvous_order(key: str, workers: Sequence[str]) -> list[str]:
     return sorted(workers, key=weight, reverse=True)
 
 
+class RouteResult(str, enum.Enum):
+    """Why a request went where it went (the ``result`` label of the routing metric)."""
+
+    RESIDENT = "resident"  # the worker reported the adapter loaded: an affinity hit
+    PREFERRED = "preferred"  # the adapter's rendezvous favourite, not (yet) reported loaded
+    SPILL = "spill"  # neither: the load cap or health sent it elsewhere (likely a cold load)
+
+
 @dataclass(frozen=True)
 class Choice:
-    """The order to try workers in, and whether the first is the key's own top choice."""
+    """The order to try workers in, and why the first one was picked."""
 
     order: list[str]
-    preferred: str  # the key's rendezvous top choice
+    preferred: str  # the key's rendezvous top choice among healthy workers
+    result: RouteResult
 
     @property
     def spilled(self) -> bool:
-        return self.order[0] != self.preferred
+        return self.result is RouteResult.SPILL
+
+
+@dataclass
+class WorkerStatus:
+    """What the gateway knows about one worker."""
+
+    inflight: int = 0
+    failures: int = 0  # consecutive failed health checks / connection attempts
+    resident: frozenset[str] = frozenset()  # adapter shas the worker reported loaded
 
 
 class WorkerPool:
-    """A static worker list plus the gateway's in-flight count per worker (one event loop)."""
+    """The current workers with in-flight counts, health and residency (one event loop).
 
-    def __init__(self, workers: Sequence[str], load_factor: float = 1.25) -> None:
-        if not workers:
-            raise ValueError("at least one worker is needed")
-        self.workers = list(dict.fromkeys(workers))
+    Membership changes come from discovery (``set_workers``); a worker removed while
+    requests are in flight is forgotten, and releasing those requests is a no-op.
+    """
+
+    def __init__(self, workers: Sequence[str] = (), load_factor: float = 1.25,
+                 unhealthy_after: int = 2) -> None:
         self.load_factor = load_factor
-        self.inflight: dict[str, int] = dict.fromkeys(self.workers, 0)
+        self.unhealthy_after = unhealthy_after
+        self.status: dict[str, WorkerStatus] = {}
+        self.set_workers(workers)
 
-    def cap(self) -> int:
+    @property
+    def workers(self) -> list[str]:
+        return list(self.status)
+
+    @property
+    def inflight(self) -> dict[str, int]:
+        return {url: s.inflight for url, s in self.status.items()}
+
+    def set_workers(self, workers: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Replace the membership; returns (added, removed). Known workers keep their state."""
+        wanted = list(dict.fromkeys(workers))
+        added = [w for w in wanted if w not in self.status]
+        removed = [w for w in self.status if w not in wanted]
+        self.status = {w: self.status.get(w) or WorkerStatus() for w in wanted}
+        return added, removed
+
+    def is_healthy(self, worker: str) -> bool:
+        status = self.status.get(worker)
+        return status is not None and status.failures < self.unhealthy_after
+
+    def healthy(self) -> list[str]:
+        """Workers in service; when every worker looks down, all of them (trying beats 503)."""
+        return [w for w in self.status if self.is_healthy(w)] or self.workers
+
+    def cap(self, candidates: Sequence[str] | None = None) -> int:
         """Most in-flight requests one worker may hold before new ones spill."""
-        avg = (sum(self.inflight.values()) + 1) / len(self.workers)
-        return math.ceil(avg * self.load_factor) + 1
+        candidates = self.healthy() if candidates is None else candidates
+        total = sum(self.status[w].inflight for w in candidates)
+        return math.ceil((total + 1) / len(candidates) * self.load_factor) + 1
 
     def choose(self, key: str) -> Choice:
-        """Rendezvous order, with the first worker under the cap moved to the front."""
-        order = rendezvous_order(key, self.workers)
-        cap = self.cap()
-        for index, worker in enumerate(order):
-            if self.inflight[worker] < cap:
-                return Choice([worker, *order[:index], *order[index + 1:]], order[0])
-        return Choice(order, order[0])  # unreachable: someone is always under the cap
+        """The first healthy worker under the cap, preferring ones that have ``key``
+        resident, in the key's rendezvous order; then the rest as retry fallbacks."""
+        if not self.status:
+            raise ServiceUnavailable("no worker is registered yet (discovery found none); "
+                                     "retry shortly")
+        healthy = self.healthy()
+        order = rendezvous_order(key, healthy)
+        cap = self.cap(healthy)
+        under = [w for w in order if self.status[w].inflight < cap] or order
+        warm = [w for w in under if key in self.status[w].resident]
+        first = warm[0] if warm else under[0]
+        if warm:
+            result = RouteResult.RESIDENT
+        else:
+            result = RouteResult.PREFERRED if first == order[0] else RouteResult.SPILL
+        down = [w for w in rendezvous_order(key, self.workers) if w not in healthy]
+        return Choice([first, *(w for w in order if w != first), *down], order[0], result)
 
     def acquire(self, worker: str) -> None:
-        self.inflight[worker] += 1
+        if worker in self.status:
+            self.status[worker].inflight += 1
 
     def release(self, worker: str) -> None:
-        self.inflight[worker] -= 1
+        if worker in self.status:
+            self.status[worker].inflight -= 1
+
+    def mark_ok(self, worker: str) -> None:
+        if worker in self.status:
+            self.status[worker].failures = 0
+
+    def mark_failed(self, worker: str) -> None:
+        if worker in self.status:
+            self.status[worker].failures += 1
+
+    def set_resident(self, worker: str, keys: frozenset[str]) -> None:
+        if worker in self.status:
+            self.status[worker].resident = keys
 
     @contextmanager
     def track(self, worker: str) -> Iterator[None]:

@@ -6,7 +6,9 @@ Every field can be set from the environment with the ``PREFT_GATEWAY_`` prefix
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Literal, Self
+
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,7 +20,30 @@ class GatewaySettings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     namespace: str = Field("preft", pattern=r"^[A-Za-z0-9_.-]{1,32}$",
                            description="The registry's Redis namespace")
-    worker_urls: list[str] = Field(min_length=1, description="Static list of worker base URLs")
+    discovery: Literal["static", "dns", "kubernetes"] = Field(
+        "static", description="How workers are found: a static URL list, the A records of a "
+        "headless Service, or the Service's EndpointSlices through the Kubernetes API")
+    worker_urls: list[str] = Field([], description="Static list of worker base URLs")
+    worker_dns_name: str | None = Field(None, description="dns: the workers' headless "
+                                        "Service name, e.g. preft-worker.ns.svc.cluster.local")
+    worker_service: str | None = Field(None, description="kubernetes: the workers' Service")
+    worker_k8s_namespace: str | None = Field(
+        None, description="kubernetes: the Service's namespace (default: this pod's own)")
+    worker_port: int = Field(8000, ge=1, le=65535, description="dns/kubernetes: worker port "
+                             "(kubernetes uses the EndpointSlice port named 'http' if any)")
+    worker_scheme: Literal["http", "https"] = "http"
+    discovery_interval_s: float = Field(5.0, gt=0, description="dns/kubernetes refresh period")
+    health_interval_s: float = Field(2.0, gt=0, description="Worker /health and residency "
+                                     "poll period")
+    unhealthy_after: int = Field(2, ge=1, description="Consecutive failed health checks (or "
+                                 "connection failures) before a worker gets no traffic")
+
+    tenant_rps: float = Field(0.0, ge=0, description="Requests per second per tenant "
+                              "(token bucket refill rate); 0 = unlimited")
+    tenant_burst: int = Field(0, ge=0, description="Tenant bucket size; 0 = 2 x tenant_rps")
+    user_rps: float = Field(0.0, ge=0, description="Requests per second per (tenant, user); "
+                            "0 = unlimited")
+    user_burst: int = Field(0, ge=0, description="User bucket size; 0 = 2 x user_rps")
     base_model_name: str = Field("base", description="What clients call the base model")
     worker_base_model: str | None = Field(
         None, description="The name workers serve the base model under (vLLM's "
@@ -52,6 +77,16 @@ class GatewaySettings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"worker URL {url!r} must start with http:// or https://")
         return [u.rstrip("/") for u in value]
+
+    @model_validator(mode="after")
+    def _discovery_source(self) -> Self:
+        required = {"static": ("worker_urls", "PREFT_GATEWAY_WORKER_URLS (or --workers)"),
+                    "dns": ("worker_dns_name", "PREFT_GATEWAY_WORKER_DNS_NAME"),
+                    "kubernetes": ("worker_service", "PREFT_GATEWAY_WORKER_SERVICE")}
+        field, name = required[self.discovery]
+        if not getattr(self, field):
+            raise ValueError(f"{name} is required when discovery is '{self.discovery}'")
+        return self
 
     @property
     def worker_model(self) -> str:

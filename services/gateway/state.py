@@ -1,4 +1,4 @@
-"""The gateway's shared clients, created once in the app's lifespan."""
+"""The gateway's shared clients and background loops, created once in the app's lifespan."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 import httpx
 from preft_serve.common.registry_client import AsyncRegistryClient, RegistryKeys
+from preft_serve.gateway.discovery import WorkerSource, create_source
+from preft_serve.gateway.health import WorkerMonitor
 from preft_serve.gateway.metrics import GatewayMetrics
+from preft_serve.gateway.ratelimit import Limit, RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -17,6 +20,8 @@ class GatewayState:
     registry: AsyncRegistryClient
     http: httpx.AsyncClient
     pool: WorkerPool
+    monitor: WorkerMonitor
+    limiter: RateLimiter
     metrics: GatewayMetrics
 
     @property
@@ -26,8 +31,10 @@ class GatewayState:
     @classmethod
     async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,
                     transport: httpx.AsyncBaseTransport | None = None,
-                    registry: AsyncRegistryClient | None = None) -> GatewayState:
-        """Start the registry client (waits for its event listener) and the worker pool."""
+                    registry: AsyncRegistryClient | None = None,
+                    source: WorkerSource | None = None) -> GatewayState:
+        """Start the registry client (waits for its event listener), find the workers and
+        check them once, then keep doing so in the background."""
         if registry is None:
             registry = AsyncRegistryClient(settings.redis_url, namespace=settings.namespace)
             await registry.start()
@@ -35,9 +42,18 @@ class GatewayState:
         http = httpx.AsyncClient(timeout=timeout, transport=transport,
                                  limits=httpx.Limits(max_connections=1000,
                                                      max_keepalive_connections=100))
-        return cls(settings, registry, http, WorkerPool(settings.worker_urls,
-                                                        settings.load_factor), metrics)
+        pool = WorkerPool(load_factor=settings.load_factor,
+                          unhealthy_after=settings.unhealthy_after)
+        monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
+                                discovery_interval_s=settings.discovery_interval_s,
+                                health_interval_s=settings.health_interval_s)
+        limiter = RateLimiter(getattr(registry, "redis", None), settings.namespace, metrics,
+                              Limit.of(settings.tenant_rps, settings.tenant_burst),
+                              Limit.of(settings.user_rps, settings.user_burst))
+        await monitor.start()
+        return cls(settings, registry, http, pool, monitor, limiter, metrics)
 
     async def aclose(self) -> None:
+        await self.monitor.aclose()
         await self.http.aclose()
         await self.registry.aclose()

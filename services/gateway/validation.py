@@ -13,6 +13,7 @@ from typing import Any
 from preft_serve.common.errors import BadRequest
 
 MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+MAX_NAME_CHARS = 256  # user ids and model names end up in Redis keys
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -45,5 +46,17 @@ def validate_body(body: dict[str, Any], *, chat: bool, max_tokens_cap: int) -> N
     for field in ("model", "user"):
         if body.get(field) is not None and not isinstance(body[field], str):
             raise BadRequest(f"'{field}' must be a string")
+        if isinstance(body.get(field), str) and len(body[field]) > MAX_NAME_CHARS:
+            raise BadRequest(f"'{field}' is {len(body[field])} characters long; at most "
+                             f"{MAX_NAME_CHARS} are accepted")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be true or false")
+
+
+def request_user(body: dict[str, Any], header: str | None) -> str | None:
+    """The end user: the body's ``user`` field, else the ``X-User-Id`` header."""
+    user = body.get("user") or header
+    if user is not None and len(user) > MAX_NAME_CHARS:
+        raise BadRequest(f"the user id is {len(user)} characters long; at most "
+                         f"{MAX_NAME_CHARS} are accepted")
+    return user

@@ -44,6 +44,8 @@ class Workers:
         self.seen: list[dict[str, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # the gateway's health and residency checks
+            return httpx.Response(200, json={"object": "list", "data": []})
         body = json.loads(request.content)
         self.seen.append(body)
         usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
@@ -126,6 +128,7 @@ def test_model_selection_rules(client: TestClient, workers: Workers) -> None:
     ({"messages": []}, "'messages'"),
     ({"user": 5}, "'user' must be a string"),
     ({"stream": "yes"}, "'stream'"),
+    ({"user": "u" * 300}, "'user' is 300 characters long; at most 256"),
 ])
 def test_invalid_bodies_are_400(client: TestClient, workers: Workers, body: dict[str, Any],
                                 needle: str) -> None:
@@ -174,9 +177,11 @@ def test_metrics_count_requests_tokens_routing(client: TestClient) -> None:
     assert 'preft_gateway_requests_total{adapter="none",status="404"} 1.0' in text
     assert 'preft_gateway_generation_tokens_total{adapter="bot"} 6.0' in text
     assert 'preft_gateway_prompt_tokens_total{adapter="bot"} 10.0' in text
-    assert 'preft_gateway_routing_total{result="affinity"} 2.0' in text
+    assert 'preft_gateway_routing_total{result="preferred"} 2.0' in text
     assert 'preft_gateway_errors_total{cause="not_found"} 1.0' in text
-    assert "preft_gateway_request_seconds_count 2.0" in text
+    assert 'preft_gateway_request_seconds_count{adapter="bot"} 2.0' in text
+    assert 'preft_gateway_ttft_seconds_count{adapter="bot"} 1.0' in text
+    assert 'preft_gateway_workers{state="healthy"} 2.0' in text
 
 
 def test_adapter_label_budget() -> None:
@@ -204,7 +209,7 @@ class _Redis:
 
 @pytest.mark.parametrize(("redis_up", "healthy", "status", "needle"), [
     (True, {"w1"}, 200, None),
-    (True, set(), 503, "no worker is healthy"),
+    (True, set(), 503, "no worker is healthy (2 known; discovery: static list of 2)"),
     (False, {"w1"}, 503, "Redis is not reachable"),
 ])
 def test_readyz(redis_up: bool, healthy: set[str], status: int, needle: str | None) -> None:
@@ -215,7 +220,8 @@ def test_readyz(redis_up: bool, healthy: set[str], status: int, needle: str | No
 
     registry = FakeRegistry()
     registry.redis = _Redis(redis_up)  # type: ignore[attr-defined]
-    settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"])
+    settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"],
+                               unhealthy_after=1)
     app = create_app(settings, transport=httpx.MockTransport(handler),
                      registry=registry)  # type: ignore[arg-type]
     with TestClient(app, raise_server_exceptions=False) as c:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from preft_serve.common.errors import ServiceUnavailable
 from preft_serve.gateway.proxy import open_upstream
-from preft_serve.gateway.routing import WorkerPool, rendezvous_order
+from preft_serve.gateway.routing import RouteResult, WorkerPool, rendezvous_order
 
 WORKERS = [f"http://w{i}:8000" for i in range(4)]
 
@@ -110,3 +110,65 @@ def test_read_failure_is_not_retried() -> None:
     with pytest.raises(Exception, match="failed: ReadTimeout"):
         _send(httpx.MockTransport(handler), pool, "k")
     assert len(calls) == 1 and set(pool.inflight.values()) == {0}
+
+
+def test_unhealthy_workers_get_no_requests_until_they_recover() -> None:
+    pool = WorkerPool(WORKERS, unhealthy_after=2)
+    key = "ef" * 32
+    top = rendezvous_order(key, WORKERS)
+    pool.mark_failed(top[0])
+    assert pool.choose(key).order[0] == top[0]  # one failure is not enough
+    pool.mark_failed(top[0])
+    choice = pool.choose(key)
+    assert choice.order[0] == top[1] and choice.order[-1] == top[0]  # last-resort retry
+    assert choice.preferred == top[1] and choice.result is RouteResult.PREFERRED
+    pool.mark_ok(top[0])
+    assert pool.choose(key).order[0] == top[0]
+    for worker in WORKERS:  # everyone down: try them all rather than refuse
+        pool.mark_failed(worker)
+        pool.mark_failed(worker)
+    assert pool.choose(key).order == top
+
+
+def test_a_worker_with_the_adapter_resident_wins_under_the_cap() -> None:
+    pool = WorkerPool(WORKERS)
+    key = "12" * 32
+    top = rendezvous_order(key, WORKERS)
+    pool.set_resident(top[2], frozenset({key}))
+    choice = pool.choose(key)
+    assert choice.order[0] == top[2] and choice.result is RouteResult.RESIDENT
+    assert choice.preferred == top[0]
+    pool.set_resident(top[0], frozenset({key}))
+    assert pool.choose(key).order[0] == top[0]  # both warm: rendezvous order decides
+    while pool.inflight[top[0]] < pool.cap():
+        pool.acquire(top[0])
+    over = pool.choose(key)
+    assert over.order[0] == top[2] and over.result is RouteResult.RESIDENT
+
+
+def test_membership_changes_keep_state_and_forget_removed_workers() -> None:
+    pool = WorkerPool(WORKERS[:2])
+    pool.acquire(WORKERS[0])
+    added, removed = pool.set_workers(WORKERS[1:3])
+    assert (added, removed) == ([WORKERS[2]], [WORKERS[0]])
+    pool.release(WORKERS[0])  # a request finishing on a removed worker is harmless
+    assert pool.inflight == {WORKERS[1]: 0, WORKERS[2]: 0}
+    pool.set_workers([])
+    with pytest.raises(ServiceUnavailable, match="no worker is registered yet"):
+        pool.choose("k")
+
+
+def test_connect_failures_mark_the_worker_unhealthy() -> None:
+    key = "34" * 32
+    order = rendezvous_order(key, WORKERS)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if f"http://{request.url.host}:8000" == order[0]:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"ok": True})
+
+    pool = WorkerPool(WORKERS, unhealthy_after=2)
+    assert _send(httpx.MockTransport(handler), pool, key).extensions["worker"] == order[1]
+    assert pool.is_healthy(order[0])
+    _send(httpx.MockTransport(handler), pool, key)
+    assert not pool.is_healthy(order[0]) and pool.choose(key).order[0] == order[1]

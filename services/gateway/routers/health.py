@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
-import httpx
 import redis
 from fastapi import APIRouter, Request, Response
 from preft_serve.common.errors import ServiceUnavailable, error_responses
@@ -20,26 +17,20 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-async def _healthy(http: httpx.AsyncClient, url: str) -> bool:
-    try:
-        return (await http.get(f"{url}/health", timeout=2.0)).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @router.get("/readyz", responses=error_responses(503))
 async def readyz(state: StateDep) -> dict[str, object]:
-    """Redis is reachable and at least one worker answers its ``/health``."""
+    """Redis is reachable and at least one worker passes its health checks (as of the
+    gateway's last check, so a probe does not fan out to every worker)."""
     try:
         await state.registry.redis.ping()
     except redis.RedisError as exc:
         raise ServiceUnavailable(f"Redis is not reachable: {exc}") from None
     urls = state.pool.workers
-    results = await asyncio.gather(*(_healthy(state.http, u) for u in urls))
-    healthy = [u for u, ok in zip(urls, results, strict=True) if ok]
+    healthy = sum(map(state.pool.is_healthy, urls))
     if not healthy:
-        raise ServiceUnavailable(f"no worker is healthy (checked {len(urls)})")
-    return {"status": "ready", "healthy_workers": len(healthy), "workers": len(urls)}
+        raise ServiceUnavailable(f"no worker is healthy ({len(urls)} known; discovery: "
+                                 f"{state.monitor.source.describe()})")
+    return {"status": "ready", "healthy_workers": healthy, "workers": len(urls)}
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -1,0 +1,80 @@
+"""Rate limits: token buckets in a real Redis, 429 + Retry-After, fail-open without Redis."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from fastapi.testclient import TestClient
+from preft_serve.gateway.app import create_app
+from preft_serve.gateway.settings import GatewaySettings
+
+from tests.conftest import free_port
+from tests.gateway.test_requests import AUTH, MSGS, FakeRegistry, Workers, message
+
+
+def _client(redis_url: str, workers: Workers, **limits: Any) -> TestClient:
+    registry = FakeRegistry()
+    registry.redis = aioredis.Redis.from_url(redis_url)  # type: ignore[attr-defined]
+    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
+                               namespace=f"rl{uuid.uuid4().hex[:8]}", **limits)
+    app = create_app(settings, transport=httpx.MockTransport(workers),
+                     registry=registry)  # type: ignore[arg-type]
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def workers() -> Workers:
+    return Workers()
+
+
+def chat(client: TestClient, **body: Any) -> httpx.Response:
+    return client.post("/v1/chat/completions", json={"messages": MSGS, **body}, headers=AUTH)
+
+
+def test_tenant_bucket_allows_its_burst_then_429(redis_server: str, workers: Workers) -> None:
+    with _client(redis_server, workers, tenant_rps=0.5, tenant_burst=3) as client:
+        assert [chat(client, user="u1").status_code for _ in range(3)] == [200] * 3
+        refused = chat(client, user="u1")
+        assert refused.status_code == 429
+        # An empty bucket refills one token in 1/0.5 = 2 s.
+        assert refused.headers["Retry-After"] == "2"
+        assert message(refused) == ("rate limit exceeded for tenant acme: 0.5 requests/s "
+                                    "with bursts of 3; retry after 2 s")
+        assert len(workers.seen) == 3  # the refused request never reached a worker
+        text = client.get("/metrics").text
+    assert 'preft_gateway_rate_limited_total{scope="tenant"} 1.0' in text
+    assert 'preft_gateway_requests_total{adapter="none",status="429"} 1.0' in text
+
+
+def test_user_bucket_is_per_user_and_spares_the_tenant_bucket(redis_server: str,
+                                                               workers: Workers) -> None:
+    with _client(redis_server, workers, tenant_rps=0.1, tenant_burst=2, user_rps=0.1,
+                 user_burst=1) as client:
+        assert chat(client, user="u1").status_code == 200  # tenant 1 left, u1 0 left
+        by_user = chat(client, user="u1")
+        assert by_user.status_code == 429 and "for user u1: 0.1 requests/s" in message(by_user)
+        assert by_user.headers["Retry-After"] == "10"
+        # The user refusal took nothing from the tenant: one more request fits.
+        assert chat(client, model="bot").status_code == 200
+        by_tenant = chat(client, model="bot")
+        assert by_tenant.status_code == 429 and "for tenant acme" in message(by_tenant)
+        text = client.get("/metrics").text
+    assert 'preft_gateway_rate_limited_total{scope="user"} 1.0' in text
+    assert 'preft_gateway_rate_limited_total{scope="tenant"} 1.0' in text
+    assert len(workers.seen) == 2
+
+
+def test_limits_off_by_default_and_fail_open_without_redis(workers: Workers) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    with _client(dead, workers) as client:
+        assert all(chat(client, user="u1").status_code == 200 for _ in range(5))
+    with _client(dead, workers, tenant_rps=1, tenant_burst=1) as client:
+        assert [chat(client, user="u1").status_code for _ in range(3)] == [200] * 3
+        text = client.get("/metrics").text
+    assert 'preft_gateway_errors_total{cause="rate_limit_unavailable"} 3.0' in text
+
+
