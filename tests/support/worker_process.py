@@ -3,54 +3,51 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.support.processes import ServiceProcess, service
 
 SMALL_WORKER_ARGS = ("--kv-cache-gib", "0.0625", "--max-model-len", "256")
 
 
-@contextlib.contextmanager
-def running_worker(model: Path, root: Path, args: list[str], env: dict[str, str] | None = None,
-                   timeout: float = 120) -> Iterator[str]:
-    """Start a worker on a free port, wait for ``/health``, yield its URL, stop it.
+def start_worker(model: Path, root: Path, args: list[str], env: dict[str, str] | None = None,
+                 timeout: float = 120, name: str = "worker") -> ServiceProcess:
+    """Start a worker on a free port and wait for ``/health``; the caller stops (or kills) it.
 
-    Its log goes to ``root/worker.log`` and is shown if it fails to start.
+    It runs in its own process group, logging to ``root/<name>.log``; a failed start
+    fails the test with the log's tail. ``args`` come after the small test defaults
+    (``SMALL_WORKER_ARGS``), so they can override them (vLLM keeps a flag's last value).
     """
     port = free_port()
-    log_path = root / "worker.log"
-    full_env = {**os.environ, **(env or {}), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
-             "--port", str(port), *args, *SMALL_WORKER_ARGS],
-            env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-        )
-    url = f"http://127.0.0.1:{port}"
+    process = service(
+        name,
+        [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
+         "--port", str(port), *SMALL_WORKER_ARGS, *args],
+        root, {**(env or {}), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        url=f"http://127.0.0.1:{port}",
+    ).start()
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("worker did not start:\n" + log_path.read_text()[-4000:])
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        yield url
+        process.wait_http("/health", timeout)
+    except RuntimeError as exc:
+        process.stop()
+        pytest.fail(f"worker did not start: {exc}")
+    return process
+
+
+@contextlib.contextmanager
+def running_worker(model: Path, root: Path, args: list[str], env: dict[str, str] | None = None,
+                   timeout: float = 120, name: str = "worker") -> Iterator[str]:
+    """Start a worker on a free port, wait for ``/health``, yield its URL, stop it.
+
+    Its log goes to ``root/<name>.log`` and is shown if it fails to start.
+    """
+    process = start_worker(model, root, args, env, timeout, name)
+    try:
+        yield process.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        process.stop()

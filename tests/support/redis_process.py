@@ -1,0 +1,54 @@
+"""A redis-server of a test's own that can crash and come back on the same port and data.
+
+The session's shared Redis (``tests/conftest.py``) must never go away under other tests;
+outage tests use this one. Every write is fsynced to an append-only file, so a SIGKILL
+loses nothing and a restart on the same directory brings all the data back, like a Redis
+with persistence after a crash.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import redis
+
+from tests.conftest import free_port
+from tests.support.processes import ServiceProcess, service
+
+
+class RedisProcess:
+    """``start`` / ``kill`` / ``start`` again: same port, same data directory."""
+
+    def __init__(self, root: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.root = root
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                      "--protected-mode", "yes", "--dir", str(root), "--save", "",
+                      "--appendonly", "yes", "--appendfsync", "always"]
+        self._process: ServiceProcess | None = None
+
+    def start(self, timeout: float = 15) -> RedisProcess:
+        self._process = service("redis", self._argv, self.root).start()
+        self._process.wait_ready(self.ping, timeout)
+        return self
+
+    def ping(self) -> bool:
+        try:
+            with redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1) as r:
+                return bool(r.ping())
+        except redis.RedisError:
+            return False
+
+    def kill(self) -> None:
+        """Crash it (SIGKILL): clients see refused connections until ``start``."""
+        if self._process is not None:
+            self._process.kill()
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()
