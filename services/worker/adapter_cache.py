@@ -20,6 +20,7 @@ directory vLLM is given as ``lora_path``. Why it looks the way it does:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -153,6 +154,15 @@ class AdapterDiskCache:
         """Cached hashes, least recently used first."""
         with self._lock:
             return list(self._entries)
+
+    def demote(self, sha256: str) -> None:
+        """Make ``sha256`` the next to evict (it stays usable until then)."""
+        with self._lock:
+            if sha256 not in self._entries:
+                return
+            self._entries.move_to_end(sha256, last=False)
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.path(sha256), (0, 0))  # the order survives a restart (mtime LRU)
 
     def get(self, sha256: str) -> Path:
         """The verified adapter directory for ``sha256``, downloading it on a miss.

@@ -19,7 +19,9 @@ import re
 import threading
 
 from preft_serve.common.objectstore import ObjectNotFound
+from preft_serve.common.registry_client import RegistryClient
 from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCache
+from preft_serve.worker.prefetch import PrefetchMetrics, RegistryPrefetcher
 from preft_serve.worker.settings import WorkerSettings
 from vllm.lora.request import LoRARequest
 from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
@@ -52,6 +54,7 @@ class ObjectStoreResolver(LoRAResolver):
         self.settings = settings
         self._cache = cache
         self._init_lock = threading.Lock()
+        self.prefetcher: RegistryPrefetcher | None = None
 
     @property
     def cache(self) -> AdapterDiskCache:
@@ -65,6 +68,7 @@ class ObjectStoreResolver(LoRAResolver):
                         self.settings.adapter_cache_bytes,
                         metrics=AdapterCacheMetrics(),
                     )
+                    self.prefetcher = start_prefetcher(self.settings, self._cache)
         return self._cache
 
     async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
@@ -81,6 +85,20 @@ class ObjectStoreResolver(LoRAResolver):
         return LoRARequest(
             lora_name=lora_name, lora_int_id=lora_int_id(sha256), lora_path=str(path)
         )
+
+
+def start_prefetcher(settings: WorkerSettings,
+                     cache: AdapterDiskCache) -> RegistryPrefetcher | None:
+    """Listen for registry events if ``registry_redis_url`` is set (see ``prefetch``)."""
+    if settings.registry_redis_url is None:
+        return None
+    client = RegistryClient(settings.registry_redis_url, namespace=settings.registry_namespace)
+    prefetcher = RegistryPrefetcher(client, cache, PrefetchMetrics())
+    try:
+        client.start(timeout=5)
+    except TimeoutError:
+        logger.warning("registry Redis not reachable yet; prefetching starts when it is")
+    return prefetcher
 
 
 def register_resolver(settings: WorkerSettings | None = None) -> ObjectStoreResolver | None:

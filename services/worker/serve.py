@@ -75,13 +75,20 @@ def parser() -> argparse.ArgumentParser:
     store.add_argument("--adapter-cache-gib", type=float,
                        help=f"disk cache budget in GiB ({ENV_PREFIX}ADAPTER_CACHE_BYTES; "
                        "default 10)")
+    store.add_argument("--registry-redis-url", metavar="URL",
+                       help="the registry's Redis: when a new version of an adapter this "
+                       "worker holds is published, download it at once "
+                       f"({ENV_PREFIX}REGISTRY_REDIS_URL)")
+    store.add_argument("--registry-namespace", default="preft",
+                       help="the registry's Redis namespace (default preft)")
     return p
 
 
 def resolver_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment for the plugin's resolver (empty without ``--object-store``)."""
     if not args.object_store:
-        for flag in ("s3_endpoint_url", "adapter_cache_dir", "adapter_cache_gib"):
+        for flag in ("s3_endpoint_url", "adapter_cache_dir", "adapter_cache_gib",
+                     "registry_redis_url"):
             if getattr(args, flag) is not None:
                 raise SystemExit(f"--{flag.replace('_', '-')} needs --object-store")
         return {}
@@ -96,6 +103,9 @@ def resolver_env(args: argparse.Namespace) -> dict[str, str]:
         env[f"{ENV_PREFIX}ADAPTER_CACHE_DIR"] = str(args.adapter_cache_dir.resolve())
     if args.adapter_cache_gib is not None:
         env[f"{ENV_PREFIX}ADAPTER_CACHE_BYTES"] = str(int(args.adapter_cache_gib * (1 << 30)))
+    if args.registry_redis_url:
+        env[f"{ENV_PREFIX}REGISTRY_REDIS_URL"] = args.registry_redis_url
+        env[f"{ENV_PREFIX}REGISTRY_NAMESPACE"] = args.registry_namespace
     return env
 
 

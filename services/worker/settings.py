@@ -32,6 +32,10 @@ class WorkerSettings(BaseSettings):
                                     description="Local disk LRU of adapter directories")
     adapter_cache_bytes: int = Field(10 << 30, ge=1 << 20,
                                      description="Disk cache budget in bytes")
+    registry_redis_url: str | None = Field(
+        None, description="The registry's Redis; set = prefetch new versions of adapters "
+        "this worker holds as soon as they are published")
+    registry_namespace: str = Field("preft", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
 
     @field_validator("object_store_url")
     @classmethod
