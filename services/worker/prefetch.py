@@ -64,7 +64,7 @@ class RegistryPrefetcher:
             logger.info("prefetched %s/%s v%s (%s) replacing %d older version(s) on disk",
                         event.tenant, event.adapter, event.version, event.sha256[:12],
                         len(held))
-        except Exception:  # noqa: BLE001 (a prefetch is an optimisation: log, count, go on)
+        except Exception:  # a prefetch is an optimisation: log, count, go on
             self.metrics.prefetches.labels("error").inc()
             logger.exception("prefetch of %s/%s failed", event.tenant, event.adapter)
 
