@@ -62,9 +62,12 @@ class Registry:
         return reply.json()  # type: ignore[no-any-return]
 
     def bind(self, api_key: str, user: str, adapter: str) -> None:
-        reply = httpx.put(f"{self.url}/v1/users/{user}", json={"adapter": adapter},
-                          headers=_bearer(api_key), timeout=30)
+        reply = self.bind_reply(api_key, user, adapter)
         assert reply.status_code == 200, reply.text
+
+    def bind_reply(self, api_key: str, user: str, adapter: str) -> httpx.Response:
+        return httpx.put(f"{self.url}/v1/users/{user}", json={"adapter": adapter},
+                         headers=_bearer(api_key), timeout=30)
 
 
 def _bearer(token: str) -> dict[str, str]:

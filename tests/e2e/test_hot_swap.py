@@ -60,7 +60,7 @@ def _read_stream(url: str, api_key: str, stream: Stream) -> None:
                 stream.last_chunk_at = time.monotonic()
                 if stream.tokens:
                     stream.first_token.set()
-    except BaseException as exc:  # reported by the test thread
+    except (httpx.HTTPError, AssertionError, ValueError, KeyError) as exc:  # for the test
         stream.error = exc
     finally:
         stream.first_token.set()

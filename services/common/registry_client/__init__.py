@@ -15,8 +15,10 @@ Two flavours share one cache and one key layout:
 Consistency: events travel over Redis pub/sub, and each carries its id in the registry's
 event stream. Every (re)subscription replays the stream from the last id seen before the
 cache is trusted again, so nothing published while disconnected is missed. While the
-listener is down the client is not ``live`` and every lookup goes to Redis. A lookup that
-raced with an event is not cached (an epoch counter detects the race).
+listener is down the client is not ``live`` and every lookup goes to Redis; only when Redis
+itself is unreachable does a lookup fall back to the cached answer (stale-if-error: cached
+users keep being served through a Redis outage, never-seen ones get the connection error).
+A lookup that raced with an event is not cached (an epoch counter detects the race).
 
 ``contract.py`` is the Redis layout (:class:`RegistryKeys`) and the event format
 (:class:`RegistryEvent`); the registry service writes what this package reads. ``cache.py``

@@ -10,6 +10,7 @@ import redis
 import redis.asyncio as aioredis
 from preft_serve.common.registry_client.cache import (
     MISSING,
+    REDIS_DOWN,
     RESOLVE_USER_LUA,
     ClientBase,
     parse_blob,
@@ -83,9 +84,14 @@ class AsyncRegistryClient(ClientBase):
         if hit is not MISSING:
             return hit
         epoch = self._cache.epoch
-        raw = await self._resolve_user(
-            keys=[self.keys.binding(tenant, user)], args=[self.keys.adapter_prefix(tenant)]
-        )
+        try:
+            raw = await self._resolve_user(
+                keys=[self.keys.binding(tenant, user)], args=[self.keys.adapter_prefix(tenant)]
+            )
+        except REDIS_DOWN:
+            if (stale := self._stale_user(tenant, user)) is MISSING:
+                raise
+            return stale  # type: ignore[no-any-return]
         name = raw[0] if raw else None
         ref = parse_ref(tenant, name, raw[1:]) if name else None
         if self._live and self._use_cache:
@@ -97,7 +103,12 @@ class AsyncRegistryClient(ClientBase):
         if hit is not MISSING:
             return hit
         epoch = self._cache.epoch
-        values = await self.redis.hmget(self.keys.adapter(tenant, name), ADAPTER_FIELDS)
+        try:
+            values = await self.redis.hmget(self.keys.adapter(tenant, name), ADAPTER_FIELDS)
+        except REDIS_DOWN:
+            if (stale := self._stale_adapter(tenant, name)) is MISSING:
+                raise
+            return stale  # type: ignore[no-any-return]
         ref = parse_ref(tenant, name, values)
         if self._live and self._use_cache:
             self._cache.put(epoch, tenant, None, name, ref)
@@ -113,7 +124,13 @@ class AsyncRegistryClient(ClientBase):
         if hit is not MISSING:
             return hit  # type: ignore[no-any-return]
         epoch = self._cache.epoch
-        return self._store_key(epoch, digest, await self.redis.hgetall(self.keys.api_key(digest)))
+        try:
+            fields = await self.redis.hgetall(self.keys.api_key(digest))
+        except REDIS_DOWN:
+            if (stale := self._stale_key(digest)) is MISSING:
+                raise
+            return stale  # type: ignore[no-any-return]
+        return self._store_key(epoch, digest, fields)
 
     async def blob_info(self, sha256: str) -> BlobInfo | None:
         if (hit := self._cache.blobs.get(sha256)) is not None:
@@ -152,6 +169,7 @@ class AsyncRegistryClient(ClientBase):
                 if len(batch.events) < 1000:
                     break
         self._live = True
+        self._stale_logged = False
         self._caught_up.set()
 
     async def _listen(self) -> None:

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import redis
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
@@ -33,6 +34,8 @@ RESOLVE_USER_LUA = (
 )
 
 MISSING: Any = object()
+# Redis itself is unreachable (as opposed to a bad command): lookups may fall back to the cache.
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
 Listener = Callable[[RegistryEvent], None]
 
 
@@ -136,6 +139,7 @@ class ClientBase:
         self._listeners: list[Listener] = []
         self._cursor: str | None = cursor
         self._live = False
+        self._stale_logged = False
 
     @property
     def live(self) -> bool:
@@ -172,6 +176,31 @@ class ClientBase:
         if not (self._live and self._use_cache):
             return MISSING
         return self._cache.adapters.get((tenant, name), MISSING)
+
+    def _stale_user(self, tenant: str, user: str) -> Any:
+        return self._serve_stale(self._cache.get_user(tenant, user))
+
+    def _stale_adapter(self, tenant: str, name: str) -> Any:
+        return self._serve_stale(self._cache.adapters.get((tenant, name), MISSING))
+
+    def _stale_key(self, digest: str) -> Any:
+        return self._serve_stale(self._cache.api_keys.get(digest, MISSING))
+
+    def _serve_stale(self, value: Any) -> Any:
+        """The cached answer for a lookup that failed because Redis is unreachable, or
+        ``MISSING`` (then the caller re-raises).
+
+        A cached entry is as current as the last event received before the connection
+        dropped, and the replay on reconnect invalidates whatever changed meanwhile, so
+        serving it beats failing every request of a user who was being served a moment ago.
+        """
+        if value is MISSING or not self._use_cache:
+            return MISSING
+        if not self._stale_logged:
+            self._stale_logged = True
+            logger.warning("Redis unreachable: answering from the registry cache until it "
+                           "is back")
+        return value
 
     def _apply(self, event: RegistryEvent) -> None:
         self._cache.apply(event)

@@ -9,6 +9,7 @@ from typing import Any, Self
 import redis
 from preft_serve.common.registry_client.cache import (
     MISSING,
+    REDIS_DOWN,
     RESOLVE_USER_LUA,
     ClientBase,
     parse_blob,
@@ -93,9 +94,14 @@ class RegistryClient(ClientBase):
         if hit is not MISSING:
             return hit
         epoch = self._cache.epoch
-        raw = self._resolve_user(
-            keys=[self.keys.binding(tenant, user)], args=[self.keys.adapter_prefix(tenant)]
-        )
+        try:
+            raw = self._resolve_user(
+                keys=[self.keys.binding(tenant, user)], args=[self.keys.adapter_prefix(tenant)]
+            )
+        except REDIS_DOWN:
+            if (stale := self._stale_user(tenant, user)) is MISSING:
+                raise
+            return stale  # type: ignore[no-any-return]
         name = raw[0] if raw else None
         ref = parse_ref(tenant, name, raw[1:]) if name else None
         if self._live and self._use_cache:
@@ -108,8 +114,13 @@ class RegistryClient(ClientBase):
         if hit is not MISSING:
             return hit
         epoch = self._cache.epoch
-        ref = parse_ref(tenant, name, self.redis.hmget(self.keys.adapter(tenant, name),
-                                                  ADAPTER_FIELDS))
+        try:
+            values = self.redis.hmget(self.keys.adapter(tenant, name), ADAPTER_FIELDS)
+        except REDIS_DOWN:
+            if (stale := self._stale_adapter(tenant, name)) is MISSING:
+                raise
+            return stale  # type: ignore[no-any-return]
+        ref = parse_ref(tenant, name, values)
         if self._live and self._use_cache:
             self._cache.put(epoch, tenant, None, name, ref)
         return ref
@@ -124,7 +135,13 @@ class RegistryClient(ClientBase):
         if hit is not MISSING:
             return hit  # type: ignore[no-any-return]
         epoch = self._cache.epoch
-        return self._store_key(epoch, digest, self.redis.hgetall(self.keys.api_key(digest)))
+        try:
+            fields = self.redis.hgetall(self.keys.api_key(digest))
+        except REDIS_DOWN:
+            if (stale := self._stale_key(digest)) is MISSING:
+                raise
+            return stale  # type: ignore[no-any-return]
+        return self._store_key(epoch, digest, fields)
 
     def blob_info(self, sha256: str) -> BlobInfo | None:
         """Type, mode, rank, base model and config of stored content (immutable: cached)."""
@@ -164,6 +181,7 @@ class RegistryClient(ClientBase):
                 if len(batch.events) < 1000:
                     break
         self._live = True
+        self._stale_logged = False
         self._caught_up.set()
 
     def _listen(self) -> None:

@@ -1,0 +1,97 @@
+"""Registry clients through a Redis crash: cached answers keep coming (stale-if-error),
+lookups never cached fail loudly, and the event listener catches up after the restart.
+
+Uses a redis-server of its own (append-only, fsync always) so it can be killed and
+restarted on the same port with the same data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from preft_serve.common.registry_client import AsyncRegistryClient, KeyOwner, RegistryClient
+
+from tests.common.test_registry_client import Writer, eventually
+from tests.support.redis_process import RedisProcess
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_sync_client_serves_cache_while_redis_is_down_and_catches_up(
+    own_redis: RedisProcess,
+) -> None:
+    writer = Writer(own_redis.url, "outage")
+    sha = writer.version("acme", "bot", "v1")
+    writer.version("acme", "bot2", "v2")
+    _, key = writer.tenants.create("acme")
+    writer.bindings.bind("acme", "alice", "bot")
+    writer.bindings.bind("acme", "bob", "bot")
+    with RegistryClient(own_redis.url, namespace="outage") as client:
+        assert client.resolve_user("acme", "alice").sha256 == sha
+        assert client.resolve_user("acme", "carol") is None  # cached as "no binding"
+        assert client.authenticate(key.api_key) == KeyOwner("acme", key.key_id)
+        uncached = RegistryClient(own_redis.url, namespace="outage", cache=False)
+
+        own_redis.kill()
+        assert eventually(lambda: not client.live)
+        assert client.resolve_user("acme", "alice").sha256 == sha
+        assert client.resolve_adapter("acme", "bot").sha256 == sha
+        assert client.resolve_user("acme", "carol") is None
+        assert client.authenticate(key.api_key) == KeyOwner("acme", key.key_id)
+        with pytest.raises(redis.ConnectionError):
+            client.resolve_user("acme", "bob")  # bound, but never looked up
+        with pytest.raises(redis.ConnectionError):
+            client.resolve_adapter("acme", "bot2")
+        with pytest.raises(redis.ConnectionError):
+            uncached.resolve_user("acme", "alice")  # no cache, no fallback
+
+        own_redis.start()
+        assert eventually(lambda: client.live, timeout=15)
+        assert client.resolve_user("acme", "bob").name == "bot"
+        writer.bindings.bind("acme", "alice", "bot2")  # invalidates the cached entry
+        assert eventually(lambda: client.resolve_user("acme", "alice").name == "bot2")
+        uncached.close()
+
+
+def test_async_client_serves_cache_while_redis_is_down(own_redis: RedisProcess) -> None:
+    writer = Writer(own_redis.url, "outage")
+    sha = writer.version("acme", "bot", "v1")
+    writer.bindings.bind("acme", "alice", "bot")
+    writer.bindings.bind("acme", "bob", "bot")
+
+    async def scenario() -> None:
+        async with AsyncRegistryClient(own_redis.url, namespace="outage") as client:
+            assert (await client.resolve_user("acme", "alice")).sha256 == sha
+            own_redis.kill()
+            deadline = time.monotonic() + 5
+            while client.live and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert not client.live
+            assert (await client.resolve_user("acme", "alice")).sha256 == sha
+            assert (await client.resolve_adapter("acme", "bot")).sha256 == sha
+            with pytest.raises(redis.ConnectionError):
+                await client.resolve_user("acme", "bob")
+            own_redis.start()
+            while not client.live and time.monotonic() < deadline + 15:
+                await asyncio.sleep(0.05)
+            assert client.live
+            writer.bindings.unbind("acme", "alice")
+            for _ in range(500):
+                if await client.resolve_user("acme", "alice") is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert await client.resolve_user("acme", "alice") is None
+
+    asyncio.run(scenario())
