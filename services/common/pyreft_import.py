@@ -95,7 +95,7 @@ def convert(src: Path, dst: Path, kind: str, positions: str, base_model: str,
         part = "shared" if shared else ("first", "last")[index]
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # weights_only refuses any object that is not a tensor
+        except Exception as exc:  # noqa: BLE001 (weights_only refuses any non-tensor object)
             raise AdapterFormatError(
                 f"refusing {path.name}: it holds more than plain tensors ({exc.__class__.__name__})"
             ) from None

@@ -39,21 +39,21 @@ class ModelPreset:
     def hf_config(self) -> Any:
         from transformers import LlamaConfig, Qwen2Config
 
-        common = dict(
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            vocab_size=self.vocab_size,
-            max_position_embeddings=self.max_position_embeddings,
-            tie_word_embeddings=self.tie_word_embeddings,
-            initializer_range=self.initializer_range,
-            bos_token_id=256,
-            eos_token_id=257,
-            pad_token_id=258,
-            torch_dtype="float32",
-        )
+        common = {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": self.initializer_range,
+            "bos_token_id": 256,
+            "eos_token_id": 257,
+            "pad_token_id": 258,
+            "torch_dtype": "float32",
+        }
         if self.architecture == "llama":
             return LlamaConfig(**common, head_dim=self.head_dim)
         if self.architecture == "qwen2":

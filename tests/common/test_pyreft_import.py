@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from preft_serve.common.adapter_format import AdapterFormatError
 from preft_serve.common.pyreft_import import convert
 from preft_serve.worker.reft.adapter import load_reft_adapter
