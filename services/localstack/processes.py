@@ -40,10 +40,22 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up here, not in the forked child, so the child takes no loader or import locks.
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Child:
@@ -57,7 +69,7 @@ class Child:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no locks: see _PRCTL)
             )
 
     @property
@@ -108,7 +120,13 @@ class Child:
         # remove whatever is left in the group.
         while self._group_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
-        self._signal_group(signal.SIGKILL)
+        if self._group_alive():
+            self._signal_group(signal.SIGKILL)
+            # SIGKILL is not instant; a few seconds is plenty (zombies also count as
+            # alive here, hence the bound).
+            kill_deadline = time.monotonic() + 5
+            while self._group_alive() and time.monotonic() < kill_deadline:
+                time.sleep(0.05)
         return code
 
     def _group_alive(self) -> bool:

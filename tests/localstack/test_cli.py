@@ -1,0 +1,61 @@
+"""Bad command lines and taken ports fail at once, with a clear message, starting nothing."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from preft_serve.localstack.stack import LocalStack, StackConfig
+
+from tests.conftest import free_port
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "preft_serve.localstack", *args],
+                          capture_output=True, text=True, check=False, timeout=120)
+
+
+def test_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = _run("--var", str(tmp_path), "--gateway-port", str(port),
+                    "--redis-port", str(free_port()), "--registry-port", str(free_port()),
+                    "--worker-port", str(free_port()))
+    assert done.returncode == 1
+    assert f"port(s) already in use: {port} (--gateway-port)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no model generated, nothing started
+
+
+def test_s3_endpoint_needs_an_s3_store(tmp_path: Path) -> None:
+    done = _run("--var", str(tmp_path), "--s3-endpoint-url", "http://127.0.0.1:9000")
+    assert done.returncode == 1
+    assert "--s3-endpoint-url needs --object-store s3://bucket[/prefix]" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_s3_store_reaches_registry_and_worker(tmp_path: Path) -> None:
+    config = StackConfig(var=tmp_path, object_store="s3://adapters/demo",
+                         s3_endpoint_url="http://127.0.0.1:9000")
+    stack = LocalStack(config, say=lambda _: None)
+    model = tmp_path / "model"
+    argv, env = stack.registry_command(model)
+    assert argv[argv.index("--object-store") + 1] == "s3://adapters/demo"
+    assert env["PREFT_REGISTRY_OBJECT_STORE__S3_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert env["PREFT_REGISTRY_OBJECT_STORE__S3_CREATE_BUCKET"] == "true"
+    worker = stack.worker_command(model)
+    assert worker[worker.index("--object-store") + 1] == "s3://adapters/demo"
+    assert worker[worker.index("--s3-endpoint-url") + 1] == "http://127.0.0.1:9000"
+
+
+def test_default_store_is_a_directory_under_var(tmp_path: Path) -> None:
+    stack = LocalStack(StackConfig(var=tmp_path), say=lambda _: None)
+    argv, env = stack.registry_command(tmp_path / "model")
+    store = argv[argv.index("--object-store") + 1]
+    assert Path(store) == (tmp_path / "run" / "objects").resolve()
+    assert stack.worker_command(tmp_path / "model").count(store) == 1
+    assert not any(k.startswith("PREFT_REGISTRY_OBJECT_STORE__S3") for k in env)
