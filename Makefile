@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm test worker bench-engine bench-registry clean
+.PHONY: help venv helm test run worker bench-engine bench-registry loadtest bench-gateway clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ helm: $(HELM)  ## Install the pinned helm binary into .tools/bin (chart tests ne
 test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engine)
 	$(PY) -m pytest $(ARGS)
 
+run: $(STAMP)  ## The whole stack locally (redis, registry, worker, gateway) + demo tenant; Ctrl-C stops
+	$(PY) -m preft_serve.localstack --var $(VAR) $(ARGS)
+
 worker: $(STAMP)  ## Serve a generated model + demo adapters through the worker's OpenAI API
 	$(PY) -m preft_serve.worker.demo $(ARGS)
 
@@ -42,6 +45,12 @@ bench-engine: $(STAMP)  ## Engine throughput: base vs stock multi-LoRA vs PreFT 
 
 bench-registry: $(STAMP)  ## Registry resolve latency at 10k adapters / 100k bindings (ARGS=--quick)
 	$(PY) -m loadtests.registry_bench $(ARGS)
+
+loadtest: $(STAMP)  ## Locust against a local stack: thousands of adapters (ARGS='--adapters 2000 --users 50')
+	$(PY) -m loadtests.loadtest $(ARGS)
+
+bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the worker vs through the gateway
+	$(PY) -m loadtests.gateway_bench $(ARGS)
 
 clean:  ## Remove the virtualenv and generated files
 	rm -rf $(VENV) $(VAR) .pytest_cache
