@@ -1,0 +1,59 @@
+{{/*
+Cross-field checks that values.schema.json cannot express. All problems are collected and
+reported at once, each with its fix, so one `helm install` run shows everything to change.
+*/}}
+{{- define "preft-serve.validate" -}}
+{{- $v := .Values -}}
+{{- $errors := list -}}
+
+{{- if and (not $v.redis.enabled) (not $v.redis.external.host) -}}
+{{- $errors = append $errors "redis.external.host is required when redis.enabled=false (or set redis.enabled=true for the bundled Redis)" -}}
+{{- end -}}
+
+{{- $drain := add $v.worker.preStopSleepSeconds $v.worker.shutdownTimeoutSeconds -}}
+{{- if le (int $v.worker.terminationGracePeriodSeconds) (int $drain) -}}
+{{- $errors = append $errors (printf "worker.terminationGracePeriodSeconds (%v) must exceed worker.preStopSleepSeconds + worker.shutdownTimeoutSeconds (%v), or in-flight requests are killed mid-drain" $v.worker.terminationGracePeriodSeconds $drain) -}}
+{{- end -}}
+{{- if le (int $v.gateway.terminationGracePeriodSeconds) (int $v.gateway.preStopSleepSeconds) -}}
+{{- $errors = append $errors "gateway.terminationGracePeriodSeconds must exceed gateway.preStopSleepSeconds" -}}
+{{- end -}}
+{{- if le (int $v.registry.terminationGracePeriodSeconds) (int $v.registry.preStopSleepSeconds) -}}
+{{- $errors = append $errors "registry.terminationGracePeriodSeconds must exceed registry.preStopSleepSeconds" -}}
+{{- end -}}
+
+{{- range $component := list "gateway" "worker" -}}
+{{- $scaling := (index $v $component).autoscaling -}}
+{{- if and $scaling.enabled (gt (int $scaling.minReplicas) (int $scaling.maxReplicas)) -}}
+{{- $errors = append $errors (printf "%s.autoscaling.minReplicas (%v) must not exceed maxReplicas (%v)" $component $scaling.minReplicas $scaling.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+
+{{- if $v.gateway.pdb.enabled -}}
+{{- $floor := ternary $v.gateway.autoscaling.minReplicas $v.gateway.replicas $v.gateway.autoscaling.enabled -}}
+{{- if ge (int $v.gateway.pdb.minAvailable) (int $floor) -}}
+{{- $errors = append $errors (printf "gateway.pdb.minAvailable (%v) must be below the gateway's replica count (%v), or no node can ever be drained; lower it or add replicas" $v.gateway.pdb.minAvailable $floor) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.registry.pdb.enabled (gt (int $v.registry.replicas) 1) (ge (int $v.registry.pdb.minAvailable) (int $v.registry.replicas)) -}}
+{{- $errors = append $errors (printf "registry.pdb.minAvailable (%v) must be below registry.replicas (%v)" $v.registry.pdb.minAvailable $v.registry.replicas) -}}
+{{- end -}}
+
+{{- if not (hasPrefix (printf "%s/" (trimSuffix "/" $v.model.mountPath)) $v.model.path) -}}
+{{- $errors = append $errors (printf "model.path (%s) must be a directory under model.mountPath (%s)" $v.model.path $v.model.mountPath) -}}
+{{- end -}}
+
+{{- with $v.registry.modelConfig -}}
+{{- $config := fromJson . -}}
+{{- if or (hasKey $config "Error") (not (hasKey $config "model_type")) -}}
+{{- $errors = append $errors "registry.modelConfig must be the base model's config.json (a JSON object with model_type), e.g. --set-file registry.modelConfig=/models/base/config.json" -}}
+{{- end -}}
+{{- end -}}
+
+{{- if and (eq $v.worker.device "gpu") (lt (int $v.worker.gpu.count) 1) -}}
+{{- $errors = append $errors "worker.gpu.count must be at least 1 when worker.device=gpu (or set worker.device=cpu)" -}}
+{{- end -}}
+
+{{- if $errors -}}
+{{- fail (printf "\n\nInvalid values for the preft-serve chart:\n  - %s\n" (join "\n  - " $errors)) -}}
+{{- end -}}
+{{- end -}}
