@@ -1,0 +1,95 @@
+"""What the load tests share: many tiny adapters, tenants that own them, bound users,
+percentiles and Prometheus scrapes. The stack itself is :mod:`preft_serve.localstack`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
+from preft_serve.localstack.seed import TenantSession, create_tenant
+from preft_serve.localstack.stack import LocalStack
+from prometheus_client.parser import text_string_to_metric_families
+
+SEED_BASE = 10_000  # adapter i uses seed SEED_BASE + i: distinct content, distinct sha256
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundUser:
+    api_key: str
+    user: str
+    adapter: str
+    sha256: str
+    mode: str
+
+
+def adapter_mode(i: int, all_fraction: float) -> AdapterMode:
+    """Spread ``all``-mode adapters evenly: adapter i is ``all`` when the running count of
+    ``all_fraction * (i + 1)`` steps up at i."""
+    steps = math.floor(all_fraction * (i + 1)) - math.floor(all_fraction * i)
+    return AdapterMode.ALL if steps else AdapterMode.PREFILL
+
+
+def make_adapters(model: Path, root: Path, count: int, rank: int = 4,
+                  all_fraction: float = 0.0) -> list[tuple[Path, AdapterMode]]:
+    """``count`` rank-``rank`` LoRA folders under ``root`` (kept between runs)."""
+    from preft_serve.toymodels import LoraSpec, make_lora_adapter  # imports torch
+
+    out = []
+    for i in range(count):
+        mode = adapter_mode(i, all_fraction)
+        folder = root / f"r{rank}-{i:05d}"
+        if not ((folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()):
+            make_lora_adapter(model, folder, seed=SEED_BASE + i,
+                              spec=LoraSpec(rank=rank, mode=AdapterMode.PREFILL))
+        out.append((folder, mode))
+    return out
+
+
+def seed_tenants(stack: LocalStack, adapters: Sequence[tuple[Path, AdapterMode]],
+                 tenants: int, threads: int = 4, prefix: str = "load") -> list[BoundUser]:
+    """Create ``tenants`` tenants, upload adapter i to tenant ``i % tenants`` over REST and
+    bind user ``u<i>`` to it; return every binding."""
+    keys = [create_tenant(stack.registry_url, stack.admin_token, f"{prefix}-{t}")
+            for t in range(tenants)]
+    sessions = [TenantSession(stack.registry_url, k) for k in keys]
+
+    def one(i: int) -> BoundUser:
+        folder, mode = adapters[i]
+        session = sessions[i % tenants]
+        name, user = f"a{i:05d}", f"u{i:05d}"
+        up = session.upload(folder, name, mode)
+        session.bind(user, name)
+        return BoundUser(keys[i % tenants], user, name, up.sha256, up.mode)
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(one, range(len(adapters))))
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
+    data = sorted(values)
+    if not data:
+        return None
+    rank = max(1, math.ceil(q / 100 * len(data)))
+    return data[rank - 1]
+
+
+def scrape(url: str, names: Sequence[str]) -> dict[str, float]:
+    """Sum of each named counter/gauge's samples by label set, keyed ``name{k=v,...}``."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
