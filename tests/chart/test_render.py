@@ -1,0 +1,90 @@
+"""`helm lint` and `helm template` for every values scenario; every rendered manifest is
+checked against the Kubernetes OpenAPI schemas offline (strict: unknown fields fail).
+
+The Prometheus Operator kinds are not in those schemas; they are the only kinds skipped
+here, and tests/chart/test_monitoring.py checks their structure and their PromQL instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.chart.support import CHART, SCENARIOS, Rendered, run_helm
+
+# Oldest supported (Chart.yaml kubeVersion) and the newest the validator knows.
+KUBE_VERSIONS = ["1.29", kubernetes_validate.latest_version()]
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
+             ("monitoring.coreos.com/v1", "PodMonitor"),
+             ("monitoring.coreos.com/v1", "PrometheusRule")}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_helm_lint(helm: str, scenario: str) -> None:
+    args = ["lint", str(CHART), "--strict", "--namespace", "llm"]
+    for path in SCENARIOS[scenario]:
+        args += ["-f", str(CHART / path)]
+    result = run_helm(helm, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_manifests_match_kubernetes_schemas(scenarios: dict[str, Rendered], scenario: str,
+                                            version: str) -> None:
+    problems = []
+    checked = 0
+    for doc in scenarios[scenario].docs:
+        if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+            checked += 1
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} "
+                            f"at {'/'.join(map(str, exc.path))}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            problems.append(exc.message)
+    assert not problems, "\n".join(problems)
+    assert checked >= 20  # the core of the chart, not an empty render
+
+
+def test_only_operator_kinds_are_exempt(scenarios: dict[str, Rendered]) -> None:
+    """The schema check skips nothing but the three Prometheus Operator kinds."""
+    kinds = {(d["apiVersion"], d["kind"]) for r in scenarios.values() for d in r.docs}
+    exempt = {k for k in kinds if k[0].split("/")[0].endswith("coreos.com")}
+    assert exempt == CRD_KINDS
+
+
+def test_default_install_renders_every_component(scenarios: dict[str, Rendered]) -> None:
+    default = scenarios["default"]
+    for kind, component in [("Deployment", "gateway"), ("Deployment", "registry"),
+                            ("Deployment", "worker"), ("StatefulSet", "redis"),
+                            ("HorizontalPodAutoscaler", "gateway"),
+                            ("PodDisruptionBudget", "gateway"), ("PodDisruptionBudget", "worker"),
+                            ("Role", "gateway"), ("RoleBinding", "gateway"),
+                            ("NetworkPolicy", "worker"), ("NetworkPolicy", "redis"),
+                            ("ConfigMap", "monitoring")]:
+        assert default.has(kind, component), f"{kind} for {component} missing"
+    # Operator objects are opt-in: a cluster without the CRDs must install the defaults.
+    assert not [d for d in default.docs if d["apiVersion"].startswith("monitoring.coreos.com")]
+
+
+def test_every_resource_carries_the_standard_labels(scenarios: dict[str, Rendered]) -> None:
+    for name, rendered in scenarios.items():
+        for doc in rendered.docs:
+            labels: dict[str, Any] = doc["metadata"]["labels"]
+            assert labels["app.kubernetes.io/instance"] == "prod", (name, doc["kind"])
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+            assert labels["app.kubernetes.io/name"] == "preft-serve"
+            assert labels["helm.sh/chart"].startswith("preft-serve-")
+            assert doc["metadata"]["namespace"] == "llm"
+
+
+def test_resource_names_are_unique_per_kind(scenarios: dict[str, Rendered]) -> None:
+    for rendered in scenarios.values():
+        keys = [(d["kind"], d["metadata"]["name"]) for d in rendered.docs]
+        assert len(keys) == len(set(keys))
