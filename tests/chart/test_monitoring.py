@@ -5,6 +5,7 @@ Prometheus Operator objects have the structure the operator expects."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -12,12 +13,11 @@ from typing import Any
 
 import jsonschema
 import pytest
-import vllm
 import yaml
-from prometheus_client import CollectorRegistry
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.registry.metrics import RegistryMetrics
 from preft_serve.worker.adapter_cache import AdapterCacheMetrics
+from prometheus_client import CollectorRegistry
 
 from tests.chart.promql import exported_names, metric_names, vllm_names
 from tests.chart.support import CHART, NAMESPACE, Rendered
@@ -31,7 +31,9 @@ def exported() -> set[str]:
     names = exported_names(GatewayMetrics().registry)
     names |= exported_names(RegistryMetrics().registry)
     names |= exported_names(AdapterCacheMetrics(CollectorRegistry()).registry)  # type: ignore[arg-type]
-    names |= vllm_names(Path(vllm.__file__).parent / "v1" / "metrics" / "loggers.py")
+    spec = importlib.util.find_spec("vllm")  # the installed package's source, not imported
+    assert spec is not None and spec.origin is not None
+    names |= vllm_names(Path(spec.origin).parent / "v1" / "metrics" / "loggers.py")
     return names
 
 

@@ -1,0 +1,27 @@
+# preft-serve registry: tenants, adapter uploads and validation, user bindings.
+# Pure Python (safetensors + numpy for validation; no vLLM, no torch).
+# Build from the repository root:
+#   docker build -f docker/registry.Dockerfile -t ghcr.io/preft-serve/registry:0.1.0 .
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY services ./services
+COPY kernels ./kernels
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install .
+
+FROM ${PYTHON_IMAGE}
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --system --gid 10001 app \
+    && useradd --system --uid 10001 --gid app --home-dir /home/app --create-home app
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /home/app
+USER 10001:10001
+EXPOSE 8081
+# Kubernetes uses the chart's probes; this is for `docker run`.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s \
+    CMD ["python3", "-c", "import httpx; httpx.get('http://127.0.0.1:8081/healthz').raise_for_status()"]
+ENTRYPOINT ["python3", "-m", "preft_serve.registry"]
+CMD ["--host", "0.0.0.0", "--port", "8081"]
