@@ -263,7 +263,29 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("tenant")
     revoke.add_argument("key_id")
     revoke.add_argument("--admin-token", help="admin token (env PREFT_ADMIN_TOKEN)")
+    limits = leaf(t_sub, "limits", "Show a tenant's rate-limit overrides, or replace them "
+                  "with the given flags (unset flags fall back to the gateway's defaults; "
+                  "0 turns a limit off)", cmd_tenant_limits)
+    limits.add_argument("tenant")
+    limits.add_argument("--rps", dest="tenant_rps", type=float,
+                        help="requests/s for the whole tenant")
+    limits.add_argument("--burst", dest="tenant_burst", type=int, help="tenant bucket size")
+    limits.add_argument("--user-rps", type=float, help="requests/s per user")
+    limits.add_argument("--user-burst", type=int, help="per-user bucket size")
+    limits.add_argument("--clear", action="store_true", help="remove every override")
+    limits.add_argument("--admin-token", help="admin token (env PREFT_ADMIN_TOKEN)")
     return parser
+
+
+LIMIT_FLAGS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst")
+
+
+def cmd_tenant_limits(reg: Registry, args: argparse.Namespace) -> Any:
+    path = f"/v1/tenants/{args.tenant}/limits"
+    values = {f: getattr(args, f) for f in LIMIT_FLAGS if getattr(args, f) is not None}
+    if not values and not args.clear:
+        return reg.call("GET", path)
+    return reg.call("PUT", path, json=values)
 
 
 def _fail(message: str) -> NoReturn:

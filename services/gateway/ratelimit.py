@@ -3,7 +3,9 @@
 The buckets live in the registry's Redis so every gateway replica shares them. One Lua
 script checks the tenant's and the user's bucket together and takes a token from both or
 from neither (a request refused by the user limit does not eat the tenant's budget). The
-clock is Redis's own ``TIME``, so replicas with skewed clocks agree.
+clock is Redis's own ``TIME``, so replicas with skewed clocks agree. The limits are the
+gateway's defaults (``PREFT_GATEWAY_TENANT_RPS`` ...) unless the registry holds overrides
+for the tenant (``PUT /v1/tenants/{tenant}/limits``, admin), read through a short cache.
 
 If Redis is unreachable the limiter lets requests through (and counts the failure): the
 gateway can keep serving users whose bindings it has cached, and refusing all traffic
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import redis
 import redis.asyncio as aioredis
 from preft_serve.common.errors import TooManyRequests
+from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -67,28 +71,61 @@ class Limit:
         return cls(rate, burst or max(1, math.ceil(2 * rate)))
 
 
-class RateLimiter:
-    def __init__(self, client: aioredis.Redis | None, namespace: str, metrics: GatewayMetrics,
-                 tenant: Limit | None, user: Limit | None) -> None:
-        self.redis, self.namespace, self.metrics = client, namespace, metrics
-        self.tenant_limit, self.user_limit = tenant, user
-        # No client (a test double of the registry) is only allowed with limits off.
-        self._script = client.register_script(TOKEN_BUCKET_LUA) if self.enabled else None  # type: ignore[union-attr]
+LIMIT_FIELDS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst")
 
-    @property
-    def enabled(self) -> bool:
-        return self.tenant_limit is not None or self.user_limit is not None
+
+class RateLimiter:
+    """Token buckets with the gateway's default limits, overridden per tenant by the
+    registry (``PUT /v1/tenants/{tenant}/limits``; read at most every ``cache_s``)."""
+
+    def __init__(self, client: aioredis.Redis | None, namespace: str, metrics: GatewayMetrics,
+                 defaults: dict[str, float], cache_s: float = 10.0) -> None:
+        self.redis, self.namespace, self.metrics = client, namespace, metrics
+        self.keys = RegistryKeys(namespace)
+        self.defaults = {f: float(defaults.get(f, 0)) for f in LIMIT_FIELDS}
+        self.cache_s = cache_s
+        self._overrides: dict[str, tuple[float, dict[str, float]]] = {}
+        # Without a client (a test double of the registry) there are no limits at all.
+        self._script = client.register_script(TOKEN_BUCKET_LUA) if client is not None else None
+
+    async def limits(self, tenant: str) -> tuple[Limit | None, Limit | None]:
+        """(tenant limit, per-user limit) for ``tenant``: defaults + its overrides."""
+        values = {**self.defaults, **await self._tenant_overrides(tenant)}
+        return (Limit.of(values["tenant_rps"], int(values["tenant_burst"])),
+                Limit.of(values["user_rps"], int(values["user_burst"])))
+
+    async def _tenant_overrides(self, tenant: str) -> dict[str, float]:
+        now = time.monotonic()
+        cached = self._overrides.get(tenant)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        assert self.redis is not None
+        try:
+            raw = await self.redis.hgetall(self.keys.tenant_limits(tenant))
+        except redis.RedisError:
+            return cached[1] if cached is not None else {}
+        fields = {_text(k): float(_text(v)) for k, v in raw.items()
+                  if _text(k) in LIMIT_FIELDS}
+        self._overrides[tenant] = (now + self.cache_s, fields)
+        return fields
 
     async def check(self, tenant: str, user: str | None) -> None:
         """Take one request from the tenant's and the user's bucket, or raise 429."""
+        if self._script is None:
+            return
+        try:
+            tenant_limit, user_limit = await self.limits(tenant)
+        except ValueError:  # a malformed override: log it and use no limit rather than 500
+            logger.exception("tenant %s has malformed rate-limit overrides", tenant)
+            return
         buckets: list[tuple[str, str, Limit]] = []
-        if self.tenant_limit is not None:
+        if tenant_limit is not None:
             buckets.append(("tenant", f"{self.namespace}:ratelimit:tenant:{tenant}",
-                            self.tenant_limit))
-        if self.user_limit is not None and user is not None:
+                            tenant_limit))
+        if user_limit is not None and user is not None:
             buckets.append(("user", f"{self.namespace}:ratelimit:user:{tenant}:{user}",
-                            self.user_limit))
-        if not buckets or self._script is None:
+                            user_limit))
+        if not buckets:
             return
         args: list[float | int] = []
         for _, _, limit in buckets:
@@ -110,3 +147,7 @@ class RateLimiter:
             f"rate limit exceeded for {who}: {limit.rate:g} requests/s with bursts of "
             f"{limit.burst}; retry after {retry_after} s",
             headers={"Retry-After": str(retry_after)})
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -44,6 +44,8 @@ class GatewaySettings(BaseSettings):
     user_rps: float = Field(0.0, ge=0, description="Requests per second per (tenant, user); "
                             "0 = unlimited")
     user_burst: int = Field(0, ge=0, description="User bucket size; 0 = 2 x user_rps")
+    limits_cache_s: float = Field(10.0, ge=0, description="How long a tenant's rate-limit "
+                                  "overrides (set in the registry) are cached")
     base_model_name: str = Field("base", description="What clients call the base model")
     worker_base_model: str | None = Field(
         None, description="The name workers serve the base model under (vLLM's "

@@ -9,7 +9,7 @@ from preft_serve.common.registry_client import AsyncRegistryClient, RegistryKeys
 from preft_serve.gateway.discovery import WorkerSource, create_source
 from preft_serve.gateway.health import WorkerMonitor
 from preft_serve.gateway.metrics import GatewayMetrics
-from preft_serve.gateway.ratelimit import Limit, RateLimiter
+from preft_serve.gateway.ratelimit import LIMIT_FIELDS, RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -48,8 +48,8 @@ class GatewayState:
                                 discovery_interval_s=settings.discovery_interval_s,
                                 health_interval_s=settings.health_interval_s)
         limiter = RateLimiter(getattr(registry, "redis", None), settings.namespace, metrics,
-                              Limit.of(settings.tenant_rps, settings.tenant_burst),
-                              Limit.of(settings.user_rps, settings.user_burst))
+                              settings.model_dump(include=set(LIMIT_FIELDS)),
+                              settings.limits_cache_s)
         await monitor.start()
         return cls(settings, registry, http, pool, monitor, limiter, metrics)
 

@@ -27,6 +27,21 @@ class TenantOut(BaseModel):
     keys: list[ApiKeyInfo]
 
 
+class TenantLimits(BaseModel):
+    """Rate-limit overrides for one tenant; a field left null uses the gateway's default
+    (``PREFT_GATEWAY_TENANT_RPS`` ...), and 0 turns that limit off for this tenant."""
+
+    model_config = {"extra": "forbid"}
+
+    tenant_rps: float | None = Field(None, ge=0, le=1e6,
+                                     description="Requests/s for the whole tenant")
+    tenant_burst: int | None = Field(None, ge=0, le=10**7,
+                                     description="Tenant bucket size (0 = 2 x rate)")
+    user_rps: float | None = Field(None, ge=0, le=1e6, description="Requests/s per user")
+    user_burst: int | None = Field(None, ge=0, le=10**7,
+                                   description="User bucket size (0 = 2 x rate)")
+
+
 class TenantCreated(TenantOut):
     api_key: str = Field(description="Shown once; only its hash is stored")
     key_id: str

@@ -23,7 +23,7 @@ from preft_serve.common.registry_client import (
     hash_api_key,
 )
 from preft_serve.registry.events import queue_event
-from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantOut
+from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantLimits, TenantOut
 from preft_serve.registry.names import check_tenant_name, utcnow
 from preft_serve.registry.txn import Redis, transact
 
@@ -84,6 +84,21 @@ class TenantService:
         if not info:
             raise NotFound(f"tenant {name!r} does not exist")
         return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name))
+
+    def get_limits(self, tenant: str) -> TenantLimits:
+        self.get(tenant)
+        return TenantLimits(**self.redis.hgetall(self.keys.tenant_limits(tenant)))
+
+    def set_limits(self, tenant: str, limits: TenantLimits) -> TenantLimits:
+        """Replace the overrides (gateways pick them up within their limits cache TTL)."""
+        self.get(tenant)
+        values = {k: str(v) for k, v in limits.model_dump().items() if v is not None}
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.tenant_limits(tenant))
+        if values:
+            pipe.hset(self.keys.tenant_limits(tenant), mapping=values)
+        pipe.execute()
+        return limits
 
     def list_keys(self, tenant: str) -> list[ApiKeyInfo]:
         records = [json.loads(v) for v in self.redis.hvals(self.keys.tenant_keys(tenant))]

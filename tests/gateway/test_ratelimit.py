@@ -7,8 +7,10 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
+from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -16,11 +18,12 @@ from tests.conftest import free_port
 from tests.gateway.test_requests import AUTH, MSGS, FakeRegistry, Workers, message
 
 
-def _client(redis_url: str, workers: Workers, **limits: Any) -> TestClient:
+def _client(redis_url: str, workers: Workers, namespace: str | None = None,
+            **limits: Any) -> TestClient:
     registry = FakeRegistry()
     registry.redis = aioredis.Redis.from_url(redis_url)  # type: ignore[attr-defined]
     settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                               namespace=f"rl{uuid.uuid4().hex[:8]}", **limits)
+                               namespace=namespace or f"rl{uuid.uuid4().hex[:8]}", **limits)
     app = create_app(settings, transport=httpx.MockTransport(workers),
                      registry=registry)  # type: ignore[arg-type]
     return TestClient(app, raise_server_exceptions=False)
@@ -78,3 +81,24 @@ def test_limits_off_by_default_and_fail_open_without_redis(workers: Workers) -> 
     assert 'preft_gateway_errors_total{cause="rate_limit_unavailable"} 3.0' in text
 
 
+
+
+def test_tenant_overrides_from_the_registry_replace_the_defaults(redis_server: str,
+                                                                  workers: Workers) -> None:
+    namespace = f"rl{uuid.uuid4().hex[:8]}"
+    overrides = RegistryKeys(namespace).tenant_limits("acme")
+    store = redis.Redis.from_url(redis_server)
+    with _client(redis_server, workers, namespace, limits_cache_s=0) as client:
+        assert all(chat(client, user="u1").status_code == 200 for _ in range(4))  # no limits
+        store.hset(overrides, mapping={"user_rps": "0.2", "user_burst": "1"})
+        assert chat(client, user="u1").status_code == 200
+        limited = chat(client, user="u1")
+        assert limited.status_code == 429 and "for user u1: 0.2 requests/s" in message(limited)
+        assert limited.headers["Retry-After"] == "5"
+        assert chat(client, user="u2", model="bot").status_code == 200  # its own bucket
+        store.delete(overrides)
+        assert chat(client, user="u1").status_code == 200
+    with _client(redis_server, workers, namespace, limits_cache_s=0, tenant_rps=100) as client:
+        store.hset(overrides, mapping={"tenant_rps": "0"})  # 0 turns the default off
+        assert all(chat(client, user="u1").status_code == 200 for _ in range(250))
+    store.close()

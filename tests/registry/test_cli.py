@@ -91,3 +91,17 @@ def test_console_script_help():
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0
     assert "preft adapter upload ./my-adapter --name support-bot --mode prefill" in proc.stdout
+
+
+def test_tenant_limits(live_server, tenant_key, capsys):
+    common = ("--url", live_server, "--admin-token", ADMIN_TOKEN, "--json")
+    code, out, _ = run(capsys, "tenant", "limits", "acme", "--rps", "20", "--user-rps", "2",
+                       *common)
+    assert code == 0 and json.loads(out)["tenant_rps"] == 20.0
+    code, out, _ = run(capsys, "tenant", "limits", "acme", *common)
+    assert json.loads(out) == {"tenant_rps": 20.0, "tenant_burst": None, "user_rps": 2.0,
+                               "user_burst": None}
+    code, out, _ = run(capsys, "tenant", "limits", "acme", "--clear", *common)
+    assert code == 0 and json.loads(out)["tenant_rps"] is None
+    code, _, err = run(capsys, "tenant", "limits", "acme", "--rps", "-3", *common)
+    assert code == 1 and "greater than or equal to 0" in err

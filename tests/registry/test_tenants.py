@@ -95,3 +95,28 @@ def test_unknown_tenant(client):
                  client.get("/v1/tenants/ghost/keys", headers=admin())):
         assert resp.status_code == 404
         assert error_message(resp) == "tenant 'ghost' does not exist"
+
+
+def test_rate_limit_overrides_round_trip_and_bad_values_change_nothing(client, acme,
+                                                                        state_snapshot):
+    assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
+        "tenant_rps": None, "tenant_burst": None, "user_rps": None, "user_burst": None}
+    resp = client.put("/v1/tenants/acme/limits", json={"tenant_rps": 50, "user_rps": 2.5},
+                      headers=admin())
+    assert resp.status_code == 200, resp.text
+    assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
+        "tenant_rps": 50.0, "tenant_burst": None, "user_rps": 2.5, "user_burst": None}
+    before = state_snapshot()
+    for body, needle in (({"tenant_rps": -1}, "greater than or equal to 0"),
+                         ({"user_burst": 1.5}, "valid integer"),
+                         ({"tenant_qps": 5}, "Extra inputs are not permitted")):
+        bad = client.put("/v1/tenants/acme/limits", json=body, headers=admin())
+        assert bad.status_code == 422, bad.text
+        assert needle in str(bad.json()["error"])
+    assert client.put("/v1/tenants/acme/limits", json={}, headers=acme).status_code == 401
+    ghost = client.put("/v1/tenants/ghost/limits", json={"tenant_rps": 1}, headers=admin())
+    assert ghost.status_code == 404 and error_message(ghost) == "tenant 'ghost' does not exist"
+    assert state_snapshot() == before
+    cleared = client.put("/v1/tenants/acme/limits", json={}, headers=admin())
+    assert cleared.status_code == 200
+    assert client.get("/v1/tenants/acme/limits", headers=admin()).json()["tenant_rps"] is None

@@ -30,6 +30,9 @@ class RegistryKeys:
     def tenant(self, tenant: str) -> str:  # HASH name, created_at
         return f"{self.ns}:tenant:{tenant}"
 
+    def tenant_limits(self, tenant: str) -> str:  # HASH rate-limit overrides (LIMIT_FIELDS)
+        return f"{self.ns}:tenant:{tenant}:limits"
+
     def tenant_keys(self, tenant: str) -> str:  # HASH key_id -> JSON {key_id, hash, created_at}
         return f"{self.ns}:tenant:{tenant}:keys"
 

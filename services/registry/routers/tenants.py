@@ -10,6 +10,7 @@ from preft_serve.registry.models import (
     ApiKeyInfo,
     TenantCreate,
     TenantCreated,
+    TenantLimits,
     TenantOut,
 )
 
@@ -48,3 +49,17 @@ def create_key(tenant: str, _: AdminDep, tenants: TenantsDep) -> ApiKeyCreated:
 def revoke_key(tenant: str, key_id: str, _: AdminDep, tenants: TenantsDep) -> Response:
     tenants.revoke_key(tenant, key_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/{tenant}/limits", response_model=TenantLimits, responses=error_responses(401, 404))
+def get_limits(tenant: str, _: AdminDep, tenants: TenantsDep) -> TenantLimits:
+    """The tenant's rate-limit overrides (null fields use the gateway's defaults)."""
+    return tenants.get_limits(tenant)
+
+
+@router.put("/{tenant}/limits", response_model=TenantLimits,
+            responses=error_responses(401, 404, 422))
+def set_limits(tenant: str, body: TenantLimits, _: AdminDep, tenants: TenantsDep) -> TenantLimits:
+    """Replace the tenant's rate-limit overrides; gateways apply them within
+    ``PREFT_GATEWAY_LIMITS_CACHE_S`` seconds."""
+    return tenants.set_limits(tenant, body)

@@ -58,7 +58,7 @@ class _ReftValidator(AdapterValidator):
             spec = parse_positions(positions)
         except AdapterFormatError as exc:
             raise AdapterRejected(str(exc)) from None
-        counts = [int(n) for n in re.findall(r"\d+", positions)] if spec is not None else []
+        counts = [int(n) for n in re.findall(r"\d+", str(positions))] if spec is not None else []
         require(all(1 <= n <= MAX_POSITIONS for n in counts),
                 f"ReFT position counts must be between 1 and {MAX_POSITIONS} (got {positions!r})")
         require(isinstance(config.get("share_weights", True), bool),
