@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-from preft_serve.common.registry_client import AsyncRegistryClient, RegistryKeys
+from preft_serve.common.registry_client import AsyncRegistryClient
 from preft_serve.gateway.discovery import WorkerSource, create_source
 from preft_serve.gateway.health import WorkerMonitor
 from preft_serve.gateway.metrics import GatewayMetrics
@@ -23,10 +23,6 @@ class GatewayState:
     monitor: WorkerMonitor
     limiter: RateLimiter
     metrics: GatewayMetrics
-
-    @property
-    def keys(self) -> RegistryKeys:
-        return RegistryKeys(self.settings.namespace)
 
     @classmethod
     async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,

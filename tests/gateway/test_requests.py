@@ -33,6 +33,9 @@ class FakeRegistry:
     async def resolve_adapter(self, tenant: str, name: str) -> AdapterRef | None:
         return self.ref if (tenant, name) == ("acme", "bot") else None
 
+    async def adapter_names(self, tenant: str, limit: int = 1000) -> list[str]:
+        return ["bot"][:limit] if tenant == "acme" else []
+
     async def aclose(self) -> None:
         pass
 
@@ -189,6 +192,13 @@ def test_adapter_label_budget() -> None:
 
     metrics = GatewayMetrics(max_adapters=2)
     assert [metrics.adapter_label(n) for n in ("a", "b", "c", "a")] == ["a", "b", "other", "a"]
+
+
+def test_models_lists_the_tenants_adapters_then_the_base(client: TestClient) -> None:
+    resp = client.get("/v1/models", headers=AUTH)
+    assert [(m["id"], m["owned_by"]) for m in resp.json()["data"]] == [
+        ("bot", "acme"), ("tiny", "preft-serve")]
+    assert client.get("/v1/models").status_code == 401
 
 
 def test_healthz(client: TestClient) -> None:

@@ -114,6 +114,12 @@ class AsyncRegistryClient(ClientBase):
             self._cache.put(epoch, tenant, None, name, ref)
         return ref
 
+    async def adapter_names(self, tenant: str, limit: int = 1000) -> list[str]:
+        """The tenant's first ``limit`` adapter names in name order (not cached: a listing
+        is rare, and the index is one sorted set)."""
+        names = await self.redis.zrange(self.keys.adapters(tenant), 0, limit - 1)
+        return [n.decode() if isinstance(n, bytes) else n for n in names]
+
     async def authenticate(self, api_key: str) -> KeyOwner | None:
         """Owner of a valid API key; ``None`` for unknown or revoked ones (cached until an
         ``apikey.revoked`` event)."""

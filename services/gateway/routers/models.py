@@ -13,10 +13,8 @@ router = APIRouter(prefix="/v1", tags=["models"])
 
 @router.get("/models", responses=error_responses(401))
 async def list_models(state: StateDep, owner: TenantDep) -> dict[str, Any]:
-    """Adapter names straight from the registry's per-tenant index (the client library
-    resolves but does not list), first ``models_list_limit`` in name order, base model last."""
-    names = await state.registry.redis.zrange(
-        state.keys.adapters(owner.tenant), 0, state.settings.models_list_limit - 1)
+    """The tenant's adapters (first ``models_list_limit`` in name order), base model last."""
+    names = await state.registry.adapter_names(owner.tenant, state.settings.models_list_limit)
     data = [{"id": n, "object": "model", "owned_by": owner.tenant} for n in names]
     data.append({"id": state.settings.base_model_name, "object": "model",
                  "owned_by": "preft-serve"})
