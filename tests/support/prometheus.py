@@ -33,8 +33,9 @@ def prometheus_binary() -> str:
 
 def scrape_config(jobs: Mapping[str, Sequence[str]], interval_s: float) -> str:
     """prometheus.yml text: one static job per entry, targets given as base URLs."""
-    lines = ["global:", f"  scrape_interval: {interval_s}s",
-             f"  scrape_timeout: {interval_s}s", "scrape_configs:"]
+    interval = f"{round(interval_s * 1000)}ms"  # Prometheus durations are integers
+    lines = ["global:", f"  scrape_interval: {interval}", f"  scrape_timeout: {interval}",
+             "scrape_configs:"]
     for job, urls in jobs.items():
         targets = ", ".join(f'"{urlsplit(u).netloc}"' for u in urls)
         lines += [f"  - job_name: {job}", "    metrics_path: /metrics",
@@ -63,8 +64,12 @@ class Prometheus:
         (a ``time.time()`` value), so instant queries see everything done before it."""
         deadline = time.monotonic() + timeout
         while True:
-            samples = self.query(f'timestamp(up{{job="{job}"}} == 1)')
-            if samples and all(float(s["value"][1]) > moment for s in samples):
+            # ``timestamp`` of a plain selector is the scrape's start time (of an expression
+            # such as ``up == 1`` it would be the evaluation time, which proves nothing).
+            samples = self.query(f'timestamp(up{{job="{job}"}})')
+            up = self.by_label(f'up{{job="{job}"}}', "instance")
+            if samples and all(float(s["value"][1]) > moment for s in samples) and all(
+                    v == 1 for v in up.values()):
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"no scrape of job {job} after {moment}: {samples}")
