@@ -72,3 +72,19 @@ def vllm_names(loggers_py: Path) -> set[str]:
     for kind, name in definitions:
         names |= series_names(name, kind)
     return names
+
+
+_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^{}]*)\}")
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def label_values(expr: str) -> list[tuple[str, str, str]]:
+    """(metric, label, value) for each positive matcher; ``=~"a|b"`` gives a and b."""
+    found = []
+    for metric, body in _SELECTOR.findall(expr):
+        for label, op, value in _MATCHER.findall(body):
+            if op == "=":
+                found.append((metric, label, value))
+            elif op == "=~" and re.fullmatch(r"[\w|]+", value):
+                found += [(metric, label, v) for v in value.split("|")]
+    return found

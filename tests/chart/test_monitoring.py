@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,12 @@ import jsonschema
 import pytest
 import yaml
 from preft_serve.gateway.metrics import GatewayMetrics
+from preft_serve.gateway.routing import RouteResult
 from preft_serve.registry.metrics import RegistryMetrics
 from preft_serve.worker.adapter_cache import AdapterCacheMetrics
 from prometheus_client import CollectorRegistry
 
-from tests.chart.promql import exported_names, metric_names, vllm_names
+from tests.chart.promql import exported_names, label_values, metric_names, vllm_names
 from tests.chart.support import CHART, NAMESPACE, Rendered
 
 DASHBOARD = CHART / "dashboards" / "preft-serve.json"
@@ -98,6 +100,41 @@ def test_alerts_read_only_exported_metrics(rule: dict[str, Any], exported: set[s
         names = metric_names(alert["expr"])
         assert names and names <= exported, (alert["alert"], sorted(names - exported))
         assert NS in alert["expr"]  # scoped to the release's namespace
+
+
+def _source_strings(module: str, pattern: str) -> set[str]:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    found = set(re.findall(pattern, Path(spec.origin).read_text()))
+    assert found, f"{pattern} matched nothing in {module}"
+    return found
+
+
+@pytest.fixture(scope="module")
+def known_label_values() -> dict[tuple[str, str], set[str]]:
+    """Values the code writes into the labels that queries match on."""
+    outcomes = _source_strings("preft_serve.worker.adapter_cache", r'_record\(start, "(\w+)"')
+    states = _source_strings("preft_serve.gateway.health", r'workers\.labels\("(\w+)"\)')
+    return {
+        ("preft_gateway_routing_total", "result"): {r.value for r in RouteResult},
+        ("preft_worker_adapter_loads_total", "outcome"): outcomes,
+        ("preft_worker_adapter_loads_total", "tier"): {"disk"},
+        ("preft_gateway_workers", "state"): states,
+    }
+
+
+def test_label_values_in_queries_are_ones_the_code_writes(
+        dashboard: dict[str, Any], rule: dict[str, Any],
+        known_label_values: dict[tuple[str, str], set[str]]) -> None:
+    exprs = dashboard_exprs(dashboard) + [a["expr"] for a in alert_rules(rule)]
+    checked = 0
+    for expr in exprs:
+        for metric, label, value in label_values(expr):
+            allowed = known_label_values.get((metric, label))
+            if allowed is not None:
+                assert value in allowed, f"{metric}{{{label}={value!r}}}: never written"
+                checked += 1
+    assert checked >= 10
 
 
 def test_alerts_cover_the_operational_signals(rule: dict[str, Any]) -> None:
