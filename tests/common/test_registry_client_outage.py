@@ -95,3 +95,44 @@ def test_async_client_serves_cache_while_redis_is_down(own_redis: RedisProcess) 
             assert await client.resolve_user("acme", "alice") is None
 
     asyncio.run(scenario())
+
+
+def test_redis_back_without_its_data_drops_the_whole_cache(
+    own_redis: RedisProcess, tmp_path: Path
+) -> None:
+    """A Redis that restarts empty (no persistence, or a lost volume) must not leave the
+    client serving bindings and API keys that no longer exist anywhere."""
+    writer = Writer(own_redis.url, "outage")
+    writer.version("acme", "bot", "v1")
+    _, key = writer.tenants.create("acme")
+    writer.bindings.bind("acme", "alice", "bot")
+    with RegistryClient(own_redis.url, namespace="outage") as client:
+        assert eventually(lambda: client.cursor not in (None, "0-0"))
+        assert client.resolve_user("acme", "alice").name == "bot"
+        assert client.authenticate(key.api_key) is not None
+        own_redis.kill()
+        own_redis.wipe()
+        own_redis.start()
+        assert eventually(lambda: client.live and client.authenticate(key.api_key) is None,
+                          timeout=15)
+        assert client.resolve_user("acme", "alice") is None
+        # Life goes on with the new (empty) data set: new changes arrive as events.
+        writer.version("acme", "bot", "v1")
+        writer.bindings.bind("acme", "alice", "bot")
+        assert eventually(lambda: client.resolve_user("acme", "alice") is not None)
+
+
+def test_changes_since_reports_a_reset_when_the_stream_is_gone_or_behind(
+    own_redis: RedisProcess,
+) -> None:
+    writer = Writer(own_redis.url, "outage")
+    client = RegistryClient(own_redis.url, namespace="outage")
+    assert client.changes_since("0-0").reset is False  # nothing ever happened: fine
+    writer.version("acme", "bot", "v1")
+    seen = client.latest_cursor()
+    assert client.changes_since(seen).reset is False
+    writer.redis.delete(writer.keys.events)
+    assert client.changes_since(seen).reset is True  # the stream vanished
+    writer.redis.xadd(writer.keys.events, {"type": "x"}, id="1-1")
+    assert client.changes_since(seen).reset is True  # a stream older than what we saw
+    assert client.changes_since("1-1").reset is False

@@ -8,6 +8,8 @@ While Redis is down a user the gateway has already served (API key, binding and 
 cached) still gets answers; anything the gateway has never looked up gets a clear 503.
 After the restart the gateway's event listener reconnects: a user bound before the crash
 but never seen is served, and bindings changed after the restart reach even cached users.
+If Redis comes back without its data, the gateway drops its cache: the tenant's key no
+longer exists, so it is refused.
 """
 
 from __future__ import annotations
@@ -120,3 +122,16 @@ def _bind(registry: Registry, key: str, user: str, adapter: str) -> None:
     reply = _eventually(lambda: registry.bind_reply(key, user, adapter).status_code != 503
                         and registry.bind_reply(key, user, adapter))
     assert reply.status_code == 200, reply.text
+
+
+def test_redis_back_empty_means_nothing_cached_is_served(stack: OutageStack) -> None:
+    """Redis restarted without its data (a lost volume): the tenant, its key and bindings
+    no longer exist, so the gateway must stop honouring what it had cached."""
+    url, key = stack.gateway.url, stack.api_key
+    assert complete(url, api_key=key, user="u1").status_code == 200  # cached now
+    stack.redis.kill()
+    stack.redis.wipe()
+    stack.redis.start()
+    assert _eventually(lambda: complete(url, api_key=key, user="u1").status_code == 401)
+    reply = complete(url, api_key=key, user="u1")
+    assert reply.json()["error"]["code"] == "unauthorized"

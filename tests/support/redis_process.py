@@ -49,6 +49,12 @@ class RedisProcess:
         if self._process is not None:
             self._process.kill()
 
+    def wipe(self) -> None:
+        """Delete the data files (while stopped): the next ``start`` comes back empty."""
+        for path in self.root.glob("appendonly*"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        (self.root / "dump.rdb").unlink(missing_ok=True)
+
     def stop(self) -> None:
         if self._process is not None:
             self._process.stop()

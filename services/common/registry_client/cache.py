@@ -223,13 +223,17 @@ class ClientBase:
 
     @staticmethod
     def _trimmed(info: Mapping[str, Any] | None, cursor: str) -> bool:
-        """Whether events after ``cursor`` may have been trimmed away (Redis >= 7 fields).
+        """Whether events after ``cursor`` may be missing (Redis >= 7 fields): trimmed or
+        deleted, or the stream is gone or behind ``cursor`` because Redis came back without
+        its data or from an older snapshot. Either way a consumer must rebuild its state.
 
         Conservative: a cursor equal to the last trimmed id also reports a reset.
         """
-        if not info:
-            return False
         at = stream_id_key(cursor or "0-0")
+        if not info:
+            return at > (0, 0)  # no stream, yet the consumer had seen events: data lost
+        if at > stream_id_key(info.get("last-generated-id") or "0-0"):
+            return True  # the stream is behind the consumer: rolled back
         if at < stream_id_key(info.get("max-deleted-entry-id") or "0-0"):
             return True  # XDEL'd entries
         if int(info.get("entries-added", 0)) <= int(info.get("length", 0)):
