@@ -157,6 +157,7 @@ def run_locust(args: argparse.Namespace, gateway: str, plan: Path, samples: Path
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    load_at_start = os.getloadavg()[0]
     from preft_serve.toymodels import make_model  # imports torch
 
     def say(line: str) -> None:
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {
             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            # Other processes on the machine skew every number; this says how busy it was.
+            "load_average_1m_at_start": round(load_at_start, 2),
             "setup": {"adapters": args.adapters, "tenants": args.tenants,
                       "all_fraction": args.all_fraction, "rank": 4, "users": args.users,
                       "duration": args.duration, "stream_fraction": args.stream_fraction,
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                       "prompt_words": _pair(args.prompt_words), "model": "tiny-llama",
                       "worker_args": args.worker_args, "seed_s": round(seed_s, 1),
                       "locust_exit_code": code},
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
             "summary": summary,
             "worker_metrics": scrape(stack.worker_url, WORKER_METRICS),
             "gateway_metrics": scrape(stack.gateway_url, GATEWAY_METRICS),

@@ -3,8 +3,10 @@ percentiles and Prometheus scrapes. The stack itself is :mod:`preft_serve.locals
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,3 +95,70 @@ def scrape(url: str, names: Sequence[str]) -> dict[str, float]:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
                 out[f"{sample.name}{{{labels}}}"] = sample.value
     return out
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid`` (a local-stack part and what it started)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU time so far of ``pids`` (Linux /proc; vanished pids count 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def _tasks(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def isolate_model_cpus(pids: Iterable[int]) -> tuple[set[int], list[int]]:
+    """Leave the CPUs vLLM bound its compute threads to (threads whose affinity is narrower
+    than the whole machine) to those threads alone: move every other thread of ``pids`` and
+    of this process to the remaining CPUs. Returns (model CPUs, moved thread ids).
+
+    On a small machine this keeps the gateway, the API servers and the load generator from
+    preempting the model's OpenMP thread, which stalls every request in the batch at once.
+    """
+    everything = set(range(os.cpu_count() or 1))
+    threads = [t for pid in [*pids, os.getpid()] for t in _tasks(pid)]
+    model: set[int] = set()
+    for t in threads:
+        with contextlib.suppress(OSError):
+            if (cpus := os.sched_getaffinity(t)) != everything:
+                model |= cpus
+    rest = everything - model
+    moved = []
+    if model and rest:
+        for t in threads:
+            with contextlib.suppress(OSError):
+                if os.sched_getaffinity(t) == everything:
+                    os.sched_setaffinity(t, rest)
+                    moved.append(t)
+    return model, moved
+
+
+def release_cpus(threads: Iterable[int]) -> None:
+    """Undo :func:`isolate_model_cpus` for ``threads``."""
+    everything = set(range(os.cpu_count() or 1))
+    for t in threads:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(t, everything)

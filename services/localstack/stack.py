@@ -99,7 +99,8 @@ class LocalStack:
             raise StackError(f"port(s) already in use: {', '.join(busy)}. Is another local "
                              "stack running? Stop it, or choose other ports with those flags.")
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        """Start one more part (stopped with the others; unknown names stop first)."""
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         child = Child(name, argv, self.config.log_dir / f"{name}.log", env=env,
                       cwd=self.config.run_dir)
@@ -113,7 +114,7 @@ class LocalStack:
             raise StackError("redis-server not found: install it (apt-get install redis-server)")
         data = self.config.run_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        child = self._start("redis", [
+        child = self.start("redis", [
             binary, "--port", str(self.config.redis_port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", str(data.resolve()),
             "--protected-mode", "yes"])
@@ -140,7 +141,7 @@ class LocalStack:
     def start_registry(self, model: Path) -> Child:
         (self.config.run_dir / "staging").mkdir(parents=True, exist_ok=True)
         argv, env = self.registry_command(model)
-        child = self._start("registry", argv, env)
+        child = self.start("registry", argv, env)
         child.wait_ready(_http_ok(f"{self.registry_url}/readyz"), self.config.service_timeout_s)
         return child
 
@@ -159,26 +160,31 @@ class LocalStack:
     def start_worker(self, model: Path) -> Child:
         """Start the worker without waiting: vLLM takes a while, other parts start meanwhile."""
         self.model = model
-        return self._start("worker", self.worker_command(model))
+        return self.start("worker", self.worker_command(model))
 
     def wait_worker(self) -> float:
         worker = next(c for c in self.children if c.name == "worker")
         return worker.wait_ready(_http_ok(f"{self.worker_url}/health"),
                                  self.config.worker_timeout_s, 0.5)
 
-    def gateway_command(self, model: Path, worker_urls: list[str] | None = None
-                        ) -> tuple[list[str], dict[str, str]]:
+    def gateway_command(self, model: Path, worker_urls: list[str] | None = None,
+                        port: int | None = None) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, "-m", "preft_serve.gateway",
-                "--port", str(self.config.gateway_port), "--redis-url", self.redis_url,
+                "--port", str(port or self.config.gateway_port), "--redis-url", self.redis_url,
                 "--workers", ",".join(worker_urls or [self.worker_url]),
                 "--base-model-name", self.config.base_model_name,
                 "--worker-base-model", str(model)]
         return argv, {"PREFT_GATEWAY_DISCOVERY": "static", **self.config.gateway_env}
 
-    def start_gateway(self, model: Path, worker_urls: list[str] | None = None) -> Child:
-        argv, env = self.gateway_command(model, worker_urls)
-        child = self._start("gateway", argv, env)
-        child.wait_ready(_http_ok(f"{self.gateway_url}/readyz"), self.config.service_timeout_s)
+    def start_gateway(self, model: Path, worker_urls: list[str] | None = None,
+                      port: int | None = None, name: str = "gateway") -> Child:
+        """A gateway in front of ``worker_urls`` (default: this stack's worker); benchmarks
+        start a second one on another ``port`` under another ``name``."""
+        port = port or self.config.gateway_port
+        argv, env = self.gateway_command(model, worker_urls, port)
+        child = self.start(name, argv, env)
+        child.wait_ready(_http_ok(f"http://127.0.0.1:{port}/readyz"),
+                         self.config.service_timeout_s)
         return child
 
     def dead_child(self) -> Child | None:
