@@ -1,0 +1,84 @@
+"""The load tests' own logic: percentiles, mode spreading, the summary, the fake upstream.
+
+(The load tests run on a local stack; their helpers are tested here beside it.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+from preft_serve.common.adapter_format import AdapterMode
+
+from loadtests.fake_worker import app as fake_worker
+from loadtests.loadtest import summarize
+from loadtests.stack_setup import adapter_mode, percentile
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 90) == 90.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([], 50) is None
+
+
+def test_all_mode_adapters_are_spread_evenly() -> None:
+    modes = [adapter_mode(i, 0.25) for i in range(100)]
+    assert modes.count(AdapterMode.ALL) == 25
+    # Never two in a row at 25%: every block of four has exactly one.
+    assert all(modes[i:i + 4].count(AdapterMode.ALL) == 1 for i in range(0, 100, 4))
+    assert {adapter_mode(i, 0.0) for i in range(50)} == {AdapterMode.PREFILL}
+
+
+def _sample(t: float, latency: float, stream: bool, tokens: int, error: str | None = None,
+            ttft: float | None = None, user: str = "u1") -> dict[str, object]:
+    return {"t": t, "latency_s": latency, "stream": stream, "tokens": tokens, "error": error,
+            "ttft_s": ttft, "user": user}
+
+
+def test_summary_counts_only_successes_in_throughput() -> None:
+    samples = [
+        _sample(0.0, 1.0, False, 10, user="a"),
+        _sample(1.0, 1.0, True, 20, ttft=0.1, user="b"),
+        _sample(2.0, 1.0, True, 30, ttft=0.3, user="c"),
+        _sample(3.0, 1.0, False, 0, error="http_429:rate_limited", user="a"),
+        _sample(3.5, 0.5, False, 0, error="http_429:rate_limited", user="d"),
+    ]
+    summary = summarize(samples)
+    assert summary["duration_s"] == 4.0  # first start to last end
+    assert (summary["requests"], summary["ok"], summary["streamed_ok"]) == (5, 3, 2)
+    assert summary["throughput_rps"] == 0.75  # 3 ok / 4 s
+    assert summary["throughput_tok_s"] == 15.0  # 60 tokens / 4 s
+    assert summary["ttft_ms"]["p50"] == 100.0
+    assert summary["ttft_ms"]["p99"] == 300.0
+    assert summary["errors"] == {"http_429:rate_limited": 2}
+    assert summary["distinct_users"] == 4
+
+
+def _post(body: dict[str, object]) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=fake_worker)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://fake") as client:
+            return await client.post("/v1/chat/completions", json=body)
+
+    return asyncio.run(go())
+
+
+def test_fake_worker_answers_like_vllm() -> None:
+    whole = _post({"model": "sha256:ab", "max_tokens": 5, "messages": []})
+    assert whole.status_code == 200
+    payload = whole.json()
+    assert payload["model"] == "sha256:ab"
+    assert payload["usage"]["completion_tokens"] == 5
+    assert len(payload["choices"][0]["message"]["content"]) == 5
+
+    stream = _post({"model": "m", "max_tokens": 3, "stream": True, "messages": [],
+                    "stream_options": {"include_usage": True}})
+    events = [e for e in stream.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks[:-1]) == "xxx"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
