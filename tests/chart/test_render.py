@@ -7,6 +7,7 @@ here, and tests/chart/test_monitoring.py checks their structure and their PromQL
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes_validate
@@ -88,3 +89,45 @@ def test_resource_names_are_unique_per_kind(scenarios: dict[str, Rendered]) -> N
     for rendered in scenarios.values():
         keys = [(d["kind"], d["metadata"]["name"]) for d in rendered.docs]
         assert len(keys) == len(set(keys))
+
+
+# Switches no CI values file flips, rendered on top of the defaults and schema-checked too.
+VARIANTS = {
+    "redis-without-persistence": {"redis.persistence.enabled": "false"},
+    "no-network-policies": {"networkPolicy.enabled": "false"},
+    "nodeport-gateway": {"gateway.service.type": "NodePort", "gateway.service.nodePort": "30080"},
+    "no-pdbs-no-hpa": {"gateway.pdb.enabled": "false", "worker.pdb.enabled": "false",
+                       "gateway.autoscaling.enabled": "false"},
+    "own-service-accounts": {"gateway.serviceAccount.create": "false",
+                             "gateway.serviceAccount.name": "gw",
+                             "gateway.rbac.create": "false",
+                             "worker.serviceAccount.create": "false",
+                             "registry.serviceAccount.create": "false"},
+    "everything-on": {"metrics.serviceMonitor.enabled": "true",
+                      "metrics.prometheusRule.enabled": "true",
+                      "worker.autoscaling.enabled": "true", "registry.replicas": "3",
+                      "gateway.ingress.enabled": "true", "registry.ingress.enabled": "true",
+                      "image.pullSecrets[0]": "regcred", "worker.gpu.count": "2",
+                      "worker.extraArgs[0]": "--tensor-parallel-size=2"},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variants_render_valid_manifests(render: Callable[..., Rendered], variant: str) -> None:
+    rendered = render([], VARIANTS[variant])
+    for doc in rendered.docs:
+        if (doc["apiVersion"], doc["kind"]) not in CRD_KINDS:
+            kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
+    if variant == "redis-without-persistence":
+        redis = rendered.component("StatefulSet", "redis")
+        assert "volumeClaimTemplates" not in redis["spec"]
+        assert {"name": "data", "emptyDir": {}} in redis["spec"]["template"]["spec"]["volumes"]
+    if variant == "own-service-accounts":
+        assert rendered.of_kind("ServiceAccount") == [] and rendered.of_kind("Role") == []
+        gateway = rendered.component("Deployment", "gateway")
+        assert gateway["spec"]["template"]["spec"]["serviceAccountName"] == "gw"
+    if variant == "everything-on":
+        worker = rendered.component("Deployment", "worker")["spec"]["template"]["spec"]
+        assert worker["imagePullSecrets"] == [{"name": "regcred"}]
+        assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+        assert rendered.has("PodDisruptionBudget", "registry")
