@@ -100,8 +100,8 @@ def test_cached_users_survive_a_redis_crash_and_the_gateway_recovers(
         assert never_seen.status_code == 503, never_seen.text
         error = never_seen.json()["error"]
         assert error["code"] == "unavailable" and "Redis" in error["message"]
-        unknown_name = complete(url, api_key=key, model="bot2")
-        assert unknown_name.status_code == 503, unknown_name.text
+        never_resolved = complete(url, api_key=key, model="bot2")
+        assert never_resolved.status_code == 503, never_resolved.text
     assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503
 
     stack.redis.start()  # same port, same append-only file: all data is back
