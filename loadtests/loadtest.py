@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -83,7 +84,7 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
         v = percentile(xs, q)
         return None if v is None else round(v * 1000, 1)
 
-    ttft = [s["ttft_s"] for s in ok if s["stream"]]
+    ttft = [s["ttft_s"] for s in ok if s["stream"] and s["ttft_s"] is not None]
     latency = {
         kind: [s["latency_s"] for s in ok if s["stream"] == streamed]
         for kind, streamed in (("stream", True), ("non_stream", False))
@@ -92,7 +93,9 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "duration_s": round(span, 2),
         "requests": len(samples),
         "ok": len(ok),
-        "streamed_ok": len(ttft),
+        "streamed_ok": sum(1 for s in ok if s["stream"]),
+        # Streams whose tokens never formed visible text (random byte model): no TTFT.
+        "streamed_without_text": sum(1 for s in ok if s["stream"] and s["ttft_s"] is None),
         "throughput_rps": round(len(ok) / span, 2),
         "throughput_tok_s": round(sum(s["tokens"] for s in ok) / span, 1),
         "ttft_ms": {f"p{q}": ms(ttft, q) for q in (50, 90, 99)},
@@ -125,7 +128,8 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: Path,
     ax1b.plot(range(seconds), toks, color="tab:orange", alpha=0.6, label="tokens/s")
     ax1.set(xlabel="time (s)", ylabel="completed requests / s", title="throughput")
     ax1b.set_ylabel("completion tokens / s")
-    ok_stream = [s for s in samples if s["error"] is None and s["stream"]]
+    ok_stream = [s for s in samples
+                 if s["error"] is None and s["stream"] and s["ttft_s"] is not None]
     ax2.scatter([s["t"] - start for s in ok_stream], [s["ttft_s"] * 1000 for s in ok_stream],
                 s=4, alpha=0.5)
     ax2.set(xlabel="request start (s)", ylabel="TTFT (ms)", title="time to first token")
@@ -177,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         adapters = make_adapters(model, var / "adapters", args.adapters,
                                  all_fraction=args.all_fraction)
         say(f"  {len(adapters)} adapters ready in {time.monotonic() - t0:.0f} s")
+        # Every run starts with a cold worker cache (hashes repeat between runs).
+        shutil.rmtree(config.run_dir / "adapter-cache", ignore_errors=True)
         say("[2/5] stack: worker (background), redis, registry")
         stack.start_worker(model)
         stack.start_redis()

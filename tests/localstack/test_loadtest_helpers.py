@@ -44,14 +44,16 @@ def test_summary_counts_only_successes_in_throughput() -> None:
         _sample(0.0, 1.0, False, 10, user="a"),
         _sample(1.0, 1.0, True, 20, ttft=0.1, user="b"),
         _sample(2.0, 1.0, True, 30, ttft=0.3, user="c"),
+        _sample(2.5, 0.5, True, 4, ttft=None, user="c"),  # tokens, but no visible text
         _sample(3.0, 1.0, False, 0, error="http_429:rate_limited", user="a"),
         _sample(3.5, 0.5, False, 0, error="http_429:rate_limited", user="d"),
     ]
     summary = summarize(samples)
     assert summary["duration_s"] == 4.0  # first start to last end
-    assert (summary["requests"], summary["ok"], summary["streamed_ok"]) == (5, 3, 2)
-    assert summary["throughput_rps"] == 0.75  # 3 ok / 4 s
-    assert summary["throughput_tok_s"] == 15.0  # 60 tokens / 4 s
+    assert (summary["requests"], summary["ok"], summary["streamed_ok"]) == (6, 4, 3)
+    assert summary["streamed_without_text"] == 1
+    assert summary["throughput_rps"] == 1.0  # 4 ok / 4 s
+    assert summary["throughput_tok_s"] == 16.0  # 64 tokens / 4 s
     assert summary["ttft_ms"]["p50"] == 100.0
     assert summary["ttft_ms"]["p99"] == 300.0
     assert summary["errors"] == {"http_429:rate_limited": 2}
