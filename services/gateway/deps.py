@@ -14,7 +14,8 @@ _tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
                             description="A tenant API key (pft_...)")
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    """Async so FastAPI does not hop to its thread pool for every request."""
     return request.app.state.gateway  # type: ignore[no-any-return]
 
 
