@@ -27,7 +27,8 @@ from tests.engine import oracle
 from tests.support.processes import ServiceProcess
 
 SHORT = 8  # tokens per polling request
-LONG = 500  # tokens of the in-flight stream: ~1 s of decoding on an idle machine
+LONG = 1500  # tokens of the in-flight stream: ~3 s of decoding on an idle machine (500 was
+# sometimes too short to still be running when the swap was observed under full-suite load)
 SWAP_DEADLINE_S = 1.0
 POLL_INTERVAL_S = 0.05
 
