@@ -114,7 +114,9 @@ class WorkerPool:
             raise ServiceUnavailable("no worker is registered yet (discovery found none); "
                                      "retry shortly")
         healthy = self.healthy()
-        order = rendezvous_order(key, healthy)
+        ranked = rendezvous_order(key, self.workers)  # hashed once; filtering keeps order
+        up = set(healthy)
+        order = [w for w in ranked if w in up]
         cap = self.cap(healthy)
         under = [w for w in order if self.status[w].inflight < cap] or order
         warm = [w for w in under if key in self.status[w].resident]
@@ -123,7 +125,7 @@ class WorkerPool:
             result = RouteResult.RESIDENT
         else:
             result = RouteResult.PREFERRED if first == order[0] else RouteResult.SPILL
-        down = [w for w in rendezvous_order(key, self.workers) if w not in healthy]
+        down = [w for w in ranked if w not in up]
         return Choice([first, *(w for w in order if w != first), *down], order[0], result)
 
     def acquire(self, worker: str) -> None:
