@@ -1,9 +1,12 @@
 """Unpacking an uploaded adapter archive (.tar, .tar.gz/.tgz, .zip) safely.
 
-Only regular files named like adapter files are extracted, at the archive root or under one
-top-level folder. Links, devices, absolute paths and ``..`` are rejected before anything is
-written; sizes are enforced on the bytes actually produced while decompressing (never on
-header claims alone), and a compression ratio cap stops zip/gzip bombs.
+Only regular files named like adapter files are extracted, both at the archive root or
+both in one top-level folder. Links, devices, absolute paths and ``..`` are rejected before
+anything is written; sizes are enforced on the bytes actually produced while decompressing
+(never on header claims alone), and a compression ratio cap stops zip/gzip bombs. Metadata
+is bounded before the archive libraries parse it: a zip's central directory by its end
+record (``zipdir``), tar extension headers by their header blocks (``tarheaders``). Entry
+names are quoted in messages through ``text.shown``, never in full.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from typing import IO
 
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from preft_serve.registry.tarheaders import BoundedTarInfo
+from preft_serve.registry.text import clip, shown
 from preft_serve.registry.validation import ValidationLimits
 from preft_serve.registry.validation.weights import CONVERT_HINT
+from preft_serve.registry.zipdir import check_zip_directory
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 IGNORED = ("README.md", ".gitattributes")  # written by PEFT's save_pretrained; not stored
@@ -38,11 +44,16 @@ def file_role(basename: str) -> str:
         return basename
     if basename.lower().endswith(PICKLE_SUFFIXES):
         raise UnsupportedMediaType(
-            f"{basename} is a pickle-based PyTorch file, which the registry never loads; "
-            f"{CONVERT_HINT}"
+            f"{clip(basename, 100)} is a pickle-based PyTorch file, which the registry never "
+            f"loads; {CONVERT_HINT}"
         )
-    raise BadRequest(f"unexpected file {basename!r}: an adapter is exactly {CONFIG_FILE} and "
-                     f"{WEIGHTS_FILE} (or one .tar.gz/.zip of a folder holding them)")
+    raise BadRequest(f"unexpected file {shown(basename)}: an adapter is exactly {CONFIG_FILE} "
+                     f"and {WEIGHTS_FILE} (or one .tar.gz/.zip of a folder holding them)")
+
+
+def _place(folder: str) -> str:
+    return f"in folder {shown(folder)}" if folder else "at the archive root"
+
 
 
 class _Extractor:
@@ -55,6 +66,7 @@ class _Extractor:
         self.members = 0
         self.total_out = 0
         self.found: dict[str, Path] = {}
+        self.folders: dict[str, str] = {}  # role -> top-level folder ("" = archive root)
 
     def count(self, name: str) -> None:
         self.members += 1
@@ -62,35 +74,47 @@ class _Extractor:
             raise BadRequest(f"archive has more than {self.limits.max_archive_members} entries; "
                              f"an adapter archive holds {CONFIG_FILE} and {WEIGHTS_FILE}")
 
-    def role(self, name: str) -> str | None:
-        """Which adapter file this member is (None: ignorable); rejects unsafe paths."""
+    def role(self, name: str) -> tuple[str, str] | None:
+        """Which adapter file this member is and its top-level folder ("" at the root);
+        None: ignorable. Rejects unsafe paths."""
         if "\\" in name or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-            raise BadRequest(f"archive entry {name!r} has an absolute or Windows path; "
+            raise BadRequest(f"archive entry {shown(name)} has an absolute or Windows path; "
                              "use relative paths")
         parts = [p for p in PurePosixPath(name).parts if p != "."]
         if ".." in parts:
-            raise BadRequest(f"archive entry {name!r} points outside the archive ('..')")
+            raise BadRequest(f"archive entry {shown(name)} points outside the archive ('..')")
         if not parts or parts[0] == "__MACOSX" or parts[-1].startswith("._"):
             return None
         if len(parts) > 2:
-            raise BadRequest(f"archive entry {name!r} is nested too deeply; put the adapter "
-                             "files at the archive root or in one top-level folder")
+            raise BadRequest(f"archive entry {shown(name)} is nested too deeply; put the "
+                             "adapter files at the archive root or in one top-level folder")
         base = parts[-1]
         if base in IGNORED:
             return None
-        return file_role(base)
+        return file_role(base), parts[0] if len(parts) == 2 else ""
 
-    def take(self, name: str, role: str, size: int, compressed: int, src: IO[bytes]) -> None:
+    def _check_folder(self, role: str, folder: str) -> None:
+        for other, where in self.folders.items():
+            if where != folder:
+                raise BadRequest(f"archive has {other} {_place(where)} and {role} "
+                                 f"{_place(folder)}; put both adapter files at the archive "
+                                 "root or both in one top-level folder")
+        self.folders[role] = folder
+
+    def take(self, name: str, place: tuple[str, str], size: int, compressed: int,
+             src: IO[bytes]) -> None:
+        role, folder = place
         if role in self.found:
             raise BadRequest(f"archive contains {role} more than once")
+        self._check_folder(role, folder)
         limit = self.limits.max_config_bytes if role == CONFIG_FILE else (
             self.limits.max_weights_bytes)
         if size > limit:
             raise PayloadTooLarge(f"{role} in the archive is {size} bytes; the limit is {limit}")
         ratio_cap = self.limits.max_compression_ratio
         if size > _RATIO_FLOOR and compressed and size / compressed > ratio_cap:
-            raise BadRequest(f"archive entry {name!r} expands {size / compressed:.0f}x, over "
-                             f"the {ratio_cap:.0f}x limit (zip bomb?)")
+            raise BadRequest(f"archive entry {shown(name)} expands {size / compressed:.0f}x, "
+                             f"over the {ratio_cap:.0f}x limit (zip bomb?)")
         path = self.dest / role
         written = 0
         with open(path, "wb") as out:
@@ -123,21 +147,22 @@ def extract_archive(
 
 
 def _zip(fileobj: IO[bytes], ex: _Extractor) -> None:
+    check_zip_directory(fileobj, ex.limits.max_archive_members)  # before zipfile parses it
     try:
         archive = zipfile.ZipFile(fileobj)
-    except zipfile.BadZipFile as exc:
-        raise BadRequest(f"upload is not a readable .zip archive: {exc}") from None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise BadRequest(f"upload is not a readable .zip archive: {clip(str(exc))}") from None
     with archive:
         for info in archive.infolist():
             ex.count(info.filename)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
-                raise BadRequest(f"archive entry {info.filename!r} is a symbolic link; "
+                raise BadRequest(f"archive entry {shown(info.filename)} is a symbolic link; "
                                  "only regular files are allowed")
             if info.is_dir():
                 continue
             if info.flag_bits & 0x1:
-                raise BadRequest(f"archive entry {info.filename!r} is encrypted")
+                raise BadRequest(f"archive entry {shown(info.filename)} is encrypted")
             role = ex.role(info.filename)
             if role is None:
                 continue
@@ -145,34 +170,37 @@ def _zip(fileobj: IO[bytes], ex: _Extractor) -> None:
                 with archive.open(info) as src:
                     ex.take(info.filename, role, info.file_size, info.compress_size, src)
             except (zipfile.BadZipFile, EOFError, OSError) as exc:
-                raise BadRequest(f"archive entry {info.filename!r} is corrupt: {exc}") from None
+                raise BadRequest(f"archive entry {shown(info.filename)} is corrupt: "
+                                 f"{clip(str(exc))}") from None
 
 
 def _tar(fileobj: IO[bytes], ex: _Extractor) -> None:
     try:
-        with tarfile.open(fileobj=fileobj, mode="r|*") as archive:
+        with tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=BoundedTarInfo) as archive:
             for member in archive:
                 ex.count(member.name)
                 if member.issym() or member.islnk():
-                    raise BadRequest(f"archive entry {member.name!r} is a link; only regular "
-                                     "files are allowed")
+                    raise BadRequest(f"archive entry {shown(member.name)} is a link; only "
+                                     "regular files are allowed")
                 if member.isdir():
                     continue
                 if not member.isreg():
-                    raise BadRequest(f"archive entry {member.name!r} is not a regular file")
+                    raise BadRequest(f"archive entry {shown(member.name)} is not a regular "
+                                     "file")
                 role = ex.role(member.name)
                 if role is None:
                     if member.size > ex.limits.max_config_bytes:
-                        raise PayloadTooLarge(f"archive entry {member.name!r} is too large")
+                        raise PayloadTooLarge(f"archive entry {shown(member.name)} is too "
+                                              "large")
                     continue
                 src = archive.extractfile(member)
                 assert src is not None
                 ex.take(member.name, role, member.size, 0, src)
     except tarfile.ReadError as exc:
         raise BadRequest(f"upload is not a readable .tar/.tar.gz archive, or it is corrupt or "
-                         f"truncated: {exc}") from None
+                         f"truncated: {clip(str(exc))}") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-        raise BadRequest(f"archive is corrupt or truncated: {exc}") from None
+        raise BadRequest(f"archive is corrupt or truncated: {clip(str(exc))}") from None
 
 
 def copy_bounded(src: IO[bytes], dest: Path, limit: int, what: str) -> int:

@@ -107,6 +107,15 @@ BAD_ARCHIVES = {
                         "adapter.zip", 400, "unexpected file 'run.sh'"),
     "duplicate": (lambda d: _tar(_adapter_entries(d) + _adapter_entries(d, "x/")),
                   "adapter.tar.gz", 400, "archive contains adapter_config.json more than once"),
+    "two folders": (lambda d: _zip(_adapter_entries(d, "a/")[:1] + _adapter_entries(d, "b/")[1:]),
+                    "adapter.zip", 400,
+                    "archive has adapter_config.json in folder 'a' and adapter_model.safetensors "
+                    "in folder 'b'; put both adapter files at the archive root or both in one "
+                    "top-level folder"),
+    "root and folder": (lambda d: _tar(_adapter_entries(d)[:1] + _adapter_entries(d, "w/")[1:]),
+                        "adapter.tar.gz", 400,
+                        "archive has adapter_config.json at the archive root and "
+                        "adapter_model.safetensors in folder 'w'"),
     "missing weights": (lambda d: _zip(_adapter_entries(d)[:1]), "adapter.zip", 400,
                         "the upload lacks adapter_model.safetensors"),
     "corrupt zip": (lambda d: b"PK\x03\x04 definitely not a zip", "adapter.zip", 400,
