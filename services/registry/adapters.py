@@ -24,7 +24,8 @@ from preft_serve.common.registry_client import EventType, RegistryEvent, Registr
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
 from preft_serve.registry.models import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
-from preft_serve.registry.names import check_adapter_name, utcnow
+from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
+from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 from preft_serve.registry.validation import (
     BaseModelSpec,
@@ -141,7 +142,7 @@ class AdapterService:
             return UploadResult(AdapterVersion.model_validate(
                 {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}), created=False)
         if current and create:
-            raise Conflict(f"adapter {name!r} already exists (version {current['version']}); "
+            raise Conflict(f"adapter {shown(name)} already exists (version {current['version']}); "
                            f"upload a new version with PUT /v1/adapters/{name}")
         return None
 
@@ -173,6 +174,8 @@ class AdapterService:
     def list(self, tenant: str, limit: int, cursor: str | None) -> tuple[list[AdapterOut],
                                                                          str | None]:
         """One page of adapters by name; the cursor is the last name of the previous page."""
+        if cursor is not None:
+            check_cursor(cursor)
         start = f"({cursor}" if cursor else "-"
         names = self.redis.zrangebylex(self.keys.adapters(tenant), start, "+", 0, limit + 1)
         page, more = names[:limit], len(names) > limit
@@ -186,13 +189,14 @@ class AdapterService:
         return items, (page[-1] if more and page else None)
 
     def get(self, tenant: str, name: str) -> AdapterDetail:
+        check_adapter_name(name)
         pipe = self.redis.pipeline(transaction=True)  # one consistent snapshot
         pipe.hgetall(self.keys.adapter(tenant, name))
         pipe.scard(self.keys.adapter_users(tenant, name))
         pipe.hvals(self.keys.versions(tenant, name))
         current, bound, versions = pipe.execute()
         if not current:
-            raise NotFound(f"adapter {name!r} does not exist")
+            raise NotFound(f"adapter {shown(name)} does not exist")
         history = sorted((VersionOut(**json.loads(v)) for v in versions),
                          key=lambda v: v.version)
         return AdapterDetail(**_adapter_out(current, bound).model_dump(), versions=history)
@@ -204,15 +208,16 @@ class AdapterService:
         model is a decision the tenant should make explicitly. Blobs stay in the object
         store (other names or tenants may share the content).
         """
+        check_adapter_name(name)
         k = self.keys
         users_key = k.adapter_users(tenant, name)
 
         def txn(pipe: Any) -> int:
             if not pipe.exists(k.adapter(tenant, name)):
-                raise NotFound(f"adapter {name!r} does not exist")
+                raise NotFound(f"adapter {shown(name)} does not exist")
             users = sorted(pipe.smembers(users_key))
             if users and not force:
-                raise Conflict(f"adapter {name!r} is bound to {len(users)} user(s); unbind them "
+                raise Conflict(f"adapter {shown(name)} is bound to {len(users)} user(s); unbind them "
                                "first or delete with ?force=true, which also unbinds them")
             pipe.multi()
             pipe.delete(k.adapter(tenant, name), k.versions(tenant, name), users_key)

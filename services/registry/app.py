@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from preft_serve import __version__
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
+from preft_serve.common.registry_client import InvalidKeyPart
 from preft_serve.registry.limits import BodySizeLimitMiddleware
 from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
 from preft_serve.registry.routers import adapters, health, tenants, users
@@ -32,6 +33,11 @@ async def _backend_unavailable(_: Request, exc: Exception) -> JSONResponse:
     what = "Redis" if isinstance(exc, redis.RedisError) else "the object store"
     logger.error("%s unavailable: %s", what, exc)
     return error_response(503, "unavailable", f"{what} is unavailable; retry shortly")
+
+
+async def _invalid_key_part(_: Request, exc: Exception) -> JSONResponse:
+    # A backstop: routes check names with friendlier messages before building any key.
+    return error_response(400, "bad_request", str(exc))
 
 
 def create_app(settings: RegistrySettings | None = None,
@@ -56,6 +62,7 @@ def create_app(settings: RegistrySettings | None = None,
     install_error_handlers(app)
     app.add_exception_handler(redis.RedisError, _backend_unavailable)
     app.add_exception_handler(ObjectStoreError, _backend_unavailable)
+    app.add_exception_handler(InvalidKeyPart, _invalid_key_part)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (tenants, adapters, users, health):

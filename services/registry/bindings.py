@@ -20,6 +20,7 @@ from preft_serve.common.registry_client import (
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import BindingOut
 from preft_serve.registry.names import check_adapter_name, check_user_id
+from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 
 
@@ -55,7 +56,7 @@ class BindingService:
 
         def txn(pipe: Any) -> None:
             if not pipe.exists(adapter_key):
-                raise NotFound(f"adapter {adapter!r} does not exist; upload it first")
+                raise NotFound(f"adapter {shown(adapter)} does not exist; upload it first")
             old = pipe.get(binding_key)
             if old == adapter:
                 return
@@ -69,7 +70,7 @@ class BindingService:
         check_user_id(user)
         ref = self.reader.resolve_user(tenant, user)
         if ref is None:
-            raise NotFound(f"user {user!r} is not bound to an adapter")
+            raise NotFound(f"user {shown(user)} is not bound to an adapter")
         return _out(user, ref)
 
     def unbind(self, tenant: str, user: str) -> None:
@@ -80,7 +81,7 @@ class BindingService:
         def txn(pipe: Any) -> None:
             old = pipe.get(binding_key)
             if old is None:
-                raise NotFound(f"user {user!r} is not bound to an adapter")
+                raise NotFound(f"user {shown(user)} is not bound to an adapter")
             pipe.multi()
             pipe.delete(binding_key)
             pipe.srem(k.adapter_users(tenant, old), user)

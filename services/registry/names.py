@@ -1,4 +1,6 @@
-"""Naming rules for tenants, adapters and users, with messages that say what is allowed."""
+"""Naming rules for tenants, adapters, users and API key ids, with messages that say what is
+allowed. The rules themselves live in ``registry_client.contract`` (names become parts of
+Redis keys, and the clients check them too); every route checks its names here first."""
 
 from __future__ import annotations
 
@@ -6,31 +8,50 @@ import datetime as dt
 import re
 
 from preft_serve.common.errors import BadRequest
+from preft_serve.common.registry_client import (
+    is_adapter_name,
+    is_tenant_name,
+    is_user_id,
+)
+from preft_serve.registry.text import shown
 
-_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
-_ADAPTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_USER = re.compile(r"^[A-Za-z0-9._@+=-]{1,128}$")
+_KEY_ID = re.compile(r"[0-9a-f]{12}")
 
 
 def check_tenant_name(name: str) -> str:
-    if not _TENANT.match(name):
-        raise BadRequest(f"tenant name {name!r} is invalid: use 2-63 lowercase letters, digits "
-                         "or '-', starting with a letter or digit")
+    if not is_tenant_name(name):
+        raise BadRequest(f"tenant name {shown(name)} is invalid: use 2-63 lowercase letters, "
+                         "digits or '-', starting with a letter or digit")
     return name
 
 
 def check_adapter_name(name: str) -> str:
-    if not _ADAPTER.match(name) or ".." in name:
-        raise BadRequest(f"adapter name {name!r} is invalid: use 1-64 letters, digits, '.', '_' "
-                         "or '-', starting with a letter or digit (no '..')")
+    if not is_adapter_name(name):
+        raise BadRequest(f"adapter name {shown(name)} is invalid: use 1-64 letters, digits, "
+                         "'.', '_' or '-', starting with a letter or digit (no '..')")
     return name
 
 
 def check_user_id(user: str) -> str:
-    if not _USER.match(user):
-        raise BadRequest(f"user id {user!r} is invalid: use 1-128 letters, digits or "
+    if not is_user_id(user):
+        raise BadRequest(f"user id {shown(user)} is invalid: use 1-128 letters, digits or "
                          "'.', '_', '@', '+', '=', '-'")
     return user
+
+
+def check_key_id(key_id: str) -> str:
+    if _KEY_ID.fullmatch(key_id) is None:
+        raise BadRequest(f"key id {shown(key_id)} is invalid: key ids are 12 lowercase hex "
+                         "characters, as GET /v1/tenants/{tenant}/keys lists them")
+    return key_id
+
+
+def check_cursor(cursor: str) -> str:
+    """A page cursor is the last adapter name of the previous page."""
+    if not is_adapter_name(cursor):
+        raise BadRequest(f"cursor {shown(cursor)} is invalid: pass the next_cursor of the "
+                         "previous page (an adapter name)")
+    return cursor
 
 
 def utcnow() -> str:

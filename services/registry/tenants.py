@@ -24,7 +24,8 @@ from preft_serve.common.registry_client import (
 )
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantLimits, TenantOut
-from preft_serve.registry.names import check_tenant_name, utcnow
+from preft_serve.registry.names import check_key_id, check_tenant_name, utcnow
+from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class TenantService:
 
         def txn(pipe: Any) -> ApiKeyCreated:
             if pipe.exists(self.keys.tenant(name)):
-                raise Conflict(f"tenant {name!r} already exists; choose another name or issue "
+                raise Conflict(f"tenant {shown(name)} already exists; choose another name or issue "
                                f"a new key with POST /v1/tenants/{name}/keys")
             pipe.multi()
             pipe.hset(self.keys.tenant(name), mapping={"name": name, "created_at": created_at})
@@ -80,9 +81,10 @@ class TenantService:
         return tenant, key
 
     def get(self, name: str) -> TenantOut:
+        check_tenant_name(name)
         info = self.redis.hgetall(self.keys.tenant(name))
         if not info:
-            raise NotFound(f"tenant {name!r} does not exist")
+            raise NotFound(f"tenant {shown(name)} does not exist")
         return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name))
 
     def get_limits(self, tenant: str) -> TenantLimits:
@@ -101,16 +103,18 @@ class TenantService:
         return limits
 
     def list_keys(self, tenant: str) -> list[ApiKeyInfo]:
+        check_tenant_name(tenant)
         records = [json.loads(v) for v in self.redis.hvals(self.keys.tenant_keys(tenant))]
         return sorted((ApiKeyInfo(key_id=r["key_id"], created_at=r["created_at"])
                        for r in records), key=lambda k: k.created_at)
 
     def create_key(self, tenant: str) -> ApiKeyCreated:
         """Issue an additional key (rotation step 1); existing keys stay valid."""
+        check_tenant_name(tenant)
 
         def txn(pipe: Any) -> ApiKeyCreated:
             if not pipe.exists(self.keys.tenant(tenant)):
-                raise NotFound(f"tenant {tenant!r} does not exist")
+                raise NotFound(f"tenant {shown(tenant)} does not exist")
             pipe.multi()
             return self._queue_key(pipe, tenant)
 
@@ -118,12 +122,14 @@ class TenantService:
 
     def revoke_key(self, tenant: str, key_id: str) -> None:
         """Revoke one key; requests with it fail from the next call on."""
+        check_tenant_name(tenant)
+        check_key_id(key_id)
         keys_key = self.keys.tenant_keys(tenant)
 
         def txn(pipe: Any) -> None:
             raw = pipe.hget(keys_key, key_id)
             if raw is None:
-                raise NotFound(f"tenant {tenant!r} has no key {key_id!r}")
+                raise NotFound(f"tenant {shown(tenant)} has no key {shown(key_id)}")
             pipe.multi()
             pipe.hdel(keys_key, key_id)
             pipe.delete(self.keys.api_key(json.loads(raw)["hash"]))

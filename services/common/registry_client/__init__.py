@@ -21,7 +21,9 @@ users keep being served through a Redis outage, never-seen ones get the connecti
 A lookup that raced with an event is not cached (an epoch counter detects the race).
 
 ``contract.py`` is the Redis layout (:class:`RegistryKeys`) and the event format
-(:class:`RegistryEvent`); the registry service writes what this package reads. ``cache.py``
+(:class:`RegistryEvent`); the registry service writes what this package reads. A name
+that breaks the naming rules (``is_adapter_name`` ...) resolves to ``None``: it cannot exist,
+and it is never turned into a key (it could address another one, e.g. ``bot:users``). ``cache.py``
 holds the cache and the logic both clients share; ``sync.py`` and ``aio.py`` do the I/O.
 """
 
@@ -34,10 +36,15 @@ from preft_serve.common.registry_client.contract import (
     BlobInfo,
     ChangeBatch,
     EventType,
+    InvalidKeyPart,
     KeyOwner,
     RegistryEvent,
     RegistryKeys,
     hash_api_key,
+    is_adapter_name,
+    is_digest,
+    is_tenant_name,
+    is_user_id,
     stream_id_key,
 )
 from preft_serve.common.registry_client.sync import RegistryClient
@@ -50,11 +57,16 @@ __all__ = [
     "BlobInfo",
     "ChangeBatch",
     "EventType",
+    "InvalidKeyPart",
     "KeyOwner",
     "RegistryClient",
     "RegistryEvent",
     "RegistryKeys",
     "ResolveCache",
     "hash_api_key",
+    "is_adapter_name",
+    "is_digest",
+    "is_tenant_name",
+    "is_user_id",
     "stream_id_key",
 ]

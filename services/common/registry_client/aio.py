@@ -15,6 +15,8 @@ from preft_serve.common.registry_client.cache import (
     ClientBase,
     parse_blob,
     parse_ref,
+    valid_adapter,
+    valid_user,
 )
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
@@ -25,6 +27,8 @@ from preft_serve.common.registry_client.contract import (
     KeyOwner,
     RegistryEvent,
     hash_api_key,
+    is_digest,
+    is_tenant_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -83,6 +87,8 @@ class AsyncRegistryClient(ClientBase):
         hit = self._cached_user(tenant, user)
         if hit is not MISSING:
             return hit
+        if not valid_user(tenant, user):
+            return None  # no such binding can exist; never build a key from it
         epoch = self._cache.epoch
         try:
             raw = await self._resolve_user(
@@ -102,6 +108,8 @@ class AsyncRegistryClient(ClientBase):
         hit = self._cached_adapter(tenant, name)
         if hit is not MISSING:
             return hit
+        if not valid_adapter(tenant, name):
+            return None  # e.g. "bot:users" would read bot's user set
         epoch = self._cache.epoch
         try:
             values = await self.redis.hmget(self.keys.adapter(tenant, name), ADAPTER_FIELDS)
@@ -117,6 +125,8 @@ class AsyncRegistryClient(ClientBase):
     async def adapter_names(self, tenant: str, limit: int = 1000) -> list[str]:
         """The tenant's first ``limit`` adapter names in name order (not cached: a listing
         is rare, and the index is one sorted set)."""
+        if not is_tenant_name(tenant):
+            return []
         names = await self.redis.zrange(self.keys.adapters(tenant), 0, limit - 1)
         return [n.decode() if isinstance(n, bytes) else n for n in names]
 
@@ -141,6 +151,8 @@ class AsyncRegistryClient(ClientBase):
     async def blob_info(self, sha256: str) -> BlobInfo | None:
         if (hit := self._cache.blobs.get(sha256)) is not None:
             return hit
+        if not is_digest(sha256):
+            return None
         info = parse_blob(await self.redis.hgetall(self.keys.blob(sha256)))
         if info is not None:
             self._cache.blobs[sha256] = info

@@ -19,6 +19,9 @@ from preft_serve.common.registry_client.contract import (
     KeyOwner,
     RegistryEvent,
     RegistryKeys,
+    is_adapter_name,
+    is_tenant_name,
+    is_user_id,
     stream_id_key,
 )
 
@@ -37,6 +40,16 @@ MISSING: Any = object()
 # Redis itself is unreachable (as opposed to a bad command): lookups may fall back to the cache.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
 Listener = Callable[[RegistryEvent], None]
+
+
+def valid_user(tenant: str, user: str) -> bool:
+    """Whether a binding key can be built for these (else no binding can exist)."""
+    return is_tenant_name(tenant) and is_user_id(user)
+
+
+def valid_adapter(tenant: str, name: str) -> bool:
+    """Whether an adapter key can be built for these (else no such adapter can exist)."""
+    return is_tenant_name(tenant) and is_adapter_name(name)
 
 
 def parse_ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:

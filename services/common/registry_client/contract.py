@@ -2,6 +2,12 @@
 
 The registry service writes exactly what this module describes and the clients read it,
 so both import it from here.
+
+Names become parts of keys (``{ns}:tenant:{t}:adapter:{name}:users``), so the naming
+rules live here too: no name may contain ``:`` or anything else that would let it address
+another key (``adapter("t", "bot:users")`` would be bot's user set). :class:`RegistryKeys`
+refuses such parts with :class:`InvalidKeyPart`; the registry checks names first, with
+messages for people, and the clients treat an invalid name as one that does not exist.
 """
 
 from __future__ import annotations
@@ -9,17 +15,59 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 
 ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model")
 
+# fullmatch only: `$` would also accept a trailing newline.
+_TENANT = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
+_ADAPTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_USER = re.compile(r"[A-Za-z0-9._@+=-]{1,128}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def is_tenant_name(name: str) -> bool:
+    """2-63 lowercase letters, digits or '-', starting with a letter or digit."""
+    return _TENANT.fullmatch(name) is not None
+
+
+def is_adapter_name(name: str) -> bool:
+    """1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, no '..'."""
+    return _ADAPTER.fullmatch(name) is not None and ".." not in name
+
+
+def is_user_id(user: str) -> bool:
+    """1-128 letters, digits or '.', '_', '@', '+', '=', '-'."""
+    return _USER.fullmatch(user) is not None
+
+
+def is_digest(value: str) -> bool:
+    """A lowercase hex sha256 (adapter content hashes, API key hashes)."""
+    return _DIGEST.fullmatch(value) is not None
+
+
+class InvalidKeyPart(ValueError):
+    """A name that is not valid for its kind, so it cannot be part of a registry key."""
+
+
+def _part(value: str, valid: Callable[[str], bool], kind: str) -> str:
+    if not (isinstance(value, str) and valid(value)):
+        shown = repr(value) if len(repr(value)) <= 100 else repr(value)[:100] + "…"
+        raise InvalidKeyPart(f"invalid {kind} {shown}: it cannot be part of a registry key")
+    return value
+
 
 class RegistryKeys:
-    """Every Redis key and channel the registry uses, under one namespace."""
+    """Every Redis key and channel the registry uses, under one namespace.
+
+    Each name is checked against its kind's rule (:class:`InvalidKeyPart` otherwise), so
+    no name can address another key.
+    """
 
     def __init__(self, namespace: str = "preft") -> None:
         self.ns = namespace
@@ -28,25 +76,25 @@ class RegistryKeys:
         self.channel = f"{namespace}:events:live"  # pub/sub: JSON RegistryEvent with id
 
     def tenant(self, tenant: str) -> str:  # HASH name, created_at
-        return f"{self.ns}:tenant:{tenant}"
+        return f"{self.ns}:tenant:{_part(tenant, is_tenant_name, 'tenant name')}"
 
     def tenant_limits(self, tenant: str) -> str:  # HASH rate-limit overrides (LIMIT_FIELDS)
-        return f"{self.ns}:tenant:{tenant}:limits"
+        return f"{self.tenant(tenant)}:limits"
 
     def tenant_keys(self, tenant: str) -> str:  # HASH key_id -> JSON {key_id, hash, created_at}
-        return f"{self.ns}:tenant:{tenant}:keys"
+        return f"{self.tenant(tenant)}:keys"
 
     def api_key(self, key_hash: str) -> str:  # HASH tenant, key_id
-        return f"{self.ns}:apikey:{key_hash}"
+        return f"{self.ns}:apikey:{_part(key_hash, is_digest, 'key hash')}"
 
     def adapters(self, tenant: str) -> str:  # ZSET (score 0) of adapter names, for paging
-        return f"{self.ns}:tenant:{tenant}:adapters"
+        return f"{self.tenant(tenant)}:adapters"
 
     def adapter_prefix(self, tenant: str) -> str:
-        return f"{self.ns}:tenant:{tenant}:adapter:"
+        return f"{self.tenant(tenant)}:adapter:"
 
     def adapter(self, tenant: str, name: str) -> str:  # HASH current version (ADAPTER_FIELDS+)
-        return f"{self.adapter_prefix(tenant)}{name}"
+        return f"{self.adapter_prefix(tenant)}{_part(name, is_adapter_name, 'adapter name')}"
 
     def versions(self, tenant: str, name: str) -> str:  # HASH version -> JSON version record
         return f"{self.adapter(tenant, name)}:versions"
@@ -55,10 +103,10 @@ class RegistryKeys:
         return f"{self.adapter(tenant, name)}:users"
 
     def binding(self, tenant: str, user: str) -> str:  # STRING adapter name
-        return f"{self.ns}:tenant:{tenant}:user:{user}"
+        return f"{self.tenant(tenant)}:user:{_part(user, is_user_id, 'user id')}"
 
     def blob(self, sha256: str) -> str:  # HASH sha256, type, mode, rank, base_model, config...
-        return f"{self.ns}:blob:{sha256}"
+        return f"{self.ns}:blob:{_part(sha256, is_digest, 'content hash')}"
 
 
 class EventType(str, enum.Enum):

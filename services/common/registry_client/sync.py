@@ -14,6 +14,8 @@ from preft_serve.common.registry_client.cache import (
     ClientBase,
     parse_blob,
     parse_ref,
+    valid_adapter,
+    valid_user,
 )
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
@@ -24,6 +26,7 @@ from preft_serve.common.registry_client.contract import (
     KeyOwner,
     RegistryEvent,
     hash_api_key,
+    is_digest,
 )
 
 logger = logging.getLogger(__name__)
@@ -93,6 +96,8 @@ class RegistryClient(ClientBase):
         hit = self._cached_user(tenant, user)
         if hit is not MISSING:
             return hit
+        if not valid_user(tenant, user):
+            return None  # no such binding can exist; never build a key from it
         epoch = self._cache.epoch
         try:
             raw = self._resolve_user(
@@ -113,6 +118,8 @@ class RegistryClient(ClientBase):
         hit = self._cached_adapter(tenant, name)
         if hit is not MISSING:
             return hit
+        if not valid_adapter(tenant, name):
+            return None  # e.g. "bot:users" would read bot's user set
         epoch = self._cache.epoch
         try:
             values = self.redis.hmget(self.keys.adapter(tenant, name), ADAPTER_FIELDS)
@@ -147,6 +154,8 @@ class RegistryClient(ClientBase):
         """Type, mode, rank, base model and config of stored content (immutable: cached)."""
         if (hit := self._cache.blobs.get(sha256)) is not None:
             return hit
+        if not is_digest(sha256):
+            return None
         info = parse_blob(self.redis.hgetall(self.keys.blob(sha256)))
         if info is not None:
             self._cache.blobs[sha256] = info
