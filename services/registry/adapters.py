@@ -217,8 +217,8 @@ class AdapterService:
                 raise NotFound(f"adapter {shown(name)} does not exist")
             users = sorted(pipe.smembers(users_key))
             if users and not force:
-                raise Conflict(f"adapter {shown(name)} is bound to {len(users)} user(s); unbind them "
-                               "first or delete with ?force=true, which also unbinds them")
+                raise Conflict(f"adapter {shown(name)} is bound to {len(users)} user(s); unbind "
+                               "them first or delete with ?force=true, which also unbinds them")
             pipe.multi()
             pipe.delete(k.adapter(tenant, name), k.versions(tenant, name), users_key)
             pipe.zrem(k.adapters(tenant), name)
