@@ -9,6 +9,11 @@ Examples:
     preft adapter list
     PREFT_ADMIN_TOKEN=... preft tenant create acme
 
+Local commands (no registry needed):
+
+    preft model prepare smollm2-135m-instruct      # a real base model in var/models/
+    preft train data.jsonl --model var/models/smollm2-135m-instruct --out my-adapter
+
 Exit status: 0 success, 1 the registry refused or could not be reached (the message says
 why), 2 bad command line.
 """
@@ -24,6 +29,8 @@ from typing import IO, Any, NoReturn
 
 import httpx
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
+from preft_serve.models.cli import add_parser as add_model_parser
+from preft_serve.training.cli import add_parser as add_train_parser
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 PROGRESS_MIN_BYTES = 1 << 20  # smaller uploads finish before a progress line helps
@@ -200,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="preft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     _add_common(parser, suppress=False)
-    groups = parser.add_subparsers(dest="group", required=True, metavar="{adapter,user,tenant}")
+    groups = parser.add_subparsers(dest="group", required=True,
+                                   metavar="{adapter,user,tenant,model,train}")
 
     def leaf(sub: Any, name: str, help_: str, func: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
@@ -274,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--user-burst", type=int, help="per-user bucket size")
     limits.add_argument("--clear", action="store_true", help="remove every override")
     limits.add_argument("--admin-token", help="admin token (env PREFT_ADMIN_TOKEN)")
+    # Local commands: they set `local` and never talk to the registry.
+    add_model_parser(groups)
+    add_train_parser(groups)
     return parser
 
 
@@ -296,6 +307,8 @@ def _fail(message: str) -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "local", None) is not None:
+        return int(args.local(args))
     command = f"{args.group} {args.action}"
     url = args.url or os.environ.get("PREFT_REGISTRY_URL") or "http://127.0.0.1:8081"
     if args.group == "tenant":

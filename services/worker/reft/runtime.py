@@ -19,7 +19,7 @@ import torch
 from preft_kernels.lora_grouped import AdapterGroups
 from preft_kernels.reft import ReftGroup, grouped_reft
 from preft_serve.worker.reft.adapter import ReftAdapter, load_reft_adapter
-from preft_serve.worker.reft.positions import NONE, part_codes
+from preft_serve.common.reft_positions import NONE, part_codes
 from preft_serve.worker.token_mapping import NO_ADAPTER
 
 logger = logging.getLogger(__name__)

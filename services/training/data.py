@@ -1,0 +1,264 @@
+"""Chat fine-tuning data: the OpenAI JSONL format, checked line by line, then tokenized the
+way the worker will see it.
+
+One line is one conversation: ``{"messages": [{"role": ..., "content": ...}, ...]}`` with
+roles ``system``, ``user`` and ``assistant`` (OpenAI's optional ``"weight": 0`` on an
+assistant message skips it). Every trained assistant turn becomes one :class:`Example`:
+the prompt is the chat template applied to every message before the turn with the
+generation prompt (exactly what a chat completion request renders), the response is the
+rest of the rendered conversation up to and including the end-of-turn token. Tenants
+control these files, so every size is bounded before anything is parsed or echoed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+MAX_LINE_BYTES = 1 << 20
+MAX_MESSAGES = 256
+MAX_JSON_DEPTH = 16
+MAX_REPORTED = 10  # problems listed in one error
+_QUOTE_CHARS = 60
+
+
+class DataError(ValueError):
+    """The training data cannot be used; the message names the file and line(s)."""
+
+
+class Overlong(str, enum.Enum):
+    """What to do with an example longer than ``max_seq_len`` tokens."""
+
+    TRUNCATE = "truncate"  # keep the first max_seq_len tokens (the response's tail goes)
+    DROP = "drop"  # leave the example out
+    ERROR = "error"  # refuse the file, naming the lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One trained assistant turn: prompt tokens, then the response tokens the loss covers."""
+
+    prompt: tuple[int, ...]
+    response: tuple[int, ...]
+    line: int  # 1-based line in the source file
+    turn: int  # index of the assistant message in the conversation
+
+    @property
+    def ids(self) -> list[int]:
+        return [*self.prompt, *self.response]
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.response)
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Tokenized examples plus what happened to the ones that did not fit."""
+
+    examples: list[Example]
+    conversations: int
+    truncated: int = 0
+    dropped: int = 0
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(e.response) for e in self.examples)
+
+    def summary(self) -> str:
+        extra = []
+        if self.truncated:
+            extra.append(f"{self.truncated} truncated")
+        if self.dropped:
+            extra.append(f"{self.dropped} dropped as too long")
+        tail = f" ({', '.join(extra)})" if extra else ""
+        return (f"{len(self.examples)} examples from {self.conversations} conversations, "
+                f"{self.response_tokens} response tokens{tail}")
+
+
+def _quote(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "..."
+
+
+def _json_depth_ok(line: str) -> bool:
+    """Nesting depth outside strings stays within MAX_JSON_DEPTH (checked before parsing)."""
+    depth, in_string, escaped = 0, False, False
+    for char in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return False
+        elif char in "]}":
+            depth -= 1
+    return True
+
+
+def _content_text(content: object) -> str | None:
+    """A message's text: a string, or OpenAI's list of ``{"type": "text", "text": ...}``."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
+
+
+def parse_conversation(raw: str) -> list[dict[str, Any]]:
+    """One JSONL line -> messages ``[{"role", "content", "weight"}]``; raises ValueError
+    with a message that says what to fix (without the line number)."""
+    if not _json_depth_ok(raw):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        record = json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(
+            ValueError(f"{c} is not allowed")))
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(record, dict) or "messages" not in record:
+        raise ValueError('expected an object {"messages": [...]}')
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('"messages" must be a non-empty list')
+    if len(messages) > MAX_MESSAGES:
+        raise ValueError(f"{len(messages)} messages; at most {MAX_MESSAGES} per conversation")
+    parsed: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"message {i} is not an object")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(f"message {i} has unknown role {_quote(role)}; supported roles: "
+                             f"{', '.join(ROLES)}")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise ValueError(f"message {i} has tool calls, which training does not support")
+        text = _content_text(message.get("content"))
+        if text is None:
+            raise ValueError(f"message {i} ({role}) needs 'content': a string or a list of "
+                             '{"type": "text", "text": ...} parts')
+        weight = message.get("weight", 1)
+        if role == "assistant" and weight not in (0, 1):
+            raise ValueError(f"message {i} has weight {_quote(weight)}; use 0 or 1")
+        parsed.append({"role": role, "content": text, "weight": weight})
+    if not any(m["role"] == "assistant" and m["weight"] == 1 for m in parsed):
+        raise ValueError("no assistant message to train on (each example needs at least one "
+                         '{"role": "assistant", ...} message without "weight": 0)')
+    return parsed
+
+
+def read_conversations(path: Path) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(line number, messages) for every non-blank line; all problems reported at once."""
+    problems: list[str] = []
+    found: list[tuple[int, list[dict[str, Any]]]] = []
+    try:
+        handle = open(path, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+    with handle:
+        number = 0
+        while True:
+            chunk = handle.readline(MAX_LINE_BYTES + 1)
+            if not chunk:
+                break
+            number += 1
+            if len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+                problems.append(f"line {number}: longer than {MAX_LINE_BYTES} bytes")
+                while chunk and not chunk.endswith(b"\n"):  # skip the rest of it
+                    chunk = handle.readline(MAX_LINE_BYTES)
+                continue
+            try:
+                raw = chunk.decode("utf-8")
+            except UnicodeDecodeError:
+                problems.append(f"line {number}: not UTF-8 text")
+                continue
+            if not raw.strip():
+                continue
+            try:
+                found.append((number, parse_conversation(raw)))
+            except ValueError as exc:
+                problems.append(f"line {number}: {exc}")
+    if problems:
+        shown = "\n  ".join(problems[:MAX_REPORTED])
+        more = f"\n  (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED \
+            else ""
+        raise DataError(f"{path}: {len(problems)} bad line(s):\n  {shown}{more}")
+    if not found:
+        raise DataError(f"{path} has no examples (one JSON object per line: "
+                        '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]})')
+    yield from found
+
+
+def _end_of_turn(response: str, eos_token: str | None) -> str:
+    """The response text up to and including the end-of-turn token (the trailing newline
+    some templates add after it is never generated, so it is not trained)."""
+    if eos_token and eos_token in response:
+        return response[: response.index(eos_token) + len(eos_token)]
+    return response
+
+
+def tokenize_conversation(tokenizer: Any, messages: Sequence[dict[str, Any]], line: int
+                          ) -> list[Example]:
+    """One :class:`Example` per trained assistant turn of a conversation."""
+    examples = []
+    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+    for turn, message in enumerate(messages):
+        if message["role"] != "assistant" or message["weight"] != 1:
+            continue
+        prompt_text = tokenizer.apply_chat_template(plain[:turn], tokenize=False,
+                                                    add_generation_prompt=True)
+        full_text = tokenizer.apply_chat_template(plain[: turn + 1], tokenize=False)
+        if not full_text.startswith(prompt_text):
+            raise DataError(f"line {line}: the model's chat template does not render the "
+                            f"prompt as a prefix of the conversation at message {turn}")
+        response_text = _end_of_turn(full_text[len(prompt_text):], tokenizer.eos_token)
+        prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        response = tokenizer(response_text, add_special_tokens=False)["input_ids"]
+        if not prompt or not response:
+            raise DataError(f"line {line}: message {turn} renders to an empty "
+                            f"{'prompt' if not prompt else 'response'}")
+        examples.append(Example(tuple(prompt), tuple(response), line, turn))
+    return examples
+
+
+def load_dataset(path: Path, tokenizer: Any, max_seq_len: int,
+                 overlong: Overlong = Overlong.TRUNCATE) -> Dataset:
+    """Read, check and tokenize a JSONL file; apply the ``overlong`` policy."""
+    examples: list[Example] = []
+    conversations = truncated = dropped = 0
+    too_long: list[str] = []
+    for line, messages in read_conversations(path):
+        conversations += 1
+        for example in tokenize_conversation(tokenizer, messages, line):
+            if len(example) <= max_seq_len:
+                examples.append(example)
+            elif overlong is Overlong.ERROR:
+                too_long.append(f"line {line} (turn {example.turn}): {len(example)} tokens")
+            elif overlong is Overlong.TRUNCATE and len(example.prompt) < max_seq_len:
+                keep = max_seq_len - len(example.prompt)
+                examples.append(dataclasses.replace(example, response=example.response[:keep]))
+                truncated += 1
+            else:  # DROP, or a prompt that alone fills the budget
+                dropped += 1
+    if too_long:
+        shown = "\n  ".join(too_long[:MAX_REPORTED])
+        raise DataError(f"{path}: {len(too_long)} example(s) longer than --max-seq-len "
+                        f"{max_seq_len}:\n  {shown}\nraise --max-seq-len, or pass "
+                        "--overlong truncate|drop")
+    if not examples:
+        raise DataError(f"{path}: every example is longer than --max-seq-len {max_seq_len} "
+                        "tokens; raise it")
+    return Dataset(examples, conversations, truncated, dropped)
