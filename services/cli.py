@@ -280,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--burst", dest="tenant_burst", type=int, help="tenant bucket size")
     limits.add_argument("--user-rps", type=float, help="requests/s per user")
     limits.add_argument("--user-burst", type=int, help="per-user bucket size")
+    limits.add_argument("--tpm", dest="tenant_tpm", type=float,
+                        help="output tokens/minute for the whole tenant")
+    limits.add_argument("--user-tpm", type=float, help="output tokens/minute per user")
     limits.add_argument("--clear", action="store_true", help="remove every override")
     limits.add_argument("--admin-token", help="admin token (env PREFT_ADMIN_TOKEN)")
     # Local commands: they set `local` and never talk to the registry.
@@ -288,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-LIMIT_FLAGS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst")
+LIMIT_FLAGS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst", "tenant_tpm", "user_tpm")
 
 
 def cmd_tenant_limits(reg: Registry, args: argparse.Namespace) -> Any:

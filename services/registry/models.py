@@ -40,6 +40,11 @@ class TenantLimits(BaseModel):
     user_rps: float | None = Field(None, ge=0, le=1e6, description="Requests/s per user")
     user_burst: int | None = Field(None, ge=0, le=10**7,
                                    description="User bucket size (0 = 2 x rate)")
+    tenant_tpm: float | None = Field(None, ge=0, le=1e9, description="Output tokens/minute "
+                                     "for the whole tenant (charged up front: prompts x n "
+                                     "x max_tokens)")
+    user_tpm: float | None = Field(None, ge=0, le=1e9,
+                                   description="Output tokens/minute per user")
 
 
 class TenantCreated(TenantOut):

@@ -96,11 +96,11 @@ def test_console_script_help():
 def test_tenant_limits(live_server, tenant_key, capsys):
     common = ("--url", live_server, "--admin-token", ADMIN_TOKEN, "--json")
     code, out, _ = run(capsys, "tenant", "limits", "acme", "--rps", "20", "--user-rps", "2",
-                       *common)
+                       "--user-tpm", "600", *common)
     assert code == 0 and json.loads(out)["tenant_rps"] == 20.0
     code, out, _ = run(capsys, "tenant", "limits", "acme", *common)
     assert json.loads(out) == {"tenant_rps": 20.0, "tenant_burst": None, "user_rps": 2.0,
-                               "user_burst": None}
+                               "user_burst": None, "tenant_tpm": None, "user_tpm": 600.0}
     code, out, _ = run(capsys, "tenant", "limits", "acme", "--clear", *common)
     assert code == 0 and json.loads(out)["tenant_rps"] is None
     code, _, err = run(capsys, "tenant", "limits", "acme", "--rps", "-3", *common)

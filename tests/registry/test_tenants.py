@@ -100,15 +100,19 @@ def test_unknown_tenant(client):
 def test_rate_limit_overrides_round_trip_and_bad_values_change_nothing(client, acme,
                                                                         state_snapshot):
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
-        "tenant_rps": None, "tenant_burst": None, "user_rps": None, "user_burst": None}
-    resp = client.put("/v1/tenants/acme/limits", json={"tenant_rps": 50, "user_rps": 2.5},
+        "tenant_rps": None, "tenant_burst": None, "user_rps": None, "user_burst": None,
+        "tenant_tpm": None, "user_tpm": None}
+    resp = client.put("/v1/tenants/acme/limits",
+                      json={"tenant_rps": 50, "user_rps": 2.5, "user_tpm": 6000},
                       headers=admin())
     assert resp.status_code == 200, resp.text
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
-        "tenant_rps": 50.0, "tenant_burst": None, "user_rps": 2.5, "user_burst": None}
+        "tenant_rps": 50.0, "tenant_burst": None, "user_rps": 2.5, "user_burst": None,
+        "tenant_tpm": None, "user_tpm": 6000.0}
     before = state_snapshot()
     for body, needle in (({"tenant_rps": -1}, "greater than or equal to 0"),
                          ({"user_burst": 1.5}, "valid integer"),
+                         ({"tenant_tpm": -5}, "greater than or equal to 0"),
                          ({"tenant_qps": 5}, "Extra inputs are not permitted")):
         bad = client.put("/v1/tenants/acme/limits", json=body, headers=admin())
         assert bad.status_code == 422, bad.text
