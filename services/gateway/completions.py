@@ -26,10 +26,10 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     start = time.perf_counter()
     label = NO_ADAPTER
     try:
-        body = parse_body(await request.body())
-        validate_body(body, chat=chat, max_tokens_cap=settings.max_tokens_cap)
+        body = parse_body(await request.body(), state.caps.max_json_depth)
+        output_tokens = validate_body(body, chat=chat, caps=state.caps)
         user = request_user(body, request.headers.get("x-user-id"))
-        await state.limiter.check(tenant, user)
+        await state.limiter.check(tenant, user, output_tokens)
         target = await select_target(
             state.registry, tenant, body.get("model"), user,
             base_name=settings.base_model_name, worker_base_model=settings.worker_model)

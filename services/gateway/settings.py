@@ -44,14 +44,34 @@ class GatewaySettings(BaseSettings):
     user_rps: float = Field(0.0, ge=0, description="Requests per second per (tenant, user); "
                             "0 = unlimited")
     user_burst: int = Field(0, ge=0, description="User bucket size; 0 = 2 x user_rps")
+    tenant_tpm: float = Field(0.0, ge=0, description="Output tokens per minute per tenant, "
+                              "charged up front (max_tokens x n x prompts); 0 = unlimited")
+    user_tpm: float = Field(0.0, ge=0, description="Output tokens per minute per (tenant, "
+                            "user), charged like tenant_tpm; 0 = unlimited")
     limits_cache_s: float = Field(10.0, ge=0, description="How long a tenant's rate-limit "
                                   "overrides (set in the registry) are cached")
+    ratelimit_timeout_s: float = Field(0.2, gt=0, le=5, description="Longest wait for the "
+                                       "rate limiter's Redis; past it the request is let "
+                                       "through (fail open) and counted")
     base_model_name: str = Field("base", description="What clients call the base model")
     worker_base_model: str | None = Field(
         None, description="The name workers serve the base model under (vLLM's "
         "--served-model-name, else its --model path); defaults to base_model_name")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Request body limit")
-    max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens accepted")
+    max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens accepted; also "
+                                "what a chat request without max_tokens gets")
+    max_request_tokens: int = Field(16384, ge=1, description="Largest total output one "
+                                    "request may ask for: prompts x max(n, best_of) x "
+                                    "max_tokens")
+    max_choices: int = Field(16, ge=1, description="Largest n (and best_of) accepted")
+    max_prompts: int = Field(16, ge=1, description="Most prompts in one /v1/completions "
+                             "request")
+    max_prompt_token_ids: int = Field(32768, ge=1, description="Longest token-id prompt")
+    max_json_depth: int = Field(64, ge=2, le=1000, description="Deepest nesting of JSON "
+                                "arrays/objects accepted in a request body")
+    registry_cache_entries: int = Field(
+        20_000, ge=1, description="Entries per registry lookup cache (user bindings, "
+        "adapters, API keys); a worst-case entry takes about 1 KiB")
     load_factor: float = Field(1.25, ge=1.0, description="Bounded-load cap multiplier")
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0)

@@ -12,6 +12,7 @@ from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.ratelimit import LIMIT_FIELDS, RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.validation import Caps
 
 
 @dataclass
@@ -23,6 +24,7 @@ class GatewayState:
     monitor: WorkerMonitor
     limiter: RateLimiter
     metrics: GatewayMetrics
+    caps: Caps
 
     @classmethod
     async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,
@@ -32,7 +34,8 @@ class GatewayState:
         """Start the registry client (waits for its event listener), find the workers and
         check them once, then keep doing so in the background."""
         if registry is None:
-            registry = AsyncRegistryClient(settings.redis_url, namespace=settings.namespace)
+            registry = AsyncRegistryClient(settings.redis_url, namespace=settings.namespace,
+                                           max_cache_entries=settings.registry_cache_entries)
             await registry.start()
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
         http = httpx.AsyncClient(timeout=timeout, transport=transport,
@@ -45,9 +48,14 @@ class GatewayState:
                                 health_interval_s=settings.health_interval_s)
         limiter = RateLimiter(getattr(registry, "redis", None), settings.namespace, metrics,
                               settings.model_dump(include=set(LIMIT_FIELDS)),
-                              settings.limits_cache_s)
+                              settings.limits_cache_s, settings.ratelimit_timeout_s)
+        caps = Caps(max_tokens=settings.max_tokens_cap,
+                    max_request_tokens=settings.max_request_tokens,
+                    max_choices=settings.max_choices, max_prompts=settings.max_prompts,
+                    max_prompt_token_ids=settings.max_prompt_token_ids,
+                    max_json_depth=settings.max_json_depth)
         await monitor.start()
-        return cls(settings, registry, http, pool, monitor, limiter, metrics)
+        return cls(settings, registry, http, pool, monitor, limiter, metrics, caps)
 
     async def aclose(self) -> None:
         await self.monitor.aclose()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ from preft_serve.gateway.settings import GatewaySettings
 
 from tests.conftest import free_port
 from tests.gateway.test_requests import AUTH, MSGS, FakeRegistry, Workers, message
+from tests.support.redis_process import RedisProcess
 
 
 def _client(redis_url: str, workers: Workers, namespace: str | None = None,
@@ -102,3 +105,73 @@ def test_tenant_overrides_from_the_registry_replace_the_defaults(redis_server: s
         store.hset(overrides, mapping={"tenant_rps": "0"})  # 0 turns the default off
         assert all(chat(client, user="u1").status_code == 200 for _ in range(250))
     store.close()
+
+
+def test_output_tokens_per_minute_are_charged_up_front(redis_server: str,
+                                                       workers: Workers) -> None:
+    with _client(redis_server, workers, user_tpm=12, user_rps=0.01, user_burst=2) as client:
+        # max_tokens x n = 10 of the user's 12 tokens; 1 of its 2 requests.
+        assert chat(client, user="u1", max_tokens=5, n=2).status_code == 200
+        refused = chat(client, user="u1", max_tokens=3)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limited"
+        # 1 token short at 12/minute = 0.2 tokens/s: 5 s.
+        assert refused.headers["Retry-After"] == "5"
+        assert message(refused) == (
+            "token rate limit exceeded for user u1: this request reserves 3 output tokens "
+            "(prompts x n x max_tokens) of 12 output tokens/minute; retry after 5 s")
+        # Refused by its token bucket, the request took nothing from the request bucket:
+        # one request and 2 tokens are still there.
+        assert chat(client, user="u1", max_tokens=2).status_code == 200
+        by_requests = chat(client, user="u1", max_tokens=1)
+        assert by_requests.status_code == 429 and "0.01 requests/s" in message(by_requests)
+        assert chat(client, user="u2", model="bot", max_tokens=12).status_code == 200
+        text = client.get("/metrics").text
+    assert len(workers.seen) == 3
+    assert 'preft_gateway_rate_limited_total{scope="user_tokens"} 1.0' in text
+    assert 'preft_gateway_rate_limited_total{scope="user"} 1.0' in text
+
+
+def test_a_request_larger_than_the_token_budget_is_refused_outright(
+    redis_server: str, workers: Workers
+) -> None:
+    namespace = f"rl{uuid.uuid4().hex[:8]}"
+    store = redis.Redis.from_url(redis_server)
+    store.hset(RegistryKeys(namespace).tenant_limits("acme"), mapping={"tenant_tpm": "60"})
+    with _client(redis_server, workers, namespace, max_tokens_cap=100) as client:
+        # No max_tokens: the gateway's cap (100) is reserved, more than the 60 a minute.
+        resp = chat(client, user="u1")
+        assert resp.status_code == 429 and "Retry-After" not in resp.headers
+        assert message(resp) == (
+            "this request reserves 100 output tokens (prompts x n x max_tokens), more than "
+            "the whole budget of tenant acme (60 output tokens/minute); lower max_tokens or n")
+        assert chat(client, user="u1", max_tokens=30, n=2).status_code == 200
+        assert chat(client, user="u1", max_tokens=1).status_code == 429  # all 60 taken
+        text = client.get("/metrics").text
+    store.close()
+    assert len(workers.seen) == 1 and workers.seen[0]["max_tokens"] == 30
+    assert 'preft_gateway_rate_limited_total{scope="tenant_tokens"} 2.0' in text
+
+
+def test_a_stalled_redis_delays_a_request_by_the_limiter_timeout_only(
+    tmp_path: Path, workers: Workers
+) -> None:
+    server = RedisProcess(tmp_path).start()
+    try:
+        with _client(server.url, workers, tenant_rps=100, user_tpm=10_000,
+                     ratelimit_timeout_s=0.2) as client:
+            assert chat(client, user="u1", max_tokens=5).status_code == 200  # warm
+            server.pause()
+            timings = []
+            for _ in range(2):
+                start = time.monotonic()
+                assert chat(client, user="u1", max_tokens=5).status_code == 200
+                timings.append(time.monotonic() - start)
+            server.resume()
+            assert chat(client, user="u1", max_tokens=5).status_code == 200
+            text = client.get("/metrics").text
+    finally:
+        server.stop()
+    assert max(timings) < 1.0, timings  # was the 5 s socket timeout (or more)
+    assert 'preft_gateway_errors_total{cause="rate_limit_unavailable"} 2.0' in text
+    assert len(workers.seen) == 4

@@ -8,7 +8,9 @@ with persistence after a crash.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import redis
@@ -49,6 +51,18 @@ class RedisProcess:
         if self._process is not None:
             self._process.kill()
 
+    def pause(self) -> None:
+        """Stall it (SIGSTOP): connections stay open and accepted, nothing is answered."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self._process is not None and self._process.running:
+            assert self._process.proc is not None
+            os.kill(self._process.proc.pid, sig)
+
     def wipe(self) -> None:
         """Delete the data files (while stopped): the next ``start`` comes back empty."""
         for path in self.root.glob("appendonly*"):
@@ -57,4 +71,5 @@ class RedisProcess:
 
     def stop(self) -> None:
         if self._process is not None:
+            self.resume()  # a stopped process would not act on SIGTERM
             self._process.stop()
