@@ -13,7 +13,7 @@ from preft_serve import __version__
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import InvalidKeyPart
-from preft_serve.registry.limits import BodySizeLimitMiddleware
+from preft_serve.registry.limits import BodySizeLimitMiddleware, JsonBodyGuardMiddleware
 from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
 from preft_serve.registry.routers import adapters, health, tenants, users
 from preft_serve.registry.settings import RegistrySettings
@@ -63,6 +63,7 @@ def create_app(settings: RegistrySettings | None = None,
     app.add_exception_handler(redis.RedisError, _backend_unavailable)
     app.add_exception_handler(ObjectStoreError, _backend_unavailable)
     app.add_exception_handler(InvalidKeyPart, _invalid_key_part)
+    app.add_middleware(JsonBodyGuardMiddleware)  # innermost: sees bodies under the size cap
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (tenants, adapters, users, health):

@@ -1,13 +1,17 @@
-"""Request-body size limit enforced while the body streams in.
+"""Request-body limits enforced before the app reads a body.
 
-Checked twice: a declared ``Content-Length`` over the limit is refused before reading, and
-the bytes actually received are counted chunk by chunk (chunked uploads declare nothing),
-so no request can make the server buffer more than the limit.
+Size: checked twice: a declared ``Content-Length`` over the limit is refused before reading,
+and the bytes actually received are counted chunk by chunk (chunked uploads declare
+nothing), so no request can make the server buffer more than the limit.
+
+JSON bodies (everything but the multipart uploads) are small: they are capped far lower
+and their nesting depth is measured before FastAPI parses them.
 """
 
 from __future__ import annotations
 
-from preft_serve.common.errors import PayloadTooLarge, error_response
+from preft_serve.common.errors import BadRequest, PayloadTooLarge, ServiceError, error_response
+from preft_serve.registry.jsondepth import json_depth
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -48,3 +52,73 @@ class BodySizeLimitMiddleware:
             return message
 
         await self.app(scope, limited_receive, send)
+
+
+MAX_JSON_BODY_BYTES = 1 << 20  # tenant, limits and binding bodies are a few small fields
+MAX_JSON_DEPTH = 32
+
+
+def _parses_json(scope: Scope) -> bool:
+    """Whether FastAPI would parse this request's body as JSON (it does when the content
+    type is missing, ``application/json`` or ``application/*+json``)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            return media in (b"", b"application/json") or (
+                media.startswith(b"application/") and media.endswith(b"+json"))
+    return True
+
+
+class JsonBodyGuardMiddleware:
+    """Bounds JSON request bodies before FastAPI parses them: at most ``max_bytes`` (413)
+    and ``max_depth`` levels of arrays/objects (400; json.loads recurses per level, so a
+    nesting bomb was a RecursionError). Multipart uploads pass through untouched."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_JSON_BODY_BYTES,
+                 max_depth: int = MAX_JSON_DEPTH) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.max_depth = max_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _parses_json(scope):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # disconnected: let the app see it
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send, PayloadTooLarge(
+                    f"JSON request body is larger than {self.max_bytes} bytes; the "
+                    "registry's JSON bodies are a few small fields"))
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        depth = json_depth(body)
+        if depth > self.max_depth:
+            await self._refuse(scope, receive, send, BadRequest(
+                f"request body nests JSON arrays/objects {depth} levels deep; the limit is "
+                f"{self.max_depth}"))
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, exc: ServiceError) -> None:
+        response = error_response(exc.status_code, exc.code, exc.message,
+                                  headers={"Connection": "close"})
+        await response(scope, receive, send)
