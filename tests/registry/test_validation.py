@@ -3,6 +3,7 @@ in Redis or the bucket."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,22 @@ def _scale_first(tensors: dict[str, np.ndarray], value: float) -> dict[str, np.n
     arr = tensors[A0].copy()
     arr[0, 0] = value
     return {**tensors, A0: arr}
+
+
+def _scale_all(tensors: dict[str, np.ndarray], factor: float) -> dict[str, np.ndarray]:
+    return {k: v * np.float32(factor) for k, v in tensors.items()}
+
+
+def _raw_config(**raw: str) -> Callable[[Path], None]:
+    """Set config keys to raw JSON text (numbers json.dumps cannot write, deep nesting)."""
+    def edit(d: Path) -> None:
+        config = json.loads((d / CONFIG_FILE).read_text())
+        config.update({k: f"@@{k}@@" for k in raw})
+        text = json.dumps(config)
+        for key, value in raw.items():
+            text = text.replace(f'"@@{key}@@"', value)
+        (d / CONFIG_FILE).write_text(text)
+    return edit
 
 
 def _bad(mutate: Callable[[Path], Any]) -> Callable[[Path, Path], Path]:
@@ -85,6 +102,34 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
             f"tensor {A0} contains NaN or Inf values"),
     "inf": (_bad(lambda d: factories.edit_tensors(d, lambda t: _scale_first(t, np.inf))), 422,
             f"tensor {A0} contains NaN or Inf values"),
+    "config number overflows to inf": (
+        _bad(_raw_config(lora_alpha="1e309")), 422,
+        "adapter_config.json has the number 1e309, which is not finite as a 64-bit float; "
+        "every number must be finite"),
+    "config number deep inside overflows": (
+        _bad(_raw_config(extra='[1, {"x": -2.5e400}]')), 422,
+        "adapter_config.json has the number -2.5e400, which is not finite"),
+    "config nested too deeply": (
+        _bad(_raw_config(extra="[" * 100_000 + "]" * 100_000)), 422,
+        "adapter_config.json nests arrays/objects 100001 levels deep; the limit is 32"),
+    "config nesting bomb, not even closed": (
+        _bad(_write(CONFIG_FILE, b"[" * 100_000)), 422,
+        "adapter_config.json nests arrays/objects 100000 levels deep; the limit is 32"),
+    "lora_alpha absurd": (
+        _bad(lambda d: factories.edit_config(d, lora_alpha=1e30)), 422,
+        "LoRA scale lora_alpha / r = 1.25e+29 (lora_alpha=1e+30, r=8) is over the limit of "
+        "256; use lora_alpha <= 2048"),
+    "rslora alpha absurd": (
+        _bad(lambda d: factories.edit_config(d, lora_alpha=2048, use_rslora=True)), 422,
+        "LoRA scale lora_alpha / sqrt(r) = 724 (lora_alpha=2048, r=8) is over the limit of "
+        "256; use lora_alpha <= 724"),
+    "weight absurd": (
+        _bad(lambda d: factories.edit_tensors(d, lambda t: _scale_first(t, 3e38))), 422,
+        f"tensor {A0} has values up to 3e+38 in magnitude; the limit is 1e+04 - "),
+    "lora update absurd": (
+        _bad(lambda d: factories.edit_tensors(d, lambda t: _scale_all(t, 100))), 422,
+        "LoRA base_model.model.model.layers.0.self_attn.k_proj can change a base weight by "
+        "up to "),
     "truncated safetensors": (
         _bad(lambda d: (d / WEIGHTS_FILE).write_bytes((d / WEIGHTS_FILE).read_bytes()[:-100])),
         422, "adapter_model.safetensors is not a valid safetensors file"),
@@ -107,6 +152,21 @@ def test_bad_adapter_rejected_and_nothing_stored(case, client, acme, lora_dir, t
     assert resp.status_code == status, resp.text
     assert message in error_message(resp)
     assert state_snapshot() == before
+
+
+@pytest.mark.parametrize("rank", [8, 16, 32, 64])
+@pytest.mark.parametrize("alpha_per_rank", [1, 2])
+def test_random_toymodel_loras_pass_magnitude_bounds(rank, alpha_per_rank, make_client,
+                                                      base_model_dir, tmp_path):
+    """The generator the engine tests use (std 0.3, A and B random) stays well inside."""
+    from preft_serve.toymodels import LoraSpec, make_lora_adapter
+
+    client = make_client(max_rank=64)
+    headers = create_tenant(client, "acme")
+    adapter = make_lora_adapter(base_model_dir, tmp_path / "lora", rank,
+                                LoraSpec(rank=rank, alpha=alpha_per_rank * rank))
+    resp = upload(client, headers, "bot", adapter)
+    assert resp.status_code == 201, resp.text
 
 
 def test_all_problems_listed_in_details(client, acme, lora_dir, tmp_path, state_snapshot):
@@ -291,6 +351,11 @@ REFT_CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "non-orthonormal loreft r": (
         _reft_bad(lambda d: factories.edit_tensors(d, _skew_r), reft_type="loreft"),
         "LoReFT tensor layers.0.shared.r must have orthonormal rows"),
+    "direft weight absurd": (
+        _reft_bad(lambda d: factories.edit_tensors(
+            d, lambda t: {**t, "layers.1.shared.w1": t["layers.1.shared.w1"] * 1e30}),
+            reft_type="direft"),
+        "tensor layers.1.shared.w1 has values up to "),
     "direft wrong hidden size": (
         _reft_bad(lambda d: factories.edit_tensors(
             d, lambda t: {**t, "layers.1.shared.w2": np.zeros((4, 32), np.float32)}),

@@ -9,7 +9,6 @@ type-specific rules of the validator registered for the adapter's type (``lora``
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from preft_serve.common.adapter_format import (
     canonical_config_bytes,
 )
 from preft_serve.common.objectstore import file_digest
+from preft_serve.registry.text import clip
 from preft_serve.registry.validation import lora, reft  # noqa: F401  (register validators)
 from preft_serve.registry.validation.base import (
     AdapterRejected,
@@ -32,6 +32,7 @@ from preft_serve.registry.validation.base import (
     register_validator,
     supported_types,
 )
+from preft_serve.registry.validation.configjson import load_config
 from preft_serve.registry.validation.weights import WeightsFile, WeightsFormatError
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "ValidatedAdapter",
     "ValidationLimits",
     "get_validator",
+    "load_config",
     "register_validator",
     "supported_types",
     "validate_adapter",
@@ -63,25 +65,6 @@ class ValidatedAdapter:
     base_model: str
 
 
-def _no_constants(name: str) -> None:
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
-def load_config(path: Path, limits: ValidationLimits) -> dict[str, Any]:
-    """Parse adapter_config.json (size-bounded) into a JSON object."""
-    size = path.stat().st_size
-    if size > limits.max_config_bytes:
-        raise AdapterRejected(f"adapter_config.json is {size} bytes; the limit is "
-                              f"{limits.max_config_bytes}")
-    try:
-        config = json.loads(path.read_bytes(), parse_constant=_no_constants)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-        raise AdapterRejected(f"adapter_config.json is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise AdapterRejected("adapter_config.json must hold a JSON object")
-    return config
-
-
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
@@ -97,16 +80,18 @@ def _tensor_problems(
     actual = weights.tensors
     problems: list[str] = []
     for name, info in actual.items():
+        shown_name = clip(name, 200)  # names come from the uploaded file's header
         if name not in expected:
-            problems.append(f"unexpected tensor {name}: adapter_config.json "
+            problems.append(f"unexpected tensor {shown_name}: adapter_config.json "
                             f"({validator.type.value}) does not call for it")
         elif info.shape != expected[name]:
             problems.append(
-                f"tensor {name} has shape {_shape(info.shape)}; base model {base.describe()} "
+                f"tensor {shown_name} has shape {clip(_shape(info.shape), 100)}; base model "
+                f"{base.describe()} "
                 f"needs {_shape(expected[name])} - was it trained for another base model?"
             )
         if info.dtype not in limits.allowed_dtypes:
-            problems.append(f"tensor {name} has dtype {info.dtype}; use one of "
+            problems.append(f"tensor {shown_name} has dtype {clip(info.dtype, 20)}; use one of "
                             f"{', '.join(limits.allowed_dtypes)}")
     for name, shape in expected.items():
         if name not in actual:
@@ -115,6 +100,13 @@ def _tensor_problems(
     if not problems:
         problems = [f"tensor {name} contains NaN or Inf values; fix the training run"
                     for name in actual if weights.has_non_finite(name)]
+    if not problems:
+        problems = [
+            f"tensor {name} has values up to {weights.max_abs(name):.3g} in magnitude; the "
+            f"limit is {limits.max_abs_weight:.3g} - such an adapter only produces inf/NaN, "
+            "check the training run"
+            for name in actual if weights.max_abs(name) > limits.max_abs_weight
+        ]
     return problems
 
 
@@ -134,7 +126,7 @@ def validate_adapter(
     try:
         kind = adapter_type(config)
     except AdapterFormatError as exc:
-        raise AdapterRejected(f"adapter_config.json: {exc}") from None
+        raise AdapterRejected(f"adapter_config.json: {clip(str(exc))}") from None
     validator = get_validator(kind)
     rank = validator.check_config(config, base, limits)
     size = weights_path.stat().st_size
@@ -147,7 +139,7 @@ def validate_adapter(
         raise AdapterRejected(str(exc)) from None
     problems = _tensor_problems(validator, config, weights, base, limits)
     if not problems:
-        problems = validator.check_values(config, weights)
+        problems = validator.check_values(config, weights, limits)
     if problems:
         extra = f" (and {len(problems) - 1} more; see details)" if len(problems) > 1 else ""
         raise AdapterRejected(

@@ -37,6 +37,12 @@ class ValidationLimits:
     max_config_bytes: int = 1 << 20
     max_archive_members: int = 16
     max_compression_ratio: float = 100.0
+    max_json_depth: int = 32  # adapter_config.json nesting (PEFT configs use 3)
+    # Magnitudes past which an adapter only produces inf/NaN. Random test adapters (std 0.3,
+    # rank 64, lora_alpha 2r) reach ~1.5 per weight and ~200 per update element.
+    max_abs_weight: float = 1e4  # any adapter tensor element
+    max_lora_scale: float = 256.0  # lora_alpha / r (or / sqrt(r) with use_rslora)
+    max_lora_update: float = 1e4  # scale x r x max|lora_A| x max|lora_B|
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +105,9 @@ class AdapterValidator(abc.ABC):
     def expected_tensors(self, config: Mapping[str, Any], base: BaseModelSpec) -> Shapes:
         """Exactly the tensors (name -> shape) this config needs on this base model."""
 
-    def check_values(self, config: Mapping[str, Any], weights: WeightsFile) -> list[str]:
+    def check_values(
+        self, config: Mapping[str, Any], weights: WeightsFile, limits: ValidationLimits
+    ) -> list[str]:
         """Type-specific checks on tensor values; returns problems (none by default)."""
         return []
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from preft_serve.common.adapter_format import AdapterFormatError, AdapterType
 from preft_serve.common.reft_format import TENSORS, parse_positions, parts, tensor_name
+from preft_serve.registry.text import clip, shown
 from preft_serve.registry.validation.base import (
     AdapterRejected,
     AdapterValidator,
@@ -39,7 +40,8 @@ class _ReftValidator(AdapterValidator):
     ) -> int:
         rank = config.get("rank")
         if not (is_int(rank) and rank >= 1):
-            raise AdapterRejected(f"ReFT config 'rank' must be a positive integer (got {rank!r})")
+            raise AdapterRejected(f"ReFT config 'rank' must be a positive integer "
+                                  f"(got {shown(rank)})")
         require(rank <= limits.max_rank, f"ReFT rank {rank} exceeds this registry's maximum of "
                 f"{limits.max_rank}; retrain with rank <= {limits.max_rank}")
         require(rank <= base.hidden_size, f"ReFT rank {rank} exceeds the base model's "
@@ -51,16 +53,17 @@ class _ReftValidator(AdapterValidator):
             and len(set(layers)) == len(layers),
             f"ReFT config 'layers' must be a non-empty list of distinct layer indices in "
             f"0..{base.num_layers - 1} (the base model has {base.num_layers} layers; "
-            f"got {layers!r})",
+            f"got {shown(layers)})",
         )
         positions = config.get("positions")
         try:
             spec = parse_positions(positions)
         except AdapterFormatError as exc:
-            raise AdapterRejected(str(exc)) from None
+            raise AdapterRejected(clip(str(exc))) from None
         counts = [int(n) for n in re.findall(r"\d+", str(positions))] if spec is not None else []
         require(all(1 <= n <= MAX_POSITIONS for n in counts),
-                f"ReFT position counts must be between 1 and {MAX_POSITIONS} (got {positions!r})")
+                f"ReFT position counts must be between 1 and {MAX_POSITIONS} "
+                f"(got {shown(positions)})")
         require(isinstance(config.get("share_weights", True), bool),
                 "ReFT config 'share_weights' must be true or false")
         return rank
@@ -86,7 +89,9 @@ class DireftValidator(_ReftValidator):
 class LoreftValidator(_ReftValidator):
     type = AdapterType.LOREFT
 
-    def check_values(self, config: Mapping[str, Any], weights: WeightsFile) -> list[str]:
+    def check_values(
+        self, config: Mapping[str, Any], weights: WeightsFile, limits: ValidationLimits
+    ) -> list[str]:
         problems = []
         for name, info in weights.tensors.items():
             if not name.endswith(".r"):

@@ -23,6 +23,7 @@ _EXPONENT = {
     "BF16": (np.uint16, 0x7F80),
     "F64": (np.uint64, 0x7FF0000000000000),
 }
+_FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 CONVERT_HINT = (
     "convert it to safetensors, e.g. `model.save_pretrained(dir, safe_serialization=True)` "
@@ -84,6 +85,7 @@ class WeightsFile:
             )
             for name, spec in header.items()
         }
+        self._max_abs: dict[str, float] = {}
 
     def _raw(self, info: TensorInfo) -> np.ndarray:
         if info.end == info.start:
@@ -102,6 +104,27 @@ class WeightsFile:
             if np.any((bits[i : i + _CHUNK] & mask) == mask):
                 return True
         return False
+
+    def max_abs(self, name: str) -> float:
+        """Largest |value| of a float tensor (finite values assumed), read in chunks."""
+        if name in self._max_abs:
+            return self._max_abs[name]
+        info = self.tensors[name]
+        raw = self._raw(info)
+        if info.dtype == "BF16":
+            values = raw.view(np.uint16)
+        elif info.dtype in _FLOATS:
+            values = raw.view(_FLOATS[info.dtype])
+        else:
+            raise ValueError(f"{name} is not a float tensor ({info.dtype})")
+        largest = 0.0
+        for i in range(0, values.size, _CHUNK):
+            chunk = values[i : i + _CHUNK]
+            if info.dtype == "BF16":
+                chunk = (chunk.astype(np.uint32) << 16).view(np.float32)
+            largest = max(largest, float(np.max(np.abs(chunk))))
+        self._max_abs[name] = largest
+        return largest
 
     def array(self, name: str) -> np.ndarray:
         """A (small) float tensor as float32, for value checks such as orthonormality."""
