@@ -13,6 +13,7 @@ from typing import IO
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest
 from preft_serve.registry.archives import copy_bounded, extract_archive, file_role, is_archive
+from preft_serve.registry.text import clip
 from preft_serve.registry.validation import ValidationLimits
 
 
@@ -47,7 +48,7 @@ def stage_upload(
     if archives:
         if len(files) != 1:
             raise BadRequest("send either one archive or the two adapter files, not both "
-                             f"(got {', '.join(names)})")
+                             f"(got {clip(', '.join(names))})")
         found = extract_archive(files[0].stream, names[0], dest, limits)
     else:
         found = {}

@@ -240,3 +240,16 @@ def test_long_member_names_are_cut_in_messages(client, acme, state_snapshot):
                               "adapter is exactly adapter_config.json and")
     assert len(message) < 400
     assert state_snapshot() == before
+
+
+def test_many_file_names_are_cut_in_messages(client, acme, state_snapshot):
+    names = [f"{'f' * 1000}{i}.zip" for i in range(50)]
+    before = state_snapshot()
+    resp = client.post("/v1/adapters", data={"name": "bot", "mode": "prefill"}, headers=acme,
+                       files=[("files", (n, b"x", "application/zip")) for n in names])
+    assert resp.status_code == 400
+    message = error_message(resp)
+    assert message.startswith("send either one archive or the two adapter files, not both "
+                              "(got ffff")
+    assert message.endswith("…)") and len(message) < 500
+    assert state_snapshot() == before
