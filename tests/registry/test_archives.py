@@ -68,6 +68,20 @@ def _link(name: str, target: str, hard: bool = False) -> tarfile.TarInfo:
     return info
 
 
+def _sparse(pax: bool) -> bytes:
+    """A tar whose weights entry is a GNU sparse file (old-style header, or pax 1.0)."""
+    info = tarfile.TarInfo(WEIGHTS_FILE)
+    if pax:
+        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                            "GNU.sparse.name": WEIGHTS_FILE, "GNU.sparse.realsize": "1"}
+    else:
+        info.type = tarfile.GNUTYPE_SPARSE
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info)
+    return buf.getvalue()
+
+
 def _zip_symlink() -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
@@ -86,6 +100,11 @@ BAD_ARCHIVES = {
                 f"archive entry '{WEIGHTS_FILE}' is a link; only regular files are allowed"),
     "hardlink": (lambda d: _tar([_link(CONFIG_FILE, "x", hard=True)]), "adapter.tgz", 400,
                  f"archive entry '{CONFIG_FILE}' is a link"),
+    "sparse": (lambda d: _sparse(pax=False), "adapter.tar.gz", 400,
+               f"archive entry '{WEIGHTS_FILE}' is a sparse file; only regular files are "
+               "allowed"),
+    "pax sparse": (lambda d: _sparse(pax=True), "adapter.tar.gz", 400,
+                   f"archive entry '{WEIGHTS_FILE}' is a sparse file"),
     "zip symlink": (lambda d: _zip_symlink(), "adapter.zip", 400,
                     f"archive entry '{WEIGHTS_FILE}' is a symbolic link"),
     "traversal": (lambda d: _tar(_adapter_entries(d, "../")), "adapter.tar.gz", 400,
