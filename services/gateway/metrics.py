@@ -8,9 +8,13 @@ counters non-monotonic per label.) The base model is labelled with its public na
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 OTHER = "other"
+REGISTRY_CACHES = ("users", "adapters", "api_keys", "blobs")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -50,6 +54,15 @@ class GatewayMetrics:
         self.errors = Counter(
             "preft_gateway_errors_total", "Failed requests by cause", ["cause"],
             registry=self.registry)
+        self.registry_cache = Gauge(
+            "preft_gateway_registry_cache_entries", "Entries in the registry client's lookup "
+            "caches (bounded by PREFT_GATEWAY_REGISTRY_CACHE_ENTRIES each)", ["cache"],
+            registry=self.registry)
+
+    def watch_registry_cache(self, sizes: Callable[[], dict[str, int]]) -> None:
+        """Read the cache sizes at every scrape."""
+        for name in REGISTRY_CACHES:
+            self.registry_cache.labels(name).set_function(partial(_entries, sizes, name))
 
     def adapter_label(self, name: str) -> str:
         """``name`` while under the cardinality budget, else ``other``."""
@@ -69,3 +82,7 @@ class GatewayMetrics:
             self.prompt_tokens.labels(label).inc(prompt)
         if isinstance(completion, int) and completion >= 0:
             self.generation_tokens.labels(label).inc(completion)
+
+
+def _entries(sizes: Callable[[], dict[str, int]], name: str) -> float:
+    return float(sizes().get(name, 0))

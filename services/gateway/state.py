@@ -37,6 +37,8 @@ class GatewayState:
             registry = AsyncRegistryClient(settings.redis_url, namespace=settings.namespace,
                                            max_cache_entries=settings.registry_cache_entries)
             await registry.start()
+        if hasattr(registry, "cache_sizes"):  # test doubles have no cache
+            metrics.watch_registry_cache(registry.cache_sizes)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
         http = httpx.AsyncClient(timeout=timeout, transport=transport,
                                  limits=httpx.Limits(max_connections=1000,

@@ -9,6 +9,7 @@ from typing import Any, Self
 import redis
 import redis.asyncio as aioredis
 from preft_serve.common.registry_client.cache import (
+    DEFAULT_MAX_ENTRIES,
     MISSING,
     REDIS_DOWN,
     RESOLVE_USER_LUA,
@@ -44,7 +45,7 @@ class AsyncRegistryClient(ClientBase):
         client: aioredis.Redis | None = None,
         namespace: str = "preft",
         cache: bool = True,
-        max_cache_entries: int = 1_000_000,
+        max_cache_entries: int = DEFAULT_MAX_ENTRIES,
         cursor: str | None = None,
     ) -> None:
         super().__init__(namespace, cache, max_cache_entries, cursor)

@@ -37,6 +37,10 @@ RESOLVE_USER_LUA = (
 )
 
 MISSING: Any = object()
+# Entries per cache map (users, adapters, API keys). A worst-case entry (256-character ids,
+# an adapter ref) is under 1 KiB, so the three maps stay within ~35 MiB; at the former
+# 1,000,000 the two maps of negative answers alone could take ~1 GiB.
+DEFAULT_MAX_ENTRIES = 20_000
 # Redis itself is unreachable (as opposed to a bad command): lookups may fall back to the cache.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
 Listener = Callable[[RegistryEvent], None]
@@ -130,6 +134,11 @@ class ResolveCache:
             if epoch == self.epoch:
                 self._put(self.api_keys, digest, owner)
 
+    def sizes(self) -> dict[str, int]:
+        """Entries per map (``blobs`` is not bounded: immutable content, few per adapter)."""
+        return {"users": len(self.users), "adapters": len(self.adapters),
+                "api_keys": len(self.api_keys), "blobs": len(self.blobs)}
+
     def _clear(self) -> None:
         self.users.clear()
         self.adapters.clear()
@@ -170,6 +179,10 @@ class ClientBase:
 
     def invalidate_all(self) -> None:
         self._cache.clear()
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries in each cache map (for metrics)."""
+        return self._cache.sizes()
 
     def _cached_user(self, tenant: str, user: str) -> Any:
         return self._cache.get_user(tenant, user) if self._live and self._use_cache else MISSING
