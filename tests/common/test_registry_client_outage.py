@@ -8,13 +8,15 @@ restarted on the same port with the same data.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from preft_serve.common.registry_client import AsyncRegistryClient, KeyOwner, RegistryClient
+from preft_serve.common.registry_client import cache
 
 from tests.common.test_registry_client import Writer, eventually
 from tests.support.redis_process import RedisProcess
@@ -136,3 +138,38 @@ def test_changes_since_reports_a_reset_when_the_stream_is_gone_or_behind(
     writer.redis.xadd(writer.keys.events, {"type": "x"}, id="1-1")
     assert client.changes_since(seen).reset is True  # a stream older than what we saw
     assert client.changes_since("1-1").reset is False
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_listener_backs_off_and_logs_only_down_and_up(
+    own_redis: RedisProcess, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, flavour: str,
+) -> None:
+    """While Redis is down the listener retries after 0.5 s, 1 s, 2 s ... up to 5 s (scaled
+    down 10x here) and logs one warning, not one every attempt; one line when it is back."""
+    monkeypatch.setattr(cache, "LISTENER_RETRY_FIRST_S", 0.05, raising=False)
+    monkeypatch.setattr(cache, "LISTENER_RETRY_MAX_S", 0.5, raising=False)
+    caplog.set_level(logging.DEBUG, logger="preft_serve.common.registry_client")
+
+    def outage(live: Callable[[], bool]) -> None:
+        own_redis.kill()
+        time.sleep(2.5)
+        own_redis.start()
+        assert eventually(live, timeout=5)
+
+    if flavour == "sync":
+        with RegistryClient(own_redis.url, namespace="outage") as client:
+            outage(lambda: client.live)
+    else:
+        async def scenario() -> None:
+            async with AsyncRegistryClient(own_redis.url, namespace="outage") as client:
+                await asyncio.to_thread(outage, lambda: client.live)
+
+        asyncio.run(scenario())
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "listener" in r.getMessage()]
+    assert [level for level, _ in lines if level != "DEBUG"] == ["WARNING", "INFO"], lines
+    assert lines[0][1].startswith("registry event listener lost Redis (")
+    assert lines[-1][1] == "registry event listener reconnected to Redis and caught up"
+    waits = [float(m.rsplit(" ", 2)[-2]) for level, m in lines if level == "DEBUG"]
+    assert waits[:4] == [0.05, 0.1, 0.2, 0.4]  # 2.5 s down: 8 or so attempts, not 50
+    assert waits[4:] == [0.5] * (len(waits) - 4) and len(waits) > 4

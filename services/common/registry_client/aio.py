@@ -189,6 +189,7 @@ class AsyncRegistryClient(ClientBase):
                     break
         self._live = True
         self._stale_logged = False
+        self._listener_back()
         self._caught_up.set()
 
     async def _listen(self) -> None:
@@ -205,8 +206,7 @@ class AsyncRegistryClient(ClientBase):
                     elif msg["type"] == "message":
                         self._on_message(msg["data"])
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                self._live = False
-                logger.warning("registry event listener lost Redis (%s); retrying", exc)
-                await asyncio.sleep(0.5)
+                delay = self._listener_lost(exc)
+                await asyncio.sleep(delay)
             finally:
                 await pubsub.aclose()

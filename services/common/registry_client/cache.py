@@ -41,6 +41,9 @@ MISSING: Any = object()
 # an adapter ref) is under 1 KiB, so the three maps stay within ~35 MiB; at the former
 # 1,000,000 the two maps of negative answers alone could take ~1 GiB.
 DEFAULT_MAX_ENTRIES = 20_000
+# The event listener retries a lost Redis after 0.5 s, doubling up to 5 s.
+LISTENER_RETRY_FIRST_S = 0.5
+LISTENER_RETRY_MAX_S = 5.0
 # Redis itself is unreachable (as opposed to a bad command): lookups may fall back to the cache.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
 Listener = Callable[[RegistryEvent], None]
@@ -162,6 +165,7 @@ class ClientBase:
         self._cursor: str | None = cursor
         self._live = False
         self._stale_logged = False
+        self._retry_s = 0.0  # the listener's current back-off; 0 while connected
 
     @property
     def live(self) -> bool:
@@ -183,6 +187,26 @@ class ClientBase:
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each cache map (for metrics)."""
         return self._cache.sizes()
+
+    def _listener_lost(self, exc: BaseException) -> float:
+        """Seconds the listener waits before its next attempt: exponential back-off, with
+        a warning when Redis goes away and debug lines while it stays away."""
+        self._live = False
+        if self._retry_s == 0.0:
+            self._retry_s = LISTENER_RETRY_FIRST_S
+            logger.warning("registry event listener lost Redis (%s); retrying every %g-%g s "
+                           "until it is back", exc, LISTENER_RETRY_FIRST_S,
+                           LISTENER_RETRY_MAX_S)
+        else:
+            self._retry_s = min(2 * self._retry_s, LISTENER_RETRY_MAX_S)
+        logger.debug("registry event listener: Redis unreachable (%s); next attempt in "
+                     "%g s", exc, self._retry_s)
+        return self._retry_s
+
+    def _listener_back(self) -> None:
+        if self._retry_s:
+            logger.info("registry event listener reconnected to Redis and caught up")
+        self._retry_s = 0.0
 
     def _cached_user(self, tenant: str, user: str) -> Any:
         return self._cache.get_user(tenant, user) if self._live and self._use_cache else MISSING

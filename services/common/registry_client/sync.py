@@ -192,6 +192,7 @@ class RegistryClient(ClientBase):
                     break
         self._live = True
         self._stale_logged = False
+        self._listener_back()
         self._caught_up.set()
 
     def _listen(self) -> None:
@@ -208,8 +209,7 @@ class RegistryClient(ClientBase):
                     elif msg["type"] == "message":
                         self._on_message(msg["data"])
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                self._live = False
-                logger.warning("registry event listener lost Redis (%s); retrying", exc)
-                self._stop.wait(0.5)
+                delay = self._listener_lost(exc)
+                self._stop.wait(delay)
             finally:
                 pubsub.close()
