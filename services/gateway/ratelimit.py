@@ -143,7 +143,7 @@ class RateLimiter:
             logger.exception("tenant %s has malformed rate-limit overrides", tenant)
             return []
         who = {"tenant": tenant, "user": f"{tenant}:{user}"}
-        buckets = []
+        buckets: list[Bucket] = []
         for scope, limit in limits.items():
             owner, _, kind = scope.partition("_")
             if owner == "user" and user is None:
