@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
                         "limit (PREFT_GATEWAY_TENANT_RPS; burst: PREFT_GATEWAY_TENANT_BURST)")
     parser.add_argument("--user-rps", type=float, help="requests/s per user, 0 = no limit "
                         "(PREFT_GATEWAY_USER_RPS; burst: PREFT_GATEWAY_USER_BURST)")
+    parser.add_argument("--tenant-tpm", type=float, help="output tokens/minute per tenant, "
+                        "0 = no limit (PREFT_GATEWAY_TENANT_TPM)")
+    parser.add_argument("--user-tpm", type=float, help="output tokens/minute per user, 0 = no "
+                        "limit (PREFT_GATEWAY_USER_TPM)")
     parser.add_argument("--base-model-name", help="public name of the base model "
                         "(PREFT_GATEWAY_BASE_MODEL_NAME, default 'base')")
     parser.add_argument("--worker-base-model", help="the workers' name for the base model "
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "discovery": args.discovery, "worker_dns_name": args.worker_dns_name,
         "worker_service": args.worker_service, "worker_port": args.worker_port,
         "tenant_rps": args.tenant_rps, "user_rps": args.user_rps,
+        "tenant_tpm": args.tenant_tpm, "user_tpm": args.user_tpm,
         "base_model_name": args.base_model_name, "worker_base_model": args.worker_base_model,
         "max_body_bytes": args.max_body_bytes, "max_tokens_cap": args.max_tokens_cap,
         "log_json": args.log_json, "log_level": args.log_level,

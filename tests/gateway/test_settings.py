@@ -32,3 +32,9 @@ def test_cli_reports_invalid_configuration(capsys: pytest.CaptureFixture[str],
     with pytest.raises(SystemExit):
         main(["--workers", "ftp://x"])
     assert "must start with http" in capsys.readouterr().err
+
+
+def test_token_limit_flags_reach_the_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--workers", "http://w:8000", "--user-tpm", "-5"])
+    assert "USER_TPM: Input should be greater than or equal to 0" in capsys.readouterr().err
