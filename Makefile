@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm test run worker bench-engine bench-registry loadtest bench-gateway clean
+.PHONY: help venv helm test run worker model bench-engine bench-registry loadtest bench-gateway clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 se
 
 run: $(STAMP)  ## The whole stack locally (redis, registry, worker, gateway) + demo tenant; Ctrl-C stops
 	$(PY) -m preft_serve.localstack --var $(VAR) $(ARGS)
+
+model: $(STAMP)  ## Prepare the real base model (SmolLM2-135M-Instruct) in var/models (ARGS=--help)
+	$(PY) -m preft_serve.cli model prepare $(ARGS)
 
 worker: $(STAMP)  ## Serve a generated model + demo adapters through the worker's OpenAI API
 	$(PY) -m preft_serve.worker.demo $(ARGS)
