@@ -9,7 +9,15 @@ An adapter is a directory (or blob pair) with ``adapter_config.json`` and
   (see docs/adapters.md and docs/reft.md); LoRA adapters are ordinary PEFT ``"peft_type": "LORA"`` configs.
 
 Identity is content: ``sha256`` over the canonical config JSON and the weights bytes, so
-names and versions are only labels, and the prefix cache can key on content.
+names and versions are only labels, and the prefix cache can key on content. This module is
+the one home of that contract:
+
+* the digest: :func:`adapter_digest` (bytes in memory); :func:`weights_file_digest`,
+  :func:`file_digest` and :func:`directory_digest` stream the weights from disk; all give
+  the same value;
+* its spelling, :func:`is_digest` (64 lowercase hex digits);
+* the model name a worker loads an adapter by, ``sha256:<hex>``: :func:`format_model_name`,
+  :func:`parse_model_name` and :data:`MODEL_NAME_PREFIX`.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +35,9 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 MODE_KEY = "preft_mode"
 REFT_TYPE_KEY = "reft_type"
 _DIGEST_DOMAIN = b"preft-adapter-v1\0"
+MODEL_NAME_PREFIX = "sha256:"
+# fullmatch only: `$` would also accept a trailing newline.
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class AdapterMode(str, enum.Enum):
@@ -77,14 +89,50 @@ def canonical_config_bytes(config: Mapping[str, Any]) -> bytes:
     return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def adapter_digest(config: Mapping[str, Any], weights: bytes) -> str:
-    """Content hash (hex sha256) of an adapter: canonical config plus weight bytes."""
+def _digest(config: Mapping[str, Any], weights_sha256: bytes) -> str:
     h = hashlib.sha256(_DIGEST_DOMAIN)
     cfg = canonical_config_bytes(config)
     h.update(len(cfg).to_bytes(8, "little"))
     h.update(cfg)
-    h.update(hashlib.sha256(weights).digest())
+    h.update(weights_sha256)
     return h.hexdigest()
+
+
+def adapter_digest(config: Mapping[str, Any], weights: bytes) -> str:
+    """Content hash (hex sha256) of an adapter: canonical config plus weight bytes."""
+    return _digest(config, hashlib.sha256(weights).digest())
+
+
+def weights_file_digest(config: Mapping[str, Any], weights_path: str | Path) -> str:
+    """``adapter_digest`` of a config and a weights file, without reading the file into RAM."""
+    with open(weights_path, "rb") as fh:
+        weights_sha256 = hashlib.file_digest(fh, "sha256").digest()  # streamed in chunks
+    return _digest(config, weights_sha256)
+
+
+def file_digest(config_bytes: bytes, weights_path: str | Path) -> str:
+    """``adapter_digest`` of config file bytes and a weights file (streamed)."""
+    return weights_file_digest(json.loads(config_bytes), weights_path)
+
+
+def is_digest(value: str) -> bool:
+    """A lowercase hex sha256 (adapter content hashes, API key hashes)."""
+    return _DIGEST.fullmatch(value) is not None
+
+
+def format_model_name(sha256: str) -> str:
+    """The model name a worker loads adapter ``sha256`` by: ``sha256:<hex>``."""
+    if not is_digest(sha256):
+        raise ValueError(f"not a lowercase hex sha256: {sha256!r}")
+    return f"{MODEL_NAME_PREFIX}{sha256}"
+
+
+def parse_model_name(name: object) -> str | None:
+    """The hex digest of a ``sha256:<64 lowercase hex>`` model name, else None."""
+    if not (isinstance(name, str) and name.startswith(MODEL_NAME_PREFIX)):
+        return None
+    sha256 = name[len(MODEL_NAME_PREFIX):]
+    return sha256 if is_digest(sha256) else None
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
@@ -104,4 +152,4 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 def directory_digest(directory: str | Path) -> str:
     """Content hash of an adapter directory (same value the registry assigns)."""
     directory = Path(directory)
-    return adapter_digest(read_config(directory), (directory / WEIGHTS_FILE).read_bytes())
+    return weights_file_digest(read_config(directory), directory / WEIGHTS_FILE)

@@ -19,13 +19,13 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import httpx
+from preft_serve.common.adapter_format import MODEL_NAME_PREFIX
 from preft_serve.gateway.discovery import WorkerSource
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.routing import WorkerPool
 
 logger = logging.getLogger(__name__)
 
-ADAPTER_PREFIX = "sha256:"
 CHECK_TIMEOUT_S = 2.0
 
 
@@ -100,8 +100,8 @@ class WorkerMonitor:
             logger.debug("worker %s: no adapter list (%s)", url, exc)
             return
         self.pool.set_resident(url, frozenset(
-            i.removeprefix(ADAPTER_PREFIX) for i in ids
-            if isinstance(i, str) and i.startswith(ADAPTER_PREFIX)))
+            i.removeprefix(MODEL_NAME_PREFIX) for i in ids
+            if isinstance(i, str) and i.startswith(MODEL_NAME_PREFIX)))
 
     def _export(self) -> None:
         healthy = sum(map(self.pool.is_healthy, self.pool.workers))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from preft_serve.common.adapter_format import format_model_name
 from preft_serve.common.errors import BadRequest, NotFound
 from preft_serve.common.registry_client import AdapterRef
 
@@ -38,13 +39,9 @@ class Target:
     worker_model: str  # "sha256:<hex>", or the worker's base model name
     routing_key: str  # what rendezvous hashing hashes on
 
-    @property
-    def is_base(self) -> bool:
-        return not self.worker_model.startswith("sha256:")
-
 
 def adapter_target(ref: AdapterRef) -> Target:
-    return Target(ref.name, f"sha256:{ref.sha256}", ref.sha256)
+    return Target(ref.name, format_model_name(ref.sha256), ref.sha256)
 
 
 async def select_target(resolver: Resolver, tenant: str, model: str | None, user: str | None,

@@ -24,14 +24,13 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 import uuid
 from pathlib import Path
 
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, is_digest
 from preft_serve.common.objectstore import (
     BlobIntegrityError,
     ObjectNotFound,
@@ -41,7 +40,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 logger = logging.getLogger(__name__)
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 TIER = "disk"
 _TMP_PREFIX = ".tmp-"
 _EVICT_PREFIX = ".evict-"
@@ -137,7 +135,7 @@ class AdapterDiskCache:
 
     def path(self, sha256: str) -> Path:
         """Where the adapter ``sha256`` lives (or would live) in the cache."""
-        if not SHA256_RE.match(sha256):
+        if not is_digest(sha256):
             raise ValueError(f"not a lowercase hex sha256: {sha256!r}")
         return self.cache_dir / sha256
 
@@ -286,7 +284,7 @@ class AdapterDiskCache:
             if child.name.startswith((_TMP_PREFIX, _EVICT_PREFIX)):
                 shutil.rmtree(child, ignore_errors=True)  # a crashed download or eviction
                 continue
-            if not (child.is_dir() and SHA256_RE.match(child.name)):
+            if not (child.is_dir() and is_digest(child.name)):
                 continue
             if not all((child / f).is_file() for f in (CONFIG_FILE, WEIGHTS_FILE)):
                 shutil.rmtree(child, ignore_errors=True)  # cannot happen via rename; be safe

@@ -15,10 +15,10 @@ from preft_serve.common.adapter_format import (
     WEIGHTS_FILE,
     AdapterMode,
     AdapterType,
-    adapter_digest,
     adapter_mode,
     adapter_type,
     read_config,
+    weights_file_digest,
 )
 
 
@@ -61,7 +61,7 @@ class AdapterInfoCache:
             config = read_config(Path(path))
             kind = adapter_type(config)
             positions = None if kind is AdapterType.LORA else str(config.get("positions", "prefill"))
-            digest = adapter_digest(config, (Path(path) / WEIGHTS_FILE).read_bytes())
+            digest = weights_file_digest(config, Path(path) / WEIGHTS_FILE)
             info = AdapterInfo(adapter_mode(config), kind, digest, positions)
             with self._lock:
                 self._infos[key] = info

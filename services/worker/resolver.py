@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 
+from preft_serve.common.adapter_format import parse_model_name
 from preft_serve.common.objectstore import ObjectNotFound
 from preft_serve.common.registry_client import RegistryClient
 from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCache
@@ -29,13 +29,6 @@ from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 logger = logging.getLogger(__name__)
 
 RESOLVER_NAME = "preft-object-store"
-MODEL_NAME_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
-
-
-def parse_model_name(name: str) -> str | None:
-    """The hex digest of a ``sha256:<64 lowercase hex>`` model name, else None."""
-    match = MODEL_NAME_RE.fullmatch(name) if isinstance(name, str) else None
-    return match.group(1) if match else None
 
 
 def lora_int_id(sha256: str) -> int:

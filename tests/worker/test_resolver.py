@@ -14,6 +14,7 @@ from preft_serve.common.adapter_format import (
     WEIGHTS_FILE,
     canonical_config_bytes,
     directory_digest,
+    parse_model_name,
     read_config,
 )
 from preft_serve.common.objectstore import ObjectStore, adapter_key, create_object_store
@@ -24,7 +25,6 @@ from preft_serve.worker.resolver import (
     RESOLVER_NAME,
     ObjectStoreResolver,
     lora_int_id,
-    parse_model_name,
     register_resolver,
 )
 from preft_serve.worker.settings import WorkerSettings

@@ -15,14 +15,13 @@ from urllib.parse import urlparse
 
 from preft_serve.common.objectstore.base import (
     ADAPTER_FILES,
-    ADAPTER_PREFIX,
+    ADAPTER_KEY_PREFIX,
     BlobIntegrityError,
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
     ObjectStoreKind,
     adapter_key,
-    file_digest,
 )
 from preft_serve.common.objectstore.local import LocalObjectStore
 from preft_serve.common.objectstore.s3 import S3ObjectStore
@@ -30,7 +29,7 @@ from pydantic import BaseModel, SecretStr
 
 __all__ = [
     "ADAPTER_FILES",
-    "ADAPTER_PREFIX",
+    "ADAPTER_KEY_PREFIX",
     "BlobIntegrityError",
     "LocalObjectStore",
     "ObjectNotFound",
@@ -41,7 +40,6 @@ __all__ = [
     "S3ObjectStore",
     "adapter_key",
     "create_object_store",
-    "file_digest",
     "parse_store_url",
     "register_object_store",
 ]

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import abc
 import enum
-import json
-import mmap
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, adapter_digest
+from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, file_digest, is_digest
 
-ADAPTER_PREFIX = "adapters/"
+ADAPTER_KEY_PREFIX = "adapters/"  # object keys; not the model-name prefix "sha256:"
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 
 
@@ -49,21 +47,11 @@ class BlobIntegrityError(ObjectStoreError):
 
 def adapter_key(sha256: str, filename: str) -> str:
     """Key of one adapter file: ``adapters/<sha256>/<filename>``."""
-    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+    if not is_digest(sha256):
         raise ValueError(f"not a lowercase hex sha256: {sha256!r}")
     if filename not in ADAPTER_FILES:
         raise ValueError(f"adapter file must be one of {ADAPTER_FILES} (got {filename!r})")
-    return f"{ADAPTER_PREFIX}{sha256}/{filename}"
-
-
-def file_digest(config_bytes: bytes, weights_path: Path) -> str:
-    """``adapter_digest`` of a config and a weights file, without reading the file into RAM."""
-    config = json.loads(config_bytes)
-    with open(weights_path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size == 0:
-            return adapter_digest(config, b"")
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return adapter_digest(config, mm)  # type: ignore[arg-type]  # any buffer works
+    return f"{ADAPTER_KEY_PREFIX}{sha256}/{filename}"
 
 
 class ObjectStore(abc.ABC):
@@ -158,6 +146,6 @@ class ObjectStore(abc.ABC):
     def list_adapters(self) -> Iterator[str]:
         """Digests of complete adapters."""
         suffix = "/" + CONFIG_FILE
-        for key in self.list_keys(ADAPTER_PREFIX):
+        for key in self.list_keys(ADAPTER_KEY_PREFIX):
             if key.endswith(suffix):
-                yield key[len(ADAPTER_PREFIX) : -len(suffix)]
+                yield key[len(ADAPTER_KEY_PREFIX) : -len(suffix)]

@@ -27,6 +27,7 @@ and it is never turned into a key (it could address another one, e.g. ``bot:user
 holds the cache and the logic both clients share; ``sync.py`` and ``aio.py`` do the I/O.
 """
 
+from preft_serve.common.adapter_format import is_digest
 from preft_serve.common.registry_client.aio import AsyncRegistryClient
 from preft_serve.common.registry_client.cache import ResolveCache
 from preft_serve.common.registry_client.contract import (
@@ -42,7 +43,6 @@ from preft_serve.common.registry_client.contract import (
     RegistryKeys,
     hash_api_key,
     is_adapter_name,
-    is_digest,
     is_tenant_name,
     is_user_id,
     stream_id_key,

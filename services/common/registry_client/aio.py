@@ -8,6 +8,7 @@ from typing import Any, Self
 
 import redis
 import redis.asyncio as aioredis
+from preft_serve.common.adapter_format import is_digest
 from preft_serve.common.registry_client.cache import (
     DEFAULT_MAX_ENTRIES,
     MISSING,
@@ -28,7 +29,6 @@ from preft_serve.common.registry_client.contract import (
     KeyOwner,
     RegistryEvent,
     hash_api_key,
-    is_digest,
     is_tenant_name,
 )
 

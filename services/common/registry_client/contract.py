@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.common.adapter_format import AdapterMode, AdapterType, is_digest
 
 ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model")
 
@@ -28,7 +28,6 @@ ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model")
 _TENANT = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
 _ADAPTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _USER = re.compile(r"[A-Za-z0-9._@+=-]{1,128}")
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def is_tenant_name(name: str) -> bool:
@@ -44,11 +43,6 @@ def is_adapter_name(name: str) -> bool:
 def is_user_id(user: str) -> bool:
     """1-128 letters, digits or '.', '_', '@', '+', '=', '-'."""
     return _USER.fullmatch(user) is not None
-
-
-def is_digest(value: str) -> bool:
-    """A lowercase hex sha256 (adapter content hashes, API key hashes)."""
-    return _DIGEST.fullmatch(value) is not None
 
 
 class InvalidKeyPart(ValueError):

@@ -7,6 +7,7 @@ import threading
 from typing import Any, Self
 
 import redis
+from preft_serve.common.adapter_format import is_digest
 from preft_serve.common.registry_client.cache import (
     DEFAULT_MAX_ENTRIES,
     MISSING,
@@ -27,7 +28,6 @@ from preft_serve.common.registry_client.contract import (
     KeyOwner,
     RegistryEvent,
     hash_api_key,
-    is_digest,
 )
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from preft_serve.common.adapter_format import (
     AdapterType,
     adapter_type,
     canonical_config_bytes,
+    file_digest,
 )
-from preft_serve.common.objectstore import file_digest
 from preft_serve.registry.text import clip
 from preft_serve.registry.validation import lora, reft  # noqa: F401  (register validators)
 from preft_serve.registry.validation.base import (
