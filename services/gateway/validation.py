@@ -10,11 +10,11 @@ output tokens it may ask for (``prompts x max(n, best_of) x max_tokens``, with a
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from preft_serve.common.errors import BadRequest
+from preft_serve.common.jsondepth import json_nests_deeper
 
 MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 CHOICE_FIELDS = ("n", "best_of")
@@ -22,13 +22,6 @@ MAX_NAME_CHARS = 256  # user ids and model names end up in Redis keys
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 PROMPT_SHAPES = ("'prompt' must be a string, a list of strings, a list of token ids or a "
                  "list of token-id lists")
-
-# A JSON string, escapes included; an unterminated one runs to the end of the input (the
-# parser reports it). Possessive and unable to fail once started, so it is linear time.
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.?)*+(?:"|\Z)', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_ONE_KIND = bytes.maketrans(b"{}", b"[]")
-
 
 @dataclass(frozen=True)
 class Caps:
@@ -44,26 +37,10 @@ class Caps:
 
 def check_depth(raw: bytes, limit: int) -> None:
     """400 if arrays/objects nest deeper than ``limit``, before the (recursive) JSON parser
-    sees the body. Brackets inside strings do not count. Linear in the body's size (at most
-    ``limit`` passes of ``bytes.replace``)."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return
-    # One kind of bracket: how many are open at once is what the parser recurses on (a
-    # mismatched pair is a syntax error, the parser's to report).
-    brackets = _STRING.sub(b"", raw).translate(_ONE_KIND, _NOT_BRACKETS)
-    for level in range(limit + 1):
-        if not brackets:
-            return
-        inner = brackets.replace(b"[]", b"")  # the innermost pairs: one level per pass
-        if len(inner) == len(brackets):
-            # Unbalanced: only "]]..[[" is left, a syntax error; refuse it only if the
-            # parser would have to open more than ``limit`` levels to get there.
-            if level + len(brackets) - len(brackets.rstrip(b"[")) <= limit:
-                return
-            break
-        brackets = inner
-    raise BadRequest(f"request body nests JSON arrays/objects deeper than {limit} levels; "
-                     "flatten the request")
+    sees the body. Brackets inside strings do not count."""
+    if json_nests_deeper(raw, limit):
+        raise BadRequest(f"request body nests JSON arrays/objects deeper than {limit} levels; "
+                         "flatten the request")
 
 
 def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:

@@ -11,7 +11,7 @@ and their nesting depth is measured before FastAPI parses them.
 from __future__ import annotations
 
 from preft_serve.common.errors import BadRequest, PayloadTooLarge, ServiceError, error_response
-from preft_serve.registry.jsondepth import json_depth
+from preft_serve.common.jsondepth import json_depth
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 

@@ -19,6 +19,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from preft_serve.common.jsondepth import json_nests_deeper
+
 ROLES = ("system", "user", "assistant")
 MAX_LINE_BYTES = 1 << 20
 MAX_MESSAGES = 256
@@ -85,28 +87,6 @@ def _quote(value: object) -> str:
     return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "..."
 
 
-def _json_depth_ok(line: str) -> bool:
-    """Nesting depth outside strings stays within MAX_JSON_DEPTH (checked before parsing)."""
-    depth, in_string, escaped = 0, False, False
-    for char in line:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return False
-        elif char in "]}":
-            depth -= 1
-    return True
-
-
 def _content_text(content: object) -> str | None:
     """A message's text: a string, or OpenAI's list of ``{"type": "text", "text": ...}``."""
     if isinstance(content, str):
@@ -122,7 +102,7 @@ def _content_text(content: object) -> str | None:
 def parse_conversation(raw: str) -> list[dict[str, Any]]:
     """One JSONL line -> messages ``[{"role", "content", "weight"}]``; raises ValueError
     with a message that says what to fix (without the line number)."""
-    if not _json_depth_ok(raw):
+    if json_nests_deeper(raw, MAX_JSON_DEPTH):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         record = json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(
