@@ -8,16 +8,17 @@ from contextlib import asynccontextmanager
 
 import httpx
 import redis
+import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from preft_serve import __version__
-from preft_serve.common.errors import PayloadTooLarge, error_response, install_error_handlers
-from preft_serve.common.registry_client import AsyncRegistryClient
+from preft_serve.common.bodylimit import BodySizeLimitMiddleware
+from preft_serve.common.errors import error_response, install_error_handlers
+from preft_serve.common.registry_client import AsyncRegistryReader
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.routers import completions, health, models
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.state import GatewayState
-from preft_serve.registry.limits import BodySizeLimitMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -29,15 +30,6 @@ binding and no `model` gets 404. Errors are `{"error": {"code", "message", "deta
 """
 
 
-class GatewayBodyLimit(BodySizeLimitMiddleware):
-    """The registry's streaming body cap, with a message about completion requests."""
-
-    def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body exceeds this gateway's {self.max_bytes}-byte "
-                               "limit; send a shorter prompt or ask the operator to raise "
-                               "PREFT_GATEWAY_MAX_BODY_BYTES")
-
-
 async def _redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
     logger.error("Redis unavailable: %s", exc)
     return error_response(503, "unavailable", "the registry's Redis is unavailable; retry "
@@ -46,14 +38,17 @@ async def _redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
 
 def create_app(settings: GatewaySettings | None = None,
                transport: httpx.AsyncBaseTransport | None = None,
-               registry: AsyncRegistryClient | None = None) -> FastAPI:
-    """Build the app; ``transport`` and ``registry`` replace the real ones (tests)."""
+               registry: AsyncRegistryReader | None = None,
+               redis_client: aioredis.Redis | None = None) -> FastAPI:
+    """Build the app; ``transport``, ``registry`` and ``redis_client`` replace the real
+    ones (tests; a ``registry`` without ``redis_client`` means no rate limits)."""
     settings = settings or GatewaySettings()  # type: ignore[call-arg]
     metrics = GatewayMetrics(settings.metrics_max_adapters)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = await GatewayState.build(settings, metrics, transport, registry)
+        state = await GatewayState.build(settings, metrics, transport, registry,
+                                         redis=redis_client)
         app.state.gateway = state
         logger.info("gateway ready: %d workers, redis namespace %s",
                     len(state.pool.workers), settings.namespace)
@@ -67,7 +62,11 @@ def create_app(settings: GatewaySettings | None = None,
     app.state.metrics = metrics
     install_error_handlers(app)
     app.add_exception_handler(redis.RedisError, _redis_unavailable)
-    app.add_middleware(GatewayBodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
+        message=f"request body exceeds this gateway's {settings.max_body_bytes}-byte limit; "
+                "send a shorter prompt or ask the operator to raise "
+                "PREFT_GATEWAY_MAX_BODY_BYTES")
     for module in (completions, models, health):
         app.include_router(module.router)
     return app

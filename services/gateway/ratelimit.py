@@ -28,6 +28,7 @@ import redis
 import redis.asyncio as aioredis
 from preft_serve.common.errors import TooManyRequests
 from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.common.tenant_limits import LIMIT_FIELDS
 from preft_serve.gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -60,10 +61,6 @@ for i = 1, #KEYS do
 end
 return {1, 0, 0}
 """
-
-LIMIT_FIELDS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst", "tenant_tpm",
-                "user_tpm")
-
 
 @dataclass(frozen=True)
 class Limit:
@@ -142,15 +139,14 @@ class RateLimiter:
         except ValueError:  # a malformed override: log it and use no limit rather than 500
             logger.exception("tenant %s has malformed rate-limit overrides", tenant)
             return []
-        who = {"tenant": tenant, "user": f"{tenant}:{user}"}
         buckets: list[Bucket] = []
         for scope, limit in limits.items():
             owner, _, kind = scope.partition("_")
             if owner == "user" and user is None:
                 continue
             name = f"{owner}-tokens" if kind else owner
-            buckets.append(Bucket(scope, f"{self.namespace}:ratelimit:{name}:{who[owner]}",
-                                  limit, tokens if kind else 1))
+            key = self.keys.rate_limit(name, tenant, user if owner == "user" else None)
+            buckets.append(Bucket(scope, key, limit, tokens if kind else 1))
         return buckets
 
     async def check(self, tenant: str, user: str | None, tokens: int = 1) -> None:

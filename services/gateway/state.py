@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-from preft_serve.common.registry_client import AsyncRegistryClient
+import redis.asyncio as aioredis
+from preft_serve.common.registry_client import AsyncRegistryClient, AsyncRegistryReader
+from preft_serve.common.tenant_limits import LIMIT_FIELDS
 from preft_serve.gateway.discovery import WorkerSource, create_source
 from preft_serve.gateway.health import WorkerMonitor
 from preft_serve.gateway.metrics import GatewayMetrics
-from preft_serve.gateway.ratelimit import LIMIT_FIELDS, RateLimiter
+from preft_serve.gateway.ratelimit import RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.validation import Caps
@@ -18,27 +20,36 @@ from preft_serve.gateway.validation import Caps
 @dataclass
 class GatewayState:
     settings: GatewaySettings
-    registry: AsyncRegistryClient
+    registry: AsyncRegistryReader
+    # The gateway's own Redis handle (readiness, rate limits; the registry client shares
+    # its pool). None only when a test passes a registry without one: no rate limits then.
+    redis: aioredis.Redis | None
     http: httpx.AsyncClient
     pool: WorkerPool
     monitor: WorkerMonitor
     limiter: RateLimiter
     metrics: GatewayMetrics
     caps: Caps
+    owns_redis: bool = False
 
     @classmethod
     async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,
                     transport: httpx.AsyncBaseTransport | None = None,
-                    registry: AsyncRegistryClient | None = None,
-                    source: WorkerSource | None = None) -> GatewayState:
+                    registry: AsyncRegistryReader | None = None,
+                    source: WorkerSource | None = None,
+                    redis: aioredis.Redis | None = None) -> GatewayState:
         """Start the registry client (waits for its event listener), find the workers and
-        check them once, then keep doing so in the background."""
+        check them once, then keep doing so in the background. ``registry`` and ``redis``
+        replace the real ones (tests)."""
+        owns_redis = registry is None and redis is None
         if registry is None:
-            registry = AsyncRegistryClient(settings.redis_url, namespace=settings.namespace,
-                                           max_cache_entries=settings.registry_cache_entries)
-            await registry.start()
-        if hasattr(registry, "cache_sizes"):  # test doubles have no cache
-            metrics.watch_registry_cache(registry.cache_sizes)
+            if redis is None:
+                redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+            client = AsyncRegistryClient(client=redis, namespace=settings.namespace,
+                                         max_cache_entries=settings.registry_cache_entries)
+            await client.start()
+            registry = client
+        metrics.watch_registry_cache(registry.cache_sizes)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
         http = httpx.AsyncClient(timeout=timeout, transport=transport,
                                  limits=httpx.Limits(max_connections=1000,
@@ -48,7 +59,7 @@ class GatewayState:
         monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
                                 discovery_interval_s=settings.discovery_interval_s,
                                 health_interval_s=settings.health_interval_s)
-        limiter = RateLimiter(getattr(registry, "redis", None), settings.namespace, metrics,
+        limiter = RateLimiter(redis, settings.namespace, metrics,
                               settings.model_dump(include=set(LIMIT_FIELDS)),
                               settings.limits_cache_s, settings.ratelimit_timeout_s)
         caps = Caps(max_tokens=settings.max_tokens_cap,
@@ -57,9 +68,12 @@ class GatewayState:
                     max_prompt_token_ids=settings.max_prompt_token_ids,
                     max_json_depth=settings.max_json_depth)
         await monitor.start()
-        return cls(settings, registry, http, pool, monitor, limiter, metrics, caps)
+        return cls(settings, registry, redis, http, pool, monitor, limiter, metrics, caps,
+                   owns_redis)
 
     async def aclose(self) -> None:
         await self.monitor.aclose()
         await self.http.aclose()
         await self.registry.aclose()
+        if self.owns_redis and self.redis is not None:
+            await self.redis.aclose()

@@ -10,10 +10,11 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from preft_serve import __version__
+from preft_serve.common.bodylimit import BodySizeLimitMiddleware
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import InvalidKeyPart
-from preft_serve.registry.limits import BodySizeLimitMiddleware, JsonBodyGuardMiddleware
+from preft_serve.registry.limits import JsonBodyGuardMiddleware
 from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
 from preft_serve.registry.routers import adapters, health, tenants, users
 from preft_serve.registry.settings import RegistrySettings
@@ -64,7 +65,11 @@ def create_app(settings: RegistrySettings | None = None,
     app.add_exception_handler(ObjectStoreError, _backend_unavailable)
     app.add_exception_handler(InvalidKeyPart, _invalid_key_part)
     app.add_middleware(JsonBodyGuardMiddleware)  # innermost: sees bodies under the size cap
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,
+        message=f"request body exceeds this registry's {settings.max_upload_bytes}-byte "
+                "limit; upload a smaller adapter or ask the operator to raise "
+                "PREFT_REGISTRY_MAX_UPLOAD_BYTES")
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (tenants, adapters, users, health):
         app.include_router(module.router)

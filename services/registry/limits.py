@@ -1,11 +1,8 @@
-"""Request-body limits enforced before the app reads a body.
+"""JSON request bodies, bounded before the app reads them.
 
-Size: checked twice: a declared ``Content-Length`` over the limit is refused before reading,
-and the bytes actually received are counted chunk by chunk (chunked uploads declare
-nothing), so no request can make the server buffer more than the limit.
-
-JSON bodies (everything but the multipart uploads) are small: they are capped far lower
-and their nesting depth is measured before FastAPI parses them.
+Every body is capped by ``preft_serve.common.bodylimit``; JSON bodies (everything but the
+multipart uploads) are small, so they are capped far lower here and their nesting depth is
+measured before FastAPI parses them.
 """
 
 from __future__ import annotations
@@ -13,46 +10,6 @@ from __future__ import annotations
 from preft_serve.common.errors import BadRequest, PayloadTooLarge, ServiceError, error_response
 from preft_serve.common.jsondepth import json_depth
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-
-class BodySizeLimitMiddleware:
-    """Pure ASGI middleware (no buffering) that caps every request body at ``max_bytes``."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body exceeds this registry's {self.max_bytes}-byte "
-                               "limit; upload a smaller adapter or ask the operator to raise "
-                               "PREFT_REGISTRY_MAX_UPLOAD_BYTES")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                exc = self._too_large()
-                response = error_response(exc.status_code, exc.code, exc.message,
-                                          headers={"Connection": "close"})
-                await response(scope, receive, send)
-                return
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    # An HTTPException subclass: FastAPI re-raises it from body parsing and
-                    # the error handler renders the 413 envelope.
-                    raise self._too_large()
-            return message
-
-        await self.app(scope, limited_receive, send)
-
 
 MAX_JSON_BODY_BYTES = 1 << 20  # tenant, limits and binding bodies are a few small fields
 MAX_JSON_DEPTH = 32

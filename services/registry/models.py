@@ -5,6 +5,9 @@ from __future__ import annotations
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from pydantic import BaseModel, Field
 
+# TenantLimits (GET/PUT /v1/tenants/{tenant}/limits) is in preft_serve.common.tenant_limits:
+# the gateway reads the same fields.
+
 
 class TenantCreate(BaseModel):
     name: str = Field(description="Tenant id: 2-63 lowercase letters, digits or '-'",
@@ -25,26 +28,6 @@ class TenantOut(BaseModel):
     name: str
     created_at: str
     keys: list[ApiKeyInfo]
-
-
-class TenantLimits(BaseModel):
-    """Rate-limit overrides for one tenant; a field left null uses the gateway's default
-    (``PREFT_GATEWAY_TENANT_RPS`` ...), and 0 turns that limit off for this tenant."""
-
-    model_config = {"extra": "forbid"}
-
-    tenant_rps: float | None = Field(None, ge=0, le=1e6,
-                                     description="Requests/s for the whole tenant")
-    tenant_burst: int | None = Field(None, ge=0, le=10**7,
-                                     description="Tenant bucket size (0 = 2 x rate)")
-    user_rps: float | None = Field(None, ge=0, le=1e6, description="Requests/s per user")
-    user_burst: int | None = Field(None, ge=0, le=10**7,
-                                   description="User bucket size (0 = 2 x rate)")
-    tenant_tpm: float | None = Field(None, ge=0, le=1e9, description="Output tokens/minute "
-                                     "for the whole tenant (charged up front: prompts x n "
-                                     "x max_tokens)")
-    user_tpm: float | None = Field(None, ge=0, le=1e9,
-                                   description="Output tokens/minute per user")
 
 
 class TenantCreated(TenantOut):

@@ -22,8 +22,9 @@ from preft_serve.common.registry_client import (
     RegistryKeys,
     hash_api_key,
 )
+from preft_serve.common.tenant_limits import TenantLimits
 from preft_serve.registry.events import queue_event
-from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantLimits, TenantOut
+from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantOut
 from preft_serve.registry.names import check_key_id, check_tenant_name, utcnow
 from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact

@@ -108,3 +108,12 @@ def test_async_client_treats_invalid_names_as_absent(writer, redis_server, names
             assert await client.blob_info("x") is None
 
     asyncio.run(scenario())
+
+
+def test_rate_limit_keys_check_the_tenant_and_take_any_user() -> None:
+    keys = RegistryKeys("ns")
+    assert keys.rate_limit("tenant", "acme") == "ns:ratelimit:tenant:acme"
+    assert keys.rate_limit("user-tokens", "acme", "a:b") == "ns:ratelimit:user-tokens:acme:a:b"
+    for tenant in BAD_TENANTS:
+        with pytest.raises(InvalidKeyPart):
+            keys.rate_limit("tenant", tenant)

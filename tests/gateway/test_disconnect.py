@@ -46,7 +46,7 @@ def test_client_disconnect_closes_the_worker_stream_and_frees_the_slot() -> None
 
     app = create_app(GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny"),
                      transport=httpx.MockTransport(worker),
-                     registry=FakeRegistry())  # type: ignore[arg-type]
+                     registry=FakeRegistry())
     server, thread, url = _serve_in_thread(app)
     try:
         with httpx.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, timeout=10,

@@ -23,12 +23,10 @@ from tests.support.redis_process import RedisProcess
 
 def _client(redis_url: str, workers: Workers, namespace: str | None = None,
             **limits: Any) -> TestClient:
-    registry = FakeRegistry()
-    registry.redis = aioredis.Redis.from_url(redis_url)  # type: ignore[attr-defined]
     settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
                                namespace=namespace or f"rl{uuid.uuid4().hex[:8]}", **limits)
-    app = create_app(settings, transport=httpx.MockTransport(workers),
-                     registry=registry)  # type: ignore[arg-type]
+    app = create_app(settings, transport=httpx.MockTransport(workers), registry=FakeRegistry(),
+                     redis_client=aioredis.Redis.from_url(redis_url))
     return TestClient(app, raise_server_exceptions=False)
 
 

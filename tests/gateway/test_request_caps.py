@@ -26,7 +26,7 @@ def client(workers: Workers) -> Iterator[TestClient]:
                                max_tokens_cap=100, max_request_tokens=400, max_choices=8,
                                max_prompts=4, max_prompt_token_ids=50, max_json_depth=32)
     app = create_app(settings, transport=httpx.MockTransport(workers),
-                     registry=FakeRegistry())  # type: ignore[arg-type]
+                     registry=FakeRegistry())
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 

@@ -36,6 +36,9 @@ class FakeRegistry:
     async def adapter_names(self, tenant: str, limit: int = 1000) -> list[str]:
         return ["bot"][:limit] if tenant == "acme" else []
 
+    def cache_sizes(self) -> dict[str, int]:
+        return {}
+
     async def aclose(self) -> None:
         pass
 
@@ -73,7 +76,7 @@ def client(workers: Workers) -> Iterator[TestClient]:
                                base_model_name="tiny", worker_base_model="/models/tiny",
                                max_tokens_cap=100, max_body_bytes=4096)
     app = create_app(settings, transport=httpx.MockTransport(workers),
-                     registry=FakeRegistry())  # type: ignore[arg-type]
+                     registry=FakeRegistry())
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
@@ -231,12 +234,11 @@ def test_readyz(redis_up: bool, healthy: set[str], status: int, needle: str | No
             raise httpx.ConnectError("refused", request=request)
         return httpx.Response(200)
 
-    registry = FakeRegistry()
-    registry.redis = _Redis(redis_up)  # type: ignore[attr-defined]
     settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"],
                                unhealthy_after=1)
     app = create_app(settings, transport=httpx.MockTransport(handler),
-                     registry=registry)  # type: ignore[arg-type]
+                     registry=FakeRegistry(),
+                     redis_client=_Redis(redis_up))  # type: ignore[arg-type]
     with TestClient(app, raise_server_exceptions=False) as c:
         resp = c.get("/readyz")
     assert resp.status_code == status, resp.text

@@ -25,6 +25,7 @@ A lookup that raced with an event is not cached (an epoch counter detects the ra
 that breaks the naming rules (``is_adapter_name`` ...) resolves to ``None``: it cannot exist,
 and it is never turned into a key (it could address another one, e.g. ``bot:users``). ``cache.py``
 holds the cache and the logic both clients share; ``sync.py`` and ``aio.py`` do the I/O.
+``reader.py`` is the interface request-serving code depends on (:class:`AsyncRegistryReader`).
 """
 
 from preft_serve.common.adapter_format import is_digest
@@ -47,6 +48,7 @@ from preft_serve.common.registry_client.contract import (
     is_user_id,
     stream_id_key,
 )
+from preft_serve.common.registry_client.reader import AsyncRegistryReader
 from preft_serve.common.registry_client.sync import RegistryClient
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "API_KEY_PREFIX",
     "AdapterRef",
     "AsyncRegistryClient",
+    "AsyncRegistryReader",
     "BlobInfo",
     "ChangeBatch",
     "EventType",

@@ -75,6 +75,15 @@ class RegistryKeys:
     def tenant_limits(self, tenant: str) -> str:  # HASH rate-limit overrides (LIMIT_FIELDS)
         return f"{self.tenant(tenant)}:limits"
 
+    def rate_limit(self, bucket: str, tenant: str, user: str | None = None) -> str:
+        """HASH token bucket {t, ts} of the gateway's rate limiter. ``bucket``: tenant,
+        user, tenant-tokens or user-tokens. ``user`` is any request's user id (at most 256
+        characters, checked by the gateway), so it is not held to :func:`is_user_id`."""
+        owner = _part(tenant, is_tenant_name, "tenant name")
+        if user is not None:
+            owner = f"{owner}:{user}"
+        return f"{self.ns}:ratelimit:{bucket}:{owner}"
+
     def tenant_keys(self, tenant: str) -> str:  # HASH key_id -> JSON {key_id, hash, created_at}
         return f"{self.tenant(tenant)}:keys"
 

@@ -22,7 +22,8 @@ async def readyz(state: StateDep) -> dict[str, object]:
     """Redis is reachable and at least one worker passes its health checks (as of the
     gateway's last check, so a probe does not fan out to every worker)."""
     try:
-        await state.registry.redis.ping()
+        if state.redis is not None:
+            await state.redis.ping()
     except redis.RedisError as exc:
         raise ServiceUnavailable(f"Redis is not reachable: {exc}") from None
     urls = state.pool.workers

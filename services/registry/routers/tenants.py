@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 from preft_serve.common.errors import error_responses
+from preft_serve.common.tenant_limits import TenantLimits
 from preft_serve.registry.deps import AdminDep, TenantsDep
 from preft_serve.registry.models import (
     ApiKeyCreated,
     ApiKeyInfo,
     TenantCreate,
     TenantCreated,
-    TenantLimits,
     TenantOut,
 )
 
