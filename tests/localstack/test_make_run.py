@@ -1,7 +1,7 @@
 """``python -m preft_serve.localstack`` (what ``make run`` runs), as a real subprocess.
 
 One stack start: wait for the ready line, run the curl and openai examples it printed
-(exactly as printed, through bash), check the gateway routed to the bound adapter by asking
+(exactly as printed, through bash) on the --toy stack, check the gateway routed to the bound adapter by asking
 the worker directly for that adapter's hash, then Ctrl-C (SIGINT) and check a clean exit
 with every part's process group gone and every port closed.
 """
@@ -82,7 +82,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     ports = {name: free_port() for name in ("redis", "registry", "worker", "gateway")}
     argv = [sys.executable, "-m", "preft_serve.localstack", "--var", str(var),
             *[a for name, port in ports.items() for a in (f"--{name}-port", str(port))],
-            "--worker-args", "--max-num-seqs 8"]
+            "--toy", "--worker-args", "--max-num-seqs 8"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace")
     running = RunningStack(proc, ports, var)
