@@ -24,7 +24,8 @@ A lookup that raced with an event is not cached (an epoch counter detects the ra
 (:class:`RegistryEvent`); the registry service writes what this package reads. A name
 that breaks the naming rules (``is_adapter_name`` ...) resolves to ``None``: it cannot exist,
 and it is never turned into a key (it could address another one, e.g. ``bot:users``). ``cache.py``
-holds the cache and the logic both clients share; ``sync.py`` and ``aio.py`` do the I/O.
+holds the cache and the event handling; ``core.py`` every operation, written once as a
+generator of Redis calls; ``sync.py`` and ``aio.py`` drive those calls (blocking or awaited).
 ``reader.py`` is the interface request-serving code depends on (:class:`AsyncRegistryReader`).
 """
 
