@@ -116,3 +116,19 @@ def test_cli_refuses_a_model_that_is_not_a_model_directory(
     code, err = run_cli("train", str(data), "--model", str(tmp_path), "--out",
                         str(tmp_path / "o"), capsys=capsys)
     assert code == 1 and "is not a model directory" in err and "preft model prepare" in err
+
+
+@pytest.mark.parametrize("kind", ["lora", "direft"])
+def test_bfloat16_training_learns_and_saves_float32_weights(
+    data: Path, toy_model: Path, tmp_path: Path, kind: str
+) -> None:
+    from preft_serve.common.adapter_format import AdapterType
+
+    spec = AdapterSpec(type=AdapterType(kind), rank=4, positions="prefill")
+    result = train(TrainConfig(data=data, model=toy_model, out=tmp_path / kind, adapter=spec,
+                               max_steps=8, batch_size=4, learning_rate=2e-2, dtype="bfloat16",
+                               progress=False), say=lambda _: None)
+    curve = [p["loss"] for p in result.metrics["train_loss"]]
+    assert curve[-1] < curve[0]
+    assert {t.dtype for t in load_file(str(result.out / WEIGHTS_FILE)).values()} == {
+        torch.float32}
