@@ -77,11 +77,6 @@ class Unauthorized(ServiceError):
         super().__init__(message, **kwargs)
 
 
-class Forbidden(ServiceError):
-    http_status = 403
-    code = "forbidden"
-
-
 class NotFound(ServiceError):
     http_status = 404
     code = "not_found"

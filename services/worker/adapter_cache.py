@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -83,19 +82,6 @@ class AdapterCacheMetrics:
         )
 
 
-@dataclasses.dataclass
-class CacheStats:
-    """Plain counters (for tests and logs; the Prometheus series carry the same numbers)."""
-
-    hits: int = 0
-    misses: int = 0
-    downloads: int = 0
-    download_bytes: int = 0
-    evictions: int = 0
-    failures: int = 0
-    load_seconds_total: float = 0.0
-
-
 def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
@@ -122,7 +108,6 @@ class AdapterDiskCache:
         self.cache_dir = Path(cache_dir).expanduser().resolve()
         self.max_bytes = max_bytes
         self.metrics = metrics or AdapterCacheMetrics(CollectorRegistry())
-        self.stats = CacheStats()
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._bytes = 0
@@ -226,8 +211,6 @@ class AdapterDiskCache:
         with self._lock:
             self._entries[sha256] = size
             self._bytes += size
-            self.stats.downloads += 1
-            self.stats.download_bytes += size
         self.metrics.download_bytes.inc(size)
         self._record(start, "miss")
         logger.info("adapter %s: downloaded %d bytes into the disk cache", sha256, size)
@@ -235,15 +218,6 @@ class AdapterDiskCache:
 
     def _record(self, start: float, outcome: str, failed: bool = False) -> None:
         elapsed = time.perf_counter() - start
-        with self._lock:
-            if outcome == "hit":
-                self.stats.hits += 1
-            else:
-                self.stats.misses += 1
-            if failed:
-                self.stats.failures += 1
-            else:
-                self.stats.load_seconds_total += elapsed
         self.metrics.loads.labels(TIER, outcome).inc()
         if not failed:
             self.metrics.load_seconds.labels(TIER).observe(elapsed)
@@ -265,7 +239,6 @@ class AdapterDiskCache:
                     continue  # a load is using it right now
                 size = self._entries.pop(sha256)
                 self._bytes -= size
-                self.stats.evictions += 1
                 grave = self.cache_dir / f"{_EVICT_PREFIX}{sha256}-{uuid.uuid4().hex[:8]}"
                 try:
                     os.rename(self.cache_dir / sha256, grave)

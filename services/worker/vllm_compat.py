@@ -46,7 +46,6 @@ from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker as GPUWorker
@@ -92,10 +91,6 @@ class PreftSchedulerMixin:
 
 class PreftScheduler(PreftSchedulerMixin, Scheduler):
     """vLLM's scheduler with PreFT adapter-slot accounting."""
-
-
-class PreftAsyncScheduler(PreftSchedulerMixin, AsyncScheduler):
-    """vLLM's async scheduler with PreFT adapter-slot accounting."""
 
 
 # -- 2. model runner -------------------------------------------------------------------

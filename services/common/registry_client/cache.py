@@ -181,9 +181,6 @@ class ClientBase:
         """Call ``listener(event)`` after each event is applied; it must not block."""
         self._listeners.append(listener)
 
-    def invalidate_all(self) -> None:
-        self._cache.clear()
-
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each cache map (for metrics)."""
         return self._cache.sizes()
