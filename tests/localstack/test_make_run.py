@@ -162,7 +162,7 @@ def test_printed_openai_example_reaches_every_demo_user(stack: RunningStack) -> 
                       "dave": "dave-direft", "erin": "erin-loreft"}
     # Different adapters, different greedy replies (the demo shows that adapters matter).
     assert len({line.split(" ", 2)[2] for line in lines[:5]}) == 5
-    assert lines[5].startswith("dave (streamed): ") and len(lines[5]) > len("dave (streamed): ''")
+    assert lines[5].startswith("erin (streamed): ") and len(lines[5]) > len("erin (streamed): ''")
 
 
 def test_ctrl_c_stops_everything_cleanly(stack: RunningStack) -> None:
