@@ -70,18 +70,23 @@ def adapter_mode(config: Mapping[str, Any]) -> AdapterMode:
 
 
 def adapter_type(config: Mapping[str, Any]) -> AdapterType:
-    """Adapter family from the config's ``peft_type`` (and ``reft_type`` for ReFT)."""
+    """Adapter type from the config's ``peft_type`` (and ``reft_type`` for ReFT), as the
+    registered families (``preft_serve.common.families``) declare them."""
+    from preft_serve.common.families import Runtime, families  # they import this module
+
     peft_type = str(config.get("peft_type", "")).upper()
-    if peft_type == "LORA":
-        return AdapterType.LORA
-    if peft_type == "REFT":
-        raw = config.get(REFT_TYPE_KEY)
-        if raw in (AdapterType.DIREFT.value, AdapterType.LOREFT.value):
-            return AdapterType(raw)
-        raise AdapterFormatError(f"{REFT_TYPE_KEY} must be 'direft' or 'loreft' (got {raw!r})")
-    raise AdapterFormatError(
-        f"peft_type must be 'LORA' or 'REFT' (got {config.get('peft_type')!r})"
-    )
+    matching = [f for f in families() if f.peft_type == peft_type]
+    if not matching:
+        valid = " or ".join(sorted({f"'{f.peft_type}'" for f in families()}))
+        raise AdapterFormatError(f"peft_type must be {valid} (got {config.get('peft_type')!r})")
+    if matching[0].runtime is not Runtime.REFT:
+        return matching[0].type
+    raw = config.get(REFT_TYPE_KEY)
+    for family in matching:
+        if raw == family.type.value:
+            return family.type
+    valid = " or ".join(f"'{f.type.value}'" for f in matching)
+    raise AdapterFormatError(f"{REFT_TYPE_KEY} must be {valid} (got {raw!r})")
 
 
 def canonical_config_bytes(config: Mapping[str, Any]) -> bytes:

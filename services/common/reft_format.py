@@ -1,5 +1,6 @@
 """The ReFT adapter format (docs/adapters.md), shared by the registry's validation and
-the worker's loader so both read a config the same way."""
+the worker's loader so both read a config the same way. What differs between ReFT types
+(their tensors, how they make an intervention) is in ``preft_serve.common.families``."""
 
 from __future__ import annotations
 
@@ -7,15 +8,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from preft_serve.common.adapter_format import AdapterFormatError, AdapterType
+from preft_serve.common.adapter_format import AdapterFormatError
 
 FIRST, LAST, SHARED = "first", "last", "shared"
 PREFILL_POSITIONS = "prefill"
-# Per type: tensor suffix -> shape kind ("rd": rank x hidden, "r": rank).
-TENSORS: dict[AdapterType, dict[str, str]] = {
-    AdapterType.DIREFT: {"w1": "rd", "b": "r", "w2": "rd"},
-    AdapterType.LOREFT: {"r": "rd", "w": "rd", "b": "r"},
-}
+# Each type's tensors per layer part: AdapterFamily.reft_tensors (preft_serve.common.families).
 _POSITIONS = re.compile(r"^(?:f(?P<f>\d+)\+l(?P<fl>\d+)|f(?P<fo>\d+)|l(?P<lo>\d+))$")
 
 

@@ -20,6 +20,7 @@ from preft_serve.common.adapter_format import (
     read_config,
     weights_file_digest,
 )
+from preft_serve.common.families import AdapterFamily, Runtime, family_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,14 +33,23 @@ class AdapterInfo:
     positions: str | None = None  # ReFT only: "f{n}+l{n}", "f{n}", "l{n}" or "prefill"
 
     @property
+    def family(self) -> AdapterFamily:
+        return family_of(self.type)
+
+    @property
+    def runtime(self) -> Runtime:
+        """What applies it: vLLM's LoRA manager or the ReFT runtime."""
+        return self.family.runtime
+
+    @property
     def prefill_only(self) -> bool:
         """Applied to prompt tokens only (PreFT LoRA, and every ReFT adapter)."""
-        return self.mode is AdapterMode.PREFILL or self.type is not AdapterType.LORA
+        return self.mode is AdapterMode.PREFILL or self.family.prompt_only
 
     @property
     def prompt_length_dependent(self) -> bool:
         """Prompt KV depends on the prompt's length (ReFT at first/last-n positions)."""
-        return self.type is not AdapterType.LORA and self.positions != "prefill"
+        return self.runtime is Runtime.REFT and self.positions != "prefill"
 
 
 class AdapterInfoCache:
@@ -60,7 +70,8 @@ class AdapterInfoCache:
         if info is None:
             config = read_config(Path(path))
             kind = adapter_type(config)
-            positions = None if kind is AdapterType.LORA else str(config.get("positions", "prefill"))
+            positions = (str(config.get("positions", "prefill"))
+                         if family_of(kind).runtime is Runtime.REFT else None)
             digest = weights_file_digest(config, Path(path) / WEIGHTS_FILE)
             info = AdapterInfo(adapter_mode(config), kind, digest, positions)
             with self._lock:

@@ -40,7 +40,7 @@ from preft_kernels.lora_grouped import (
     grouped_lora_linear,
     grouped_lora_shrink,
 )
-from preft_serve.common.adapter_format import AdapterType
+from preft_serve.common.families import Runtime
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
 from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
@@ -127,7 +127,7 @@ class PreftLoRAMappingMixin:
         adapter_ids = input_batch.request_lora_mapping[:n]
         requests = input_batch.lora_id_to_lora_request
         infos = {i: adapter_info_of(r) for i, r in requests.items()}
-        reft_ids = [i for i, info in infos.items() if info.type is not AdapterType.LORA]
+        reft_ids = [i for i, info in infos.items() if info.runtime is Runtime.REFT]
         is_reft = np.isin(adapter_ids, reft_ids)
         lora_ids = np.where(is_reft, NO_ADAPTER, adapter_ids)
         prefill_ids = [i for i, info in infos.items() if info.prefill_only]
@@ -155,7 +155,7 @@ class PreftLoRAMappingMixin:
         )
 
     def add_lora(self, lora_request: Any) -> bool:
-        if adapter_info_of(lora_request).type is not AdapterType.LORA:
+        if adapter_info_of(lora_request).runtime is Runtime.REFT:
             self.reft.load(lora_request.lora_int_id, lora_request.lora_path)
             return True
         return super().add_lora(lora_request)  # type: ignore[misc]

@@ -1,10 +1,12 @@
-"""ReFT (``"peft_type": "REFT"``): DiReFT and LoReFT interventions, per docs/adapters.md.
+"""ReFT (``"peft_type": "REFT"``): one validator per ReFT family, per docs/adapters.md.
 
 For each layer ``L`` in ``layers`` and each part ``P`` the tensors are
-``layers.{L}.{P}.{w1,b,w2}`` (DiReFT) or ``layers.{L}.{P}.{r,w,b}`` (LoReFT). ``P`` is
-``shared`` when ``share_weights`` is true (the default when absent, as the worker reads it)
-or ``positions`` is ``prefill``; otherwise both ``first`` and ``last``, whatever the position
-string (the worker loads both). LoReFT's ``r`` must have orthonormal rows.
+``layers.{L}.{P}.{suffix}`` for the suffixes of the type's family (``{w1,b,w2}`` for DiReFT,
+``{r,w,b}`` for LoReFT; ``preft_serve.common.families``). ``P`` is ``shared`` when
+``share_weights`` is true (the default when absent, as the worker reads it) or ``positions``
+is ``prefill``; otherwise both ``first`` and ``last``, whatever the position string (the
+worker loads both). Tensors the family names in ``orthonormal_rows`` (LoReFT's ``r``) must
+have orthonormal rows.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from preft_serve.common.adapter_format import AdapterFormatError, AdapterType
-from preft_serve.common.reft_format import TENSORS, parse_positions, parts, tensor_name
+from preft_serve.common.adapter_format import AdapterFormatError
+from preft_serve.common.families import Runtime, families, family_of
+from preft_serve.common.reft_format import parse_positions, parts, tensor_name
 from preft_serve.registry.text import clip, shown
 from preft_serve.registry.validation.base import (
     AdapterRejected,
@@ -34,7 +37,9 @@ MAX_POSITIONS = 1024
 _ORTHO_TOL = {"F32": 1e-3, "F64": 1e-3, "F16": 2e-2, "BF16": 5e-2}
 
 
-class _ReftValidator(AdapterValidator):
+class ReftValidator(AdapterValidator):
+    """Rules shared by every ReFT family; a subclass per family sets ``type``."""
+
     def check_config(
         self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
     ) -> int:
@@ -73,34 +78,32 @@ class _ReftValidator(AdapterValidator):
         shapes: Shapes = {}
         for layer in config["layers"]:
             for part in parts(config):
-                for suffix, kind in TENSORS[self.type].items():
+                for suffix, kind in family_of(self.type).reft_tensors.items():
                     shapes[tensor_name(layer, part, suffix)] = (
                         (rank, hidden) if kind == "rd" else (rank,)
                     )
         return shapes
 
 
-@register_validator
-class DireftValidator(_ReftValidator):
-    type = AdapterType.DIREFT
-
-
-@register_validator
-class LoreftValidator(_ReftValidator):
-    type = AdapterType.LOREFT
-
     def check_values(
         self, config: Mapping[str, Any], weights: WeightsFile, limits: ValidationLimits
     ) -> list[str]:
+        family = family_of(self.type)
+        suffixes = tuple(f".{suffix}" for suffix in family.orthonormal_rows)
         problems = []
         for name, info in weights.tensors.items():
-            if not name.endswith(".r"):
+            if not suffixes or not name.endswith(suffixes):
                 continue
             r = weights.array(name).astype(np.float64)
             error = float(np.max(np.abs(r @ r.T - np.eye(r.shape[0]))))
             if error > _ORTHO_TOL.get(info.dtype, 1e-3):
                 problems.append(
-                    f"LoReFT tensor {name} must have orthonormal rows (max |R·Rᵀ − I| = "
-                    f"{error:.3g}); orthonormalise it, e.g. with torch.linalg.qr(R.T).Q.T"
+                    f"{family.label} tensor {name} must have orthonormal rows (max |R·Rᵀ − I| "
+                    f"= {error:.3g}); orthonormalise it, e.g. with torch.linalg.qr(R.T).Q.T"
                 )
         return problems
+
+
+for _family in families(Runtime.REFT):
+    register_validator(type(f"{_family.label}Validator", (ReftValidator,),
+                            {"type": _family.type, "__module__": __name__}))

@@ -13,6 +13,7 @@ from preft_serve.common.adapter_format import (
     adapter_type,
     read_config,
 )
+from preft_serve.common.families import Runtime, family_of
 from preft_serve.common.reft_format import (
     FIRST,
     LAST,
@@ -57,13 +58,12 @@ def _tensor(weights: dict[str, torch.Tensor], key: str, shape: tuple[int, ...]) 
 
 def _intervention(kind: AdapterType, weights: dict[str, torch.Tensor], prefix: str,
                   rank: int, hidden: int) -> Intervention:
-    if kind is AdapterType.DIREFT:
-        return Intervention(_tensor(weights, f"{prefix}.w1", (rank, hidden)),
-                            _tensor(weights, f"{prefix}.b", (rank,)),
-                            _tensor(weights, f"{prefix}.w2", (rank, hidden)))
-    r = _tensor(weights, f"{prefix}.r", (rank, hidden))
-    w = _tensor(weights, f"{prefix}.w", (rank, hidden))
-    return Intervention(w - r, _tensor(weights, f"{prefix}.b", (rank,)), r)
+    family = family_of(kind)
+    assert family.intervention is not None  # every ReFT family has one (register_family)
+    tensors = {suffix: _tensor(weights, f"{prefix}.{suffix}",
+                               (rank, hidden) if shape == "rd" else (rank,))
+               for suffix, shape in family.reft_tensors.items()}
+    return Intervention(*family.intervention(tensors))
 
 
 def load_reft_adapter(directory: str | Path, hidden_size: int, num_layers: int) -> ReftAdapter:
@@ -73,8 +73,8 @@ def load_reft_adapter(directory: str | Path, hidden_size: int, num_layers: int) 
     directory = Path(directory)
     config = read_config(directory)
     kind = adapter_type(config)
-    if kind is AdapterType.LORA:
-        raise AdapterFormatError(f"{directory} is a LoRA adapter, not ReFT")
+    if family_of(kind).runtime is not Runtime.REFT:
+        raise AdapterFormatError(f"{directory} is a {family_of(kind).label} adapter, not ReFT")
     rank = int(config["rank"])
     positions = parse_positions(str(config.get("positions", "prefill")))
     layers = [int(x) for x in config["layers"]]
