@@ -48,15 +48,43 @@ app.kubernetes.io/part-of: preft-serve
 {{- end }}
 {{- end -}}
 
-{{/* A preft-serve image: (dict "root" $ "image" .Values.gateway.image "default" "gateway"). */}}
-{{- define "preft-serve.image" -}}
-{{- $repository := .image.repository | default .default -}}
-{{- $tag := .image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
-{{- if .root.Values.image.registry -}}
-{{- printf "%s/%s:%s" (trimSuffix "/" .root.Values.image.registry) $repository $tag -}}
-{{- else -}}
-{{- printf "%s:%s" $repository $tag -}}
+{{/*
+An image reference: registry/repository@digest when a digest is given (it wins over the
+tag), else registry/repository:tag. (dict "registry" "docker.io" "repository" "library/redis"
+"tag" "7.4.2-alpine" "digest" "")
+*/}}
+{{- define "preft-serve.imageRef" -}}
+{{- $name := .repository -}}
+{{- with .registry -}}
+{{- $name = printf "%s/%s" (trimSuffix "/" .) $name -}}
 {{- end -}}
+{{- if .digest -}}
+{{- printf "%s@%s" $name .digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name (toString .tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A preft-serve image: global.imageRegistry, else image.registry; the component's digest,
+else its tag, else image.tag, else the chart's appVersion.
+(dict "root" $ "image" .Values.gateway.image "default" "gateway")
+*/}}
+{{- define "preft-serve.image" -}}
+{{- $values := .root.Values -}}
+{{- include "preft-serve.imageRef" (dict
+    "registry" (($values.global).imageRegistry | default $values.image.registry)
+    "repository" (.image.repository | default .default)
+    "tag" (.image.tag | default $values.image.tag | default .root.Chart.AppVersion)
+    "digest" .image.digest) -}}
+{{- end -}}
+
+{{/* The bundled Redis image (global.imageRegistry replaces redis.image.registry too). */}}
+{{- define "preft-serve.redisImage" -}}
+{{- $image := .Values.redis.image -}}
+{{- include "preft-serve.imageRef" (dict
+    "registry" ((.Values.global).imageRegistry | default $image.registry)
+    "repository" $image.repository "tag" $image.tag "digest" $image.digest) -}}
 {{- end -}}
 
 {{- define "preft-serve.imagePullSecrets" -}}
@@ -203,24 +231,59 @@ lifecycle:
       command: ["sleep", "{{ . }}"]
 {{- end -}}
 
-{{/* Restricted-profile container security context (the images run as uid 10001). */}}
-{{- define "preft-serve.containerSecurityContext" -}}
+{{/*
+A security context from values: `enabled: false` renders nothing, every other key is the
+Kubernetes field (fields set to null in the values are gone). For pods and containers:
+(include "preft-serve.securityContext" .Values.gateway.podSecurityContext)
+*/}}
+{{- define "preft-serve.securityContext" -}}
+{{- if .enabled -}}
 securityContext:
-  allowPrivilegeEscalation: false
-  readOnlyRootFilesystem: {{ . }}
-  runAsNonRoot: true
-  capabilities:
-    drop: ["ALL"]
-  seccompProfile:
-    type: RuntimeDefault
+  {{- toYaml (omit . "enabled") | nindent 2 }}
+{{- end -}}
 {{- end -}}
 
-{{- define "preft-serve.podSecurityContext" -}}
-securityContext:
-  runAsNonRoot: true
-  runAsUser: 10001
-  runAsGroup: 10001
-  fsGroup: 10001
-  seccompProfile:
-    type: RuntimeDefault
+{{/*
+A probe: the custom one when given (a whole Kubernetes Probe), else the chart's check with
+the timing from values, else nothing when `enabled: false`.
+(dict "name" "livenessProbe" "probe" $g.livenessProbe "custom" $g.customLivenessProbe
+      "check" (dict "httpGet" (dict "path" "/healthz" "port" "http")))
+*/}}
+{{- define "preft-serve.probe" -}}
+{{- if .custom -}}
+{{ .name }}:
+  {{- toYaml .custom | nindent 2 }}
+{{- else if .probe.enabled -}}
+{{ .name }}:
+  {{- toYaml (merge (omit .probe "enabled") .check) | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The startup, readiness and liveness probes of a component, each from its values and its
+check: (dict "values" .Values.gateway "checks" (dict "startup" $healthz "readiness" $readyz
+"liveness" $healthz))
+*/}}
+{{- define "preft-serve.probes" -}}
+{{- $values := .values -}}
+{{- $checks := .checks -}}
+{{- range $probe := list "startup" "readiness" "liveness" -}}
+{{- $name := printf "%sProbe" $probe -}}
+{{- $custom := index $values (printf "custom%sProbe" (title $probe)) -}}
+{{- with include "preft-serve.probe" (dict "name" $name "probe" (index $values $name) "custom" $custom "check" (index $checks $probe)) }}
+{{ . }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Pod-level extras every component shares: priorityClassName, runtimeClassName.
+*/}}
+{{- define "preft-serve.podExtras" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with .runtimeClassName }}
+runtimeClassName: {{ . | quote }}
+{{- end }}
 {{- end -}}
