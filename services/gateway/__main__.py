@@ -6,7 +6,7 @@ import argparse
 
 from preft_serve.common.service_main import load_settings, serve
 from preft_serve.gateway.app import create_app
-from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.settings import DiscoveryKind, GatewaySettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", help="the registry's Redis (PREFT_GATEWAY_REDIS_URL)")
     parser.add_argument("--namespace", help="the registry's Redis namespace "
                         "(PREFT_GATEWAY_NAMESPACE, default preft)")
-    parser.add_argument("--discovery", choices=["static", "dns", "kubernetes"],
+    parser.add_argument("--discovery", choices=[k.value for k in DiscoveryKind],
                         help="how to find workers (PREFT_GATEWAY_DISCOVERY, default static)")
     parser.add_argument("--workers", help="static: comma-separated worker URLs "
                         "(PREFT_GATEWAY_WORKER_URLS)")

@@ -4,6 +4,9 @@ Each source answers "which worker base URLs exist now"; ``gateway.health`` polls
 hands the answer to the ``WorkerPool``. A failed lookup keeps the previous list (a DNS or
 API-server hiccup must not empty the pool), while a successful empty answer empties it
 (the workers really are gone, e.g. scaled to zero).
+
+Backends are chosen by name (``PREFT_GATEWAY_DISCOVERY``, a :class:`DiscoveryKind`); a new
+one is a :class:`WorkerSource` class plus one :func:`register_discovery` line here.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.settings import DiscoveryKind, GatewaySettings
 
 logger = logging.getLogger(__name__)
 
@@ -122,14 +125,40 @@ def own_namespace() -> str:
         return "default"
 
 
+_Factory = Callable[[GatewaySettings], WorkerSource]
+_BACKENDS: dict[DiscoveryKind, _Factory] = {}
+
+
+def register_discovery(kind: DiscoveryKind, factory: _Factory) -> None:
+    """Make ``kind`` selectable; ``factory(settings)`` builds its source."""
+    _BACKENDS[kind] = factory
+
+
 def create_source(settings: GatewaySettings) -> WorkerSource:
-    if settings.discovery == "dns":
-        assert settings.worker_dns_name
-        return DnsSource(settings.worker_dns_name, settings.worker_port,
-                         settings.worker_scheme)
-    if settings.discovery == "kubernetes":
-        assert settings.worker_service
-        return KubernetesSource(settings.worker_service,
-                                settings.worker_k8s_namespace or own_namespace(),
-                                settings.worker_port, settings.worker_scheme)
+    """The source ``settings.discovery`` names; an unknown one lists the valid names."""
+    factory = _BACKENDS.get(settings.discovery)
+    if factory is None:
+        valid = ", ".join(k.value for k in _BACKENDS)
+        raise ValueError(f"unknown worker discovery {settings.discovery!r}; valid: {valid}")
+    return factory(settings)
+
+
+def _static(settings: GatewaySettings) -> WorkerSource:
     return StaticSource(settings.worker_urls)
+
+
+def _dns(settings: GatewaySettings) -> WorkerSource:
+    assert settings.worker_dns_name
+    return DnsSource(settings.worker_dns_name, settings.worker_port, settings.worker_scheme)
+
+
+def _kubernetes(settings: GatewaySettings) -> WorkerSource:
+    assert settings.worker_service
+    return KubernetesSource(settings.worker_service,
+                            settings.worker_k8s_namespace or own_namespace(),
+                            settings.worker_port, settings.worker_scheme)
+
+
+register_discovery(DiscoveryKind.STATIC, _static)
+register_discovery(DiscoveryKind.DNS, _dns)
+register_discovery(DiscoveryKind.KUBERNETES, _kubernetes)

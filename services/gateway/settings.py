@@ -6,10 +6,19 @@ Every field can be set from the environment with the ``PREFT_GATEWAY_`` prefix
 
 from __future__ import annotations
 
+import enum
 from typing import Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DiscoveryKind(str, enum.Enum):
+    """Worker discovery backends, by name (``preft_serve.gateway.discovery``)."""
+
+    STATIC = "static"
+    DNS = "dns"
+    KUBERNETES = "kubernetes"
 
 
 class GatewaySettings(BaseSettings):
@@ -20,8 +29,8 @@ class GatewaySettings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     namespace: str = Field("preft", pattern=r"^[A-Za-z0-9_.-]{1,32}$",
                            description="The registry's Redis namespace")
-    discovery: Literal["static", "dns", "kubernetes"] = Field(
-        "static", description="How workers are found: a static URL list, the A records of a "
+    discovery: DiscoveryKind = Field(
+        DiscoveryKind.STATIC, description="How workers are found: a static URL list, the A records of a "
         "headless Service, or the Service's EndpointSlices through the Kubernetes API")
     worker_urls: list[str] = Field([], description="Static list of worker base URLs")
     worker_dns_name: str | None = Field(None, description="dns: the workers' headless "
@@ -105,9 +114,10 @@ class GatewaySettings(BaseSettings):
         required = {"static": ("worker_urls", "PREFT_GATEWAY_WORKER_URLS (or --workers)"),
                     "dns": ("worker_dns_name", "PREFT_GATEWAY_WORKER_DNS_NAME"),
                     "kubernetes": ("worker_service", "PREFT_GATEWAY_WORKER_SERVICE")}
-        field, name = required[self.discovery]
+        field, name = required[self.discovery.value]
         if not getattr(self, field):
-            raise ValueError(f"{name} is required when discovery is '{self.discovery}'")
+            raise ValueError(f"{name} is required when discovery is "
+                             f"'{self.discovery.value}'")
         return self
 
     @property

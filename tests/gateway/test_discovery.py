@@ -18,6 +18,7 @@ from preft_serve.gateway.health import WorkerMonitor
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
+from pydantic import ValidationError
 
 
 def test_dns_source_resolves_every_address() -> None:
@@ -154,3 +155,16 @@ def test_monitor_tracks_membership_health_and_residency() -> None:
 
 def test_static_source_is_the_configured_list() -> None:
     assert asyncio.run(StaticSource(["http://a:1"]).urls()) == ["http://a:1"]
+
+
+def test_backends_are_chosen_by_name_and_an_unknown_one_lists_the_valid_ones() -> None:
+    from preft_serve.gateway import discovery
+
+    dns = GatewaySettings(discovery="dns", worker_dns_name="w.ns.svc", worker_port=9000)
+    assert isinstance(discovery.create_source(dns), DnsSource)
+    static = GatewaySettings(worker_urls=["http://a:1"])
+    assert isinstance(discovery.create_source(static), StaticSource)
+    with pytest.raises(ValueError, match="valid: static, dns, kubernetes"):
+        discovery.create_source(static.model_copy(update={"discovery": "consul"}))
+    with pytest.raises(ValidationError, match="'static', 'dns' or 'kubernetes'"):
+        GatewaySettings(discovery="consul", worker_urls=["http://a:1"])
