@@ -1,5 +1,6 @@
 """Secrets only ever travel through Secret objects: no credential sits in a plain env value,
-an argument, a ConfigMap or an annotation, and generated secrets survive upgrades."""
+an argument, a ConfigMap or an annotation; generated secrets survive upgrades, and with
+existingSecret values (GitOps) the chart generates nothing and renders reproducibly."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from tests.chart.manifests import pod_spec, workloads
-from tests.chart.support import CHART, SCENARIOS, Rendered
+from tests.chart.manifests import container, env, pod_spec, secret_marker, workloads
+from tests.chart.support import CHART, SCENARIOS, Rendered, run_helm, template_args
 
 ALL = list(SCENARIOS)
 SECRET_NAME = re.compile(r"TOKEN|PASSWORD|SECRET|ACCESS_KEY|API_KEY|CREDENTIAL|AUTH",
@@ -21,7 +22,8 @@ SECRET_NAME = re.compile(r"TOKEN|PASSWORD|SECRET|ACCESS_KEY|API_KEY|CREDENTIAL|A
 
 
 def containers(rendered: Rendered) -> list[dict[str, Any]]:
-    found = [c for w in workloads(rendered) for c in pod_spec(w)["containers"]]
+    found = [c for w in workloads(rendered)
+             for c in pod_spec(w).get("initContainers", []) + pod_spec(w)["containers"]]
     found += [c for p in rendered.of_kind("Pod") for c in p["spec"]["containers"]]
     return found
 
@@ -81,6 +83,58 @@ def test_existing_secrets_replace_the_generated_ones(scenarios: dict[str, Render
     assert generated("default") == {"registry", "redis"}
     assert generated("external-s3") == {"redis"}  # admin token from Secret preft-admin
     assert generated("ha") == {"registry"}  # external Redis, password from preft-redis
+    assert generated("platform") == set()  # GitOps: secrets.generate=false, all named
+
+
+def test_named_secrets_reach_every_client(scenarios: dict[str, Rendered]) -> None:
+    """platform-values names all three Secrets: no Secret is rendered, and every consumer
+    refers to the named Secret and key."""
+    rendered = scenarios["platform"]
+    assert rendered.of_kind("Secret") == []
+    registry = env(container(rendered.component("Deployment", "registry")))
+    assert registry["PREFT_REGISTRY_ADMIN_TOKEN"] == secret_marker("platform-preft-admin", "token")
+    redis_password = secret_marker("platform-preft-redis", "password")
+    redis = env(container(rendered.component("StatefulSet", "redis"), "redis"))
+    assert redis["REDIS_PASSWORD"] == redis["REDISCLI_AUTH"] == redis_password
+    for component in ("gateway", "registry", "worker"):
+        values = env(container(rendered.component("Deployment", component), component))
+        assert values["REDIS_PASSWORD"] == redis_password, component
+        if component != "gateway":
+            assert values["AWS_ACCESS_KEY_ID"] == \
+                secret_marker("platform-preft-s3", "AWS_ACCESS_KEY_ID")
+            assert values["AWS_SECRET_ACCESS_KEY"] == \
+                secret_marker("platform-preft-s3", "AWS_SECRET_ACCESS_KEY")
+
+
+def test_offline_renders_are_reproducible(helm: str) -> None:
+    """What Argo CD does on every sync: `helm template` without a cluster. With the Secrets
+    named, two renders are identical; with generated ones, only the Secrets' data differs
+    (the documented caveat), nothing else in the manifests is random."""
+    def template(values: list[str]) -> str:
+        result = run_helm(helm, *template_args(values))
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert template(["ci/platform-values.yaml"]) == template(["ci/platform-values.yaml"])
+    first, second = (yaml.safe_load_all(template([])) for _ in range(2))
+    changed = [a["metadata"]["name"] for a, b in zip(first, second, strict=True) if a != b]
+    assert sorted(changed) == ["prod-preft-serve-redis", "prod-preft-serve-registry-admin"]
+
+
+def test_turning_generation_off_requires_each_secret(render_error: Callable[..., str],
+                                                     render: Callable[..., Rendered]) -> None:
+    message = render_error([], {"secrets.generate": "false"})
+    assert "registry.adminToken.existingSecret is required when secrets.generate=false" \
+        in message
+    assert "redis.auth.existingSecret is required when secrets.generate=false" in message
+    message = render_error([], {"secrets.generate": "false",
+                                "registry.adminToken.existingSecret": "admin"})
+    assert "registry.adminToken" not in message and "redis.auth.existingSecret" in message
+    # An external Redis needs no generated password (its Secret is optional).
+    rendered = render([], {"secrets.generate": "false",
+                           "registry.adminToken.existingSecret": "admin",
+                           "redis.enabled": "false", "redis.external.host": "redis.internal"})
+    assert rendered.of_kind("Secret") == []
 
 
 def test_s3_credentials_reach_registry_and_workers_only(scenarios: dict[str, Rendered]) -> None:

@@ -53,6 +53,15 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- $errors = append $errors "worker.gpu.count must be at least 1 when worker.device=gpu (or set worker.device=cpu)" -}}
 {{- end -}}
 
+{{- if not $v.secrets.generate -}}
+{{- if not $v.registry.adminToken.existingSecret -}}
+{{- $errors = append $errors "registry.adminToken.existingSecret is required when secrets.generate=false: create the Secret (kubectl create secret generic preft-admin --from-literal=admin-token=$(openssl rand -hex 24)) and name it, with registry.adminToken.key=admin-token" -}}
+{{- end -}}
+{{- if and $v.redis.enabled (not $v.redis.auth.existingSecret) -}}
+{{- $errors = append $errors "redis.auth.existingSecret is required when secrets.generate=false and redis.enabled=true: create the Secret (kubectl create secret generic preft-redis --from-literal=redis-password=$(openssl rand -hex 24)) and name it" -}}
+{{- end -}}
+{{- end -}}
+
 {{- if $errors -}}
 {{- fail (printf "\n\nInvalid values for the preft-serve chart:\n  - %s\n" (join "\n  - " $errors)) -}}
 {{- end -}}
