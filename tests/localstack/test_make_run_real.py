@@ -22,6 +22,7 @@ from tests.conftest import free_port
 from tests.support.real_model import real_model_dir
 
 TIMEOUT_S = 1500  # two trainings (~70 s each on an idle 2-core machine) + the worker start
+pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)  # the suite's default is 900 s per test
 
 
 def facts() -> dict[str, str]:
