@@ -287,3 +287,69 @@ priorityClassName: {{ . | quote }}
 runtimeClassName: {{ . | quote }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The model download init container (model.download): files/fetch-model.py in the pod's own
+image, writing into the `model` volume at model.mountPath. Workers fetch the whole model,
+the registry config.json alone.
+(dict "root" $ "image" <image> "securityContext" .Values.worker.containerSecurityContext
+      "configOnly" false)
+*/}}
+{{- define "preft-serve.modelDownloadContainer" -}}
+{{- $root := .root -}}
+{{- $d := $root.Values.model.download -}}
+{{- $os := $root.Values.objectStore -}}
+{{- $s3 := hasPrefix "s3://" $d.from -}}
+- name: model-download
+  image: {{ .image }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    - python3
+    - -c
+    - |
+      {{- $root.Files.Get "files/fetch-model.py" | nindent 6 }}
+  args:
+    - {{ $d.from | quote }}
+    - {{ $root.Values.model.path | quote }}
+    {{- if .configOnly }}
+    - --config-only
+    {{- end }}
+    {{- if $s3 }}
+    {{- with $d.s3.endpointUrl | default $os.endpointUrl }}
+    - --s3-endpoint-url={{ . }}
+    {{- end }}
+    {{- with $d.s3.region | default $os.region }}
+    - --s3-region={{ . }}
+    {{- end }}
+    {{- else if $d.sha256 }}
+    - --sha256={{ $d.sha256 }}
+    {{- end }}
+  {{- if $s3 }}
+  {{- if $d.s3.existingSecret }}
+  env:
+    - name: AWS_ACCESS_KEY_ID
+      valueFrom:
+        secretKeyRef:
+          name: {{ $d.s3.existingSecret }}
+          key: {{ $d.s3.accessKeyIdKey }}
+    - name: AWS_SECRET_ACCESS_KEY
+      valueFrom:
+        secretKeyRef:
+          name: {{ $d.s3.existingSecret }}
+          key: {{ $d.s3.secretAccessKeyKey }}
+  {{- else }}
+  {{- with include "preft-serve.s3CredentialsEnv" $root }}
+  env:
+    {{- . | nindent 4 }}
+  {{- end }}
+  {{- end }}
+  {{- end }}
+  resources:
+    {{- toYaml $d.resources | nindent 4 }}
+  {{- with include "preft-serve.securityContext" .securityContext }}
+  {{- . | nindent 2 }}
+  {{- end }}
+  volumeMounts:
+    - name: model
+      mountPath: {{ $root.Values.model.mountPath }}
+{{- end -}}

@@ -53,6 +53,28 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- $errors = append $errors "worker.gpu.count must be at least 1 when worker.device=gpu (or set worker.device=cpu)" -}}
 {{- end -}}
 
+{{- $sources := list -}}
+{{- range $source, $spec := $v.model.volume -}}
+{{- if not (kindIs "invalid" $spec) -}}
+{{- $sources = append $sources $source -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (len $sources) 1 -}}
+{{- $errors = append $errors (printf "model.volume must be one volume source, not %d (%s): Helm merges maps, so set the default's persistentVolumeClaim to null when you use another source" (len $sources) (join ", " $sources)) -}}
+{{- end -}}
+
+{{- with $v.model.download -}}
+{{- if and .enabled (not .from) -}}
+{{- $errors = append $errors "model.download.from is required when model.download.enabled=true: s3://bucket/prefix of the model directory, or an http(s):// URL of a tar archive of it" -}}
+{{- end -}}
+{{- if and .enabled (dig "persistentVolumeClaim" "readOnly" false $v.model.volume) -}}
+{{- $errors = append $errors "model.volume.persistentVolumeClaim.readOnly must be false when model.download.enabled=true: the download init container writes the model there (the worker container still mounts it read-only)" -}}
+{{- end -}}
+{{- if and .sha256 (hasPrefix "s3://" .from) -}}
+{{- $errors = append $errors "model.download.sha256 checks archives fetched from http(s) URLs; it does not apply to an s3:// source (remove it)" -}}
+{{- end -}}
+{{- end -}}
+
 {{- if not $v.secrets.generate -}}
 {{- if not $v.registry.adminToken.existingSecret -}}
 {{- $errors = append $errors "registry.adminToken.existingSecret is required when secrets.generate=false: create the Secret (kubectl create secret generic preft-admin --from-literal=admin-token=$(openssl rand -hex 24)) and name it, with registry.adminToken.key=admin-token" -}}
