@@ -1,0 +1,29 @@
+"""The cold-adapter benchmark's arithmetic: phases, gap percentiles, ratios to warm."""
+
+from __future__ import annotations
+
+import pytest
+from loadtests.cold_bench import Timeline, summarise
+
+
+def test_summary_compares_cold_phases_with_the_warm_ones() -> None:
+    line = Timeline()
+    # Each phase lasts 10 s; streams tick every 50 ms, except one 2 s stall in store-cold.
+    for phase, start, stall in (("warm", 0.0, False), ("store-cold", 10.0, True),
+                                ("disk-cold", 20.0, False), ("warm-again", 30.0, False)):
+        t = start
+        while t < start + 10:
+            step = 2.0 if stall and abs(t - (start + 5)) < 0.01 else 0.05
+            t = round(t + step, 3)
+            line.tokens.append(t)
+            line.gaps.append((t, step))
+        line.done += [(start + 1 + i, 0.5, "ok") for i in range(5)]
+        line.phases.append((phase, start, start + 10))
+    rows = summarise(line)["phases"]
+    assert rows["warm"]["gap_p50_ms"] == pytest.approx(50)
+    assert rows["store-cold"]["gap_max_ms"] == pytest.approx(2000)
+    assert rows["store-cold"]["gaps_over_2x_warm_median"] == 1
+    assert rows["disk-cold"]["gaps_over_2x_warm_median"] == 0
+    assert rows["disk-cold"]["gap_p99_vs_warm"] == pytest.approx(1.0)
+    assert rows["store-cold"]["stream_tokens_vs_warm"] < 1.0
+    assert all(r["completions"] == 5 and r["errors"] == 0 for r in rows.values())
