@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm test run worker model bench-engine bench-registry loadtest bench-gateway clean
+.PHONY: help venv helm test run worker model bench-engine bench-registry loadtest bench-gateway chart-readme clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ loadtest: $(STAMP)  ## Locust against a local stack: thousands of adapters (ARGS
 
 bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the worker vs through the gateway
 	$(PY) -m loadtests.gateway_bench $(ARGS)
+
+chart-readme: $(STAMP)  ## Regenerate charts/preft-serve/README.md's parameter tables from values.yaml
+	$(PY) scripts/chart_readme.py
 
 clean:  ## Remove the virtualenv and generated files
 	rm -rf $(VENV) $(VAR) .pytest_cache
