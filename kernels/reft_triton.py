@@ -2,7 +2,7 @@
 
 Same op as :func:`preft_kernels.reft.grouped_reft`, for rows grouped by intervention::
 
-    for g in groups, i in rows(g), k = index(g):
+    for g in groups, i in rows(g), k = index(g), if k >= 0:
         delta[i] = (h[i] @ proj_in[k].T + bias[k]) @ proj_out[k]
         out[i]  += delta[i]
 
@@ -12,6 +12,11 @@ over ``d`` to build the rank-``r`` projection ``t`` in registers, then streams `
 to add ``t @ proj_out[k]``. ``t`` never reaches device memory, and weights (``r × d`` per
 intervention) are re-read per row block from L2. Rows are gathered through ``row_ids``, so
 a group's rows need not be contiguous; rows in no group are never read or written.
+
+A step groups its rows once for every decoder layer: :class:`ReftTritonStepMeta` holds the
+rows and, per layer, the intervention each group uses there (``-1``: none at that layer,
+the group is skipped), built with one host→device copy per step. :class:`ReftTritonMeta`
+is the one-layer form.
 
 Triton is imported guardedly: ``import preft_kernels`` and :class:`ReftTritonMeta` work
 without it, only :func:`reft_triton` needs it. The module is not re-exported from
@@ -81,26 +86,11 @@ class ReftTritonMeta:
         ``num_rows`` resolves open or negative slices (``slice(None)``) and bounds-checks
         rows; without it slices need an explicit, non-negative ``stop``.
         """
-        row_chunks: list[np.ndarray] = []
-        index: list[int] = []
-        for group in groups:
-            rows = _rows_array(group.rows, num_rows)
-            if rows.size == 0:
-                continue
-            if group.index < 0:
-                raise ValueError(f"intervention index must be >= 0, got {group.index}")
-            row_chunks.append(rows)
-            index.append(int(group.index))
-        sizes = np.array([c.size for c in row_chunks], dtype=np.int64)
-        row_ids = np.concatenate(row_chunks) if row_chunks else np.zeros(0, np.int64)
-        if row_ids.size and (row_ids.min() < 0 or np.unique(row_ids).size != row_ids.size):
-            raise ValueError("rows must be non-negative and belong to at most one group")
-        if num_rows is not None and row_ids.size and row_ids.max() >= num_rows:
-            raise ValueError(f"row {int(row_ids.max())} out of range for {num_rows} rows")
-        if row_ids.size and row_ids.max() >= 2**31:
-            raise ValueError("row ids must fit in int32")
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        return cls._pack(row_ids, starts, np.asarray(index, np.int64), device)
+        row_ids, starts, kept = _group_rows([g.rows for g in groups], num_rows)
+        index = np.asarray([groups[g].index for g in kept], np.int64)
+        if (index < 0).any():
+            raise ValueError(f"intervention index must be >= 0, got {int(index.min())}")
+        return cls._pack(row_ids, starts, index, device)
 
     @classmethod
     def from_row_index(
@@ -129,6 +119,70 @@ class ReftTritonMeta:
             group_index=buf[m + g + 1 :],
             max_group_rows=int(sizes.max()) if g else 0,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReftTritonStepMeta:
+    """One step's kernel inputs for every decoder layer, in one device buffer.
+
+    The rows are grouped once (``row_ids``, ``group_starts`` as in :class:`ReftTritonMeta`);
+    ``layer_index[l, g]`` is the intervention group ``g`` uses at layer slot ``l``, ``-1``
+    where it has none there (the kernel skips the group). Built with one host→device copy
+    per step instead of one per layer.
+    """
+
+    row_ids: torch.Tensor  # (m,) int32, rows sorted by group
+    group_starts: torch.Tensor  # (G + 1,) int32 offsets into row_ids
+    layer_index: torch.Tensor  # (L, G) int32 intervention index per layer slot and group
+    max_group_rows: int
+
+    def args(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(row_ids, group_starts, group_index)`` of layer slot ``layer``, in
+        :func:`reft_triton`'s order."""
+        return self.row_ids, self.group_starts, self.layer_index[layer]
+
+    @classmethod
+    def from_groups(
+        cls,
+        rows: Sequence[slice | torch.Tensor],  # G groups' rows (host tensors or slices)
+        layer_index: np.ndarray,  # (L, G) intervention per layer slot and group, -1 = none
+        device: torch.device | str,
+        num_rows: int | None = None,
+    ) -> ReftTritonStepMeta:
+        """Group the rows (empty groups dropped) and copy everything to ``device`` once."""
+        layer_index = np.asarray(layer_index, np.int64).reshape(-1, len(rows))
+        row_ids, starts, kept = _group_rows(rows, num_rows)
+        table = layer_index[:, kept]
+        m, g = row_ids.size, len(kept)
+        buf = torch.from_numpy(np.concatenate([row_ids, starts, table.reshape(-1)])
+                               .astype(np.int32)).to(device)
+        sizes = np.diff(starts)
+        return cls(row_ids=buf[:m], group_starts=buf[m:m + g + 1],
+                   layer_index=buf[m + g + 1:].view(table.shape[0], g),
+                   max_group_rows=int(sizes.max()) if g else 0)
+
+
+def _group_rows(
+    rows: Sequence[slice | torch.Tensor], num_rows: int | None
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """``(row_ids, group_starts, kept)``: the rows of the non-empty groups back to back,
+    their offsets, and which groups those are. Checks that no row is in two groups."""
+    chunks: list[np.ndarray] = []
+    kept: list[int] = []
+    for position, group_rows in enumerate(rows):
+        array = _rows_array(group_rows, num_rows)
+        if array.size:
+            chunks.append(array)
+            kept.append(position)
+    sizes = np.array([c.size for c in chunks], dtype=np.int64)
+    row_ids = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+    if row_ids.size and (row_ids.min() < 0 or np.unique(row_ids).size != row_ids.size):
+        raise ValueError("rows must be non-negative and belong to at most one group")
+    if num_rows is not None and row_ids.size and row_ids.max() >= num_rows:
+        raise ValueError(f"row {int(row_ids.max())} out of range for {num_rows} rows")
+    if row_ids.size and row_ids.max() >= 2**31:
+        raise ValueError("row ids must fit in int32")
+    return row_ids, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), kept
 
 
 def _rows_array(rows: slice | torch.Tensor, num_rows: int | None) -> np.ndarray:
@@ -233,6 +287,8 @@ if HAS_TRITON:
         if first >= end:
             return  # smaller group than the grid's largest: nothing to do
         k = tl.load(group_index_ptr + g).to(tl.int64)
+        if k < 0:
+            return  # this group has no intervention at this layer
 
         offs_m = first + tl.arange(0, BLOCK_M)
         mask_m = offs_m < end
@@ -286,8 +342,9 @@ def grouped_reft_triton(
 ) -> None:
     """Drop-in for ``preft_kernels.reft.grouped_reft``: same arguments, one launch per call.
 
-    Rows should stay on the host (``wants_host_rows``): the metadata is packed there and
-    copied to the device once, without a device→host sync.
+    Rows should stay on the host: the metadata is packed there and copied to the device
+    once, without a device→host sync. (The worker prepares a whole step's metadata once
+    with :class:`ReftTritonStepMeta` instead of calling this per layer.)
     """
     if not groups:
         return
@@ -295,5 +352,3 @@ def grouped_reft_triton(
     reft_triton(out, h, *meta.args(), proj_in.contiguous(), bias.contiguous(),
                 proj_out.contiguous(), max_group_rows=meta.max_group_rows)
 
-
-grouped_reft_triton.wants_host_rows = True  # type: ignore[attr-defined]

@@ -42,6 +42,7 @@ from preft_kernels.lora_grouped import (
 )
 from preft_serve.common.families import Runtime
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
+from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
@@ -108,7 +109,7 @@ class PreftLoRAMappingMixin:
         capacity = lora_config.max_cpu_loras if lora_config else 0
         self.reft = ReftRuntime(hf.hidden_size, hf.num_hidden_layers, max(capacity, 1),
                                 device=self.device,  # type: ignore[attr-defined]
-                                kernel=_reft_kernel_for(self.device))  # type: ignore[attr-defined]
+                                kernel=reft_kernel_for(self.device))  # type: ignore[attr-defined]
         self.reft.install(_decoder_layers(self.get_model()))  # type: ignore[attr-defined]
         return result
 
@@ -166,17 +167,6 @@ class PreftLoRAMappingMixin:
 
     def list_loras(self) -> set[int]:
         return super().list_loras() | self.reft.loaded_ids()  # type: ignore[misc]
-
-
-def _reft_kernel_for(device: torch.device) -> Any:
-    """The Triton ReFT kernel on GPUs, the grouped torch path elsewhere."""
-    from preft_kernels.reft import grouped_reft
-
-    if torch.device(device).type != "cuda":
-        return grouped_reft
-    from preft_kernels.reft_triton import HAS_TRITON, grouped_reft_triton
-
-    return grouped_reft_triton if HAS_TRITON else grouped_reft
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

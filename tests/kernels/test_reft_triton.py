@@ -13,6 +13,7 @@ import importlib
 import os
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -257,4 +258,86 @@ def test_grouped_api_wrapper_is_a_drop_in_for_the_torch_path() -> None:
     untouched = h.clone()
     rt.grouped_reft_triton(untouched, h, [], proj_in, bias, proj_out)
     assert torch.equal(untouched, h)
-    assert rt.grouped_reft_triton.wants_host_rows
+
+
+def test_step_meta_groups_rows_once_and_indexes_per_layer() -> None:
+    rows = [slice(4, 6), torch.tensor([0, 2, 7]), slice(9, 9), slice(1, 2)]
+    table = np.array([[0, 1, 2, -1], [-1, 0, -1, 1]])
+    meta = rt.ReftTritonStepMeta.from_groups(rows, table, "cpu", num_rows=10)
+    assert meta.row_ids.tolist() == [4, 5, 0, 2, 7, 1]  # the empty group is dropped
+    assert meta.group_starts.tolist() == [0, 2, 5, 6]
+    assert meta.layer_index.tolist() == [[0, 1, -1], [-1, 0, 1]]
+    assert meta.max_group_rows == 3
+    assert meta.args(1)[2].tolist() == [-1, 0, 1]
+    # One buffer on the device: the per-layer index is a view, not a copy per layer.
+    assert meta.layer_index.untyped_storage().data_ptr() == meta.row_ids.untyped_storage(
+        ).data_ptr()
+
+
+def test_negative_group_index_skips_the_group() -> None:
+    gen = torch.Generator().manual_seed(9)
+    proj_in, bias, proj_out = weights(2, 4, 64, gen)
+    h = torch.randn(6, 64, generator=gen).to(DEVICE)
+    table = np.array([[1, -1]])
+    meta = rt.ReftTritonStepMeta.from_groups([slice(0, 3), slice(3, 6)], table, DEVICE)
+    got, want = h.clone(), h.clone()
+    rt.reft_triton(got, h, *meta.args(0), proj_in, bias, proj_out,
+                   max_group_rows=meta.max_group_rows)
+    grouped_reft(want, h, [ReftGroup(slice(0, 3), 1)], proj_in, bias, proj_out)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[3:], h[3:])
+
+
+def _runtime_adapters(hidden: int, gen: torch.Generator) -> dict[int, Any]:
+    from preft_serve.common.adapter_format import AdapterType
+    from preft_serve.worker.reft.adapter import Intervention, ReftAdapter
+
+    def part(rank: int) -> Intervention:
+        proj_in, bias, proj_out = (t[0] for t in weights(1, rank, hidden, gen))
+        return Intervention(proj_in, bias, proj_out)
+
+    def both(rank: int) -> tuple[Intervention, Intervention]:
+        return part(rank), part(rank)
+
+    return {  # adapter id -> adapter: different ranks, layers and positions
+        1: ReftAdapter(AdapterType.DIREFT, 4, None, {0: both(4), 2: both(4)}),
+        2: ReftAdapter(AdapterType.LOREFT, 2, (2, 1), {1: both(2), 2: both(2)}),
+        3: ReftAdapter(AdapterType.DIREFT, 3, (1, 0), {0: both(3)}),
+    }
+
+
+def test_runtime_prepares_kernel_inputs_once_per_step_and_matches_the_torch_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's ReFT runtime with the Triton kernel: one metadata build (one
+    host→device copy) per step for all decoder layers, and the torch path's results."""
+    from preft_serve.worker.reft.kernels import TorchReft, TritonReft
+    from preft_serve.worker.reft.runtime import ReftRuntime
+
+    hidden, layers = 64, 4
+    adapters = _runtime_adapters(hidden, torch.Generator().manual_seed(3))
+    builds: list[int] = []
+    build = rt.ReftTritonStepMeta.from_groups.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, *args: Any, **kwargs: Any) -> Any:
+        builds.append(1)
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(rt.ReftTritonStepMeta, "from_groups", classmethod(counted))
+    # Requests: adapter 1 (prefill, 5 tokens), none (decode), adapter 2 (7), adapter 3 (4),
+    # adapter 1 again (a later chunk of a 9-token prompt: 3 prompt tokens + 1 decode).
+    step = (np.array([1, 0, 2, 3, 1]), np.array([0, 10, 0, 0, 6]),
+            np.array([5, 10, 7, 4, 9]), np.array([5, 1, 7, 4, 4]))
+    results = {}
+    for name, kernel in (("torch", TorchReft()), ("triton", TritonReft())):
+        runtime = ReftRuntime(hidden, layers, capacity=8, device=DEVICE, kernel=kernel)
+        runtime.adapters.update(adapters)
+        ids, computed, prompt, scheduled = step
+        runtime.prepare_step(ids, {i: "(loaded)" for i in adapters}, computed, prompt, scheduled)
+        gen = torch.Generator().manual_seed(11)
+        hidden_states = torch.randn(int(scheduled.sum()), hidden, generator=gen).to(DEVICE)
+        residual = torch.randn(int(scheduled.sum()), hidden, generator=gen).to(DEVICE)
+        for layer in range(layers):
+            runtime._make_hook(layer)(None, None, (hidden_states, residual))
+        results[name] = hidden_states
+    assert builds == [1]
+    torch.testing.assert_close(results["triton"], results["torch"], rtol=1e-5, atol=1e-5)

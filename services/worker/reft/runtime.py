@@ -1,9 +1,11 @@
 """Applies ReFT interventions inside vLLM's forward pass, batched per (adapter, part).
 
 Per step, :meth:`ReftRuntime.prepare_step` turns the batch layout into groups of token rows
-that share an intervention; a forward hook on every decoder layer adds the deltas to the
-residual stream (vLLM keeps it as ``hidden_states + residual``). A step with no ReFT token
-(every pure-decode step) leaves the plan empty and the hooks return immediately.
+that share an intervention, says which group uses which intervention at each layer, and
+has the kernel prepare its inputs once (``reft.kernels``); a forward hook on every decoder
+layer adds the deltas to the residual stream (vLLM keeps it as ``hidden_states +
+residual``). A step with no ReFT token (every pure-decode step) leaves the plan empty and
+the hooks return immediately.
 """
 
 from __future__ import annotations
@@ -17,23 +19,25 @@ from typing import Any
 import numpy as np
 import torch
 from preft_kernels.lora_grouped import AdapterGroups
-from preft_kernels.reft import ReftGroup, grouped_reft
-from preft_serve.worker.reft.adapter import ReftAdapter, load_reft_adapter
 from preft_serve.common.reft_positions import NONE, part_codes
+from preft_serve.worker.reft.adapter import ReftAdapter, load_reft_adapter
+from preft_serve.worker.reft.kernels import ReftKernel, TorchReft
 from preft_serve.worker.token_mapping import NO_ADAPTER
 
 logger = logging.getLogger(__name__)
-Kernel = Callable[..., None]
+Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # stacked proj_in, bias, proj_out
 
 
 @dataclasses.dataclass
 class ReftStepPlan:
-    """Rows of this step per (adapter id, part code), and per-layer stacked weights."""
+    """Rows of this step per (adapter id, part code), the kernel's inputs for every layer
+    (prepared once), and per-layer stacked weights (stacked on first use)."""
 
     num_tokens: int
-    groups: list[tuple[int, int, slice | torch.Tensor]]  # (adapter id, part, rows)
-    _layers: dict[int, tuple[list[ReftGroup], torch.Tensor, torch.Tensor, torch.Tensor] | None] = (
-        dataclasses.field(default_factory=dict))
+    groups: list[tuple[int, int, slice | torch.Tensor]]  # (adapter id, part, rows on host)
+    layer_slots: dict[int, int] = dataclasses.field(default_factory=dict)  # layer -> slot
+    kernel_inputs: Any = None  # ReftKernel.prepare's answer
+    _layers: dict[int, Weights] = dataclasses.field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -47,10 +51,10 @@ class ReftRuntime:
     """Loaded ReFT adapters (LRU by adapter id) and the current step's plan."""
 
     def __init__(self, hidden_size: int, num_layers: int, capacity: int,
-                 device: torch.device | str = "cpu", kernel: Kernel = grouped_reft) -> None:
+                 device: torch.device | str = "cpu", kernel: ReftKernel | None = None) -> None:
         self.hidden_size, self.num_layers, self.capacity = hidden_size, num_layers, capacity
         self.device = torch.device(device)
-        self.kernel = kernel
+        self.kernel: ReftKernel = kernel or TorchReft()
         self.adapters: collections.OrderedDict[int, ReftAdapter] = collections.OrderedDict()
         self.plan = EMPTY_PLAN
         self._hooks: list[Any] = []
@@ -91,7 +95,8 @@ class ReftRuntime:
         num_prompt: np.ndarray,
         num_scheduled: np.ndarray,
     ) -> ReftStepPlan:
-        """Group this step's prompt tokens by (adapter, first/last part)."""
+        """Group this step's prompt tokens by (adapter, first/last part), and prepare the
+        kernel's inputs for every layer."""
         num_tokens = int(np.sum(num_scheduled))
         if not np.any(adapter_ids != NO_ADAPTER):
             self.plan = EMPTY_PLAN
@@ -110,21 +115,30 @@ class ReftRuntime:
                     parts == NONE, -1, slot_of[adapter_id] * 2 + parts)
             start += count
         grouped = AdapterGroups.from_slots(codes)
-        to_device = not getattr(self.kernel, "wants_host_rows", False)
-        self.plan = ReftStepPlan(num_tokens, [
-            (ids[code // 2], code % 2,
-             rows.to(self.device) if to_device and not isinstance(rows, slice) else rows)
-            for code, rows in grouped.groups
-        ])
+        plan = ReftStepPlan(num_tokens, [(ids[code // 2], code % 2, rows)
+                                         for code, rows in grouped.groups])
+        # Per layer, each group's index into that layer's stacked weights (-1: none there).
+        layers = sorted({layer for a, _, _ in plan.groups for layer in self.adapters[a].layers})
+        layer_index = np.full((len(layers), len(plan.groups)), -1, dtype=np.int64)
+        for slot, layer in enumerate(layers):
+            used = [self.adapters[a].intervention(layer, part) is not None
+                    for a, part, _ in plan.groups]
+            layer_index[slot, used] = np.arange(sum(used))
+        plan.layer_slots = {layer: slot for slot, layer in enumerate(layers)}
+        if plan.groups:
+            plan.kernel_inputs = self.kernel.prepare(
+                [rows for _, _, rows in plan.groups], layer_index, num_tokens, self.device)
+        self.plan = plan
         return self.plan
 
-    def _layer_inputs(self, layer: int):
-        """Stacked weights of the interventions this step uses at ``layer`` (cached)."""
+    def _layer_weights(self, layer: int) -> Weights:
+        """Stacked weights of the interventions this step uses at ``layer``, in group
+        order (cached for the step)."""
         plan = self.plan
         if layer not in plan._layers:
-            groups, ins, biases, outs = [], [], [], []
+            ins, biases, outs = [], [], []
             rank = max((self.adapters[a].rank for a, _, _ in plan.groups), default=0)
-            for adapter_id, part, rows in plan.groups:
+            for adapter_id, part, _ in plan.groups:
                 iv = self.adapters[adapter_id].intervention(layer, part)
                 if iv is None:
                     continue
@@ -132,10 +146,7 @@ class ReftRuntime:
                 ins.append(torch.nn.functional.pad(iv.proj_in, (0, 0, 0, pad)))
                 biases.append(torch.nn.functional.pad(iv.bias, (0, pad)))
                 outs.append(torch.nn.functional.pad(iv.proj_out, (0, 0, 0, pad)))
-                groups.append(ReftGroup(rows, len(groups)))
-            plan._layers[layer] = (
-                (groups, torch.stack(ins), torch.stack(biases), torch.stack(outs))
-                if groups else None)
+            plan._layers[layer] = (torch.stack(ins), torch.stack(biases), torch.stack(outs))
         return plan._layers[layer]
 
     # -- hooks -------------------------------------------------------------------------
@@ -154,10 +165,10 @@ class ReftRuntime:
             hidden, residual = output  # vLLM decoder layers: stream = hidden + residual
             if hidden.shape[0] < self.plan.num_tokens:
                 return  # a dummy/profile run with a stale plan
-            inputs = self._layer_inputs(layer)
-            if inputs is None:
-                return
-            groups, proj_in, bias, proj_out = inputs
-            self.kernel(hidden, hidden + residual, groups, proj_in, bias, proj_out)
+            slot = self.plan.layer_slots.get(layer)
+            if slot is None:
+                return  # no intervention of this step at this layer
+            self.kernel.apply(hidden, hidden + residual, self.plan.kernel_inputs, slot,
+                              *self._layer_weights(layer))
 
         return hook
