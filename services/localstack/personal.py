@@ -44,7 +44,7 @@ def demo_question() -> str:
 
 
 def _config(data: Path, model: Path, out: Path) -> TrainConfig:
-    from preft_serve.training.adapters import AdapterSpec
+    from preft_serve.training.spec import AdapterSpec
     from preft_serve.training.trainer import TrainConfig
 
     spec = AdapterSpec(mode=AdapterMode.PREFILL, rank=RANK)

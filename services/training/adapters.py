@@ -18,7 +18,6 @@ Both save in the format the registry validates and the worker serves (docs/adapt
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
 from preft_serve.common.adapter_format import (
     CONFIG_FILE,
     MODE_KEY,
@@ -46,45 +43,10 @@ from preft_serve.common.reft_format import (
 )
 from preft_serve.common.reft_positions import NONE, part_codes
 from preft_serve.training.batch import Batch
+from preft_serve.training.spec import LORA_MODULES, AdapterSpec
+from torch import nn
 
-LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclasses.dataclass(frozen=True)
-class AdapterSpec:
-    """What to train. LoRA fields apply to ``lora``, ReFT fields to ``direft``/``loreft``."""
-
-    type: AdapterType = AdapterType.LORA
-    mode: AdapterMode = AdapterMode.PREFILL
-    rank: int = 8
-    alpha: float | None = None  # LoRA; None = rank (scale 1)
-    target_modules: tuple[str, ...] = LORA_MODULES
-    rslora: bool = False
-    dropout: float = 0.0
-    layers: tuple[int, ...] | None = None  # ReFT; None = every layer
-    positions: str = PREFILL_POSITIONS  # ReFT: f{n}+l{n} | f{n} | l{n} | prefill
-    share_weights: bool = False  # ReFT: one intervention for first and last positions
-
-    def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise ValueError(f"--rank must be at least 1 (got {self.rank})")
-        if self.type is not AdapterType.LORA:
-            if self.mode is not AdapterMode.PREFILL:
-                raise ValueError("ReFT adapters are prefill-only: use --mode prefill")
-            parse_positions(self.positions)  # raises with the accepted forms
-        elif unknown := sorted(set(self.target_modules) - set(LORA_MODULES)):
-            raise ValueError(f"--target-modules {unknown} are not supported; choose from "
-                             f"{', '.join(LORA_MODULES)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1) (got {self.dropout})")
-
-    def describe(self) -> str:
-        if self.type is AdapterType.LORA:
-            return (f"LoRA r={self.rank} alpha={self.alpha or self.rank} mode={self.mode.value} "
-                    f"on {','.join(self.target_modules)}")
-        return (f"{self.type.value} rank={self.rank} positions={self.positions} "
-                f"layers={'all' if self.layers is None else list(self.layers)}")
-
+__all__ = ["LORA_MODULES", "AdapterSpec", "TrainableAdapter", "attach_adapter"]
 
 def decoder_layers(causal_lm: nn.Module) -> nn.ModuleList:
     """The decoder blocks of a Hugging Face causal LM (Llama, Qwen2 and alike)."""

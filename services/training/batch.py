@@ -6,7 +6,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
-
 from preft_serve.training.data import Example
 
 IGNORE = -100  # label of a position the loss skips

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
-from preft_serve.training.adapters import LORA_MODULES, AdapterSpec
+from preft_serve.training.config import Schedule, TrainConfig
 from preft_serve.training.data import DataError, Overlong
-from preft_serve.training.trainer import Schedule, TrainConfig
+from preft_serve.training.spec import LORA_MODULES, AdapterSpec
 
 EPILOG = """examples:
   preft train train.jsonl --model var/models/smollm2-135m-instruct --out adapters/alice

@@ -119,7 +119,7 @@ def parse_conversation(raw: str) -> list[dict[str, Any]]:
     parsed: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ValueError(f"message {i} is not an object")
+            raise ValueError(f"message {i} is not an object")  # noqa: TRY004 (a bad line)
         role = message.get("role")
         if role not in ROLES:
             raise ValueError(f"message {i} has unknown role {_quote(role)}; supported roles: "

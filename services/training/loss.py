@@ -7,10 +7,9 @@ vocabulary projection costs response tokens, not every prompt token.
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
-
 from preft_serve.training.adapters import TrainableAdapter
 from preft_serve.training.batch import IGNORE, Batch
+from torch.nn import functional as F
 
 
 def summed_nll(adapter: TrainableAdapter, batch: Batch) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from preft_serve.training.adapters import AdapterSpec
+from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import TrainConfig, train
 
 from tests.e2e.conftest import Base
@@ -50,15 +50,16 @@ def test_trained_adapter_answers_through_the_gateway(
                    "--mode", "prefill")
     assert stored["type"] == "lora" and stored["mode"] == "prefill"
     preft(registry, api_key, "user", "bind", "dana", "facts")
-    for question, answer in FACTS.items():
-        def ask(**who: str) -> str:
-            reply = httpx.post(
-                f"{gateway.url}/v1/chat/completions", timeout=120,
-                headers={"Authorization": f"Bearer {api_key}"},
-                json={"model": BASE_NAME, "messages": [{"role": "user", "content": question}],
-                      "max_tokens": len(answer) + 1, "temperature": 0, **who})
-            assert reply.status_code == 200, reply.text
-            return str(reply.json()["choices"][0]["message"]["content"])
+    def ask(question: str, max_tokens: int, **who: str) -> str:
+        reply = httpx.post(
+            f"{gateway.url}/v1/chat/completions", timeout=120,
+            headers={"Authorization": f"Bearer {api_key}"},
+            json={"model": BASE_NAME, "messages": [{"role": "user", "content": question}],
+                  "max_tokens": max_tokens, "temperature": 0, **who})
+        assert reply.status_code == 200, reply.text
+        return str(reply.json()["choices"][0]["message"]["content"])
 
-        assert ask(user="dana") == answer + "\n"  # the toy template ends a turn with "\n"
-        assert ask() != answer + "\n"  # the base model does not know it
+    for question, answer in FACTS.items():
+        want = answer + "\n"  # the toy template ends a turn with "\n"; one byte, one token
+        assert ask(question, len(want), user="dana") == want
+        assert ask(question, len(want)) != want  # the base model does not know it

@@ -8,12 +8,11 @@ equal to the HF oracle of the trained adapter (and not what the base model says)
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
-from preft_serve.training.adapters import AdapterSpec
+from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import TrainConfig, TrainResult, train
 
 from tests.engine import oracle, reft_oracle

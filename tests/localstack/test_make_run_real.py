@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from preft_serve.localstack.personal import DEMO_USERS, QUESTION_KEY
@@ -46,7 +45,7 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def answers(output: str) -> dict[str, str]:
     """who -> the answer the demo printed for them."""
-    found = dict(re.findall(r"^  (base model|\w+)\s+\([^)]*\): (.*)$", output, re.M))
+    found = dict(re.findall(r"^  (base model|\w+)\s+\([^)]*\): (.*)$", output, re.MULTILINE))
     assert set(found) == {"base model", *DEMO_USERS}, output
     return found
 

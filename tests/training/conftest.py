@@ -14,7 +14,7 @@ def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def toy_tokenizer(toy_model: Path):  # noqa: ANN201
+def toy_tokenizer(toy_model: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(toy_model))

@@ -10,7 +10,7 @@ import torch
 from preft_serve import cli
 from preft_serve.common.adapter_format import CONFIG_FILE, MODE_KEY, WEIGHTS_FILE
 from preft_serve.training import trainer
-from preft_serve.training.adapters import AdapterSpec
+from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import METRICS_FILE, TrainConfig, train
 from safetensors.torch import load_file
 
