@@ -8,6 +8,7 @@
 
 from preft_kernels.lora_grouped import (
     AdapterGroups,
+    NonzeroSlots,
     grouped_lora_expand,
     grouped_lora_linear,
     grouped_lora_shrink,
@@ -16,6 +17,7 @@ from preft_kernels.reft import ReftGroup, grouped_reft
 
 __all__ = [
     "AdapterGroups",
+    "NonzeroSlots",
     "ReftGroup",
     "grouped_lora_expand",
     "grouped_lora_linear",

@@ -20,7 +20,7 @@ layout of vLLM's ``lora_a_stacked`` / ``lora_b_stacked``; ``s`` indexes output s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import torch
@@ -87,6 +87,78 @@ class AdapterGroups:
         """True when no row has an adapter: callers skip all adapter work."""
         return not self.groups
 
+    @property
+    def slots(self) -> tuple[int, ...]:
+        return tuple(slot for slot, _ in self.groups)
+
+    def without(self, slots: Collection[int]) -> AdapterGroups:
+        """The same rows, those of ``slots`` treated as having no adapter."""
+        arr = np.full(self.num_rows, -1, dtype=np.int64)
+        for slot, rows in self.groups:
+            if slot not in slots:
+                arr[rows if isinstance(rows, slice) else rows.numpy()] = slot
+        return AdapterGroups.from_slots(arr)
+
+
+def _versions(tensors: Sequence[torch.Tensor]) -> tuple[int, ...] | None:
+    """In-place write counters; None for inference tensors, which have none (then nothing
+    is cached)."""
+    try:
+        return tuple(t._version for t in tensors)
+    except RuntimeError:
+        return None
+
+
+class NonzeroSlots:
+    """Skips adapter slots whose weights in a layer are all zero.
+
+    vLLM wraps every linear layer of the model (and the embedding) for LoRA whatever the
+    adapters target, and zero-fills a slot in each layer its adapter does not touch (an
+    adapter on q,k,v,o leaves gate_up, down and the embedding at zero). Such a group adds
+    exactly nothing, so :meth:`restrict` drops it before any GEMM. Whether a slot is zero
+    is read once per layer and slot, and read again after any in-place write to the
+    layer's weights (the tensors' version counter moves: vLLM's ``set_lora`` /
+    ``reset_lora``). Call :meth:`new_step` when the groups change.
+    """
+
+    def __init__(self) -> None:
+        # per layer (data_ptr of its first B tensor): (versions, {slot: nonzero})
+        self._layers: dict[int, tuple[tuple[int, ...] | None, dict[int, bool]]] = {}
+        self._restricted: dict[tuple[int, frozenset[int]], AdapterGroups] = {}
+
+    def new_step(self) -> None:
+        self._restricted.clear()
+
+    def restrict(self, groups: AdapterGroups, b_stacked: Sequence[torch.Tensor]
+                 ) -> AdapterGroups:
+        """``groups`` without the slots whose ``B`` weights are zero in every slice."""
+        if groups.empty:
+            return groups
+        key = b_stacked[0].data_ptr()
+        versions = _versions(b_stacked)
+        known = self._layers.get(key)
+        if known is None or known[0] != versions or versions is None:
+            known = (versions, {})  # type: ignore[assignment]
+            if versions is not None:
+                self._layers[key] = known
+        nonzero = known[1]
+        dead = []
+        for slot in groups.slots:
+            live = nonzero.get(slot)
+            if live is None:
+                live = nonzero[slot] = any(bool(b[slot].any()) for b in b_stacked)
+            if not live:
+                dead.append(slot)
+        if not dead:
+            return groups
+        if len(dead) == len(groups.groups):
+            return AdapterGroups((), groups.num_rows)
+        cache_key = (id(groups), frozenset(dead))
+        restricted = self._restricted.get(cache_key)
+        if restricted is None:
+            restricted = self._restricted[cache_key] = groups.without(cache_key[1])
+        return restricted
+
 
 BATCH_MAX_ROWS = 32
 """Groups up to this many rows (decode-like steps) are batched into ``bmm`` calls; larger
@@ -131,6 +203,15 @@ def _add_rows(y: torch.Tensor, rows: Rows, value: torch.Tensor) -> None:
         y[rows] += value.to(y.dtype)
     else:
         y.index_add_(0, rows, value.to(y.dtype))
+
+
+def _add_product(y: torch.Tensor, rows: Rows, t: torch.Tensor, w: torch.Tensor) -> None:
+    """``y[rows] += t @ w.T``; for a slice, one ``addmm_`` that accumulates straight into
+    ``y`` (a column slice of a row-major matrix is a valid GEMM output), no temporary."""
+    if isinstance(rows, slice) and y.dtype == t.dtype == w.dtype:
+        y[rows].addmm_(t, w.T)
+    else:
+        _add_rows(y, rows, t @ w.T)
 
 
 def _set_rows(y: torch.Tensor, rows: Rows, value: torch.Tensor) -> None:
@@ -205,7 +286,7 @@ def grouped_lora_linear(
         for b, size in zip(b_stacked, output_slices):
             wb = b[slot, 0]
             rank, n = wb.shape[1], min(size, wb.shape[0])
-            _add_rows(y[:, offset : offset + n], rows, t[:, r0 : r0 + rank] @ wb[:n].T)
+            _add_product(y[:, offset : offset + n], rows, t[:, r0 : r0 + rank], wb[:n])
             offset += size
             r0 += rank
 
@@ -234,8 +315,15 @@ def _batched_lora_linear(
     for b, size in zip(b_stacked, output_slices):
         w = b[layout.slots, 0]  # (G, out_s, r)
         rank, n = w.shape[2], min(size, w.shape[1])
-        delta = torch.bmm(t[:, :, r0 : r0 + rank], w[:, :n].transpose(1, 2))  # (G, L, n)
         target = y[:, offset : offset + n]
+        if layout.block is not None and y.dtype == t.dtype:
+            # Accumulate into the (G, L, n) strided view of y: no temporary.
+            target[start : start + count].unflatten(0, (g, length)).baddbmm_(
+                t[:, :, r0 : r0 + rank], w[:, :n].transpose(1, 2))
+            offset += size
+            r0 += rank
+            continue
+        delta = torch.bmm(t[:, :, r0 : r0 + rank], w[:, :n].transpose(1, 2))  # (G, L, n)
         if layout.block is not None:
             target[start : start + count] += delta.reshape(count, n).to(y.dtype)
         else:

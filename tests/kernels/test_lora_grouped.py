@@ -7,6 +7,7 @@ import pytest
 import torch
 from preft_kernels import (
     AdapterGroups,
+    NonzeroSlots,
     grouped_lora_expand,
     grouped_lora_linear,
     grouped_lora_shrink,
@@ -139,3 +140,49 @@ def test_batched_layouts_match_reference(layout: str) -> None:
     want = lora_linear_reference(y, x, a, b, slots.tolist(), 0.5, outs)
     grouped_lora_linear(y, x, a, b, groups, 0.5, outs)
     torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_without_treats_dropped_slots_as_no_adapter() -> None:
+    slots = np.array([2, 2, 0, -1, 1, 1, 0, 2])
+    dropped = AdapterGroups.from_slots(slots).without({0, 2})
+    assert dropped == AdapterGroups.from_slots(np.where(np.isin(slots, [0, 2]), -1, slots))
+    assert dropped.slots == (1,)
+
+
+def test_nonzero_slots_skip_zero_layers_and_notice_rewrites() -> None:
+    """A slot whose B is zero in a layer (its adapter does not target the layer) is skipped;
+    writing weights into the slot in place (vLLM's set_lora) makes it count again."""
+    gen = torch.Generator().manual_seed(5)
+    outs = (32, 16)
+    a, b = stacked(3, 4, 24, outs, used_rank=None, gen=gen)
+    for t in b:
+        t[0].zero_()  # slot 0: an adapter without this layer
+    slots = np.repeat([0, 1, -1, 2], 5)
+    groups = AdapterGroups.from_slots(slots)
+    nonzero = NonzeroSlots()
+    assert nonzero.restrict(groups, b).slots == (1, 2)
+    x = torch.randn(len(slots), 24, generator=gen)
+    y = torch.randn(len(slots), sum(outs), generator=gen)
+    want = lora_linear_reference(y, x, a, b, slots.tolist(), 1.0, outs)
+    grouped_lora_linear(y, x, a, b, nonzero.restrict(groups, b), 1.0, outs)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
+
+    with torch.inference_mode():  # as in vLLM's model runner
+        b[1][0, 0].copy_(torch.randn(16, 4, generator=gen))
+    assert nonzero.restrict(groups, b).slots == (0, 1, 2)
+    for t in b:
+        t[1:].zero_()
+    assert nonzero.restrict(groups, b).slots == (0,)
+    for t in b:
+        t.zero_()
+    assert nonzero.restrict(groups, b).empty
+
+
+def test_nonzero_slots_without_version_counters_check_every_call() -> None:
+    with torch.inference_mode():  # inference tensors have no version counter
+        b = [torch.zeros(2, 1, 8, 4)]
+        groups = AdapterGroups.from_slots([0, 0, 1])
+        nonzero = NonzeroSlots()
+        assert nonzero.restrict(groups, b).empty
+        b[0][1, 0, 0, 0] = 1.0
+        assert nonzero.restrict(groups, b).slots == (1,)
