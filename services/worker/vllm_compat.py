@@ -36,6 +36,7 @@ import torch
 import vllm
 from preft_kernels.lora_grouped import (
     AdapterGroups,
+    NonzeroSlots,
     grouped_lora_expand,
     grouped_lora_linear,
     grouped_lora_shrink,
@@ -225,12 +226,15 @@ def _slots_of(ids: tuple[int, ...], lora_index_to_id: list[int | None]) -> np.nd
 
 
 class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
-    """CPU LoRA via per-adapter grouped GEMMs; no work at all when no token has an adapter."""
+    """CPU LoRA via per-adapter grouped GEMMs; no work at all when no token has an adapter,
+    and none in a layer for the adapters whose weights there are zero (vLLM wraps every
+    linear layer and the embedding, whatever the adapters target)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.token_groups = AdapterGroups((), 0)
         self.sample_groups = AdapterGroups((), 0)
+        self.nonzero = NonzeroSlots()
 
     def update_metadata(
         self,
@@ -244,6 +248,7 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
         sample_slots = _slots_of(mapping.prompt_mapping, lora_index_to_id)
         self.token_groups = AdapterGroups.from_slots(token_slots)
         self.sample_groups = AdapterGroups.from_slots(sample_slots)
+        self.nonzero.new_step()
         self.no_lora = self.token_groups.empty and self.sample_groups.empty
         if self.no_lora:
             # vLLM's embedding LoRA layer always looks up ``x + _embeddings_indices``; keep
@@ -270,26 +275,33 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
     def add_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: Any,
                         lora_b_stacked: Any, scale: float, output_slices: tuple[int, ...],
                         *, buffer: Any = None, **kwargs: Any) -> None:
-        if self.token_groups.empty:
+        groups = self.nonzero.restrict(self.token_groups, lora_b_stacked)
+        if groups.empty:
             return
-        grouped_lora_linear(y, x, lora_a_stacked, lora_b_stacked, self.token_groups, scale,
+        grouped_lora_linear(y, x, lora_a_stacked, lora_b_stacked, groups, scale,
                             output_slices)
 
     def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: Any,
                            add_inputs: bool = True, **kwargs: Any) -> None:
-        if self.token_groups.empty:
+        if not add_inputs:  # y must be written even where the adapter adds nothing
+            if not self.token_groups.empty:
+                grouped_lora_expand(y, (x,), (lora_b_stacked,), self.token_groups,
+                                    (y.shape[-1],), 0, add_inputs)
             return
-        grouped_lora_expand(y, (x,), (lora_b_stacked,), self.token_groups,
-                            (y.shape[-1],), 0, add_inputs)
+        groups = self.nonzero.restrict(self.token_groups, (lora_b_stacked,))
+        if groups.empty:
+            return
+        grouped_lora_expand(y, (x,), (lora_b_stacked,), groups, (y.shape[-1],), 0, add_inputs)
 
     def add_lora_logits(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: Any,
                         lora_b_stacked: Any, scale: float, *, buffer: Any = None,
                         **kwargs: Any) -> None:
-        if self.sample_groups.empty:
+        groups = self.nonzero.restrict(self.sample_groups, (lora_b_stacked,))
+        if groups.empty:
             return
         y2 = y.view(-1, y.shape[-1])
         grouped_lora_linear(y2, x.view(-1, x.shape[-1]), (lora_a_stacked,), (lora_b_stacked,),
-                            self.sample_groups, scale, (y2.shape[-1],))
+                            groups, scale, (y2.shape[-1],))
 
 
 # -- 4. prefix-cache keys --------------------------------------------------------------

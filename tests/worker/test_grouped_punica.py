@@ -48,3 +48,37 @@ def test_adapter_ids_map_to_slots_and_match_reference() -> None:
     want = lora_linear_reference(y, x, a, b, [1, -1, 0, 0], 1.0, (8,))
     wrapper.add_lora_linear(y, x, a, b, 1.0, (8,))
     torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_layers_an_adapter_does_not_target_launch_no_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM wraps every linear layer and the embedding; slots left at zero there (an adapter
+    on q,k,v,o has no MLP or embedding weights) cost nothing."""
+    calls = []
+    real_linear = vllm_compat.grouped_lora_linear
+
+    def counting(*args, **kwargs):
+        calls.append(args[4].slots)
+        return real_linear(*args, **kwargs)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("embedding kernel called for all-zero embedding weights")
+
+    monkeypatch.setattr(vllm_compat, "grouped_lora_linear", counting)
+    monkeypatch.setattr(vllm_compat, "grouped_lora_expand", forbidden)
+    wrapper = make_wrapper()
+    wrapper.update_metadata(mapping([11, 11, 12, 12], [12]), [12, 11], 3, 320)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 8, generator=gen), torch.zeros(4, 8)
+    zero_a, zero_b = (torch.randn(2, 1, 4, 8),), (torch.zeros(2, 1, 8, 4),)
+    wrapper.add_lora_linear(y, x, zero_a, zero_b, 1.0, (8,))
+    wrapper.add_lora_embedding(y, torch.randn(4, 4), zero_b[0])
+    wrapper.add_lora_logits(y, x, zero_a[0], zero_b[0], 1.0)
+    assert calls == [] and torch.count_nonzero(y) == 0
+
+    a, b = (torch.randn(2, 1, 4, 8, generator=gen),), (torch.randn(2, 1, 8, 4, generator=gen),)
+    b[0][1].zero_()  # adapter 11 (slot 1) lacks this layer, adapter 12 (slot 0) has it
+    want = lora_linear_reference(y, x, a, b, [1, 1, 0, 0], 1.0, (8,))
+    wrapper.add_lora_linear(y, x, a, b, 1.0, (8,))
+    assert calls == [(0,)]
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
