@@ -151,16 +151,31 @@ async def _service_error_handler(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
 
 
-async def _http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
         message = "no such endpoint; see /docs for the API"
     elif exc.status_code == 405:
         message = "method not allowed on this endpoint; see /docs for the API"
+        if allow := _allowed_methods(request):
+            headers = {**(exc.headers or {}), "Allow": allow}
+            return error_response(405, "method_not_allowed", message, None, headers)
     return error_response(
         exc.status_code, _status_code_name(exc.status_code), message, None, exc.headers
     )
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves on this path (Starlette's 405 names only the first
+    matching route's, e.g. ``Allow: PUT`` where GET and DELETE work too)."""
+    path = request.scope.get("path", request.url.path)
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and route_methods and regex.match(path):
+            methods.update(route_methods)
+    return ", ".join(sorted(methods))
 
 
 async def _validation_error_handler(_: Request, exc: Exception) -> JSONResponse:

@@ -64,3 +64,22 @@ def test_envelopes():
     assert "secret internals" not in resp.text
     spec = make_app().openapi()
     assert "ErrorResponse" in spec["components"]["schemas"]
+
+
+def test_405_allow_lists_every_method_of_the_path():
+    """Starlette's 405 named only the first matching route's methods (``OPTIONS
+    /v1/users/alice`` -> ``Allow: PUT`` though GET and DELETE work too); found by the API
+    fuzzer (tests/fuzz, schemathesis ST205)."""
+    app = FastAPI()
+    install_error_handlers(app)
+    app.put("/users/{user}")(lambda user: None)
+    app.get("/users/{user}")(lambda user: None)
+    app.delete("/users/{user}")(lambda user: None)
+    app.post("/other")(lambda: None)
+    client = TestClient(app, raise_server_exceptions=False)
+    for method in ("OPTIONS", "PATCH", "POST"):
+        resp = client.request(method, "/users/alice")
+        assert resp.status_code == 405
+        assert resp.headers["allow"] == "DELETE, GET, PUT"
+        assert resp.json()["error"]["code"] == "method_not_allowed"
+    assert client.get("/other").headers["allow"] == "POST"
