@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.registry.names import ADAPTER_PATTERN, TENANT_PATTERN
 from pydantic import BaseModel, Field
 
 # TenantLimits (GET/PUT /v1/tenants/{tenant}/limits) is in preft_serve.common.tenant_limits:
@@ -11,7 +12,7 @@ from pydantic import BaseModel, Field
 
 class TenantCreate(BaseModel):
     name: str = Field(description="Tenant id: 2-63 lowercase letters, digits or '-'",
-                      examples=["acme"])
+                      examples=["acme"], json_schema_extra={"pattern": TENANT_PATTERN})
 
 
 class ApiKeyInfo(BaseModel):
@@ -77,7 +78,8 @@ class AdapterPage(BaseModel):
 
 
 class BindingIn(BaseModel):
-    adapter: str = Field(description="Name of one of your adapters", examples=["support-bot"])
+    adapter: str = Field(description="Name of one of your adapters", examples=["support-bot"],
+                         json_schema_extra={"pattern": ADAPTER_PATTERN})
 
 
 class BindingOut(BaseModel):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import Annotated
 
+from fastapi import Path
 from preft_serve.common.errors import BadRequest
 from preft_serve.common.registry_client import (
     is_adapter_name,
@@ -16,6 +18,17 @@ from preft_serve.common.registry_client import (
 from preft_serve.registry.text import shown
 
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
+
+# The same rules spelled as JSON Schema patterns, for the OpenAPI document only: routes still
+# check names with the functions below (400 with a message), never by schema (422).
+TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{1,62}$"
+ADAPTER_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+USER_PATTERN = r"^[A-Za-z0-9._@+=-]{1,128}$"
+KEY_ID_PATTERN = r"^[0-9a-f]{12}$"
+TenantPath = Annotated[str, Path(json_schema_extra={"pattern": TENANT_PATTERN})]
+AdapterPath = Annotated[str, Path(json_schema_extra={"pattern": ADAPTER_PATTERN})]
+UserPath = Annotated[str, Path(json_schema_extra={"pattern": USER_PATTERN})]
+KeyIdPath = Annotated[str, Path(json_schema_extra={"pattern": KEY_ID_PATTERN})]
 
 
 def check_tenant_name(name: str) -> str:

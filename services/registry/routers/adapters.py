@@ -10,12 +10,13 @@ from preft_serve.common.errors import error_responses
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep
 from preft_serve.registry.ingest import UploadedFile
 from preft_serve.registry.models import AdapterDetail, AdapterPage, AdapterVersion
+from preft_serve.registry.names import ADAPTER_PATTERN, AdapterPath
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
 FilesField = Annotated[list[UploadFile], File(
     description="adapter_config.json and adapter_model.safetensors as two parts, or one "
-                ".tar.gz/.zip of the adapter folder")]
+                ".tar.gz/.zip of the adapter folder", json_schema_extra={"minItems": 1})]
 _UPLOAD_ERRORS = error_responses(400, 401, 409, 413, 415, 422)
 
 
@@ -30,7 +31,8 @@ def upload_adapter(
     principal: PrincipalDep,
     adapters: AdaptersDep,
     response: Response,
-    name: Annotated[str, Form(description="Adapter name, unique within your tenant")],
+    name: Annotated[str, Form(description="Adapter name, unique within your tenant",
+                              json_schema_extra={"pattern": ADAPTER_PATTERN})],
     mode: Annotated[AdapterMode, Form(description="prefill (PreFT) or all (classic)")],
     files: FilesField,
 ) -> AdapterVersion:
@@ -44,7 +46,7 @@ def upload_adapter(
             responses={200: {"description": "Identical to the current version: unchanged",
                              "model": AdapterVersion}, **_UPLOAD_ERRORS})
 def upload_version(
-    name: str,
+    name: AdapterPath,
     principal: PrincipalDep,
     adapters: AdaptersDep,
     response: Response,
@@ -57,27 +59,30 @@ def upload_version(
     return result.version
 
 
-@router.get("", response_model=AdapterPage, responses=error_responses(401))
+@router.get("", response_model=AdapterPage, responses=error_responses(400, 401))
 def list_adapters(
     principal: PrincipalDep,
     adapters: AdaptersDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page",
+                                        json_schema_extra={"pattern": ADAPTER_PATTERN})] = None,
 ) -> AdapterPage:
     items, next_cursor = adapters.list(principal.tenant, limit, cursor)
     return AdapterPage(items=items, next_cursor=next_cursor)
 
 
-@router.get("/{name}", response_model=AdapterDetail, responses=error_responses(401, 404))
-def get_adapter(name: str, principal: PrincipalDep, adapters: AdaptersDep) -> AdapterDetail:
+@router.get("/{name}", response_model=AdapterDetail,
+            responses=error_responses(400, 401, 404))
+def get_adapter(name: AdapterPath, principal: PrincipalDep,
+                adapters: AdaptersDep) -> AdapterDetail:
     """Current version plus the full version history."""
     return adapters.get(principal.tenant, name)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT,
-               responses=error_responses(401, 404, 409))
+               responses=error_responses(400, 401, 404, 409))
 def delete_adapter(
-    name: str,
+    name: AdapterPath,
     principal: PrincipalDep,
     adapters: AdaptersDep,
     force: Annotated[bool, Query(description="Also unbind users bound to it")] = False,

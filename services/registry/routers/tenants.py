@@ -13,6 +13,7 @@ from preft_serve.registry.models import (
     TenantCreated,
     TenantOut,
 )
+from preft_serve.registry.names import KeyIdPath, TenantPath
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants (admin)"])
 
@@ -25,41 +26,43 @@ def create_tenant(body: TenantCreate, _: AdminDep, tenants: TenantsDep) -> Tenan
     return TenantCreated(**tenant.model_dump(), api_key=key.api_key, key_id=key.key_id)
 
 
-@router.get("/{tenant}", response_model=TenantOut, responses=error_responses(401, 404))
-def get_tenant(tenant: str, _: AdminDep, tenants: TenantsDep) -> TenantOut:
+@router.get("/{tenant}", response_model=TenantOut, responses=error_responses(400, 401, 404))
+def get_tenant(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantOut:
     return tenants.get(tenant)
 
 
 @router.get("/{tenant}/keys", response_model=list[ApiKeyInfo],
-            responses=error_responses(401, 404))
-def list_keys(tenant: str, _: AdminDep, tenants: TenantsDep) -> list[ApiKeyInfo]:
+            responses=error_responses(400, 401, 404))
+def list_keys(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> list[ApiKeyInfo]:
     tenants.get(tenant)
     return tenants.list_keys(tenant)
 
 
 @router.post("/{tenant}/keys", status_code=status.HTTP_201_CREATED, response_model=ApiKeyCreated,
-             responses=error_responses(401, 404))
-def create_key(tenant: str, _: AdminDep, tenants: TenantsDep) -> ApiKeyCreated:
+             responses=error_responses(400, 401, 404))
+def create_key(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> ApiKeyCreated:
     """Issue another key (rotation: create, switch clients, then revoke the old one)."""
     return tenants.create_key(tenant)
 
 
 @router.delete("/{tenant}/keys/{key_id}", status_code=status.HTTP_204_NO_CONTENT,
-               responses=error_responses(401, 404))
-def revoke_key(tenant: str, key_id: str, _: AdminDep, tenants: TenantsDep) -> Response:
+               responses=error_responses(400, 401, 404))
+def revoke_key(tenant: TenantPath, key_id: KeyIdPath, _: AdminDep, tenants: TenantsDep) -> Response:
     tenants.revoke_key(tenant, key_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/{tenant}/limits", response_model=TenantLimits, responses=error_responses(401, 404))
-def get_limits(tenant: str, _: AdminDep, tenants: TenantsDep) -> TenantLimits:
+@router.get("/{tenant}/limits", response_model=TenantLimits,
+            responses=error_responses(400, 401, 404))
+def get_limits(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantLimits:
     """The tenant's rate-limit overrides (null fields use the gateway's defaults)."""
     return tenants.get_limits(tenant)
 
 
 @router.put("/{tenant}/limits", response_model=TenantLimits,
-            responses=error_responses(401, 404, 422))
-def set_limits(tenant: str, body: TenantLimits, _: AdminDep, tenants: TenantsDep) -> TenantLimits:
+            responses=error_responses(400, 401, 404, 422))
+def set_limits(tenant: TenantPath, body: TenantLimits, _: AdminDep,
+               tenants: TenantsDep) -> TenantLimits:
     """Replace the tenant's rate-limit overrides; gateways apply them within
     ``PREFT_GATEWAY_LIMITS_CACHE_S`` seconds."""
     return tenants.set_limits(tenant, body)
