@@ -1,0 +1,67 @@
+"""OpenAPI descriptions of the completion endpoints' bodies (``/docs``, ``/openapi.json``).
+
+The routes read the body as raw JSON (``gateway.validation``) so that fields the gateway
+does not act on reach vLLM unchanged; these schemas document what the gateway itself
+checks (400 otherwise) and nothing more: everything else is the worker's (vLLM's) to
+judge. Limits that are settings (``PREFT_GATEWAY_MAX_*``) or that span fields (prompts x
+choices x max_tokens) are in the descriptions, not in the schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_NAME = {"type": ["string", "null"], "maxLength": 256}
+_POSITIVE = {"type": ["integer", "null"], "minimum": 1}
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+
+_COMMON: dict[str, Any] = {
+    "model": {**_NAME, "description": "One of your adapters, or the base model's name; "
+              "omitted: the adapter bound to `user`"},
+    "user": {**_NAME, "description": "End user whose adapter binding applies (or the "
+             "X-User-Id header)"},
+    "max_tokens": {**_POSITIVE, "description": "At most PREFT_GATEWAY_MAX_TOKENS_CAP; "
+                   "omitted: filled in by the gateway"},
+    "n": {**_POSITIVE, "description": "Choices; at most PREFT_GATEWAY_MAX_CHOICES"},
+    "best_of": _POSITIVE,
+    "stream": {"type": "boolean"},
+}
+
+
+def _body(properties: dict[str, Any], required: str, what: str,
+          example: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": [required], "additionalProperties": True,
+        "properties": {**properties, **_COMMON}, "examples": [example],
+        "description": f"An OpenAI {what} request. prompts x max(n, best_of) x max_tokens "
+                       "is at most PREFT_GATEWAY_MAX_REQUEST_TOKENS; JSON nests at most "
+                       "PREFT_GATEWAY_MAX_JSON_DEPTH levels; other fields go to the worker "
+                       "unchanged."}}}}}
+
+
+CHAT_BODY = _body({
+    "messages": {"type": "array", "minItems": 1, "description": "The chat so far"},
+    "max_completion_tokens": _POSITIVE,
+}, "messages", "chat completion", {"model": "support-bot", "max_tokens": 32,
+                                    "messages": [{"role": "user", "content": "Hello!"}]})
+
+COMPLETION_BODY = _body({
+    "prompt": {"anyOf": [
+        {"type": "string"},
+        {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        _TOKEN_IDS,
+        {"type": "array", "minItems": 1, "items": _TOKEN_IDS},
+    ], "description": "At most PREFT_GATEWAY_MAX_PROMPTS prompts, each at most "
+                      "PREFT_GATEWAY_MAX_PROMPT_TOKEN_IDS token ids"},
+}, "prompt", "completion", {"model": "support-bot", "prompt": "Once upon a time",
+                             "max_tokens": 32})
+
+# The worker's answer: JSON, or server-sent events with "stream": true.
+OK_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
+    "description": "The worker's answer, `model` rewritten to the adapter's name",
+    "content": {"application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {
+                    "type": "object", "required": ["data"],
+                    "properties": {"data": {"type": "string", "description":
+                                            "A JSON chunk, or [DONE] at the end"}}}}},
+}}
