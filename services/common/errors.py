@@ -190,11 +190,40 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONRes
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every error an app can produce through the one envelope."""
+    """Route every error an app can produce through the one envelope (and document so)."""
     app.add_exception_handler(ServiceError, _service_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
     app.add_exception_handler(Exception, _unexpected_error_handler)
+    _document_validation_errors(app)
+
+
+def _document_validation_errors(app: FastAPI) -> None:
+    """FastAPI documents a 422 of its own shape (``HTTPValidationError``, ``{"detail":
+    [...]}``) on every route with parameters; this app answers 422 in the envelope."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        spec = build()
+        envelope = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+        replaced = False
+        for operations in spec.get("paths", {}).values():
+            for operation in operations.values():
+                response = operation.get("responses", {}).get("422", {})
+                if "HTTPValidationError" in str(response.get("content")):
+                    response["content"], replaced = envelope, True
+        schemas = spec.get("components", {}).get("schemas", {})
+        if replaced:
+            schemas.pop("HTTPValidationError", None)
+            schemas.pop("ValidationError", None)
+            for name, model in (("ErrorBody", ErrorBody), ("ErrorResponse", ErrorResponse)):
+                schemas.setdefault(name, model.model_json_schema(
+                    ref_template="#/components/schemas/{model}"))
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:

@@ -83,3 +83,16 @@ def test_405_allow_lists_every_method_of_the_path():
         assert resp.headers["allow"] == "DELETE, GET, PUT"
         assert resp.json()["error"]["code"] == "method_not_allowed"
     assert client.get("/other").headers["allow"] == "POST"
+
+
+def test_422_is_documented_as_the_envelope_it_is():
+    """FastAPI documented its own ``{"detail": [...]}`` 422 on every route with parameters
+    while the answer is the envelope (the fuzzer's schema check passed only because that
+    schema requires nothing)."""
+    spec = make_app().openapi()
+    assert spec["paths"]["/body"]["post"]["responses"]["422"]["content"] == {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    assert "HTTPValidationError" not in str(spec)
+    assert {"ErrorBody", "ErrorResponse"} <= set(spec["components"]["schemas"])
+    resp = TestClient(make_app()).get("/openapi.json")
+    assert resp.json() == spec
