@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm test run worker model bench-engine bench-registry loadtest bench-gateway chart-readme clean
+.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest bench-gateway chart-readme clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -30,6 +30,9 @@ $(HELM): scripts/install-helm.sh
 	scripts/install-helm.sh $(HELM)
 
 helm: $(HELM)  ## Install the pinned helm binary into .tools/bin (chart tests need it)
+
+lint: $(STAMP)  ## ruff, then mypy (strict on preft_serve.common and preft_kernels)
+	scripts/lint.sh $(VENV)
 
 test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engine)
 	$(PY) -m pytest $(ARGS)

@@ -138,7 +138,7 @@ class NonzeroSlots:
         versions = _versions(b_stacked)
         known = self._layers.get(key)
         if known is None or known[0] != versions or versions is None:
-            known = (versions, {})  # type: ignore[assignment]
+            known = (versions, {})
             if versions is not None:
                 self._layers[key] = known
         nonzero = known[1]
@@ -318,7 +318,7 @@ def _batched_lora_linear(
         target = y[:, offset : offset + n]
         if layout.block is not None and y.dtype == t.dtype:
             # Accumulate into the (G, L, n) strided view of y: no temporary.
-            target[start : start + count].unflatten(0, (g, length)).baddbmm_(
+            torch.unflatten(target[start : start + count], 0, (g, length)).baddbmm_(
                 t[:, :, r0 : r0 + rank], w[:, :n].transpose(1, 2))
             offset += size
             r0 += rank
@@ -328,6 +328,7 @@ def _batched_lora_linear(
             target[start : start + count] += delta.reshape(count, n).to(y.dtype)
         else:
             rows = delta.reshape(g * length, n)[layout.valid]
+            assert layout.valid_rows is not None  # gathered layouts always have them
             target.index_add_(0, layout.valid_rows, rows.to(y.dtype))
         offset += size
         r0 += rank

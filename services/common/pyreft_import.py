@@ -47,8 +47,10 @@ def _rotation_from_parametrization(state: dict[str, torch.Tensor]) -> torch.Tens
     sub = {k.removeprefix("rotate_layer."): v for k, v in state.items()
            if k.startswith("rotate_layer.")}
     layer.load_state_dict(sub, strict=False)
+    weight = layer.weight  # a parametrization: computed on access
+    assert isinstance(weight, torch.Tensor)
     with torch.no_grad():
-        return layer.weight.detach().clone()
+        return weight.detach().clone()
 
 
 def convert_intervention(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

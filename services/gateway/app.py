@@ -42,7 +42,7 @@ def create_app(settings: GatewaySettings | None = None,
                redis_client: aioredis.Redis | None = None) -> FastAPI:
     """Build the app; ``transport``, ``registry`` and ``redis_client`` replace the real
     ones (tests; a ``registry`` without ``redis_client`` means no rate limits)."""
-    settings = settings or GatewaySettings()  # type: ignore[call-arg]
+    settings = settings or GatewaySettings()
     metrics = GatewayMetrics(settings.metrics_max_adapters)
 
     @asynccontextmanager

@@ -16,7 +16,7 @@ _tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
 
 async def get_state(request: Request) -> GatewayState:
     """Async so FastAPI does not hop to its thread pool for every request."""
-    return request.app.state.gateway  # type: ignore[no-any-return]
+    return request.app.state.gateway
 
 
 StateDep = Annotated[GatewayState, Depends(get_state)]

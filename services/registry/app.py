@@ -44,7 +44,7 @@ async def _invalid_key_part(_: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: RegistrySettings | None = None,
                store: ObjectStore | None = None) -> FastAPI:
     """Build the app; clients are created in the lifespan (``store`` overrides the config)."""
-    settings = settings or RegistrySettings()  # type: ignore[call-arg]
+    settings = settings or RegistrySettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

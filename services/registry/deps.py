@@ -21,7 +21,7 @@ Credentials = HTTPAuthorizationCredentials | None
 
 
 def get_state(request: Request) -> RegistryState:
-    return request.app.state.registry  # type: ignore[no-any-return]
+    return request.app.state.registry
 
 
 StateDep = Annotated[RegistryState, Depends(get_state)]

@@ -39,7 +39,7 @@ class ModelPreset:
     def hf_config(self) -> Any:
         from transformers import LlamaConfig, Qwen2Config
 
-        common = {
+        common: dict[str, Any] = {
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,

@@ -362,12 +362,15 @@ def install() -> None:
             "preft plugin is pinned to vLLM %s but found %s: re-check %s",
             PINNED_VLLM_VERSION, vllm.__version__, __file__,
         )
-    kv_cache_utils._gen_lora_extra_hash_keys = _lora_extra_hash_keys_by_content
-    kv_cache_utils.generate_block_hash_extra_keys = _block_extra_keys_with_phase
+    # vLLM's own annotations do not describe the replacements: its LoRA keys are typed as
+    # (str, str, str) tuples but only hashed (ours are pairs), and a classmethod replaces a
+    # method on the platform class. Patch through untyped handles.
+    kv_utils: Any = kv_cache_utils
+    kv_utils._gen_lora_extra_hash_keys = _lora_extra_hash_keys_by_content
+    kv_utils.generate_block_hash_extra_keys = _block_extra_keys_with_phase
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        type(current_platform).get_punica_wrapper = classmethod(  # type: ignore[method-assign]
-            lambda cls: GROUPED_PUNICA_QUALNAME
-        )
+        platform_cls: Any = type(current_platform)
+        platform_cls.get_punica_wrapper = classmethod(lambda cls: GROUPED_PUNICA_QUALNAME)
     _installed = True

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from preft_serve.common.registry_client import AsyncRegistryClient, KeyOwner, RegistryClient
-from preft_serve.common.registry_client import cache
+from preft_serve.common.registry_client import AsyncRegistryClient, KeyOwner, RegistryClient, cache
 
 from tests.common.test_registry_client import Writer, eventually
 from tests.support.redis_process import RedisProcess

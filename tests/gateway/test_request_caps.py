@@ -69,14 +69,14 @@ def test_completion_without_max_tokens_gets_the_openai_default(client: TestClien
 
 
 @pytest.mark.parametrize(("body", "needle"), [
-    ({"n": 1000}, "'n' is 1000, above this gateway's limit of 8 choices per request; "
-                  "ask for at most 8"),
+    ({"n": 1000}, ("'n' is 1000, above this gateway's limit of 8 choices per request; "
+                  "ask for at most 8")),
     ({"n": 0}, "'n' must be a positive integer, got 0"),
     ({"n": "2"}, "'n' must be a positive integer, got '2'"),
     ({"best_of": 9}, "'best_of' is 9, above this gateway's limit of 8"),
     ({"n": 8, "max_tokens": 100},
-     "this request asks for up to 800 output tokens (1 prompt x 8 choices x 100 max "
-     "tokens), above this gateway's limit of 400 per request; lower n or max_tokens"),
+     ("this request asks for up to 800 output tokens (1 prompt x 8 choices x 100 max "
+     "tokens), above this gateway's limit of 400 per request; lower n or max_tokens")),
     ({"n": 5, "max_completion_tokens": 100}, "up to 500 output tokens"),
 ])
 def test_choices_and_total_output_are_bounded(client: TestClient, workers: Workers,
@@ -85,19 +85,19 @@ def test_choices_and_total_output_are_bounded(client: TestClient, workers: Worke
 
 
 @pytest.mark.parametrize(("body", "needle"), [
-    ({"prompt": ["p"] * 1000}, "'prompt' holds 1000 prompts; at most 4 are accepted per "
-                               "request: send the rest in further requests"),
+    ({"prompt": ["p"] * 1000}, ("'prompt' holds 1000 prompts; at most 4 are accepted per "
+                               "request: send the rest in further requests")),
     ({"prompt": [[1, 2]] * 5}, "'prompt' holds 5 prompts; at most 4"),
     ({"prompt": list(range(51))}, "'prompt' has 51 token ids; at most 50 are accepted"),
     ({"prompt": [[1], list(range(60))]}, "prompt 1 has 60 token ids; at most 50"),
     ({"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 100},
-     "up to 600 output tokens (3 prompts x 2 choices x 100 max tokens), above this "
-     "gateway's limit of 400 per request; lower n or max_tokens or send fewer prompts"),
+     ("up to 600 output tokens (3 prompts x 2 choices x 100 max tokens), above this "
+     "gateway's limit of 400 per request; lower n or max_tokens or send fewer prompts")),
     ({"prompt": ["a", "b"], "n": 3, "max_tokens": 67},
      "up to 402 output tokens (2 prompts x 3 choices x 67 max tokens)"),
     ({"prompt": []}, "'prompt' must not be empty"),
-    ({"prompt": [1, "a"]}, "'prompt' must be a string, a list of strings, a list of token "
-                           "ids or a list of token-id lists"),
+    ({"prompt": [1, "a"]}, ("'prompt' must be a string, a list of strings, a list of token "
+                           "ids or a list of token-id lists")),
     ({"prompt": [-1]}, "token ids must be non-negative integers"),
     ({"prompt": {"text": "x"}}, "'prompt' must be a string"),
 ])

@@ -180,8 +180,8 @@ GIANT = 32 << 20  # the issue used 100 MiB; 32 MiB shows the same harm in less t
 @pytest.mark.parametrize("kind,message", [
     ("gnu name", f"archive has a GNU long-name header of {GIANT} bytes; the limit is 4096"),
     ("gnu link", f"archive has a GNU long-link header of {GIANT} bytes; the limit is 4096"),
-    ("pax", f"archive has a pax extended header of {_pax_record('path', GIANT)[1]} bytes; "
-            "the limit is 65536"),
+    ("pax", (f"archive has a pax extended header of {_pax_record('path', GIANT)[1]} bytes; "
+            "the limit is 65536")),
 ])
 def test_giant_tar_header_refused_before_it_is_read(kind, message, client, acme,
                                                     state_snapshot):

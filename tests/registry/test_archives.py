@@ -101,8 +101,8 @@ BAD_ARCHIVES = {
     "hardlink": (lambda d: _tar([_link(CONFIG_FILE, "x", hard=True)]), "adapter.tgz", 400,
                  f"archive entry '{CONFIG_FILE}' is a link"),
     "sparse": (lambda d: _sparse(pax=False), "adapter.tar.gz", 400,
-               f"archive entry '{WEIGHTS_FILE}' is a sparse file; only regular files are "
-               "allowed"),
+               (f"archive entry '{WEIGHTS_FILE}' is a sparse file; only regular files are "
+               "allowed")),
     "pax sparse": (lambda d: _sparse(pax=True), "adapter.tar.gz", 400,
                    f"archive entry '{WEIGHTS_FILE}' is a sparse file"),
     "zip symlink": (lambda d: _zip_symlink(), "adapter.zip", 400,
@@ -128,13 +128,13 @@ BAD_ARCHIVES = {
                   "adapter.tar.gz", 400, "archive contains adapter_config.json more than once"),
     "two folders": (lambda d: _zip(_adapter_entries(d, "a/")[:1] + _adapter_entries(d, "b/")[1:]),
                     "adapter.zip", 400,
-                    "archive has adapter_config.json in folder 'a' and adapter_model.safetensors "
+                    ("archive has adapter_config.json in folder 'a' and adapter_model.safetensors "
                     "in folder 'b'; put both adapter files at the archive root or both in one "
-                    "top-level folder"),
+                    "top-level folder")),
     "root and folder": (lambda d: _tar(_adapter_entries(d)[:1] + _adapter_entries(d, "w/")[1:]),
                         "adapter.tar.gz", 400,
-                        "archive has adapter_config.json at the archive root and "
-                        "adapter_model.safetensors in folder 'w'"),
+                        ("archive has adapter_config.json at the archive root and "
+                        "adapter_model.safetensors in folder 'w'")),
     "missing weights": (lambda d: _zip(_adapter_entries(d)[:1]), "adapter.zip", 400,
                         "the upload lacks adapter_model.safetensors"),
     "corrupt zip": (lambda d: b"PK\x03\x04 definitely not a zip", "adapter.zip", 400,

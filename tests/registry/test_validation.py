@@ -104,8 +104,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
             f"tensor {A0} contains NaN or Inf values"),
     "config number overflows to inf": (
         _bad(_raw_config(lora_alpha="1e309")), 422,
-        "adapter_config.json has the number 1e309, which is not finite as a 64-bit float; "
-        "every number must be finite"),
+        ("adapter_config.json has the number 1e309, which is not finite as a 64-bit float; "
+        "every number must be finite")),
     "config number deep inside overflows": (
         _bad(_raw_config(extra='[1, {"x": -2.5e400}]')), 422,
         "adapter_config.json has the number -2.5e400, which is not finite"),
@@ -117,19 +117,19 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
         "adapter_config.json nests arrays/objects 100000 levels deep; the limit is 32"),
     "lora_alpha absurd": (
         _bad(lambda d: factories.edit_config(d, lora_alpha=1e30)), 422,
-        "LoRA scale lora_alpha / r = 1.25e+29 (lora_alpha=1e+30, r=8) is over the limit of "
-        "256; use lora_alpha <= 2048"),
+        ("LoRA scale lora_alpha / r = 1.25e+29 (lora_alpha=1e+30, r=8) is over the limit of "
+        "256; use lora_alpha <= 2048")),
     "rslora alpha absurd": (
         _bad(lambda d: factories.edit_config(d, lora_alpha=2048, use_rslora=True)), 422,
-        "LoRA scale lora_alpha / sqrt(r) = 724 (lora_alpha=2048, r=8) is over the limit of "
-        "256; use lora_alpha <= 724"),
+        ("LoRA scale lora_alpha / sqrt(r) = 724 (lora_alpha=2048, r=8) is over the limit of "
+        "256; use lora_alpha <= 724")),
     "weight absurd": (
         _bad(lambda d: factories.edit_tensors(d, lambda t: _scale_first(t, 3e38))), 422,
         f"tensor {A0} has values up to 3e+38 in magnitude; the limit is 1e+04 - "),
     "lora update absurd": (
         _bad(lambda d: factories.edit_tensors(d, lambda t: _scale_all(t, 100))), 422,
-        "LoRA base_model.model.model.layers.0.self_attn.k_proj can change a base weight by "
-        "up to "),
+        ("LoRA base_model.model.model.layers.0.self_attn.k_proj can change a base weight by "
+        "up to ")),
     "truncated safetensors": (
         _bad(lambda d: (d / WEIGHTS_FILE).write_bytes((d / WEIGHTS_FILE).read_bytes()[:-100])),
         422, "adapter_model.safetensors is not a valid safetensors file"),

@@ -108,7 +108,8 @@ class S3ObjectStore(ObjectStore):
         resp = self._call(
             "get", key, self._client.get_object, Bucket=self.bucket, Key=self._key(key)
         )
-        return resp["Body"].read()
+        body: bytes = resp["Body"].read()
+        return body
 
     def download_file(self, key: str, dest: Path) -> None:
         self._call(

@@ -68,7 +68,7 @@ def drive(steps: Steps[T]) -> T:
         while True:
             try:
                 result = step.fn(*step.args, **step.kwargs)
-            except BaseException as exc:  # the operation decides (e.g. serve stale)
+            except BaseException as exc:  # noqa: BLE001 (thrown into the operation to decide)
                 step = steps.throw(exc)
             else:
                 step = steps.send(result)
@@ -85,7 +85,7 @@ async def drive_async(steps: Steps[T]) -> T:
                 result = step.fn(*step.args, **step.kwargs)
                 if inspect.isawaitable(result):
                     result = await result
-            except BaseException as exc:  # includes cancellation: `finally` blocks run
+            except BaseException as exc:  # noqa: BLE001 (also cancellation: `finally` runs)
                 step = steps.throw(exc)
             else:
                 step = steps.send(result)

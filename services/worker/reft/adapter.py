@@ -82,14 +82,15 @@ def load_reft_adapter(directory: str | Path, hidden_size: int, num_layers: int) 
         raise AdapterFormatError(f"layers {layers} out of range for a {num_layers}-layer model")
     shared = shares_weights(config)
     weights = load_file(str(directory / WEIGHTS_FILE))
-    loaded = {}
+    loaded: dict[int, tuple[Intervention, Intervention]] = {}
     for layer in layers:
         if shared:
             one = _intervention(kind, weights, tensor_prefix(layer, SHARED), rank, hidden_size)
             loaded[layer] = (one, one)
         else:
-            loaded[layer] = tuple(
+            first, last = (
                 _intervention(kind, weights, tensor_prefix(layer, part), rank, hidden_size)
                 for part in (FIRST, LAST)
             )
+            loaded[layer] = (first, last)
     return ReftAdapter(kind, rank, positions, loaded)

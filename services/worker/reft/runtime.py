@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from preft_kernels.lora_grouped import AdapterGroups
 from preft_serve.common.reft_positions import NONE, part_codes
-from preft_serve.worker.reft.adapter import ReftAdapter, load_reft_adapter
+from preft_serve.worker.reft.adapter import Intervention, ReftAdapter, load_reft_adapter
 from preft_serve.worker.reft.kernels import ReftKernel, TorchReft
 from preft_serve.worker.token_mapping import NO_ADAPTER
 
@@ -68,16 +68,18 @@ class ReftRuntime:
             return self.adapters[adapter_id]
         adapter = load_reft_adapter(path, self.hidden_size, self.num_layers)
         adapter = dataclasses.replace(adapter, layers={
-            layer: tuple(dataclasses.replace(
-                part, **{f.name: getattr(part, f.name).to(self.device)
-                         for f in dataclasses.fields(part)}) for part in parts)
-            for layer, parts in adapter.layers.items()
+            layer: (self._to_device(first), self._to_device(last))
+            for layer, (first, last) in adapter.layers.items()
         })
         self.adapters[adapter_id] = adapter
         while len(self.adapters) > self.capacity:
             evicted, _ = self.adapters.popitem(last=False)
             logger.debug("evicted ReFT adapter %s", evicted)
         return adapter
+
+    def _to_device(self, part: Intervention) -> Intervention:
+        return Intervention(*(t.to(self.device) for t in (part.proj_in, part.bias,
+                                                          part.proj_out)))
 
     def remove(self, adapter_id: int) -> bool:
         return self.adapters.pop(adapter_id, None) is not None
