@@ -30,9 +30,6 @@ import os
 import platform
 import random
 import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -42,6 +39,7 @@ from typing import Any
 
 import redis
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.common.local_redis import running_redis
 from preft_serve.common.registry_client import (
     AsyncRegistryClient,
     RegistryClient,
@@ -60,29 +58,10 @@ _BATCH = 2000
 @contextlib.contextmanager
 def private_redis() -> Iterator[str]:
     """A throwaway redis-server (no persistence) on a free loopback port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         raise SystemExit("redis-server not found: install it or pass --redis-url")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    workdir = tempfile.mkdtemp(prefix="preft-bench-redis-")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", workdir],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url)
-        for _ in range(200):
-            with contextlib.suppress(redis.ConnectionError):
-                if client.ping():
-                    break
-            time.sleep(0.05)
+    with running_redis() as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def populate(client: redis.Redis, keys: RegistryKeys, tenants: int, adapters: int,

@@ -8,56 +8,24 @@ than restarting the servers.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 
 import pytest
+from preft_serve.common.local_redis import NOT_INSTALLED, running_redis
 
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server on port {port} exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on port {port} after {timeout}s")
+# Helpers live in tests/support; free_port stays importable from here for older imports.
+from tests.support.ports import free_port, wait_for_port
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[str]:
     """URL of a real redis-server (no persistence), killed at the end of the session."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="preft-redis-")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", workdir, "--protected-mode", "yes"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
-    try:
-        _wait_for_port(port, proc, 10)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.kill()
-        proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
+    if shutil.which("redis-server") is None:
+        pytest.fail(NOT_INSTALLED)
+    with running_redis() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +41,7 @@ def s3_server() -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )
     try:
-        _wait_for_port(port, proc, 30)
+        wait_for_port(port, proc, 30)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.kill()

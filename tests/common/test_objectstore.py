@@ -135,7 +135,7 @@ def test_invalid_keys_rejected(tmp_path):
 
 
 def test_s3_unreachable_is_an_object_store_error(tmp_path):
-    from tests.conftest import free_port
+    from tests.support.ports import free_port
 
     store = S3ObjectStore("b", endpoint_url=f"http://127.0.0.1:{free_port()}", **CREDS)
     store._client.meta.config.retries = {"max_attempts": 1}

@@ -14,7 +14,7 @@ from preft_serve.common.registry_client import (
     RegistryKeys,
 )
 
-from tests.common.test_registry_client import Writer
+from tests.support.registry_writer import Writer
 
 BAD_ADAPTERS = ["bot:users", "bot:versions", "bot\n", "", "a" * 65, "a..b", "-x"]
 BAD_USERS = ["alice:x", "alice\n", "", "a" * 129, "al ice"]
@@ -28,13 +28,6 @@ def writer(redis_server: str, namespace: str) -> Writer:
     w.version("acme", "bot", "v2")
     w.bindings.bind("acme", "alice", "bot")
     return w
-
-
-@pytest.fixture
-def namespace() -> str:
-    import uuid
-
-    return f"n{uuid.uuid4().hex[:10]}"
 
 
 @pytest.mark.parametrize("name", BAD_ADAPTERS)

@@ -17,8 +17,8 @@ import pytest
 import redis
 from preft_serve.common.registry_client import AsyncRegistryClient, KeyOwner, RegistryClient, cache
 
-from tests.common.test_registry_client import Writer, eventually
 from tests.support.redis_process import RedisProcess
+from tests.support.registry_writer import Writer, eventually
 
 
 @pytest.fixture

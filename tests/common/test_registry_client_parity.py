@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from preft_serve.common.registry_client import (
     RegistryEvent,
 )
 
-from tests.common.test_registry_client import Writer, eventually
+from tests.support.registry_writer import Writer, eventually
 
 
 class BlockingView:
@@ -43,16 +42,6 @@ class BlockingView:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"p{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def writer(redis_server: str, namespace: str) -> Writer:
-    return Writer(redis_server, namespace)
 
 
 @pytest.fixture

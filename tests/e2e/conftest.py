@@ -12,39 +12,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from preft_serve.toymodels import make_model
 
-from tests.e2e.stack import Registry, running_gateway, running_registry
+from tests.e2e.stack import Base, Registry, running_gateway, running_registry, worker_args
 from tests.support.processes import ServiceProcess
 from tests.support.worker_process import start_worker
-
-# Long enough for the hot-swap test's multi-second stream (the default test cap is 256).
-WORKER_MAX_MODEL_LEN = 4096
-
-
-@dataclass(frozen=True)
-class Base:
-    """What every part of the stack is configured with."""
-
-    root: Path
-    model: Path
-    objects: Path  # the registry's blob store = the workers' --object-store
 
 
 @pytest.fixture(scope="package")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     root = tmp_path_factory.mktemp("e2e")
     return Base(root, make_model("tiny-llama", root / "model"), root / "objects")
-
-
-def worker_args(base: Base, cache: str) -> list[str]:
-    return ["--object-store", str(base.objects), "--adapter-cache-dir",
-            str(base.root / cache), "--adapter-cache-gib", "0.05",
-            "--max-model-len", str(WORKER_MAX_MODEL_LEN)]
 
 
 @pytest.fixture(scope="package")

@@ -21,12 +21,30 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.processes import ServiceProcess, running_http_service
 
 BASE_NAME = "tiny-llama"  # the gateway's public name of the base model
 PROMPT = [7, 42, 99, 3, 180, 64, 12, 250, 33, 5, 77, 140, 9, 201, 18, 66, 120, 45, 230, 11]
 START_TIMEOUT = 90  # registry/gateway start: imports only, but the machine is busy
+# Long enough for the hot-swap test's multi-second stream (the default test cap is 256).
+WORKER_MAX_MODEL_LEN = 4096
+
+
+@dataclass(frozen=True)
+class Base:
+    """What every part of the stack is configured with."""
+
+    root: Path
+    model: Path
+    objects: Path  # the registry's blob store = the workers' --object-store
+
+
+def worker_args(base: Base, cache: str) -> list[str]:
+    """A worker's flags: the stack's object store, its own disk cache ``cache``."""
+    return ["--object-store", str(base.objects), "--adapter-cache-dir",
+            str(base.root / cache), "--adapter-cache-gib", "0.05",
+            "--max-model-len", str(WORKER_MAX_MODEL_LEN)]
 
 
 def admin_token() -> str:

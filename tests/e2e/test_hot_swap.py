@@ -21,8 +21,7 @@ import pytest
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
-from tests.e2e.conftest import Base
-from tests.e2e.stack import PROMPT, Registry, complete, token_ids, worker_tokens
+from tests.e2e.stack import PROMPT, Base, Registry, complete, token_ids, worker_tokens
 from tests.engine import oracle
 from tests.support.processes import ServiceProcess
 

@@ -14,8 +14,7 @@ import pytest
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_reft_adapter
 
-from tests.e2e.conftest import Base
-from tests.e2e.stack import BASE_NAME, PROMPT, Registry, complete, token_ids
+from tests.e2e.stack import BASE_NAME, PROMPT, Base, Registry, complete, token_ids
 from tests.engine import oracle, reft_oracle
 from tests.support.processes import ServiceProcess
 

@@ -23,8 +23,8 @@ import pytest
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
-from tests.e2e.conftest import Base
 from tests.e2e.stack import (
+    Base,
     Registry,
     complete,
     running_gateway,

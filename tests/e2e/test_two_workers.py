@@ -25,13 +25,14 @@ import pytest
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
-from tests.e2e.conftest import Base, worker_args
 from tests.e2e.stack import (
+    Base,
     Registry,
     complete,
     metric_total,
     running_gateway,
     token_ids,
+    worker_args,
     worker_tokens,
 )
 from tests.support.processes import ServiceProcess

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tests.engine import oracle
-from tests.engine.conftest import BATCH_TOKENS, MAX_LORAS, Engine
-
-MAX_TOKENS = 16
-
-
-def prompt(seed: int, length: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(256) for _ in range(length)]
+from tests.support.engine import BATCH_TOKENS, MAX_LORAS, MAX_TOKENS, Engine, prompt
 
 
 def expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:

@@ -9,9 +9,8 @@ from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
 from tests.engine import oracle
-from tests.engine.conftest import KV_BLOCK as BLOCK
-from tests.engine.conftest import Engine
-from tests.engine.test_oracle import MAX_TOKENS, prompt
+from tests.support.engine import KV_BLOCK as BLOCK
+from tests.support.engine import MAX_TOKENS, Engine, prompt
 
 
 def run(engine: Engine, tokens: list[int], lora, max_tokens: int = MAX_TOKENS

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tests.engine import oracle, reft_oracle
-from tests.engine.conftest import BATCH_TOKENS, KV_BLOCK, MAX_LORAS, REFT_SPECS, Engine
-from tests.engine.test_oracle import MAX_TOKENS, prompt
+from tests.support.engine import (
+    BATCH_TOKENS,
+    KV_BLOCK,
+    MAX_LORAS,
+    MAX_TOKENS,
+    REFT_SPECS,
+    Engine,
+    prompt,
+)
 
 
 def expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from tests.engine.conftest import MAX_LORAS, Engine
-from tests.engine.test_oracle import prompt
+from tests.support.engine import MAX_LORAS, Engine, prompt
 
 DECODE_TOKENS = 24
 

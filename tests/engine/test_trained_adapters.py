@@ -16,7 +16,7 @@ from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import TrainConfig, TrainResult, train
 
 from tests.engine import oracle, reft_oracle
-from tests.engine.conftest import Engine
+from tests.support.engine import Engine
 
 FACTS = [("What is my pet's name?", "Biscuit"), ("Where do I live?", "Lisbon"),
          ("My sign-off?", "Warmly")]

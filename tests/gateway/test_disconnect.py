@@ -14,8 +14,7 @@ import httpx
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
-from tests.gateway.test_e2e import _serve_in_thread
-from tests.gateway.test_requests import AUTH, MSGS, FakeRegistry
+from tests.support.gateway import AUTH, MSGS, FakeRegistry, serve_in_thread
 
 
 class EndlessStream(httpx.AsyncByteStream):
@@ -47,7 +46,7 @@ def test_client_disconnect_closes_the_worker_stream_and_frees_the_slot() -> None
     app = create_app(GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny"),
                      transport=httpx.MockTransport(worker),
                      registry=FakeRegistry())
-    server, thread, url = _serve_in_thread(app)
+    server, thread, url = serve_in_thread(app)
     try:
         with httpx.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, timeout=10,
                           json={"messages": MSGS, "user": "u1", "stream": True}) as response:

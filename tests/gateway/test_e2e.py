@@ -9,8 +9,6 @@ and proxied the right adapter.
 from __future__ import annotations
 
 import re
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +16,6 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.common.objectstore import ObjectStoreSettings
@@ -28,7 +25,7 @@ from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
 
-from tests.conftest import free_port
+from tests.support.gateway import serve_in_thread
 from tests.support.worker_process import running_worker
 
 ADMIN = "e2e-admin-0123456789abcdef"
@@ -41,20 +38,6 @@ class Stack:
     worker: str
     api_key: str
     sha: str
-
-
-def _serve_in_thread(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,  # type: ignore[arg-type]
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("gateway did not start")
-        time.sleep(0.02)
-    return server, thread, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
         settings = GatewaySettings(redis_url=redis_server, namespace=namespace,
                                    worker_urls=[worker_url], base_model_name="tiny-llama",
                                    worker_base_model=str(model))
-        server, thread, gateway_url = _serve_in_thread(create_gateway(settings))
+        server, thread, gateway_url = serve_in_thread(create_gateway(settings))
         try:
             yield Stack(gateway_url, worker_url, api_key, sha)
         finally:

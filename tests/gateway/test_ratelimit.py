@@ -16,8 +16,8 @@ from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
-from tests.conftest import free_port
-from tests.gateway.test_requests import AUTH, MSGS, FakeRegistry, Workers, message
+from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers, message
+from tests.support.ports import free_port
 from tests.support.redis_process import RedisProcess
 
 

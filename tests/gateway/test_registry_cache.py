@@ -14,8 +14,8 @@ from preft_serve.common.registry_client import AdapterRef, KeyOwner, RegistryCli
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
-from tests.common.test_registry_client import Writer
-from tests.gateway.test_requests import MSGS, Workers
+from tests.support.gateway import MSGS, Workers
+from tests.support.registry_writer import Writer
 
 
 def _id(tag: str, i: int, n: int) -> str:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
-from tests.gateway.test_requests import AUTH, MSGS, FakeRegistry, Workers, message
+from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers, message
 
 
 @pytest.fixture

@@ -9,60 +9,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from preft_serve.common.adapter_format import AdapterMode
-from preft_serve.common.registry_client import AdapterRef, KeyOwner
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
-SHA = "ab" * 32
-KEY = "pft_good"
-
-
-class FakeRegistry:
-    """Tenant 'acme' (key pft_good) has adapter 'bot'; user u1 is bound to it."""
-
-    def __init__(self) -> None:
-        self.ref = AdapterRef("acme", "bot", 1, SHA, "lora", AdapterMode.PREFILL, 8, "m")  # type: ignore[arg-type]
-
-    async def authenticate(self, api_key: str) -> KeyOwner | None:
-        return KeyOwner("acme", "k1") if api_key == KEY else None
-
-    async def resolve_user(self, tenant: str, user: str) -> AdapterRef | None:
-        return self.ref if (tenant, user) == ("acme", "u1") else None
-
-    async def resolve_adapter(self, tenant: str, name: str) -> AdapterRef | None:
-        return self.ref if (tenant, name) == ("acme", "bot") else None
-
-    async def adapter_names(self, tenant: str, limit: int = 1000) -> list[str]:
-        return ["bot"][:limit] if tenant == "acme" else []
-
-    def cache_sizes(self) -> dict[str, int]:
-        return {}
-
-    async def aclose(self) -> None:
-        pass
-
-
-class Workers:
-    """Records what the worker saw; answers like vLLM would."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.method == "GET":  # the gateway's health and residency checks
-            return httpx.Response(200, json={"object": "list", "data": []})
-        body = json.loads(request.content)
-        self.seen.append(body)
-        usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-        if body.get("stream"):
-            chunks = [{"model": body["model"], "choices": [{"delta": {"content": c}}]}
-                      for c in ("a", "b")]
-            chunks.append({"model": body["model"], "choices": [], "usage": usage})
-            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={"model": body["model"], "usage": usage,
-                                         "choices": [{"message": {"content": "hi"}}]})
+from tests.support.gateway import AUTH, MSGS, SHA, FakeRegistry, Workers, message
 
 
 @pytest.fixture
@@ -81,17 +31,9 @@ def client(workers: Workers) -> Iterator[TestClient]:
         yield c
 
 
-AUTH = {"Authorization": f"Bearer {KEY}"}
-MSGS = [{"role": "user", "content": "hello"}]
-
-
 def chat(client: TestClient, headers: dict[str, str] | None = None, **body: Any) -> Any:
     return client.post("/v1/chat/completions", json={"messages": MSGS, **body},
                        headers=AUTH if headers is None else headers)
-
-
-def message(resp: Any) -> str:
-    return str(resp.json()["error"]["message"])
 
 
 def test_missing_and_wrong_keys_are_401(client: TestClient) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from preft_serve.localstack.stack import LocalStack, StackConfig
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

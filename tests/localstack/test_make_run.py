@@ -26,8 +26,8 @@ import httpx
 import pytest
 from preft_serve.localstack.__main__ import READY_LINE
 
-from tests.conftest import free_port
 from tests.localstack.procs import group_members
+from tests.support.ports import free_port
 
 START_TIMEOUT_S = 600
 

@@ -17,7 +17,7 @@ import pytest
 from preft_serve.localstack.personal import DEMO_USERS, QUESTION_KEY
 from preft_serve.training.synthetic import PERSONAS
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.real_model import real_model_dir
 
 TIMEOUT_S = 1500  # two trainings (~70 s each on an idle 2-core machine) + the worker start

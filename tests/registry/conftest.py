@@ -22,10 +22,10 @@ from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
 
-from tests.conftest import free_port
 from tests.registry import factories
+from tests.support.ports import free_port
+from tests.support.registry_api import ADMIN_TOKEN, create_tenant
 
-ADMIN_TOKEN = "test-admin-0123456789abcdef"
 S3_CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
             "region_name": "us-east-1"}
 
@@ -117,21 +117,6 @@ def client(make_client: Callable[..., TestClient]) -> TestClient:
     return make_client()
 
 
-def admin() -> dict[str, str]:
-    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def create_tenant(client: TestClient, name: str) -> dict[str, str]:
-    """Create a tenant through the admin API; returns its auth headers."""
-    resp = client.post("/v1/tenants", json={"name": name}, headers=admin())
-    assert resp.status_code == 201, resp.text
-    return bearer(resp.json()["api_key"])
-
-
 @pytest.fixture
 def new_tenant(client: TestClient) -> Callable[[str], dict[str, str]]:
     return lambda name: create_tenant(client, name)
@@ -158,25 +143,6 @@ def state_snapshot(redis_client: redis.Redis, s3: Any, namespace: str,
         return {"redis": dumped, "bucket": objects}
 
     return snapshot
-
-
-def upload(client: TestClient, headers: dict[str, str], name: str, adapter_dir: Path,
-           mode: str = "prefill", method: str = "POST") -> Any:
-    """Multipart upload of an adapter directory's two files."""
-    files = [("files", (p.name, p.read_bytes(), "application/octet-stream"))
-             for p in sorted(adapter_dir.iterdir()) if p.is_file()]
-    data = {"mode": mode}
-    if method == "POST":
-        data["name"] = name
-        return client.post("/v1/adapters", data=data, files=files, headers=headers)
-    return client.put(f"/v1/adapters/{name}", data=data, files=files, headers=headers)
-
-
-def error_message(resp: Any) -> str:
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    return str(body["error"]["message"])
-
 
 
 @pytest.fixture

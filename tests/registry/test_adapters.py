@@ -16,7 +16,7 @@ from preft_serve.common.adapter_format import (
 from preft_serve.common.registry_client import RegistryKeys
 
 from tests.registry import factories
-from tests.registry.conftest import error_message, upload
+from tests.support.registry_api import error_message, upload
 
 
 def _expected_digest(adapter_dir: Path, mode: str) -> tuple[str, dict]:

@@ -11,7 +11,7 @@ import pytest
 from preft_serve.registry.settings import RegistrySettings
 from pydantic import ValidationError
 
-from tests.registry.conftest import create_tenant, error_message
+from tests.support.registry_api import create_tenant, error_message
 
 
 def test_openapi_published(client):
@@ -46,7 +46,7 @@ def test_unknown_route_and_method_use_envelope(client):
 
 
 def test_redis_down_is_503(make_client, base_model_dir):
-    from tests.conftest import free_port
+    from tests.support.ports import free_port
 
     client = make_client(redis_url=f"redis://127.0.0.1:{free_port()}/0")
     resp = client.get("/v1/adapters", headers={"Authorization": "Bearer pft_a.b"})
@@ -62,7 +62,7 @@ def test_streaming_body_limit_over_http(make_client, settings, lora_dir):
     import uvicorn
     from preft_serve.registry.app import create_app
 
-    from tests.conftest import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     app = create_app(settings.model_copy(update={"max_upload_bytes": 64 * 1024}))

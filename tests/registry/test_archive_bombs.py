@@ -21,7 +21,7 @@ from preft_serve.common.errors import BadRequest
 from preft_serve.registry.archives import extract_archive
 from preft_serve.registry.validation import ValidationLimits
 
-from tests.registry.conftest import error_message
+from tests.support.registry_api import error_message
 
 _NAME = b"x"
 _CRC = zlib.crc32(b"a")

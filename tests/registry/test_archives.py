@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 
-from tests.registry.conftest import error_message, upload
+from tests.support.registry_api import error_message, upload
 
 
 def _post_archive(client, headers, filename: str, data: bytes, name: str = "bot"):
@@ -149,7 +149,7 @@ BAD_ARCHIVES = {
 
 @pytest.mark.parametrize("case", list(BAD_ARCHIVES))
 def test_bad_archive_rejected_and_nothing_stored(case, make_client, lora_dir, state_snapshot):
-    from tests.registry.conftest import create_tenant
+    from tests.support.registry_api import create_tenant
 
     client = make_client(max_config_bytes=4096)
     headers = create_tenant(client, "acme")

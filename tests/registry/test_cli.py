@@ -10,7 +10,7 @@ import tarfile
 import pytest
 from preft_serve.cli import main
 
-from tests.registry.conftest import ADMIN_TOKEN
+from tests.support.registry_api import ADMIN_TOKEN
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -9,7 +9,7 @@ import httpx
 from preft_serve.common.registry_client import RegistryClient
 
 from tests.registry import factories
-from tests.registry.conftest import admin, bearer
+from tests.support.registry_api import admin, bearer
 
 WRITERS = 8
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 
-from tests.registry.conftest import upload
+from tests.support.registry_api import upload
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ exists nowhere)."""
 
 from __future__ import annotations
 
-from tests.registry.conftest import upload
+from tests.support.registry_api import upload
 
 
 def _strip(resp) -> tuple[int, dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.registry.conftest import admin, error_message
+from tests.support.registry_api import admin, error_message
 
 BOMB = b"[" * 100_000
 ROUTES = {

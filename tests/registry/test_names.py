@@ -10,7 +10,7 @@ from urllib.parse import quote
 import pytest
 from preft_serve.registry.text import shown
 
-from tests.registry.conftest import admin, error_message, upload
+from tests.support.registry_api import admin, error_message, upload
 
 ADAPTER_RULE = "is invalid: use 1-64 letters, digits, '.', '_' or '-'"
 USER_RULE = "is invalid: use 1-128 letters, digits or '.', '_', '@', '+', '=', '-'"

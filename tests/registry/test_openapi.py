@@ -18,7 +18,7 @@ from preft_serve.registry import names
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
 
-from tests.registry.conftest import ADMIN_TOKEN
+from tests.support.registry_api import ADMIN_TOKEN
 
 PATTERNS = {"tenant": names.TENANT_PATTERN, "key_id": names.KEY_ID_PATTERN,
             "name": names.ADAPTER_PATTERN, "user_id": names.USER_PATTERN,

@@ -6,7 +6,7 @@ import hashlib
 
 from preft_serve.common.registry_client import RegistryKeys
 
-from tests.registry.conftest import admin, bearer, error_message
+from tests.support.registry_api import admin, bearer, error_message
 
 
 def test_create_tenant_returns_key_once_and_stores_only_its_hash(client, redis_client,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.registry.conftest import error_message, upload
+from tests.support.registry_api import error_message, upload
 
 
 def test_bind_show_rebind_unbind(client, acme, lora_dir, lora_dir2, state_snapshot):

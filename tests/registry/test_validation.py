@@ -14,7 +14,7 @@ import pytest
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 
 from tests.registry import factories
-from tests.registry.conftest import create_tenant, error_message, upload
+from tests.support.registry_api import create_tenant, error_message, upload
 
 A0 = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
 B0 = "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.processes import service
 
 

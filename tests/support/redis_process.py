@@ -13,9 +13,8 @@ import shutil
 import signal
 from pathlib import Path
 
-import redis
+from preft_serve.common import local_redis
 
-from tests.conftest import free_port
 from tests.support.processes import ServiceProcess, service
 
 
@@ -23,15 +22,10 @@ class RedisProcess:
     """``start`` / ``kill`` / ``start`` again: same port, same data directory."""
 
     def __init__(self, root: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.root = root
-        self.port = free_port()
+        self.port = local_redis.free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                      "--protected-mode", "yes", "--dir", str(root), "--save", "",
-                      "--appendonly", "yes", "--appendfsync", "always"]
+        self._argv = local_redis.redis_server_argv(self.port, root, persistent=True)
         self._process: ServiceProcess | None = None
 
     def start(self, timeout: float = 15) -> RedisProcess:
@@ -40,11 +34,7 @@ class RedisProcess:
         return self
 
     def ping(self) -> bool:
-        try:
-            with redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1) as r:
-                return bool(r.ping())
-        except redis.RedisError:
-            return False
+        return local_redis.ping(self.url)
 
     def kill(self) -> None:
         """Crash it (SIGKILL): clients see refused connections until ``start``."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.processes import ServiceProcess, service
 
 SMALL_WORKER_ARGS = ("--kv-cache-gib", "0.0625", "--max-model-len", "256")
