@@ -90,7 +90,8 @@ class TenantService:
 
     def get_limits(self, tenant: str) -> TenantLimits:
         self.get(tenant)
-        return TenantLimits(**self.redis.hgetall(self.keys.tenant_limits(tenant)))
+        return TenantLimits.model_validate_strings(
+            self.redis.hgetall(self.keys.tenant_limits(tenant)))
 
     def set_limits(self, tenant: str, limits: TenantLimits) -> TenantLimits:
         """Replace the overrides (gateways pick them up within their limits cache TTL)."""

@@ -124,3 +124,23 @@ def test_rate_limit_overrides_round_trip_and_bad_values_change_nothing(client, a
     cleared = client.put("/v1/tenants/acme/limits", json={}, headers=admin())
     assert cleared.status_code == 200
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json()["tenant_rps"] is None
+
+
+def test_rate_limit_overrides_refuse_booleans_and_numeric_strings(client, acme, state_snapshot):
+    """``{"tenant_burst": true}`` was stored as a burst of 1 and ``"5"`` as 5 (pydantic's lax
+    mode); the document says number/integer. Found by the API fuzzer (tests/fuzz,
+    schemathesis ST201: a schema-violating request accepted)."""
+    assert client.put("/v1/tenants/acme/limits", json={"tenant_burst": 3, "user_rps": 2},
+                      headers=admin()).status_code == 200
+    before = state_snapshot()
+    for body in ({"tenant_burst": True}, {"user_tpm": True}, {"tenant_rps": False},
+                 {"tenant_rps": "5"}, {"user_burst": "3"}, {"user_burst": 2.0}):
+        bad = client.put("/v1/tenants/acme/limits", json=body, headers=admin())
+        assert bad.status_code == 422, (body, bad.text)
+        assert bad.json()["error"]["code"] == "invalid"
+        assert "Input should be a valid" in error_message(bad)
+    assert state_snapshot() == before
+    # What is stored (strings in Redis) still reads back as numbers.
+    assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
+        "tenant_rps": None, "tenant_burst": 3, "user_rps": 2.0, "user_burst": None,
+        "tenant_tpm": None, "user_tpm": None}
