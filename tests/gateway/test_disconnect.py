@@ -14,7 +14,8 @@ import httpx
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
-from tests.support.gateway import AUTH, MSGS, FakeRegistry, serve_in_thread
+from tests.support.gateway import AUTH, MSGS, FakeRegistry
+from tests.support.inprocess import serve_in_thread
 
 
 class EndlessStream(httpx.AsyncByteStream):

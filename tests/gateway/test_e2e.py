@@ -25,7 +25,7 @@ from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
 
-from tests.support.gateway import serve_in_thread
+from tests.support.inprocess import serve_in_thread
 from tests.support.worker_process import running_worker
 
 ADMIN = "e2e-admin-0123456789abcdef"

@@ -6,8 +6,6 @@ Every test gets its own Redis namespace and S3 bucket on the session's real serv
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,14 +14,13 @@ from typing import Any
 import boto3
 import pytest
 import redis
-import uvicorn
 from fastapi.testclient import TestClient
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
 
 from tests.registry import factories
-from tests.support.ports import free_port
+from tests.support.inprocess import serve_in_thread
 from tests.support.registry_api import ADMIN_TOKEN, create_tenant
 
 S3_CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
@@ -148,19 +145,9 @@ def state_snapshot(redis_client: redis.Redis, s3: Any, namespace: str,
 @pytest.fixture
 def live_server(settings: RegistrySettings) -> Iterator[str]:
     """The registry on a real loopback HTTP port (uvicorn in a thread); yields its URL."""
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                            log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("registry server did not start")
-        time.sleep(0.02)
+    server, thread, url = serve_in_thread(create_app(settings))
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         server.should_exit = True
         thread.join(10)

@@ -1,19 +1,13 @@
-"""Gateway tests without a network: a fake registry, MockTransport workers, a tenant key,
-and a uvicorn server in a thread for tests that need real connections."""
+"""Gateway tests without a network: a fake registry, MockTransport workers, a tenant key."""
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 from typing import Any
 
 import httpx
-import uvicorn
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.common.registry_client import AdapterRef, KeyOwner
-
-from tests.support.ports import free_port
 
 SHA = "ab" * 32
 KEY = "pft_good"
@@ -72,18 +66,3 @@ MSGS = [{"role": "user", "content": "hello"}]
 
 def message(resp: Any) -> str:
     return str(resp.json()["error"]["message"])
-
-
-def serve_in_thread(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
-    """Run ``app`` under uvicorn on a free port in a daemon thread; returns its URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,  # type: ignore[arg-type]
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("gateway did not start")
-        time.sleep(0.02)
-    return server, thread, f"http://127.0.0.1:{port}"

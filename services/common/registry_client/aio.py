@@ -6,7 +6,6 @@ import asyncio
 from typing import Any, Self
 
 import redis.asyncio as aioredis
-from preft_serve.common.registry_client.cache import DEFAULT_MAX_ENTRIES, RESOLVE_USER_LUA
 from preft_serve.common.registry_client.contract import (
     AdapterRef,
     BlobInfo,
@@ -17,28 +16,16 @@ from preft_serve.common.registry_client.core import RegistryCore, drive_async
 
 
 class AsyncRegistryClient(RegistryCore):
-    """asyncio client with a listener task; same API as :class:`RegistryClient`, awaited."""
+    """asyncio client with a listener task; same API as :class:`RegistryClient`, awaited
+    (``client``: a ``redis.asyncio.Redis``)."""
 
-    def __init__(
-        self,
-        redis_url: str | None = None,
-        *,
-        client: aioredis.Redis | None = None,
-        namespace: str = "preft",
-        cache: bool = True,
-        max_cache_entries: int = DEFAULT_MAX_ENTRIES,
-        cursor: str | None = None,
-    ) -> None:
-        super().__init__(namespace, cache, max_cache_entries, cursor)
-        self._owns_client = client is None
-        if client is None:
-            if redis_url is None:
-                raise ValueError("pass redis_url or client")
-            client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-        self.redis = client
-        self._resolve_user_script = client.register_script(RESOLVE_USER_LUA)
+    def _init_listener(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._caught_up = asyncio.Event()
+
+    @staticmethod
+    def _connect(redis_url: str) -> aioredis.Redis:
+        return aioredis.Redis.from_url(redis_url, decode_responses=True)
 
     async def start(self, timeout: float = 10.0) -> Self:
         if self._task is None:

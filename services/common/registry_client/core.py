@@ -25,8 +25,10 @@ from typing import Any, TypeVar, cast
 import redis
 from preft_serve.common.adapter_format import is_digest
 from preft_serve.common.registry_client.cache import (
+    DEFAULT_MAX_ENTRIES,
     MISSING,
     REDIS_DOWN,
+    RESOLVE_USER_LUA,
     ClientBase,
     parse_blob,
     parse_ref,
@@ -94,15 +96,50 @@ async def drive_async(steps: Steps[T]) -> T:
 
 
 class RegistryCore(ClientBase):
-    """Operations shared by both clients. A subclass sets ``redis`` (a redis-py client
-    with ``decode_responses=True``, blocking or asyncio) and ``_resolve_user_script``, and
-    implements :meth:`_stopping`, :meth:`_pause` and :meth:`_close_pubsub`."""
+    """Operations shared by both clients. A subclass says how to connect
+    (:meth:`_connect`), sets up its listener (:meth:`_init_listener`, which creates
+    ``_caught_up``: a threading or asyncio Event) and implements :meth:`_stopping`,
+    :meth:`_pause` and :meth:`_close_pubsub`.
+
+    ``client``: a redis-py client with ``decode_responses=True`` (blocking for
+    ``RegistryClient``, ``redis.asyncio`` for ``AsyncRegistryClient``), else one is created
+    from ``redis_url`` and closed with the client. ``cursor``: resume from a saved
+    :attr:`cursor` (default: start from now). ``cache=False`` always reads Redis.
+    """
 
     redis: Any  # redis-py's stubs say bytes | str; decode_responses=True makes it str
-    _resolve_user_script: Any
     _caught_up: Any  # threading.Event or asyncio.Event: set once the listener is live
 
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        client: Any = None,
+        namespace: str = "preft",
+        cache: bool = True,
+        max_cache_entries: int = DEFAULT_MAX_ENTRIES,
+        cursor: str | None = None,
+    ) -> None:
+        super().__init__(namespace, cache, max_cache_entries, cursor)
+        self._owns_client = client is None
+        if client is None:
+            if redis_url is None:
+                raise ValueError("pass redis_url or client")
+            client = self._connect(redis_url)
+        self.redis = client
+        self._resolve_user_script = client.register_script(RESOLVE_USER_LUA)
+        self._init_listener()
+
     # -- what differs between the clients ------------------------------------------------
+
+    def _init_listener(self) -> None:
+        """Create the listener's state (``_caught_up`` and what stops it)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _connect(redis_url: str) -> Any:
+        """A Redis client for ``redis_url`` with ``decode_responses=True``."""
+        raise NotImplementedError
 
     def _stopping(self) -> bool:
         """Whether the listener should stop (the async one is cancelled instead)."""

@@ -6,7 +6,6 @@ import threading
 from typing import Any, Self
 
 import redis
-from preft_serve.common.registry_client.cache import DEFAULT_MAX_ENTRIES, RESOLVE_USER_LUA
 from preft_serve.common.registry_client.contract import (
     AdapterRef,
     BlobInfo,
@@ -19,35 +18,23 @@ from preft_serve.common.registry_client.core import RegistryCore, drive
 class RegistryClient(RegistryCore):
     """Blocking client with a listener thread; see the module docstring.
 
-    ``cursor``: resume from a saved :attr:`cursor` — ``start`` replays every event since it
-    to the listeners before going live (default: start from now). ``cache=False`` always
-    reads Redis (the registry itself reads this way).
+    Arguments as :class:`RegistryCore`: ``redis_url`` or ``client`` (a ``redis.Redis``),
+    ``namespace``, ``cache`` (False: always read Redis, as the registry itself does),
+    ``max_cache_entries``, ``cursor`` (``start`` replays every event since it to the
+    listeners before going live).
 
     >>> client = RegistryClient("redis://localhost:6379/0").start()
     >>> ref = client.resolve_user("acme", "user-42")   # AdapterRef | None
     """
 
-    def __init__(
-        self,
-        redis_url: str | None = None,
-        *,
-        client: redis.Redis | None = None,
-        namespace: str = "preft",
-        cache: bool = True,
-        max_cache_entries: int = DEFAULT_MAX_ENTRIES,
-        cursor: str | None = None,
-    ) -> None:
-        super().__init__(namespace, cache, max_cache_entries, cursor)
-        self._owns_client = client is None
-        if client is None:
-            if redis_url is None:
-                raise ValueError("pass redis_url or client")
-            client = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.redis = client
-        self._resolve_user_script = client.register_script(RESOLVE_USER_LUA)
+    def _init_listener(self) -> None:
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _connect(redis_url: str) -> redis.Redis:
+        return redis.Redis.from_url(redis_url, decode_responses=True)
 
     def start(self, timeout: float = 10.0) -> Self:
         """Start the event listener; return once it is live (or raise TimeoutError)."""
