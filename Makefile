@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest bench-gateway chart-readme clean
+.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest bench-gateway chart-readme fuzz clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -60,6 +60,12 @@ bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the work
 
 chart-readme: $(STAMP)  ## Regenerate charts/preft-serve/README.md's parameter tables from values.yaml
 	$(PY) scripts/chart_readme.py
+
+FUZZ_EXAMPLES ?= 200
+fuzz: $(STAMP)  ## Fuzz the registry and gateway APIs from their OpenAPI docs (FUZZ_EXAMPLES=200 per operation)
+	@mkdir -p $(VAR)
+	PREFT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) PREFT_FUZZ_REPORT=$(VAR)/fuzz-report.json \
+		$(PY) -m pytest tests/fuzz -p no:cacheprovider --timeout=0 $(ARGS)
 
 clean:  ## Remove the virtualenv and generated files
 	rm -rf $(VENV) $(VAR) .pytest_cache
