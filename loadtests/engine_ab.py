@@ -1,0 +1,135 @@
+"""Before/after of an engine change, side by side: the plugin and kernels of a git ref
+against those of the working tree, in one run, on the same workload.
+
+    python -m loadtests.engine_ab --before HEAD~2 --modes preft-lora all-lora \\
+        --adapters 512 --max-loras 8 [any engine_bench workload option]
+
+Three hosts stay alive together: the base model, the modes on today's code, the modes on
+``--before``'s ``services/`` and ``kernels/`` (extracted with ``git archive`` and put first
+on ``PYTHONPATH``, ahead of the editable install). Rounds interleave all of them as
+``loadtests.engine_bench`` does; each mode's row is the median per-round ratio to base,
+before and after, and after/before.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from loadtests import engine_bench
+from loadtests.engine_bench import RESULTS, Host, Run, Shape
+
+LOADTESTS = Path(__file__).resolve().parent
+
+
+def import_dir(into: Path, ref: str | None) -> Path:
+    """A directory for ``PYTHONPATH`` with ``loadtests`` (today's) and, for a git ``ref``,
+    that ref's ``services`` and ``kernels`` as ``preft_serve`` / ``preft_kernels``.
+
+    The hosts run from a neutral working directory: from the repository root, the
+    ``kernels`` folder itself would be importable as a top-level ``kernels`` package
+    (transformers probes for one) and would import today's ``preft_kernels``."""
+    shim = into / "shim"
+    shim.mkdir(parents=True)
+    (shim / "loadtests").symlink_to(LOADTESTS)
+    if ref is not None:
+        src = into / "src"
+        src.mkdir()
+        archive = subprocess.run(["git", "archive", ref, "services", "kernels"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        (shim / "preft_serve").symlink_to(src / "services")
+        (shim / "preft_kernels").symlink_to(src / "kernels")
+    return shim
+
+
+def summarise(raw: list[dict], basis: str) -> list[dict]:
+    def rate(r: dict) -> float:
+        return r["output_tokens"] / (r["cpu_s"] if basis == "cpu" else r["elapsed_s"])
+
+    base = {r["round"]: rate(r) for r in raw if r["variant"] == "base"}
+    rows = []
+    for mode in dict.fromkeys(r["mode"] for r in raw if r["variant"] != "base"):
+        per = {v: {r["round"]: rate(r) / base[r["round"]] for r in raw
+                   if r["mode"] == mode and r["variant"] == v} for v in ("before", "after")}
+        gain = [per["after"][i] / per["before"][i] for i in per["after"] if i in per["before"]]
+        rows.append({
+            "mode": mode,
+            "x_base_before": round(statistics.median(per["before"].values()), 4),
+            "x_base_after": round(statistics.median(per["after"].values()), 4),
+            "after_over_before": round(statistics.median(gain), 4),
+            "after_over_before_range": [round(min(gain), 4), round(max(gain), 4)],
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = engine_bench.parser()
+    p.description = __doc__
+    p.add_argument("--before", required=True, help="git ref of the code to compare with")
+    args = p.parse_args(argv)
+    w = engine_bench.workload(args)
+    w["counts"] = w["counts"][:1]
+    model, name = engine_bench.resolve_model(args.model, args.var)
+    shape = Shape.of(model)
+    common = engine_bench.setup(args, w, model, name, shape)
+    common["model"] = str(Path(common["model"]).resolve())
+    common["adapter_root"] = str(Path(common["adapter_root"]).resolve())
+    modes = [m for m in args.modes if m != "stock-lora"]
+    runs = [Run(m, w["counts"][0], args.max_loras) for m in modes]
+    log_dir = (args.var / "logs" / f"{name}-ab").resolve()
+    out = args.out or RESULTS / f"engine_ab_{name}.json"
+    raw: list[dict] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="preft-ab-") as tmp:
+        now = {"PYTHONPATH": str(import_dir(Path(tmp) / "now", None))}
+        then = {"PYTHONPATH": str(import_dir(Path(tmp) / "before", args.before))}
+        hosts = {
+            "base": Host([Run("base", 0, args.max_loras)], common, log_dir / "base.log",
+                         env=now, cwd=Path(tmp)),
+            "after": Host(runs, common, log_dir / "after.log", env=now, cwd=Path(tmp)),
+            "before": Host(runs, common, log_dir / "before.log", env=then, cwd=Path(tmp)),
+        }
+        try:
+            members = []
+            for variant, h in hosts.items():
+                for i, info in enumerate(h.ready()):
+                    members.append((variant, h, i))
+                    print(f"  ready {variant} {h.runs[i].label}: warm-up {info['warmup_s']} s",
+                          flush=True)
+            for i in range(w["rounds"]):
+                order = members if i % 2 == 0 else members[::-1]
+                line = []
+                for variant, h, index in order:
+                    r = h.round(index, seed=i)
+                    raw.append({**r, "variant": variant, "round": i})
+                    line.append(f"{variant}/{r['mode']} {r['output_tokens'] / r['cpu_s']:.0f}")
+                print(f"  round {i + 1}/{w['rounds']}: " + ", ".join(line), flush=True)
+        finally:
+            for h in hosts.values():
+                h.close()
+    rows = summarise(raw, args.basis)
+    for r in rows:
+        print(f"{r['mode']:<13} before {r['x_base_before']:.3f}x base, after "
+              f"{r['x_base_after']:.3f}x base: after/before {r['after_over_before']:.3f} "
+              f"(rounds {r['after_over_before_range'][0]:.3f}-{r['after_over_before_range'][1]:.3f})")
+    meta = {"before": args.before,
+            "after": subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=True,
+                                    capture_output=True, text=True).stdout.strip()
+            + " + working tree", "model": str(model), "basis": args.basis,
+            "workload": {k: v for k, v in common.items() if k not in ("model", "adapter_root")},
+            "adapters": w["counts"][0], "rounds": w["rounds"],
+            "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows, "rounds": raw}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

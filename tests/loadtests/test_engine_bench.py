@@ -1,0 +1,145 @@
+"""The engine benchmark's own logic: plan, aggregation, and the quick mode's sanity check.
+
+Nothing here times the machine: the sanity check is exercised on the recorded quick run
+(a copy of one ``--quick`` run, ``recorded/engine_bench_quick.json``) and on made-up rounds; one tiny end-to-end
+run checks that the processes, the protocol and the JSON fit together.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtests import engine_bench, engine_report
+from loadtests.engine_bench import Run, Shape
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED_QUICK = Path(__file__).parent / "recorded" / "engine_bench_quick.json"
+
+
+def rounds_for(ratios: dict[str, list[float]], base_cpu_s: float = 5.0) -> list[dict]:
+    """Raw records: a base round and one per mode per round, at the given ratios."""
+    out = []
+    n = len(next(iter(ratios.values())))
+    for i in range(n):
+        out.append({"mode": "base", "adapters": 0, "max_loras": 8, "group": 0, "round": i,
+                    "elapsed_s": base_cpu_s, "cpu_s": base_cpu_s, "output_tokens": 1000,
+                    "output_tokens_per_s": 1000 / base_cpu_s, "total_tokens_per_s": 0.0})
+        for mode, values in ratios.items():
+            t = base_cpu_s / values[i]
+            out.append({"mode": mode, "adapters": 64, "max_loras": 8, "group": 0, "round": i,
+                        "elapsed_s": t, "cpu_s": t, "output_tokens": 1000,
+                        "output_tokens_per_s": 1000 / t, "total_tokens_per_s": 0.0})
+    return out
+
+
+def result_of(raw: list[dict], **meta) -> dict:
+    meta = {"warmup_excluded": True, "interleaved": True, **meta}
+    return {"meta": meta, "runs": engine_report.aggregate(raw), "rounds": raw}
+
+
+def test_ratios_are_taken_within_a_round_and_summarised_by_the_median() -> None:
+    raw = rounds_for({"preft-lora": [0.9, 0.5, 0.92], "all-lora": [0.3, 0.31, 0.29]})
+    # A neighbour slows round 1 for everyone: the per-round ratio does not care.
+    for r in raw:
+        if r["round"] == 1:
+            r["cpu_s"] *= 3
+    rows = {r["mode"]: r for r in engine_report.aggregate(raw)}
+    assert rows["preft-lora"]["x_base"] == pytest.approx(0.9)
+    assert rows["preft-lora"]["x_base_min"] == pytest.approx(0.5)
+    assert rows["all-lora"]["x_base"] == pytest.approx(0.3)
+    assert rows["base"]["x_base"] == 1.0 and rows["base"]["rounds"] == 3
+
+
+def test_sanity_accepts_base_as_upper_bound_within_the_margin() -> None:
+    raw = rounds_for({"preft-direft": [1.02, 0.99, 1.03], "stock-lora": [0.2, 0.2, 0.2]})
+    assert engine_report.sanity(result_of(raw)) == []
+
+
+def test_sanity_rejects_a_mode_faster_than_base() -> None:
+    """What the old --quick reported (PreFT-DiReFT 3x base) is caught."""
+    raw = rounds_for({"preft-direft": [2.9, 3.0, 3.1], "preft-lora": [0.9, 0.9, 0.9]})
+    problems = engine_report.sanity(result_of(raw))
+    assert len(problems) == 1 and "preft-direft" in problems[0]
+
+
+@pytest.mark.parametrize("defect,expected", [
+    ("rounds", "rounds (<"), ("short", "too little work"), ("warmup", "warm-up"),
+    ("interleaved", "interleaved")])
+def test_sanity_rejects_measurements_that_cannot_give_ratios(defect: str, expected: str) -> None:
+    n = 2 if defect == "rounds" else 3
+    raw = rounds_for({"preft-lora": [0.9] * n}, base_cpu_s=0.5 if defect == "short" else 5.0)
+    meta = {"warmup_excluded": defect != "warmup", "interleaved": defect != "interleaved"}
+    problems = engine_report.sanity(result_of(raw, **meta))
+    assert any(expected in p for p in problems), problems
+
+
+def test_recorded_quick_run_is_sane_and_complete() -> None:
+    """The committed quick run passes its own check, covers every mode, and fails it
+    once an adapter mode is made to beat the base model."""
+    result = json.loads(RECORDED_QUICK.read_text())
+    assert result["meta"]["quick"]
+    assert engine_report.sanity(result) == []
+    assert {r["mode"] for r in result["runs"]} == set(engine_report.MODES)
+    broken = copy.deepcopy(result)
+    for r in broken["rounds"]:
+        if r["mode"] == "preft-lora":
+            r["cpu_s"] /= 2
+            r["elapsed_s"] /= 2
+            r["output_tokens_per_s"] *= 2
+    broken["runs"] = engine_report.aggregate(broken["rounds"], broken["engines"],
+                                             broken["meta"]["basis"])
+    assert any("preft-lora" in p for p in engine_report.sanity(broken))
+
+
+def test_quick_settings_give_the_sanity_check_enough_to_work_with() -> None:
+    w = engine_bench.workload(engine_bench.parser().parse_args(["--quick"]))
+    assert w["rounds"] >= engine_report.SANITY_MIN_ROUNDS
+    assert w["warmup_requests"] > 0 and w["sweep"] == []
+    assert w["requests"] >= max(w["counts"])  # every adapter appears in every round
+    assert w["requests"] * (w["prompt_len"] + w["output_len"]) >= 8192
+    full = engine_bench.workload(engine_bench.parser().parse_args([]))
+    assert full["counts"] == [1, 8, 64, 512] and full["requests"] >= 512
+
+
+def test_plan_measures_every_mode_at_equal_and_swept_max_loras() -> None:
+    groups = engine_bench.plan([1, 8, 512], 8, [8, 32, 1024])
+    assert [g[0].adapters for g in groups] == [1, 8, 512, 512]
+    assert {r.mode for r in groups[0]} == set(engine_report.ADAPTER_MODES)
+    assert {r.max_loras for r in groups[3]} == {32}  # 8 is the equal run, 1024 > 512
+
+
+def test_pack_splits_groups_that_do_not_fit_in_memory() -> None:
+    shape = Shape(layers=30, hidden=576, q=576, kv=192, intermediate=1536, vocab=49152,
+                  params_bytes=540 << 20)
+    common = {"kv_bytes": 1 << 30, "adapter_bytes": 7 << 20, "rank": 16}
+    group = [Run(m, 512, 8) for m in engine_report.ADAPTER_MODES]
+    assert len(engine_bench.pack(group, shape, common, budget=64 << 30)) == 1
+    parts = engine_bench.pack(group, shape, common, budget=12 << 30)
+    assert len(parts) > 1 and [r for p in parts for r in p] == group
+    # vLLM's slot buffers cover every linear layer and the embedding: ~22 MiB for SmolLM2.
+    assert 20 << 20 < shape.slot_bytes(16) < 24 << 20
+
+
+def test_tiny_end_to_end_run_writes_rounds_rows_and_plot(tmp_path: Path) -> None:
+    """Processes, protocol and JSON fit together (one round, numbers not checked)."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadtests.engine_bench", "--model", "tiny-llama",
+         "--adapters", "2", "--requests", "4", "--prompt-len", "16", "--output-len", "4",
+         "--rounds", "1", "--modes", "preft-lora", "--warmup-requests", "2",
+         "--max-num-seqs", "8", "--var", str(tmp_path / "var"), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert {r["mode"] for r in result["runs"]} == {"base", "preft-lora"}
+    assert {(r["mode"], r["round"]) for r in result["rounds"]} == {("base", 0),
+                                                                   ("preft-lora", 0)}
+    engine = next(e for e in result["engines"] if e["mode"] == "preft-lora")
+    assert engine["slot_bytes"] > 0 and engine["adapter_host_bytes"] > 0
+    assert out.with_suffix(".png").stat().st_size > 0
