@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest bench-gateway chart-readme fuzz clean
+.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest bench-gateway bench-cold chart-readme fuzz clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ loadtest: $(STAMP)  ## Locust against a local stack: thousands of adapters (ARGS
 
 bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the worker vs through the gateway
 	$(PY) -m loadtests.gateway_bench $(ARGS)
+
+bench-cold: $(STAMP)  ## Running streams' token gaps while requests for cold adapters arrive (store / disk / warm)
+	$(PY) -m loadtests.cold_bench $(ARGS)
 
 chart-readme: $(STAMP)  ## Regenerate charts/preft-serve/README.md's parameter tables from values.yaml
 	$(PY) scripts/chart_readme.py
