@@ -68,11 +68,14 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
 
         return StreamingResponse(body_iter(), status_code=status,
                                  media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"},
+                                 headers={"Cache-Control": "no-cache",
+                                          **target.response_headers()},
                                  # Releases the worker slot even if the client left before
                                  # the first byte (aclose is idempotent).
                                  background=BackgroundTask(upstream.aclose))
-    return await _buffered(upstream, state, label, target.public_name, start)
+    response = await _buffered(upstream, state, label, target.public_name, start)
+    response.headers.update(target.response_headers())
+    return response
 
 
 async def _buffered(upstream: Upstream, state: GatewayState, label: str, public_name: str,

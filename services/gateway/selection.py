@@ -38,10 +38,25 @@ class Target:
     public_name: str  # adapter name, or the base model's public name
     worker_model: str  # "sha256:<hex>", or the worker's base model name
     routing_key: str  # what rendezvous hashing hashes on
+    adapter: AdapterRef | None = None  # the adapter version served (None: the base model)
+
+    def response_headers(self) -> dict[str, str]:
+        """Which adapter version answered, for the client (``x-preft-adapter*``): the name
+        alone does not say whether a hot swap has reached this request."""
+        if self.adapter is None:
+            return {}
+        return {ADAPTER_HEADER: self.adapter.name,
+                ADAPTER_VERSION_HEADER: str(self.adapter.version),
+                ADAPTER_SHA256_HEADER: self.adapter.sha256}
+
+
+ADAPTER_HEADER = "x-preft-adapter"
+ADAPTER_VERSION_HEADER = "x-preft-adapter-version"
+ADAPTER_SHA256_HEADER = "x-preft-adapter-sha256"
 
 
 def adapter_target(ref: AdapterRef) -> Target:
-    return Target(ref.name, format_model_name(ref.sha256), ref.sha256)
+    return Target(ref.name, format_model_name(ref.sha256), ref.sha256, ref)
 
 
 async def select_target(resolver: Resolver, tenant: str, model: str | None, user: str | None,
