@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
                    "directory (default: VAR/run/objects)")
     p.add_argument("--s3-endpoint-url", metavar="URL",
                    help="S3-protocol endpoint, e.g. MinIO or moto (default: AWS)")
+    p.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
+                   help="largest LoRA r the worker serves and the registry accepts "
+                   "(default %(default)s)")
     p.add_argument("--worker-args", default="", metavar="'FLAGS'",
                    help="extra flags for the worker (and vLLM), one shell-quoted string")
     p.add_argument("--exit-after-demo", action="store_true",
@@ -92,7 +95,7 @@ def config_from(args: argparse.Namespace) -> StackConfig:
         var=args.var, redis_port=args.redis_port, registry_port=args.registry_port,
         worker_port=args.worker_port, gateway_port=args.gateway_port,
         object_store=args.object_store, s3_endpoint_url=args.s3_endpoint_url,
-        worker_args=shlex.split(args.worker_args),
+        max_lora_rank=args.max_lora_rank, worker_args=shlex.split(args.worker_args),
     )
     if not args.toy:
         config.base_model_name = DEFAULT_MODEL

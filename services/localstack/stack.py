@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import redis
+from preft_serve.common.serving_limits import SERVING_LIMITS
 from preft_serve.localstack.processes import Child, StackError, port_in_use
 
 Say = Callable[[str], None]
@@ -37,6 +38,7 @@ class StackConfig:
     base_model_name: str = "tiny-llama"
     kv_cache_gib: float = 0.25
     max_model_len: int = 1024
+    max_lora_rank: int = SERVING_LIMITS.max_lora_rank  # given to the registry and the worker
     worker_args: list[str] = dataclasses.field(default_factory=list)
     gateway_env: dict[str, str] = dataclasses.field(default_factory=dict)
     worker_timeout_s: float = 600.0
@@ -127,6 +129,7 @@ class LocalStack:
         env = {
             "PREFT_REGISTRY_ADMIN_TOKEN": self.admin_token,
             "PREFT_REGISTRY_STAGING_DIR": str((self.config.run_dir / "staging").resolve()),
+            "PREFT_REGISTRY_MAX_LORA_RANK": str(self.config.max_lora_rank),
         }
         if self.config.s3_endpoint_url:
             env["PREFT_REGISTRY_OBJECT_STORE__S3_ENDPOINT_URL"] = self.config.s3_endpoint_url
@@ -152,7 +155,8 @@ class LocalStack:
                 "--adapter-cache-dir", str((self.config.run_dir / "adapter-cache").resolve()),
                 "--adapter-cache-gib", "1",
                 "--kv-cache-gib", str(self.config.kv_cache_gib),
-                "--max-model-len", str(self.config.max_model_len)]
+                "--max-model-len", str(self.config.max_model_len),
+                "--max-lora-rank", str(self.config.max_lora_rank)]
         if self.config.s3_endpoint_url:
             argv += ["--s3-endpoint-url", self.config.s3_endpoint_url]
         return argv + self.config.worker_args

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 from preft_serve.common.objectstore import ObjectStoreSettings
-from pydantic import Field, SecretStr, field_validator
+from preft_serve.common.serving_limits import REFT_KERNEL_MAX_RANK, SERVING_LIMITS
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _PLACEHOLDERS = ("changeme", "change-me", "change_me", "secret", "password", "admin", "token",
@@ -22,7 +23,8 @@ class RegistrySettings(BaseSettings):
     """Everything the registry needs; secrets have no default."""
 
     model_config = SettingsConfigDict(
-        env_prefix="PREFT_REGISTRY_", env_nested_delimiter="__", extra="ignore"
+        env_prefix="PREFT_REGISTRY_", env_nested_delimiter="__", extra="ignore",
+        populate_by_name=True,
     )
 
     admin_token: SecretStr = Field(description="Bearer token for admin endpoints (>= 16 chars)")
@@ -34,7 +36,14 @@ class RegistrySettings(BaseSettings):
     base_model_name: str | None = Field(None, description="Label for the base model; "
                                         "defaults to the directory name")
 
-    max_rank: int = Field(64, ge=1)
+    # Defaults shared with the workers (common/serving_limits.py); keep them equal to the
+    # workers' --max-lora-rank, or uploads pass here and fail on every request there.
+    max_lora_rank: int = Field(
+        SERVING_LIMITS.max_lora_rank, ge=1,
+        validation_alias=AliasChoices("PREFT_REGISTRY_MAX_LORA_RANK", "PREFT_REGISTRY_MAX_RANK"),
+        description="Largest LoRA r: the workers' --max-lora-rank (MAX_RANK is the old name)")
+    max_reft_rank: int = Field(SERVING_LIMITS.max_reft_rank, ge=1, le=REFT_KERNEL_MAX_RANK,
+                               description="Largest ReFT rank (the GPU kernel's limit at most)")
     allowed_dtypes: tuple[DType, ...] = ("F32", "F16", "BF16")
     max_upload_bytes: int = Field(1 << 30, ge=1024, description="Whole request body")
     max_weights_bytes: int = Field(1 << 30, ge=1024, description="adapter_model.safetensors")

@@ -32,7 +32,8 @@ class RegistryState:
         store = store or settings.object_store.create()
         base = BaseModelSpec.load(settings.base_model_label, settings.base_model_config)
         limits = ValidationLimits(
-            max_rank=settings.max_rank,
+            max_lora_rank=settings.max_lora_rank,
+            max_reft_rank=settings.max_reft_rank,
             allowed_dtypes=tuple(settings.allowed_dtypes),
             max_weights_bytes=settings.max_weights_bytes,
             max_config_bytes=settings.max_config_bytes,

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from preft_serve.common.adapter_format import CONFIG_FILE
+from preft_serve.common.serving_limits import SERVING_LIMITS
 from preft_serve.worker.engine_config import preft_cli_args
 from preft_serve.worker.settings import ENV_PREFIX
 
@@ -54,7 +55,9 @@ def parser() -> argparse.ArgumentParser:
                    "leave their slot after the prompt)")
     p.add_argument("--max-cpu-loras", type=int, default=64,
                    help="adapters kept loaded in host memory (LRU)")
-    p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument("--max-lora-rank", type=int, default=SERVING_LIMITS.max_lora_rank,
+                   help="largest LoRA r served (default %(default)s); set the registry's "
+                   "PREFT_REGISTRY_MAX_LORA_RANK to the same value")
     p.add_argument("--kv-cache-gib", type=float, default=1.0,
                    help="CPU only: KV cache size in GiB")
     store = p.add_argument_group(

@@ -128,7 +128,7 @@ def registry(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     namespace, objects = f"fz{uuid.uuid4().hex[:10]}", root / "objects"
     settings = RegistrySettings(
         admin_token=ADMIN_TOKEN, redis_url=redis_server, namespace=namespace,
-        base_model=base_model(root / "model"), staging_dir=root, max_rank=16,
+        base_model=base_model(root / "model"), staging_dir=root, max_lora_rank=16,
         max_weights_bytes=4 << 20, max_upload_bytes=8 << 20,
         object_store=ObjectStoreSettings(url=str(objects)),
     )

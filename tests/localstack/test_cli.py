@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from preft_serve.common.serving_limits import SERVING_LIMITS
+from preft_serve.localstack.__main__ import config_from, parser
 from preft_serve.localstack.stack import LocalStack, StackConfig
 
 from tests.support.ports import free_port
@@ -59,3 +62,16 @@ def test_default_store_is_a_directory_under_var(tmp_path: Path) -> None:
     assert Path(store) == (tmp_path / "run" / "objects").resolve()
     assert stack.worker_command(tmp_path / "model").count(store) == 1
     assert not any(k.startswith("PREFT_REGISTRY_OBJECT_STORE__S3") for k in env)
+
+
+
+@pytest.mark.parametrize("flags", [[], ["--max-lora-rank", "64"]])
+def test_registry_and_worker_get_one_lora_rank(tmp_path: Path, flags: list[str]) -> None:
+    """The registry must refuse what the worker cannot serve (issue #11): one value, both."""
+    config = config_from(parser().parse_args(["--var", str(tmp_path), *flags]))
+    stack = LocalStack(config, say=lambda _: None)
+    _, env = stack.registry_command(tmp_path / "model")
+    worker = stack.worker_command(tmp_path / "model")
+    expected = str(flags[1] if flags else SERVING_LIMITS.max_lora_rank)
+    assert env["PREFT_REGISTRY_MAX_LORA_RANK"] == expected
+    assert worker[worker.index("--max-lora-rank") + 1] == expected

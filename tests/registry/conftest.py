@@ -86,7 +86,7 @@ def settings(redis_server: str, s3_server: str, namespace: str, bucket: str,
             s3_access_key_id="testing", s3_secret_access_key="testing",
         ),
         staging_dir=tmp_path,
-        max_rank=16,
+        max_reft_rank=16,  # max_lora_rank stays the default: what the workers serve
         max_weights_bytes=4 << 20,
         max_upload_bytes=8 << 20,
     )

@@ -110,11 +110,15 @@ def test_settings_from_env(monkeypatch, base_model_dir):
     monkeypatch.setenv("PREFT_REGISTRY_BASE_MODEL", str(base_model_dir))
     monkeypatch.setenv("PREFT_REGISTRY_OBJECT_STORE__URL", "s3://bucket/prefix")
     monkeypatch.setenv("PREFT_REGISTRY_OBJECT_STORE__S3_ENDPOINT_URL", "http://minio:9000")
-    monkeypatch.setenv("PREFT_REGISTRY_MAX_RANK", "32")
+    monkeypatch.setenv("PREFT_REGISTRY_MAX_REFT_RANK", "8")
+    monkeypatch.setenv("PREFT_REGISTRY_MAX_RANK", "32")  # the old name of MAX_LORA_RANK
     s = RegistrySettings()
     assert s.object_store.url == "s3://bucket/prefix"
     assert s.object_store.s3_endpoint_url == "http://minio:9000"
-    assert s.max_rank == 32 and s.base_model_label == "tiny-llama"
+    assert s.max_lora_rank == 32 and s.max_reft_rank == 8
+    assert s.base_model_label == "tiny-llama"
+    monkeypatch.setenv("PREFT_REGISTRY_MAX_LORA_RANK", "64")  # the new name wins
+    assert RegistrySettings().max_lora_rank == 64
 
 
 def test_module_entry_point_help():

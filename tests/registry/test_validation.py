@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+from preft_serve.registry.settings import RegistrySettings
+from preft_serve.worker import serve
 
 from tests.registry import factories
 from tests.support.registry_api import create_tenant, error_message, upload
@@ -64,7 +66,8 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
     "unknown peft_type": (_bad(lambda d: factories.edit_config(d, peft_type="IA3")), 422,
                           "peft_type must be 'LORA' or 'REFT'"),
     "rank over max": (_bad(lambda d: factories.edit_config(d, r=32)), 422,
-                      "LoRA rank r=32 exceeds this registry's maximum of 16"),
+                      ("LoRA rank r=32 exceeds the largest rank this deployment's workers serve "
+                       "(16); retrain with r <= 16")),
     "rank not int": (_bad(lambda d: factories.edit_config(d, r="8")), 422,
                      "LoRA config 'r' must be a positive integer"),
     "unsupported module": (
@@ -161,12 +164,34 @@ def test_random_toymodel_loras_pass_magnitude_bounds(rank, alpha_per_rank, make_
     """The generator the engine tests use (std 0.3, A and B random) stays well inside."""
     from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
-    client = make_client(max_rank=64)
+    client = make_client(max_lora_rank=64)
     headers = create_tenant(client, "acme")
     adapter = make_lora_adapter(base_model_dir, tmp_path / "lora", rank,
                                 LoraSpec(rank=rank, alpha=alpha_per_rank * rank))
     resp = upload(client, headers, "bot", adapter)
     assert resp.status_code == 201, resp.text
+
+
+def test_lora_rank_the_workers_cannot_serve_is_refused(make_client, base_model_dir, tmp_path,
+                                                       state_snapshot):
+    """Issue #11: the registry's default accepted r <= 64 while workers start with
+    --max-lora-rank 16, so such an upload got a 201 and then a 400 on every request. With
+    both defaults as shipped, a well-formed adapter above the workers' rank is refused."""
+    served = serve.parser().parse_args(["--model", "m"]).max_lora_rank
+    client = make_client(max_lora_rank=RegistrySettings.model_fields["max_lora_rank"].default)
+    headers = create_tenant(client, "acme")
+    too_big = factories.lora(base_model_dir, tmp_path / "big", seed=3, rank=2 * served)
+    before = state_snapshot()
+    resp = upload(client, headers, "bot", too_big)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"]["code"] == "invalid_adapter"
+    assert error_message(resp) == (
+        f"LoRA rank r={2 * served} exceeds the largest rank this deployment's workers serve "
+        f"({served}); retrain with r <= {served}, or have the operator raise MAX_LORA_RANK on "
+        "workers and registry together (Helm: worker.maxLoraRank)")
+    assert state_snapshot() == before
+    at_limit = factories.lora(base_model_dir, tmp_path / "ok", seed=3, rank=served)
+    assert upload(client, headers, "bot", at_limit).status_code == 201
 
 
 def test_all_problems_listed_in_details(client, acme, lora_dir, tmp_path, state_snapshot):

@@ -49,6 +49,22 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- end -}}
 {{- end -}}
 
+{{- range $name, $_ := $v.registry.settings -}}
+{{- if has (upper $name) (list "MAX_RANK" "MAX_LORA_RANK") -}}
+{{- $errors = append $errors (printf "registry.settings.%s: set worker.maxLoraRank instead; it sets both the workers' --max-lora-rank and the registry's MAX_LORA_RANK, which must agree" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.registry.extraEnv -}}
+{{- if has (toString .name) (list "PREFT_REGISTRY_MAX_RANK" "PREFT_REGISTRY_MAX_LORA_RANK") -}}
+{{- $errors = append $errors (printf "registry.extraEnv %s: set worker.maxLoraRank instead; it sets both the workers' --max-lora-rank and the registry's MAX_LORA_RANK, which must agree" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.worker.extraArgs -}}
+{{- if hasPrefix "--max-lora-rank" (toString .) -}}
+{{- $errors = append $errors "worker.extraArgs: remove --max-lora-rank and set worker.maxLoraRank; it sets both the workers' flag and the registry's MAX_LORA_RANK, which must agree" -}}
+{{- end -}}
+{{- end -}}
+
 {{- if and (eq $v.worker.device "gpu") (lt (int $v.worker.gpu.count) 1) -}}
 {{- $errors = append $errors "worker.gpu.count must be at least 1 when worker.device=gpu (or set worker.device=cpu)" -}}
 {{- end -}}

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from preft_serve.common.adapter_format import AdapterType
 from preft_serve.common.errors import Unprocessable
+from preft_serve.common.serving_limits import SERVING_LIMITS
 from preft_serve.registry.validation.weights import WeightsFile
 
 
@@ -31,7 +32,8 @@ class AdapterRejected(Unprocessable):
 class ValidationLimits:
     """Configured bounds every upload must respect."""
 
-    max_rank: int = 64
+    max_lora_rank: int = SERVING_LIMITS.max_lora_rank  # what the workers serve
+    max_reft_rank: int = SERVING_LIMITS.max_reft_rank
     allowed_dtypes: tuple[str, ...] = ("F32", "F16", "BF16")
     max_weights_bytes: int = 1 << 30
     max_config_bytes: int = 1 << 20

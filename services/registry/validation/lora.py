@@ -94,8 +94,10 @@ class LoraValidator(AdapterValidator):
         if not (is_int(rank) and rank >= 1):
             raise AdapterRejected(f"LoRA config 'r' must be a positive integer "
                                   f"(got {shown(rank)})")
-        require(rank <= limits.max_rank, f"LoRA rank r={rank} exceeds this registry's maximum "
-                f"of {limits.max_rank}; retrain with r <= {limits.max_rank}")
+        limit = limits.max_lora_rank
+        require(rank <= limit, f"LoRA rank r={rank} exceeds the largest rank this deployment's "
+                f"workers serve ({limit}); retrain with r <= {limit}, or have the operator raise "
+                "MAX_LORA_RANK on workers and registry together (Helm: worker.maxLoraRank)")
         alpha = config.get("lora_alpha", rank)
         require((is_int(alpha) or isinstance(alpha, float)) and alpha > 0,
                 f"LoRA config 'lora_alpha' must be a positive number (got {shown(alpha)})")

@@ -47,8 +47,8 @@ class ReftValidator(AdapterValidator):
         if not (is_int(rank) and rank >= 1):
             raise AdapterRejected(f"ReFT config 'rank' must be a positive integer "
                                   f"(got {shown(rank)})")
-        require(rank <= limits.max_rank, f"ReFT rank {rank} exceeds this registry's maximum of "
-                f"{limits.max_rank}; retrain with rank <= {limits.max_rank}")
+        require(rank <= limits.max_reft_rank, f"ReFT rank {rank} exceeds this registry's "
+                f"maximum of {limits.max_reft_rank}; retrain with rank <= {limits.max_reft_rank}")
         require(rank <= base.hidden_size, f"ReFT rank {rank} exceeds the base model's "
                 f"hidden_size {base.hidden_size}")
         layers = config.get("layers")
