@@ -55,6 +55,9 @@ bench-registry: $(STAMP)  ## Registry resolve latency at 10k adapters / 100k bin
 loadtest: $(STAMP)  ## Locust against a local stack: thousands of adapters (ARGS='--adapters 2000 --users 50')
 	$(PY) -m loadtests.loadtest $(ARGS)
 
+soak: $(STAMP)  ## Soak with chaos: whole stack, traffic, kills/pauses, then checks (ARGS='--minutes 20')
+	$(PY) -m loadtests.soak $(ARGS)
+
 bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the worker vs through the gateway
 	$(PY) -m loadtests.gateway_bench $(ARGS)
 

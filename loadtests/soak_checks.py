@@ -1,0 +1,282 @@
+"""The soak's verdicts, computed from what the clients saw (no access to the services):
+wrong answers, error accounting, recovery times, resource growth, the printed table and
+the timeline plot. Pure functions over the soak's records, so they are unit-tested on
+hand-made timelines (tests/loadtests/test_soak_checks.py).
+
+Records are plain dicts (they go to the JSON as they are):
+
+* request ``{"k": "chat", "t0", "t1", "tenant", "user", "status", "err", "shape_ok",
+  "name", "version", "sha"}``: ``status`` 0 = no HTTP answer; ``err`` names a broken stream;
+  ``name``/``version``/``sha`` come from the gateway's ``x-preft-adapter*`` headers.
+* mutation ``{"k": "upload"|"swap"|"bind"|"delete", "t0", "t1", "tenant", "name",
+  "status", ...}``: uploads and swaps add ``version`` (from the reply) and ``sha`` (computed
+  here before sending); binds add ``user``.
+* fault ``{"kind", "part", "start", "end", "recovered"}``: the fault lasts from ``start``
+  to ``end`` (restart issued, or SIGCONT); ``recovered`` is the first success through the
+  affected part after ``end`` (None: never).
+
+Times are seconds since the soak started; seeded state (version 1 of every ``a*`` adapter,
+the initial bindings) counts as acknowledged at ``-inf``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+CHAOS_STATUSES = (502, 503)
+FAULT_COLOURS = {"worker_kill": "#f4a6a6", "worker_stop": "#f8d5a0", "registry_kill": "#b7d7f2",
+                 "redis_kill": "#d4b8ec", "s3_stop": "#b9e4c4"}
+
+
+def ok(status: int) -> bool:
+    return 200 <= status < 300
+
+
+def windows(faults: Sequence[Record], grace: float, end: float) -> list[tuple[float, float]]:
+    """Each fault's chaos window: start - grace .. recovered + grace (end of run if never)."""
+    out = []
+    for f in faults:
+        last = f["recovered"] if f.get("recovered") is not None else end
+        out.append((f["start"] - grace, last + grace))
+    return out
+
+
+def inside(t0: float, t1: float, spans: Iterable[tuple[float, float]]) -> bool:
+    """Whether the request [t0, t1] overlaps any span."""
+    return any(t0 <= b and t1 >= a for a, b in spans)
+
+
+# -- errors accounted for -----------------------------------------------------------------
+
+def account_errors(records: Sequence[Record], faults: Sequence[Record], grace: float,
+                   end: float) -> dict[str, Any]:
+    """Every non-2xx must be a 429, or a 502/503 (a broken stream, or for registry calls no
+    answer at all while the registry is down) inside a chaos window, with an error envelope.
+    Returns counts by class and the offending records (at most 20)."""
+    spans = windows(faults, grace, end)
+    classes: Counter[str] = Counter()
+    bad: list[Record] = []
+    for r in records:
+        status = r["status"]
+        if ok(status) and not r.get("err"):
+            classes["ok"] += 1
+            continue
+        if status == 500:
+            classes["http_500"] += 1
+            bad.append(r)
+        elif status == 429:
+            classes["rate_limited_429"] += 1
+            if not r.get("shape_ok"):
+                classes["bad_error_body"] += 1
+                bad.append(r)
+        elif inside(r["t0"], r["t1"], spans) and (
+                status in CHAOS_STATUSES or r.get("err")
+                or (status == 0 and r["k"] != "chat")):
+            classes["chaos_window"] += 1
+            if status in CHAOS_STATUSES and not r.get("shape_ok"):
+                classes["bad_error_body"] += 1
+                bad.append(r)
+        else:
+            key = f"unexpected_{status or r.get('err') or 'no_answer'}"
+            classes[key] += 1
+            bad.append(r)
+    return {"classes": dict(classes), "unaccounted": len(bad), "examples": bad[:20]}
+
+
+def error_shape_ok(body: Any) -> bool:
+    """The error envelope both services use (OpenAI clients read ``error.message``):
+    ``{"error": {"code": str, "message": str, ...}}``."""
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+        return False
+    error = body["error"]
+    return isinstance(error.get("message"), str) and isinstance(error.get("code"), str)
+
+
+# -- no wrong answer -----------------------------------------------------------------------
+
+class Truth:
+    """What the registry acknowledged, and when, as the clients saw it."""
+
+    def __init__(self, mutations: Sequence[Record], seeded: Sequence[Record]) -> None:
+        # (tenant, name) -> sorted [(t1, version, sha)] of acknowledged versions
+        self.versions: dict[tuple[int, str], list[tuple[float, int, str]]] = defaultdict(list)
+        # (tenant, user) -> sorted [(t1, name)] of acknowledged bindings
+        self.binds: dict[tuple[int, str], list[tuple[float, str]]] = defaultdict(list)
+        # (tenant, user) -> every bind attempt not refused with a 4xx: (t0, t1, name)
+        self.attempts: dict[tuple[int, str], list[tuple[float, float, str]]] = defaultdict(list)
+        self.names: dict[int, set[str]] = defaultdict(set)  # every name a tenant tried
+        self.shas: dict[int, set[str]] = defaultdict(set)  # every content a tenant sent
+        for s in seeded:
+            self.versions[(s["tenant"], s["name"])].append((-math.inf, 1, s["sha"]))
+            self.binds[(s["tenant"], s["user"])].append((-math.inf, s["name"]))
+            self.names[s["tenant"]].add(s["name"])
+            self.shas[s["tenant"]].add(s["sha"])
+        for m in sorted(mutations, key=lambda m: m["t1"]):
+            tenant = m["tenant"]
+            if m["k"] in ("upload", "swap"):
+                self.names[tenant].add(m["name"])
+                self.shas[tenant].add(m["sha"])
+                if ok(m["status"]):
+                    self.versions[(tenant, m["name"])].append((m["t1"], m["version"], m["sha"]))
+            elif m["k"] == "bind":
+                if ok(m["status"]):
+                    self.binds[(tenant, m["user"])].append((m["t1"], m["name"]))
+                if not 400 <= m["status"] < 500:
+                    self.attempts[(tenant, m["user"])].append((m["t0"], m["t1"], m["name"]))
+
+    def min_version(self, tenant: int, name: str, at: float) -> int:
+        acked = self.versions.get((tenant, name), [])
+        i = bisect.bisect_right([t for t, _, _ in acked], at)
+        return max((v for _, v, _ in acked[:i]), default=0)
+
+    def sha_of(self, tenant: int, name: str, version: int) -> str | None:
+        return next((s for _, v, s in self.versions.get((tenant, name), []) if v == version),
+                    None)
+
+    def allowed_names(self, tenant: int, user: str, at: float, until: float) -> set[str]:
+        """The binding acknowledged last before ``at``, plus any bind in flight or sent
+        later that may have landed before the answer (sent before ``until``)."""
+        acked = self.binds.get((tenant, user), [])
+        i = bisect.bisect_right([t for t, _ in acked], at)
+        last_t, last_name = acked[i - 1] if i else (-math.inf, None)
+        names = {last_name} if last_name else set()
+        for t0, t1, name in self.attempts.get((tenant, user), []):
+            if t0 < until and t1 > last_t:
+                names.add(name)
+        return names
+
+
+def wrong_answers(requests: Sequence[Record], truth: Truth, grace: float) -> dict[str, Any]:
+    """Answers served by another tenant's adapter, by content that is not the version the
+    headers name, by a name the user was not bound to, or by a version older than one
+    acknowledged ``grace`` seconds before the request was sent."""
+    counts: Counter[str] = Counter()
+    examples: list[Record] = []
+    checked = 0
+    for r in requests:
+        if not ok(r["status"]) or r.get("err"):
+            continue
+        checked += 1
+        tenant, name, version, sha = r["tenant"], r.get("name"), r.get("version"), r.get("sha")
+        problem = None
+        if name is None or version is None or sha is None:
+            problem = "no_adapter_headers"
+        elif name not in truth.names[tenant] or sha not in truth.shas[tenant]:
+            problem = "other_tenant"
+        elif (known := truth.sha_of(tenant, name, version)) is not None and known != sha:
+            problem = "content_not_version"
+        elif name not in truth.allowed_names(tenant, r["user"], r["t0"] - grace, r["t1"]):
+            problem = "stale_binding"
+        elif version < truth.min_version(tenant, name, r["t0"] - grace):
+            problem = "stale_version"
+        if problem:
+            counts[problem] += 1
+            if len(examples) < 20:
+                examples.append(r)
+    return {"checked": checked, "wrong": sum(counts.values()), "by_kind": dict(counts),
+            "examples": examples}
+
+
+# -- recovery, resources -------------------------------------------------------------------
+
+def recovery(faults: Sequence[Record]) -> dict[str, Any]:
+    """Seconds from each fault's end to the first success through the affected part."""
+    by_kind: dict[str, list[float | None]] = defaultdict(list)
+    for f in faults:
+        rec = f.get("recovered")
+        by_kind[f["kind"]].append(None if rec is None else round(rec - f["end"], 2))
+    return {kind: {"faults": len(xs), "recovered": sum(x is not None for x in xs),
+                   "max_s": max((x for x in xs if x is not None), default=None),
+                   "each_s": xs}
+            for kind, xs in sorted(by_kind.items())}
+
+
+def resources(samples: Sequence[Record]) -> dict[str, Any]:
+    """Per service: RSS and open FDs at the first and last sample, the peak, and whether
+    it was restarted in between (growth compares the same process only)."""
+    out: dict[str, Any] = {}
+    parts = {p for s in samples for p in s["parts"]}
+    for part in sorted(parts):
+        seen = [(s["t"], s["parts"][part]) for s in samples if part in s["parts"]]
+        if not seen:
+            continue
+        first, last = seen[0][1], seen[-1][1]
+        same = [v for _, v in seen if v["incarnation"] == last["incarnation"]]
+        out[part] = {
+            "rss_mb_start": first["rss_mb"], "rss_mb_end": last["rss_mb"],
+            "rss_mb_max": max(v["rss_mb"] for _, v in seen),
+            "fds_start": first["fds"], "fds_end": last["fds"],
+            "restarts": last["incarnation"] - first["incarnation"],
+            # Growth of the process alive at the end, from its first sample to its last.
+            "rss_growth_same_process": round(last["rss_mb"] / same[0]["rss_mb"], 2)
+            if same and same[0]["rss_mb"] else None,
+            "fds_growth_same_process": last["fds"] - same[0]["fds"] if same else None,
+        }
+    return out
+
+
+# -- presentation --------------------------------------------------------------------------
+
+def table(rows: Sequence[tuple[str, str, bool]]) -> str:
+    """``check | result | verdict`` as fixed-width text."""
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"{'check':<{width}}  {'verdict':<7}  result", "-" * (width + 40)]
+    lines += [f"{name:<{width}}  {'PASS' if passed else 'FAIL':<7}  {result}"
+              for name, result, passed in rows]
+    return "\n".join(lines)
+
+
+def bins(requests: Sequence[Record], end: float, width: float = 5.0) -> list[Record]:
+    """Per ``width``-second bin (by completion time): successes/s, errors/s, latency p95."""
+    n = max(1, math.ceil(end / width))
+    okc, errc = [0] * n, [0] * n
+    lat: list[list[float]] = [[] for _ in range(n)]
+    for r in requests:
+        i = min(n - 1, max(0, int(r["t1"] / width)))
+        if ok(r["status"]) and not r.get("err"):
+            okc[i] += 1
+            lat[i].append(r["t1"] - r["t0"])
+        else:
+            errc[i] += 1
+    out = []
+    for i in range(n):
+        xs = sorted(lat[i])
+        out.append({"t": i * width, "ok_per_s": round(okc[i] / width, 2),
+                    "errors_per_s": round(errc[i] / width, 2),
+                    "p95_s": round(xs[int(0.95 * (len(xs) - 1))], 3) if xs else None})
+    return out
+
+
+def plot(timeline: Sequence[Record], faults: Sequence[Record], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [b["t"] for b in timeline]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 6.5), sharex=True)
+    top.plot(t, [b["ok_per_s"] for b in timeline], label="successful requests/s")
+    top.plot(t, [b["errors_per_s"] for b in timeline], color="tab:red", label="errors/s")
+    top.set_ylabel("requests / s (5 s bins)")
+    bottom.plot(t, [b["p95_s"] for b in timeline], color="tab:purple")
+    bottom.set_ylabel("latency p95 (s)")
+    bottom.set_xlabel("seconds since the soak started")
+    labelled = set()
+    for f in faults:
+        last = f["recovered"] if f.get("recovered") is not None else f["end"]
+        colour = FAULT_COLOURS.get(f["kind"], "#ddd")
+        for ax in (top, bottom):
+            ax.axvspan(f["start"], last, color=colour, alpha=0.7, zorder=0,
+                       label=f["kind"] if ax is top and f["kind"] not in labelled else None)
+        labelled.add(f["kind"])
+    top.legend(loc="upper right", fontsize=8, ncol=4)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,87 @@
+"""The soak's verdicts on hand-made timelines: what counts as a wrong answer, an accounted
+error, a recovery (loadtests/soak_checks.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadtests import soak_checks as checks
+
+SEEDED = [{"tenant": 0, "name": "a0", "user": "u0", "sha": "s-a0-1"},
+          {"tenant": 1, "name": "a1", "user": "u1", "sha": "s-a1-1"}]
+
+
+def chat(t0: float, t1: float, name: str = "a0", version: int = 1, sha: str = "s-a0-1",
+         status: int = 200, **extra: Any) -> dict[str, Any]:
+    return {"k": "chat", "t0": t0, "t1": t1, "tenant": 0, "user": "u0", "status": status,
+            "err": None, "name": name, "version": version, "sha": sha, **extra}
+
+
+MUTATIONS = [
+    {"k": "swap", "t0": 9.0, "t1": 10.0, "tenant": 0, "name": "a0", "status": 201,
+     "version": 2, "sha": "s-a0-2"},
+    {"k": "upload", "t0": 11.0, "t1": 12.0, "tenant": 0, "name": "n0", "status": 201,
+     "version": 1, "sha": "s-n0-1"},
+    {"k": "bind", "t0": 19.0, "t1": 20.0, "tenant": 0, "user": "u0", "name": "n0",
+     "status": 200},
+]
+
+
+def verdict(*requests: dict[str, Any], grace: float = 0.0) -> dict[str, Any]:
+    return checks.wrong_answers(requests, checks.Truth(MUTATIONS, SEEDED), grace)
+
+
+def test_versions_older_than_an_acknowledged_swap_are_wrong() -> None:
+    assert verdict(chat(5, 11), chat(9.5, 10.5), chat(11, 12, version=2, sha="s-a0-2"))[
+        "wrong"] == 0  # before the swap, while it was in flight, after it with v2
+    stale = verdict(chat(10.5, 11))
+    assert stale["by_kind"] == {"stale_version": 1}
+    assert verdict(chat(10.5, 11), grace=1.0)["wrong"] == 0
+
+
+def test_binding_changes_and_cross_tenant_answers() -> None:
+    assert verdict(chat(19.5, 21, name="n0", sha="s-n0-1"), chat(19.5, 21, version=2,
+                                                                  sha="s-a0-2"))["wrong"] == 0
+    assert verdict(chat(21, 22, version=2, sha="s-a0-2"))["by_kind"] == {"stale_binding": 1}
+    other = verdict(chat(1, 2, name="a1", sha="s-a1-1"))
+    assert other["by_kind"] == {"other_tenant": 1}
+    assert verdict(chat(11, 12, version=2, sha="s-a0-1"))["by_kind"] == {
+        "content_not_version": 1}
+    assert verdict(chat(1, 2, name=None))["by_kind"] == {"no_adapter_headers": 1}
+
+
+def test_errors_are_accounted_only_inside_fault_windows() -> None:
+    faults = [{"kind": "s3_stop", "start": 100.0, "end": 120.0, "recovered": 121.0}]
+    records = [
+        chat(1, 2),
+        chat(3, 4, status=429, shape_ok=True),
+        chat(99, 101, status=503, shape_ok=True),
+        chat(123, 124, status=502, shape_ok=True),  # within grace (5 s) of the recovery
+        chat(110, 111, status=0, err="ReadTimeout"),  # a broken answer in the window
+        {"k": "bind", "t0": 105, "t1": 106, "status": 0},  # registry call without answer
+        chat(200, 201, status=503, shape_ok=True),  # outside any window
+        chat(110, 111, status=500, shape_ok=True),
+        chat(110, 111, status=502, shape_ok=False),
+        chat(5, 6, status=0),  # the gateway never goes away: no answer is never right
+    ]
+    out = checks.account_errors(records, faults, grace=5, end=300)
+    assert out["classes"] == {"ok": 1, "rate_limited_429": 1, "chaos_window": 5,
+                              "http_500": 1, "unexpected_503": 1, "bad_error_body": 1,
+                              "unexpected_no_answer": 1}
+    assert out["unaccounted"] == 4
+
+
+def test_recovery_resources_and_error_shape() -> None:
+    rec = checks.recovery([{"kind": "redis_kill", "start": 0, "end": 5, "recovered": 7.5},
+                           {"kind": "redis_kill", "start": 50, "end": 55, "recovered": None}])
+    assert rec["redis_kill"] == {"faults": 2, "recovered": 1, "max_s": 2.5,
+                                 "each_s": [2.5, None]}
+    samples = [{"t": t, "parts": {"gw": {"rss_mb": rss, "fds": 10, "incarnation": 1},
+                                  "w": {"rss_mb": 100, "fds": 5, "incarnation": inc}}}
+               for t, rss, inc in ((0, 100, 1), (10, 120, 2), (20, 110, 2))]
+    res = checks.resources(samples)
+    assert res["gw"]["rss_growth_same_process"] == 1.1 and res["gw"]["restarts"] == 0
+    assert res["w"]["restarts"] == 1
+    assert checks.error_shape_ok({"error": {"code": "x", "message": "y"}})
+    assert not checks.error_shape_ok({"detail": "nope"})
+    assert "FAIL" in checks.table([("a", "b", False)])
