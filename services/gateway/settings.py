@@ -7,10 +7,12 @@ Every field can be set from the environment with the ``PREFT_GATEWAY_`` prefix
 from __future__ import annotations
 
 import enum
-from typing import Literal, Self
+import json
+from typing import Annotated, Literal, Self
 
+from preft_serve.common.service_settings import ServiceSettings
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 
 class DiscoveryKind(str, enum.Enum):
@@ -21,18 +23,16 @@ class DiscoveryKind(str, enum.Enum):
     KUBERNETES = "kubernetes"
 
 
-class GatewaySettings(BaseSettings):
+class GatewaySettings(ServiceSettings):
     """Everything the gateway needs; there are no secrets (tenant keys live in Redis)."""
 
     model_config = SettingsConfigDict(env_prefix="PREFT_GATEWAY_", extra="ignore")
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    namespace: str = Field("preft", pattern=r"^[A-Za-z0-9_.-]{1,32}$",
-                           description="The registry's Redis namespace")
     discovery: DiscoveryKind = Field(
         DiscoveryKind.STATIC, description="How workers are found: a static URL list, the A records of a "
         "headless Service, or the Service's EndpointSlices through the Kubernetes API")
-    worker_urls: list[str] = Field([], description="Static list of worker base URLs")
+    worker_urls: Annotated[list[str], NoDecode] = Field(
+        [], description="Static list of worker base URLs (a JSON list or comma-separated)")
     worker_dns_name: str | None = Field(None, description="dns: the workers' headless "
                                         "Service name, e.g. preft-worker.ns.svc.cluster.local")
     worker_service: str | None = Field(None, description="kubernetes: the workers' Service")
@@ -88,16 +88,15 @@ class GatewaySettings(BaseSettings):
         100, ge=0, description="Adapters labelled by name in metrics; later ones are 'other'")
     models_list_limit: int = Field(1000, ge=1, description="Most adapters /v1/models lists")
 
-    host: str = "127.0.0.1"
-    port: int = 8080
-    log_level: str = "INFO"
-    log_json: bool = False
+    port: int = Field(8080, ge=1, le=65535, description="Port")
 
     @field_validator("worker_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         """Accept a comma-separated string as well as a JSON list (friendlier for env/flags)."""
-        if isinstance(value, str) and not value.lstrip().startswith("["):
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
             return [u.strip() for u in value.split(",") if u.strip()]
         return value
 

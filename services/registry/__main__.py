@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from preft_serve.common.service_main import load_settings, serve
+from preft_serve.common.service_main import (
+    add_settings_flags,
+    flag_overrides,
+    load_settings,
+    serve,
+)
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
+
+ENV_PREFIX = "PREFT_REGISTRY_"
+FLAGS = ("host", "port", "base_model", "redis_url", "namespace", "max_lora_rank",
+         "log_json", "log_level")
+"""Settings that also have a flag (every field is a PREFT_REGISTRY_* variable)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,23 +27,14 @@ def main(argv: list[str] | None = None) -> int:
         "(required: PREFT_REGISTRY_ADMIN_TOKEN, PREFT_REGISTRY_BASE_MODEL; see "
         "docs/registry.md); these flags override them.",
     )
-    parser.add_argument("--host", help="bind address (PREFT_REGISTRY_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (PREFT_REGISTRY_PORT, default 8081)")
-    parser.add_argument("--base-model", help="base model directory (PREFT_REGISTRY_BASE_MODEL)")
-    parser.add_argument("--redis-url", help="PREFT_REGISTRY_REDIS_URL")
+    add_settings_flags(parser, RegistrySettings, ENV_PREFIX, FLAGS)
     parser.add_argument("--object-store", help="s3://bucket/prefix or a directory "
-                        "(PREFT_REGISTRY_OBJECT_STORE__URL)")
-    parser.add_argument("--log-json", action="store_true", default=None,
-                        help="log one JSON object per line (PREFT_REGISTRY_LOG_JSON)")
-    parser.add_argument("--log-level", help="PREFT_REGISTRY_LOG_LEVEL (default INFO)")
+                        f"({ENV_PREFIX}OBJECT_STORE__URL)")
     args = parser.parse_args(argv)
-    overrides = {
-        "host": args.host, "port": args.port, "base_model": args.base_model,
-        "redis_url": args.redis_url, "log_json": args.log_json, "log_level": args.log_level,
-    }
+    overrides = flag_overrides(args, FLAGS)
     if args.object_store:
         overrides["object_store"] = {"url": args.object_store}
-    settings = load_settings(parser, RegistrySettings, overrides, "PREFT_REGISTRY_")
+    settings = load_settings(parser, RegistrySettings, overrides, ENV_PREFIX)
     return serve(settings, create_app)
 
 

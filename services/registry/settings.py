@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Literal
 
 from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.common.service_settings import ServiceSettings
 from preft_serve.common.serving_limits import REFT_KERNEL_MAX_RANK, SERVING_LIMITS
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 _PLACEHOLDERS = ("changeme", "change-me", "change_me", "secret", "password", "admin", "token",
                  "example", "xxx", "todo", "replace")
 DType = Literal["F32", "F16", "BF16"]
 
 
-class RegistrySettings(BaseSettings):
+class RegistrySettings(ServiceSettings):
     """Everything the registry needs; secrets have no default."""
 
     model_config = SettingsConfigDict(
@@ -28,9 +29,6 @@ class RegistrySettings(BaseSettings):
     )
 
     admin_token: SecretStr = Field(description="Bearer token for admin endpoints (>= 16 chars)")
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    namespace: str = Field("preft", pattern=r"^[A-Za-z0-9_.-]{1,32}$",
-                           description="Prefix of every Redis key and channel")
     object_store: ObjectStoreSettings = ObjectStoreSettings(url="var/registry/objects")
     base_model: Path = Field(description="Base model directory (or its config.json)")
     base_model_name: str | None = Field(None, description="Label for the base model; "
@@ -55,10 +53,7 @@ class RegistrySettings(BaseSettings):
                                      "defaults to the system temp dir")
     events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")
 
-    host: str = "127.0.0.1"
-    port: int = 8081
-    log_level: str = "INFO"
-    log_json: bool = False
+    port: int = Field(8081, ge=1, le=65535, description="Port")
 
     @field_validator("admin_token")
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from preft_serve.common.objectstore import ObjectStore, create_object_store, parse_store_url
+from preft_serve.common.service_settings import NAMESPACE_PATTERN
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -35,7 +36,7 @@ class WorkerSettings(BaseSettings):
     registry_redis_url: str | None = Field(
         None, description="The registry's Redis; set = prefetch new versions of adapters "
         "this worker holds as soon as they are published")
-    registry_namespace: str = Field("preft", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    registry_namespace: str = Field("preft", pattern=NAMESPACE_PATTERN)
 
     @field_validator("object_store_url")
     @classmethod
