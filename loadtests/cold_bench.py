@@ -60,7 +60,7 @@ def _adapters(model: Path, root: Path, count: int) -> list[str]:
     from preft_serve.common.objectstore import create_object_store
     from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
-    store = create_object_store(str(root / "objects"))
+    store = create_object_store(str(root / "objects"), create_root=True)
     shas = []
     for i in range(count):
         folder = make_lora_adapter(model, root / "adapters" / f"a{i}", seed=1000 + i,

@@ -6,6 +6,8 @@ does not know (only when ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), then loads the
 name *is* the adapter's identity and needs no lookup. Anything else — a path, a URL, a
 registry name, uppercase hex — is refused with ``None``, which vLLM answers with a 404:
 a client can never make the worker read an arbitrary file or fetch an arbitrary URL.
+A hash the store does not hold is also ``None`` (404); a store that cannot be used at all
+(directory gone, bucket missing, endpoint down) is a 503 to retry, never "does not exist".
 
 The resolver only runs in the API-server process, but the plugin registers it in every
 vLLM process, so the object store client and the disk cache are built on first use.
@@ -18,11 +20,12 @@ import logging
 import threading
 
 from preft_serve.common.adapter_format import parse_model_name
-from preft_serve.common.objectstore import ObjectNotFound
+from preft_serve.common.objectstore import ObjectNotFound, StoreUnavailable
 from preft_serve.common.registry_client import RegistryClient
 from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCache
 from preft_serve.worker.prefetch import PrefetchMetrics, RegistryPrefetcher
 from preft_serve.worker.settings import WorkerSettings
+from preft_serve.worker.vllm_compat import AdapterStoreUnavailable
 from vllm.lora.request import LoRARequest
 from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 
@@ -73,8 +76,11 @@ class ObjectStoreResolver(LoRAResolver):
         except ObjectNotFound:
             logger.info("adapter %s: not in the object store", sha256)
             return None
-        # Corrupt blobs and store outages propagate: vLLM answers 500 with the message,
-        # which is the truth (a server-side fault, not an unknown model).
+        except StoreUnavailable as exc:
+            logger.error("adapter %s: object store unavailable: %s", sha256, exc)
+            raise AdapterStoreUnavailable() from None  # 503; no hash, path or errno in it
+        # Corrupt blobs propagate: vLLM answers 500 with the message, which is the truth
+        # (a server-side fault, not an unknown model).
         return LoRARequest(
             lora_name=lora_name, lora_int_id=lora_int_id(sha256), lora_path=str(path)
         )

@@ -24,11 +24,17 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    keyed by the adapter's content digest instead of its name and path, so different
    content under one name/path never shares KV blocks and identical content does; blocks of
    prefill-only adapters that reach past the prompt are also keyed on the prompt length.
+5. Resolver errors (``OpenAIServingModels.resolve_lora`` and ``OpenAIServing._check_model``):
+   they answer 404 when every resolver returns ``None`` and do not catch a resolver's
+   exceptions, which reach the app's handlers; a :class:`vllm.exceptions.GracefulHTTPError`
+   becomes an OpenAI error body with its own status. ``AdapterStoreUnavailable`` uses that
+   for a 503 when the object store is down.
 """
 
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
 import numpy as np
@@ -46,6 +52,7 @@ from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
 from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
+from vllm.exceptions import GracefulHTTPError
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -345,6 +352,19 @@ def _lora_extra_hash_keys_by_content(request: Any) -> list[tuple[str, str]]:
     if request.lora_request is None:
         return []
     return [("adapter_sha256", adapter_info_of(request.lora_request).digest)]
+
+
+# -- 5. resolver errors ----------------------------------------------------------------
+
+
+class AdapterStoreUnavailable(GracefulHTTPError):
+    """Raised by the resolver when the object store cannot be used: vLLM answers 503 with
+    this fixed message (the client learns nothing about hashes, paths or errno)."""
+
+    MESSAGE = "the adapter store is unavailable; retry shortly"
+
+    def __init__(self) -> None:
+        super().__init__(self.MESSAGE, HTTPStatus.SERVICE_UNAVAILABLE)
 
 
 # -- installation ----------------------------------------------------------------------

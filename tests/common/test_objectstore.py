@@ -18,10 +18,10 @@ from preft_serve.common.objectstore import (
     LocalObjectStore,
     ObjectNotFound,
     ObjectStore,
-    ObjectStoreError,
     ObjectStoreKind,
     ObjectStoreSettings,
     S3ObjectStore,
+    StoreUnavailable,
     adapter_key,
     create_object_store,
     parse_store_url,
@@ -33,7 +33,7 @@ CREDS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key":
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path, s3_server) -> ObjectStore:
     if request.param == "local":
-        return create_object_store(f"file://{tmp_path}/objects")
+        return create_object_store(f"file://{tmp_path}/objects", create_root=True)
     bucket = f"os-{uuid.uuid4().hex[:10]}"
     return create_object_store(f"s3://{bucket}/some/prefix", endpoint_url=s3_server,
                                create_bucket=True, **CREDS)
@@ -139,5 +139,79 @@ def test_s3_unreachable_is_an_object_store_error(tmp_path):
 
     store = S3ObjectStore("b", endpoint_url=f"http://127.0.0.1:{free_port()}", **CREDS)
     store._client.meta.config.retries = {"max_attempts": 1}
-    with pytest.raises(ObjectStoreError, match="not reachable"):
+    with pytest.raises(StoreUnavailable, match="not reachable"):
         store.check()
+
+
+# -- outages: a store that cannot be used is unavailable, never "not found" ---------------
+
+
+def _break(root: Path, how: str) -> None:
+    root.rename(root.with_name("moved"))  # the volume was moved or unmounted
+    if how == "replaced by a file":
+        root.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["moved", "replaced by a file"])
+def test_local_store_outage_is_unavailable_and_never_recreated(tmp_path, adapter, how):
+    sha, config, weights = adapter
+    root = tmp_path / "objects"
+    store = LocalObjectStore(root, create=True)
+    store.put_bytes("kept", b"x")
+    _break(root, how)
+
+    calls = {
+        "put_adapter": lambda: store.put_adapter(sha, config, weights),
+        "put_bytes": lambda: store.put_bytes("a/b", b"x"),
+        "get_bytes": lambda: store.get_bytes("kept"),
+        "download_file": lambda: store.download_file("kept", tmp_path / "out"),
+        "exists": lambda: store.exists("kept"),
+        "has_adapter": lambda: store.has_adapter(sha),
+        "delete": lambda: store.delete("kept"),
+        "list_keys": lambda: list(store.list_keys()),
+        "fetch_adapter": lambda: store.fetch_adapter(sha, tmp_path / "fetched"),
+        "check": store.check,
+    }
+    for name, call in calls.items():
+        with pytest.raises(StoreUnavailable) as info:
+            call()
+        assert not isinstance(info.value, ObjectNotFound), name
+        reason = info.value.reason
+        assert str(tmp_path) not in reason and "Errno" not in reason, (name, reason)
+    assert root.is_file() if how == "replaced by a file" else not root.exists()
+    assert sorted(p.name for p in (tmp_path / "moved").iterdir()) == ["kept"]
+
+
+def test_local_store_is_created_only_when_asked(tmp_path):
+    store = create_object_store(str(tmp_path / "objects"))
+    assert not (tmp_path / "objects").exists()
+    with pytest.raises(StoreUnavailable, match="directory is missing"):
+        store.put_bytes("k", b"x")
+    assert not (tmp_path / "objects").exists()
+    create_object_store(str(tmp_path / "objects"), create_root=True).put_bytes("k", b"x")
+    assert store.get_bytes("k") == b"x"
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StoreUnavailable, match="not a directory"):
+        LocalObjectStore(tmp_path / "file", create=True)
+
+
+def test_local_missing_key_under_a_healthy_root_is_not_found(tmp_path):
+    store = LocalObjectStore(tmp_path)
+    store.put_bytes("adapters/x", b"x")
+    for key in ("nope", "adapters/y", "adapters/x/deeper", "adapters"):
+        with pytest.raises(ObjectNotFound):
+            store.get_bytes(key)
+        assert not store.exists(key)
+    store.delete("nope")  # a missing key is not an error
+
+
+def test_s3_missing_bucket_is_unavailable_not_not_found(s3_server, adapter):
+    sha, config, weights = adapter
+    store = S3ObjectStore(f"gone-{uuid.uuid4().hex[:10]}", endpoint_url=s3_server, **CREDS)
+    for call in (lambda: store.get_bytes(adapter_key(sha, CONFIG_FILE)),
+                 lambda: store.put_adapter(sha, config, weights),
+                 lambda: list(store.list_keys()), store.check):
+        with pytest.raises(StoreUnavailable, match="bucket does not exist") as info:
+            call()
+        assert not isinstance(info.value, ObjectNotFound)
+        assert info.value.reason == "the object store bucket does not exist"

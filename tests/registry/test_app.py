@@ -8,10 +8,11 @@ import sys
 
 import httpx
 import pytest
+from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.registry.settings import RegistrySettings
 from pydantic import ValidationError
 
-from tests.support.registry_api import create_tenant, error_message
+from tests.support.registry_api import create_tenant, error_message, upload
 
 
 def test_openapi_published(client):
@@ -53,6 +54,44 @@ def test_redis_down_is_503(make_client, base_model_dir):
     assert resp.status_code == 503
     assert error_message(resp) == "Redis is unavailable; retry shortly"
     assert client.get("/readyz").status_code == 503
+
+
+@pytest.mark.parametrize("how", ["moved", "replaced by a file"])
+def test_object_store_outage_is_503_and_nothing_changes(make_client, tmp_path, lora_dir,
+                                                        lora_dir2, state_snapshot, how):
+    """The local store's directory is moved (or a file takes its place) after start-up:
+    uploads are 503 with nothing stored and the directory is not recreated, /readyz says
+    why, and no answer shows the path or errno text."""
+    objects = tmp_path / "objects"
+    client = make_client(object_store=ObjectStoreSettings(url=str(objects)))
+    assert objects.is_dir()  # created once, at start-up
+    acme = create_tenant(client, "acme")
+    assert upload(client, acme, "first", lora_dir).status_code == 201
+    before, stored = state_snapshot(), sorted(objects.rglob("*"))
+    objects.rename(tmp_path / "moved")
+    if how == "replaced by a file":
+        objects.write_bytes(b"")
+
+    responses = [upload(client, acme, "second", lora_dir2),
+                 upload(client, acme, "first", lora_dir2, method="PUT")]
+    ready = client.get("/readyz")
+
+    for resp in responses:
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["error"]["code"] == "unavailable"
+        assert error_message(resp) == "the object store is unavailable; retry shortly"
+    reason = "directory is missing" if how == "moved" else "path is not a directory"
+    assert ready.status_code == 503
+    assert error_message(ready) == f"the object store is unavailable: the object store {reason}"
+    for resp in (*responses, ready):
+        assert str(tmp_path) not in resp.text and "Errno" not in resp.text
+    assert state_snapshot() == before
+    assert objects.is_file() if how == "replaced by a file" else not objects.exists()
+    objects.unlink(missing_ok=True)
+    (tmp_path / "moved").rename(objects)
+    assert sorted(objects.rglob("*")) == stored  # nothing half-stored
+    assert client.get("/readyz").status_code == 200
+    assert upload(client, acme, "second", lora_dir2).status_code == 201
 
 
 def test_streaming_body_limit_over_http(make_client, settings, lora_dir):

@@ -36,14 +36,14 @@ BLOB = 4096  # weight bytes per test adapter
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path, s3_server: str) -> ObjectStore:
     if request.param == "local":
-        return create_object_store(f"file://{tmp_path}/objects")
+        return create_object_store(f"file://{tmp_path}/objects", create_root=True)
     return create_object_store(f"s3://cache-{uuid.uuid4().hex[:10]}/objs",
                                endpoint_url=s3_server, create_bucket=True, **CREDS)
 
 
 @pytest.fixture
 def local_store(tmp_path: Path) -> ObjectStore:
-    return create_object_store(str(tmp_path / "objects"))
+    return create_object_store(str(tmp_path / "objects"), create_root=True)
 
 
 def put_adapter(store: ObjectStore, tmp_path: Path, seed: int, size: int = BLOB) -> str:
@@ -168,7 +168,7 @@ def test_unknown_hash_raises_not_found_and_caches_nothing(local_store: ObjectSto
 
 
 def test_invalid_hash_is_refused_before_the_store(tmp_path: Path) -> None:
-    counting = CountingStore(create_object_store(str(tmp_path / "objects")))
+    counting = CountingStore(create_object_store(str(tmp_path / "objects"), create_root=True))
     cache = new_cache(counting, tmp_path / "cache")  # type: ignore[arg-type]
     for bad in ("AB" * 32, "ab" * 31, "../" + "ab" * 31, ""):
         with pytest.raises(ValueError):

@@ -46,7 +46,7 @@ def test_new_version_of_a_held_adapter_is_prefetched_and_the_old_demoted(
     settings = RegistrySettings(admin_token=ADMIN, redis_url=redis_server, namespace=namespace,
                                 base_model=model, staging_dir=tmp_path,
                                 object_store=ObjectStoreSettings(url=str(objects)))
-    store = create_object_store(str(objects))
+    store = create_object_store(str(objects), create_root=True)
     holder = AdapterDiskCache(store, tmp_path / "holder", 1 << 30)
     bystander = AdapterDiskCache(store, tmp_path / "bystander", 1 << 30)
     clients = [RegistryClient(redis_server, namespace=namespace) for _ in range(2)]
@@ -89,6 +89,6 @@ def test_new_version_of_a_held_adapter_is_prefetched_and_the_old_demoted(
 
 
 def test_demote_of_an_unknown_hash_is_a_no_op(tmp_path: Path) -> None:
-    cache = AdapterDiskCache(create_object_store(str(tmp_path / "o")), tmp_path / "c", 1 << 20)
+    cache = AdapterDiskCache(create_object_store(str(tmp_path / "o"), create_root=True), tmp_path / "c", 1 << 20)
     cache.demote("ab" * 32)
     assert cache.lru_order() == []

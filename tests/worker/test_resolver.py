@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import httpx
 import pytest
 from preft_serve.common.adapter_format import (
@@ -28,6 +29,7 @@ from preft_serve.worker.resolver import (
     register_resolver,
 )
 from preft_serve.worker.settings import WorkerSettings
+from preft_serve.worker.vllm_compat import AdapterStoreUnavailable
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from vllm.lora.resolver import LoRAResolverRegistry
@@ -98,6 +100,37 @@ def test_resolves_hash_from_s3_into_the_cache(tmp_path: Path, s3_server: str) ->
             for outcome in ("miss", "not_found")] == [1, 1]  # one download, one unknown
 
 
+@pytest.mark.parametrize("how", ["moved", "replaced by a file"])
+def test_store_outage_is_unavailable_not_unknown(tmp_path: Path, how: str) -> None:
+    """The local store's directory disappears after start-up: 503 to retry, never "does not
+    exist" (None), no hash or errno for the client, and the worker never recreates it."""
+    model = make_model("tiny-llama", tmp_path / "model")
+    adapter = make_lora_adapter(model, tmp_path / "adapter", seed=5, spec=LoraSpec(rank=4))
+    objects = tmp_path / "objects"
+    sha = upload(create_object_store(str(objects), create_root=True), adapter)
+    settings = WorkerSettings(object_store_url=str(objects))
+    metrics = CollectorRegistry()
+    cache = AdapterDiskCache(settings.create_store(), tmp_path / "cache", 1 << 30,
+                             metrics=AdapterCacheMetrics(metrics))
+    resolver = ObjectStoreResolver(settings, cache=cache)
+    objects.rename(tmp_path / "moved")
+    if how == "replaced by a file":
+        objects.write_bytes(b"")
+
+    with pytest.raises(AdapterStoreUnavailable) as info:
+        asyncio.run(resolver.resolve_lora(str(model), f"sha256:{sha}"))
+
+    assert info.value.http_status == 503
+    assert info.value.message == "the adapter store is unavailable; retry shortly"
+    assert objects.is_file() if how == "replaced by a file" else not objects.exists()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+    assert metrics.get_sample_value("preft_worker_adapter_loads_total",
+                                    {"tier": "disk", "outcome": "error"}) == 1
+    objects.unlink(missing_ok=True)
+    (tmp_path / "moved").rename(objects)  # back: the same name resolves
+    assert asyncio.run(resolver.resolve_lora(str(model), f"sha256:{sha}")) is not None
+
+
 def test_int_id_is_stable_positive_and_distinct() -> None:
     assert lora_int_id(SHA) == lora_int_id(SHA)
     assert lora_int_id("0" * 64) == 1
@@ -158,8 +191,9 @@ def test_serve_flags_set_the_resolver_environment(tmp_path: Path) -> None:
 
 
 class Worker:
-    def __init__(self, url: str, model: str, sha: str, corrupt_sha: str) -> None:
+    def __init__(self, url: str, model: str, sha: str, corrupt_sha: str, bucket: str) -> None:
         self.url, self.model, self.sha, self.corrupt_sha = url, model, sha, corrupt_sha
+        self.bucket = bucket
 
     def complete(self, model: str, prompt: str = "The quick brown fox") -> httpx.Response:
         return httpx.post(f"{self.url}/v1/completions", timeout=60, json={
@@ -185,7 +219,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, s3_server: str) -> Iterator
             "--s3-endpoint-url", s3_server, "--adapter-cache-dir", str(root / "cache"),
             "--adapter-cache-gib", "0.01"]
     with running_worker(model, root, args, env=AWS_ENV) as url:
-        yield Worker(url, str(model), sha, corrupt_sha)
+        yield Worker(url, str(model), sha, corrupt_sha, bucket)
 
 
 def test_server_loads_adapter_by_hash_from_s3(worker: Worker) -> None:
@@ -219,3 +253,32 @@ def test_server_refuses_corrupt_blob_with_an_error(worker: Worker) -> None:
     assert "corrupt" in response.json()["error"]["message"]
     ok = worker.complete(f"sha256:{worker.sha}")  # the server is still healthy
     assert ok.status_code == 200
+
+
+def test_server_answers_503_while_the_store_is_unavailable(worker: Worker,
+                                                           s3_server: str) -> None:
+    """The bucket disappears: a hash not yet on the worker's disk is a 503 to retry (not a
+    404 "does not exist"), its body names no hash, bucket or errno; once the bucket is back
+    the same request gets the honest 404 again."""
+    s3 = boto3.client("s3", endpoint_url=s3_server, aws_access_key_id="testing",
+                      aws_secret_access_key="testing", region_name="us-east-1")
+    saved = {o["Key"]: s3.get_object(Bucket=worker.bucket, Key=o["Key"])["Body"].read()
+             for o in s3.list_objects_v2(Bucket=worker.bucket).get("Contents", [])}
+    for key in saved:
+        s3.delete_object(Bucket=worker.bucket, Key=key)
+    s3.delete_bucket(Bucket=worker.bucket)
+    unknown = "cd" * 32
+    try:
+        response = worker.complete(f"sha256:{unknown}")
+    finally:
+        s3.create_bucket(Bucket=worker.bucket)
+        for key, body in saved.items():
+            s3.put_object(Bucket=worker.bucket, Key=key, Body=body)
+
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert (error["message"], error["code"]) == (AdapterStoreUnavailable.MESSAGE, 503)
+    for leak in (unknown, worker.bucket, "Errno", "does not exist"):
+        assert leak not in response.text
+    after = worker.complete(f"sha256:{unknown}")
+    assert after.status_code == 404 and "does not exist" in after.json()["error"]["message"]

@@ -21,6 +21,7 @@ from preft_serve.common.objectstore.base import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreKind,
+    StoreUnavailable,
     adapter_key,
 )
 from preft_serve.common.objectstore.local import LocalObjectStore
@@ -38,6 +39,7 @@ __all__ = [
     "ObjectStoreKind",
     "ObjectStoreSettings",
     "S3ObjectStore",
+    "StoreUnavailable",
     "adapter_key",
     "create_object_store",
     "parse_store_url",
@@ -54,6 +56,9 @@ class ObjectStoreSettings(BaseModel):
     s3_access_key_id: str | None = None
     s3_secret_access_key: SecretStr | None = None
     s3_create_bucket: bool = False
+    # Local: make the directory (and parents) if missing, once, when the service starts;
+    # never afterwards (a store that disappears later is an outage, not an empty store).
+    local_create_root: bool = True
 
     @property
     def kind(self) -> ObjectStoreKind:
@@ -69,6 +74,7 @@ class ObjectStoreSettings(BaseModel):
                 self.s3_secret_access_key.get_secret_value() if self.s3_secret_access_key else None
             ),
             create_bucket=self.s3_create_bucket,
+            create_root=self.local_create_root,
         )
 
 
@@ -109,7 +115,8 @@ def create_object_store(url: str | ObjectStoreKind, **options: object) -> Object
     """Build the store named by ``url`` (``s3://b/p``, ``file:///p``, a path, or a kind).
 
     ``options`` go to the implementation (S3: endpoint_url, region, access_key_id,
-    secret_access_key, create_bucket; ignored by local).
+    secret_access_key, create_bucket; local: create_root). Each implementation ignores the
+    others' options. A local root is never created unless ``create_root=True``.
     """
     if isinstance(url, ObjectStoreKind):
         kind, location = url, ""
@@ -123,13 +130,13 @@ def create_object_store(url: str | ObjectStoreKind, **options: object) -> Object
     return factory(location, **options)
 
 
-def _local(location: str, **_: object) -> ObjectStore:
+def _local(location: str, *, create_root: bool = False, **_: object) -> ObjectStore:
     if not location:
         raise ValueError("local object store needs a directory, e.g. file:///var/lib/preft")
-    return LocalObjectStore(Path(location))
+    return LocalObjectStore(Path(location), create=create_root)
 
 
-def _s3(location: str, **options: object) -> ObjectStore:
+def _s3(location: str, *, create_root: bool = False, **options: object) -> ObjectStore:
     bucket, _, prefix = location.partition("/")
     if not bucket:
         raise ValueError("s3 object store needs a bucket: s3://BUCKET[/prefix]")

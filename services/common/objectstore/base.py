@@ -5,6 +5,10 @@ changes what an existing name means and every implementation only needs atomic
 whole-object puts. The registry writes through :meth:`ObjectStore.put_adapter`; workers
 read through :meth:`ObjectStore.fetch_adapter`, which re-computes the digest so a corrupt
 or truncated download is never loaded.
+
+Failures come in three kinds, and callers must not mix them up: :class:`ObjectNotFound`
+(the store works, the key is absent: 404), :class:`StoreUnavailable` (the store itself
+cannot be used: 503 and retry, never "not found") and :class:`BlobIntegrityError`.
 """
 
 from __future__ import annotations
@@ -34,8 +38,22 @@ class ObjectStoreError(RuntimeError):
     """The store could not complete an operation (unreachable, denied, misconfigured)."""
 
 
+class StoreUnavailable(ObjectStoreError):
+    """The store as a whole cannot serve requests right now: its directory is missing or is
+    not a directory, access is denied, the endpoint does not answer, the bucket is gone.
+
+    Never an answer about one key (that is :class:`ObjectNotFound`): callers answer 503 and
+    retry, not 404. ``reason`` is safe to show to clients (no paths, hosts or errno text);
+    ``str()`` adds the detail for the server log.
+    """
+
+    def __init__(self, reason: str, detail: object = None) -> None:
+        super().__init__(f"{reason} ({detail})" if detail is not None else reason)
+        self.reason = reason
+
+
 class ObjectNotFound(ObjectStoreError, KeyError):
-    """No object under that key."""
+    """No object under that key (the store itself is fine)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "object not found"
@@ -69,15 +87,16 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def get_bytes(self, key: str) -> bytes:
-        """Whole object; raises :class:`ObjectNotFound`."""
+        """Whole object; raises :class:`ObjectNotFound` (or :class:`StoreUnavailable`)."""
 
     @abc.abstractmethod
     def download_file(self, key: str, dest: Path) -> None:
-        """Stream the object to ``dest``; raises :class:`ObjectNotFound`."""
+        """Stream the object to ``dest``; raises :class:`ObjectNotFound` (or
+        :class:`StoreUnavailable`)."""
 
     @abc.abstractmethod
     def exists(self, key: str) -> bool:
-        """Whether ``key`` holds an object."""
+        """Whether ``key`` holds an object; an unusable store raises, never answers False."""
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -89,7 +108,7 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def check(self) -> None:
-        """Raise :class:`ObjectStoreError` unless the store is reachable and usable."""
+        """Raise :class:`StoreUnavailable` unless the store is reachable and usable."""
 
     # -- content-addressed adapters -------------------------------------------------------
 

@@ -7,21 +7,48 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from preft_serve.common.objectstore.base import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
     ObjectStoreKind,
+    StoreUnavailable,
 )
 
-_NOT_FOUND = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}  # the key; a missing bucket is an outage
+_NO_BUCKET = {"NoSuchBucket"}
+_DENIED = {"403", "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId",
+           "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AccountProblem"}
 
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _failure(exc: ClientError | BotoCoreError, detail: str) -> ObjectStoreError:
+    """An S3 failure other than a missing key: :class:`StoreUnavailable` when the store as
+    a whole cannot be used (no bucket, denied, unreachable, overloaded), else
+    :class:`ObjectStoreError`. ``detail`` (bucket, key, boto's text) goes to the log only."""
+    if isinstance(exc, NoCredentialsError):
+        return StoreUnavailable("no credentials for the object store", f"{detail}: {exc}")
+    if isinstance(exc, BotoCoreError):  # connection refused, timeouts, DNS ...
+        return StoreUnavailable("the object store is not reachable", f"{detail}: {exc}")
+    code = _code(exc)
+    if code in _NO_BUCKET:
+        return StoreUnavailable("the object store bucket does not exist", f"{detail}: {exc}")
+    if code in _DENIED:
+        return StoreUnavailable("access to the object store is denied", f"{detail}: {exc}")
+    if _status(exc) >= 500 or code in {"SlowDown", "ServiceUnavailable", "InternalError"}:
+        return StoreUnavailable("the object store is unavailable", f"{detail}: {exc}")
+    return ObjectStoreError(f"{detail}: {exc}")
 
 
 class S3ObjectStore(ObjectStore):
@@ -78,7 +105,9 @@ class S3ObjectStore(ObjectStore):
             self._client.create_bucket(**kwargs)
         except ClientError as exc:
             if _code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
-                raise ObjectStoreError(f"cannot create bucket {self.bucket}: {exc}") from exc
+                raise _failure(exc, f"S3 create bucket {self.bucket}") from exc
+        except BotoCoreError as exc:
+            raise _failure(exc, f"S3 create bucket {self.bucket}") from exc
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -89,9 +118,15 @@ class S3ObjectStore(ObjectStore):
         except ClientError as exc:
             if _code(exc) in _NOT_FOUND:
                 raise ObjectNotFound(key) from None
-            raise ObjectStoreError(f"S3 {what} {self.bucket}/{self._key(key)}: {exc}") from exc
+            raise _failure(exc, f"S3 {what} {self.bucket}/{self._key(key)}") from exc
         except BotoCoreError as exc:
-            raise ObjectStoreError(f"S3 {what} {self.bucket}/{self._key(key)}: {exc}") from exc
+            raise _failure(exc, f"S3 {what} {self.bucket}/{self._key(key)}") from exc
+        except (S3UploadFailedError, RetriesExceededError) as exc:  # boto3's transfer wrappers
+            cause = getattr(exc, "last_exception", None) or exc.__context__
+            detail = f"S3 {what} {self.bucket}/{self._key(key)}"
+            if isinstance(cause, (ClientError, BotoCoreError)):
+                raise _failure(cause, detail) from exc
+            raise StoreUnavailable("the object store is unavailable", f"{detail}: {exc}") from exc
 
     def put_file(self, key: str, path: Path) -> None:
         self._call(
@@ -137,10 +172,17 @@ class S3ObjectStore(ObjectStore):
                 for obj in page.get("Contents", []):
                     yield obj["Key"][len(self.prefix) :]
         except (ClientError, BotoCoreError) as exc:
-            raise ObjectStoreError(f"S3 list {self.bucket}/{self._key(prefix)}: {exc}") from exc
+            raise _failure(exc, f"S3 list {self.bucket}/{self._key(prefix)}") from exc
 
     def check(self) -> None:
         try:
             self._client.head_bucket(Bucket=self.bucket)
-        except (ClientError, BotoCoreError) as exc:
-            raise ObjectStoreError(f"S3 bucket {self.bucket} is not reachable: {exc}") from exc
+        except ClientError as exc:
+            failure = _failure(exc, f"S3 head bucket {self.bucket}")
+            if _code(exc) in _NOT_FOUND:  # HEAD has no body: a bare 404 is the bucket
+                failure = StoreUnavailable("the object store bucket does not exist", failure)
+            elif not isinstance(failure, StoreUnavailable):
+                failure = StoreUnavailable("the object store is unavailable", failure)
+            raise failure from exc
+        except BotoCoreError as exc:
+            raise _failure(exc, f"S3 head bucket {self.bucket}") from exc

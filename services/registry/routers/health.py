@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import redis
 from fastapi import APIRouter, Request, Response
 from preft_serve.common.errors import ServiceUnavailable, error_responses
-from preft_serve.common.objectstore import ObjectStoreError
+from preft_serve.common.objectstore import ObjectStoreError, StoreUnavailable
 from preft_serve.registry.deps import StateDep
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ops"])
 
 
@@ -28,7 +31,9 @@ def readyz(state: StateDep) -> dict[str, str]:
     try:
         state.store.check()
     except ObjectStoreError as exc:
-        raise ServiceUnavailable(str(exc)) from None
+        logger.warning("not ready: %s", exc)  # the detail (path, errno) stays in the log
+        reason = exc.reason if isinstance(exc, StoreUnavailable) else "it failed a check"
+        raise ServiceUnavailable(f"the object store is unavailable: {reason}") from None
     return {"status": "ready"}
 
 
