@@ -283,11 +283,14 @@ async def one_request(http: httpx.AsyncClient, gateway: str, c: Client, rng: ran
             raw = await reply.aread()
             if reply.status_code != 200:
                 with contextlib.suppress(ValueError):
-                    rec["shape_ok"] = checks.error_shape_ok(json.loads(raw))
+                    payload = json.loads(raw)
+                    rec["shape_ok"] = checks.error_shape_ok(payload)
+                    rec["msg"] = str(payload["error"]["message"])[:200]
                 rec["shape_ok"] = bool(rec["shape_ok"])
             elif stream:
                 if b'"error"' in raw or b"data: [DONE]" not in raw:
                     rec["err"] = "broken_stream"
+                    rec["msg"] = raw[-200:].decode(errors="replace")
             elif not (json.loads(raw).get("choices")):
                 rec["err"] = "no_choices"
     except Exception as exc:  # noqa: BLE001 (a broken answer is a result, not a crash)
@@ -481,19 +484,21 @@ class Chaos:
         self.stack, self.tenants, self.journal, self.rng = stack, tenants, journal, rng
         self.probe_sha = probe_sha
         self.busy: set[str] = set()  # parts not recovered yet
+        self.restarting: set[str] = set()  # killed workers among them
         self.waiting: list[threading.Thread] = []
 
     def free_part(self, kind: str, stop: threading.Event) -> str | None:
-        """The part ``kind`` hits (a worker at random), once it is not recovering."""
+        """The part ``kind`` hits (a worker at random), once no fault is recovering except
+        a killed worker's restart, and then never on that worker (one always serves)."""
         while not stop.is_set():
-            if kind.startswith("worker"):
-                free = [w for w in ("worker-0", "worker-1") if w not in self.busy]
-                if len(free) == 2:
-                    return self.rng.choice(free)
-                if free and kind == "worker_stop":
-                    return free[0]
-            elif (part := kind.split("_")[0]) not in self.busy:
-                return part
+            restarting = {p for p in self.busy if p in self.restarting}
+            if self.busy <= restarting:
+                if kind.startswith("worker"):
+                    free = [w for w in ("worker-0", "worker-1") if w not in self.busy]
+                    if len(free) == 2 or (free and kind == "worker_stop"):
+                        return self.rng.choice(free)
+                else:
+                    return kind.split("_")[0]
             stop.wait(0.5)
         return None
 
@@ -542,6 +547,7 @@ class Chaos:
         if kind in ("worker_kill", "worker_stop"):
             worker = part
             if kind == "worker_kill":
+                self.restarting.add(worker)
                 parts[worker].kill()
                 fault["end"] = self.journal.now()
                 parts[worker].start()
@@ -575,6 +581,7 @@ class Chaos:
             fault["recovered"] = self.journal.now() if _poll(probe, timeout, 0.5) else None
             self.journal.add("faults", fault)
             self.busy.discard(part)
+            self.restarting.discard(part)
             rec = fault["recovered"]
             say(f"  [{self.journal.now():7.1f} s] {kind} on {part}: down "
                 f"{fault['end'] - fault['start']:.1f} s, "
@@ -749,7 +756,7 @@ def verdicts(args: argparse.Namespace, journal: Journal, state: dict[str, Any],
     errors = checks.account_errors([*journal.requests, *journal.mutations], journal.faults,
                                    args.grace, end)
     recovery = checks.recovery(journal.faults)
-    resources = checks.resources(journal.samples)
+    resources = checks.resources(journal.samples, journal.faults)
     kinds_seen = set(recovery)
     all_recovered = all(r["recovered"] == r["faults"] for r in recovery.values())
     rows = [
@@ -878,6 +885,9 @@ def main(argv: list[str] | None = None) -> int:
         "state": state, "wrong_answers": result["wrong"], "errors": result["errors"],
         "recovery": result["recovery"], "resources": result["resources"],
         "faults": journal.faults, "timeline": timeline, "ok_responses_total": ok_count,
+        # Every request or change that did not succeed, for a closer look.
+        "failures": [r for r in [*journal.requests, *journal.mutations]
+                     if not checks.ok(r["status"]) or r.get("err")][:5000],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))

@@ -197,17 +197,24 @@ def recovery(faults: Sequence[Record]) -> dict[str, Any]:
             for kind, xs in sorted(by_kind.items())}
 
 
-def resources(samples: Sequence[Record]) -> dict[str, Any]:
+def resources(samples: Sequence[Record], faults: Sequence[Record] = ()) -> dict[str, Any]:
     """Per service: RSS and open FDs at the first and last sample, the peak, and whether
-    it was restarted in between (growth compares the same process only)."""
+    it was restarted in between. Growth compares the process alive at the end with itself,
+    from its first sample after its part last recovered from a fault (a restarted worker
+    is still loading the model before that)."""
     out: dict[str, Any] = {}
     parts = {p for s in samples for p in s["parts"]}
+    settled = {f["part"]: f["recovered"] for f in sorted(
+        faults, key=lambda f: f["recovered"] if f.get("recovered") is not None else math.inf)}
     for part in sorted(parts):
         seen = [(s["t"], s["parts"][part]) for s in samples if part in s["parts"]]
         if not seen:
             continue
         first, last = seen[0][1], seen[-1][1]
-        same = [v for _, v in seen if v["incarnation"] == last["incarnation"]]
+        since = settled.get(part)
+        since = -math.inf if since is None and part not in settled else since
+        same = [v for t, v in seen if v["incarnation"] == last["incarnation"]
+                and since is not None and t >= since]
         out[part] = {
             "rss_mb_start": first["rss_mb"], "rss_mb_end": last["rss_mb"],
             "rss_mb_max": max(v["rss_mb"] for _, v in seen),
