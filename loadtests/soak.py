@@ -489,13 +489,14 @@ class Chaos:
 
     def free_part(self, kind: str, stop: threading.Event) -> str | None:
         """The part ``kind`` hits (a worker at random), once no fault is recovering except
-        a killed worker's restart, and then never on that worker (one always serves)."""
+        a killed worker's restart, and then not on a worker while the other is down: one
+        always serves (both down is an outage by construction, not a finding)."""
         while not stop.is_set():
             restarting = {p for p in self.busy if p in self.restarting}
             if self.busy <= restarting:
                 if kind.startswith("worker"):
                     free = [w for w in ("worker-0", "worker-1") if w not in self.busy]
-                    if len(free) == 2 or (free and kind == "worker_stop"):
+                    if len(free) == 2:
                         return self.rng.choice(free)
                 else:
                     return kind.split("_")[0]
@@ -628,13 +629,16 @@ def chaos_loop(chaos: Chaos, args: argparse.Namespace, end: float, stop: threadi
     expected = {"worker_kill": 90, "worker_stop": 25, "registry_kill": 15, "redis_kill": 15,
                 "s3_stop": 30}
     fixed = args.faults_per_kind
-    plan: list[str] = ["worker_kill"] if fixed else []  # the slowest to recover first
+    # Fixed: the worker pause first, then the kill, whose minutes of restart the other
+    # faults overlap (any worker fault waits for both workers).
+    plan: list[str] = ["worker_stop", "worker_kill"] if fixed else []
     for _ in range(fixed or 100):
         round_ = list(KINDS)
         rng.shuffle(round_)
         plan += round_
     if fixed:
         plan.remove("worker_kill")
+        plan.remove("worker_stop")
     short = args.minutes <= 5
     for kind in plan:
         gap = rng.uniform(3, 8) if short else rng.uniform(10, 45)

@@ -261,28 +261,38 @@ def bins(requests: Sequence[Record], end: float, width: float = 5.0) -> list[Rec
 
 
 def plot(timeline: Sequence[Record], faults: Sequence[Record], title: str, path: Path) -> None:
+    """Throughput and errors, latency, and one strip per fault kind below: dark while the
+    fault lasts, light until the first success through the part. The plots above are
+    shaded only while a fault lasts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t = [b["t"] for b in timeline]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 6.5), sharex=True)
+    fig, (top, middle, strip) = plt.subplots(
+        3, 1, figsize=(13, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 1.4]})
     top.plot(t, [b["ok_per_s"] for b in timeline], label="successful requests/s")
     top.plot(t, [b["errors_per_s"] for b in timeline], color="tab:red", label="errors/s")
-    top.set_ylabel("requests / s (5 s bins)")
-    bottom.plot(t, [b["p95_s"] for b in timeline], color="tab:purple")
-    bottom.set_ylabel("latency p95 (s)")
-    bottom.set_xlabel("seconds since the soak started")
-    labelled = set()
+    top.set_ylabel("requests / s\n(5 s bins)")
+    top.legend(loc="upper right", fontsize=8)
+    middle.plot(t, [b["p95_s"] for b in timeline], color="tab:purple")
+    middle.set_ylabel("latency p95 (s)")
+    kinds = sorted({f["kind"] for f in faults})
     for f in faults:
-        last = f["recovered"] if f.get("recovered") is not None else f["end"]
+        row = kinds.index(f["kind"])
         colour = FAULT_COLOURS.get(f["kind"], "#ddd")
-        for ax in (top, bottom):
-            ax.axvspan(f["start"], last, color=colour, alpha=0.7, zorder=0,
-                       label=f["kind"] if ax is top and f["kind"] not in labelled else None)
-        labelled.add(f["kind"])
-    top.legend(loc="upper right", fontsize=8, ncol=4)
+        last = f["recovered"] if f.get("recovered") is not None else f["end"]
+        strip.broken_barh([(f["start"], max(f["end"] - f["start"], 0.5))], (row - 0.4, 0.8),
+                          color=colour, edgecolor="black", linewidth=0.5)
+        strip.broken_barh([(f["end"], last - f["end"])], (row - 0.25, 0.5), color=colour,
+                          alpha=0.45)
+        for ax in (top, middle):
+            ax.axvspan(f["start"], f["end"], color=colour, alpha=0.6, zorder=0)
+    strip.set_yticks(range(len(kinds)), kinds, fontsize=8)
+    strip.set_ylim(-0.6, max(len(kinds), 1) - 0.4)
+    strip.set_xlabel("seconds since the soak started (fault: dark = down, light = until "
+                     "the first success through the part)")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
