@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import redis
+from preft_serve.common.local_redis import redis_server_argv
 from preft_serve.common.serving_limits import SERVING_LIMITS
 from preft_serve.localstack.processes import Child, StackError, port_in_use
 
@@ -111,15 +112,17 @@ class LocalStack:
         return child
 
     def start_redis(self) -> Child:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise StackError("redis-server not found: install it (apt-get install redis-server)")
+        """Redis with an append-only file, like the chart's: a Redis restart during the run
+        keeps every tenant, adapter and binding. Each run starts from an empty one (the
+        demo creates its tenant afresh)."""
         data = self.config.run_dir / "redis"
+        shutil.rmtree(data, ignore_errors=True)
         data.mkdir(parents=True, exist_ok=True)
-        child = self.start("redis", [
-            binary, "--port", str(self.config.redis_port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", str(data.resolve()),
-            "--protected-mode", "yes"])
+        try:
+            argv = redis_server_argv(self.config.redis_port, data.resolve(), persistent=True)
+        except FileNotFoundError as exc:
+            raise StackError(str(exc)) from None
+        child = self.start("redis", argv)
         client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
         child.wait_ready(lambda: bool(client.ping()), self.config.service_timeout_s, 0.05)
         client.close()
