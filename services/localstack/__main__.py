@@ -81,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
                    help="largest LoRA r the worker serves and the registry accepts "
                    "(default %(default)s)")
+    p.add_argument("--tool-call-parser", metavar="NAME",
+                   help="turn on tool calling with this vLLM tool-call parser (e.g. hermes, "
+                   "llama3_json); the chart's worker.toolCallParser")
     p.add_argument("--worker-args", default="", metavar="'FLAGS'",
                    help="extra flags for the worker (and vLLM), one shell-quoted string")
     p.add_argument("--exit-after-demo", action="store_true",
@@ -97,6 +100,9 @@ def config_from(args: argparse.Namespace) -> StackConfig:
         object_store=args.object_store, s3_endpoint_url=args.s3_endpoint_url,
         max_lora_rank=args.max_lora_rank, worker_args=shlex.split(args.worker_args),
     )
+    if args.tool_call_parser:
+        config.worker_args += ["--enable-auto-tool-choice",
+                               f"--tool-call-parser={args.tool_call_parser}"]
     if not args.toy:
         config.base_model_name = DEFAULT_MODEL
         config.kv_cache_gib = 0.5

@@ -231,3 +231,18 @@ def test_worker_probes_hit_vllms_endpoints(vllm_parser: Any,
         container_port(spec, get["port"])
         assert client.get(get["path"]).status_code == 200
     assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("scenario,parser_name", [("default", None), ("gpu", "hermes")])
+def test_tool_calling_is_off_by_default_and_one_value_turns_it_on(
+        vllm_parser: Any, scenarios: dict[str, Rendered], values: dict[str, Any],
+        scenario: str, parser_name: str | None) -> None:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    assert values["worker"]["toolCallParser"] == ""
+    spec = container(scenarios[scenario].component("Deployment", "worker"))
+    args, passthrough = serve.parser().parse_known_args(spec["args"])
+    parsed = vllm_parser.make_arg_parser(FlexibleArgumentParser()).parse_args(
+        serve.vllm_argv(args, passthrough))
+    assert parsed.enable_auto_tool_choice is (parser_name is not None)
+    assert parsed.tool_call_parser == parser_name

@@ -75,3 +75,13 @@ def test_registry_and_worker_get_one_lora_rank(tmp_path: Path, flags: list[str])
     expected = str(flags[1] if flags else SERVING_LIMITS.max_lora_rank)
     assert env["PREFT_REGISTRY_MAX_LORA_RANK"] == expected
     assert worker[worker.index("--max-lora-rank") + 1] == expected
+
+
+def test_tool_call_parser_reaches_the_worker_as_the_chart_renders_it(tmp_path: Path) -> None:
+    config = config_from(parser().parse_args(["--var", str(tmp_path), "--toy",
+                                              "--tool-call-parser", "hermes"]))
+    argv = LocalStack(config, say=lambda _: None).worker_command(tmp_path / "model")
+    assert argv[-2:] == ["--enable-auto-tool-choice", "--tool-call-parser=hermes"]
+    plain = config_from(parser().parse_args(["--var", str(tmp_path), "--toy"]))
+    argv = LocalStack(plain, say=lambda _: None).worker_command(tmp_path / "model")
+    assert "--enable-auto-tool-choice" not in argv
