@@ -5,6 +5,7 @@ Examples:
     export PREFT_REGISTRY_URL=http://registry:8081 PREFT_API_KEY=pft_...
     preft adapter upload ./my-adapter --name support-bot --mode prefill
     preft adapter upload ./my-adapter-v2 --name support-bot --new-version
+    preft adapter convert ./old-adapter           # adapter_model.bin -> .safetensors (local)
     preft user bind alice support-bot
     preft adapter list
     PREFT_ADMIN_TOKEN=... preft tenant create acme
@@ -127,7 +128,7 @@ def _upload_parts(path: Path) -> list[Path]:
     if missing:
         pickles = sorted(p.name for p in path.glob("*") if p.suffix in (".bin", ".pt", ".pth"))
         hint = (f"; found {', '.join(pickles)}: convert it to safetensors with "
-                "save_pretrained(dir, safe_serialization=True)") if pickles else ""
+                f"`preft adapter convert {path}`") if pickles else ""
         raise CliError(f"{path} lacks {' and '.join(missing)}{hint}")
     return [path / CONFIG_FILE, path / WEIGHTS_FILE]
 
@@ -143,14 +144,35 @@ def cmd_adapter_upload(reg: Registry, args: argparse.Namespace) -> Any:
         files = [("files", (p.name, h, "application/octet-stream"))
                  for p, h in zip(parts, handles)]
         data = {"mode": args.mode} if args.mode else {}
+        params = {"strict": "true"} if args.strict else None
         if args.new_version:
-            return reg.call("PUT", f"/v1/adapters/{args.name}", data=data, files=files)
-        if not args.mode:
+            result = reg.call("PUT", f"/v1/adapters/{args.name}", data=data, files=files,
+                              params=params)
+        elif not args.mode:
             raise CliError("--mode is required for a new adapter (prefill or all)")
-        return reg.call("POST", "/v1/adapters", data={**data, "name": args.name}, files=files)
+        else:
+            result = reg.call("POST", "/v1/adapters", data={**data, "name": args.name},
+                              files=files, params=params)
     finally:
         for h in handles:
             h.close()
+    for warning in result.get("warnings") or ():
+        sys.stderr.write(f"warning: {warning}\n")
+    return result
+
+
+def cmd_adapter_convert(args: argparse.Namespace) -> int:
+    """Local: adapter_model.bin -> adapter_model.safetensors (torch.load weights_only)."""
+    from preft_serve.common.peft_convert import ConvertError, convert_adapter
+
+    try:
+        written = convert_adapter(Path(args.path), Path(args.out) if args.out else None,
+                                  overwrite=args.force)
+    except ConvertError as exc:
+        _fail(str(exc))
+    sys.stdout.write(f"wrote {written}; upload with: preft adapter upload {written.parent} "
+                     "--name NAME --mode prefill\n")
+    return 0
 
 
 def cmd_adapter_list(reg: Registry, args: argparse.Namespace) -> Any:
@@ -187,6 +209,8 @@ def _render(result: Any, command: str, out: IO[str]) -> None:
         _print_table(result["versions"], ["version", "sha256", "mode", "created_at"], out)
     elif isinstance(result, dict):
         for key, value in result.items():
+            if key == "warnings":
+                continue  # printed on stderr by the command
             out.write(f"{key + ':':<13}{value}\n")
 
 
@@ -227,8 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "new adapter, defaults to the current mode with --new-version")
     up.add_argument("--new-version", action="store_true",
                     help="upload the next version of an existing adapter (hot swap)")
+    up.add_argument("--strict", action="store_true",
+                    help="refuse the upload instead of accepting it with warnings (e.g. a "
+                    "base_model_name_or_path naming another model)")
     up.add_argument("--progress", action="store_true", help="always show upload progress")
     up.add_argument("--quiet", action="store_true", help="never show upload progress")
+    conv = a_sub.add_parser(
+        "convert", help="Convert a PEFT adapter saved as adapter_model.bin to safetensors "
+        "(local; needs torch)", description="Read adapter_model.bin (or .pt) with "
+        "torch.load(weights_only=True) and write adapter_model.safetensors next to it, or "
+        "into --out with a copy of adapter_config.json")
+    conv.add_argument("path", help="adapter folder, or its adapter_model.bin")
+    conv.add_argument("--out", help="output folder (default: the adapter's folder)")
+    conv.add_argument("--force", action="store_true",
+                      help="overwrite an existing adapter_model.safetensors")
+    conv.set_defaults(local=cmd_adapter_convert)
     ls = leaf(a_sub, "list", "List your adapters", cmd_adapter_list)
     ls.add_argument("--limit", type=int, default=100, help="page size (default 100)")
     ls.add_argument("--all", action="store_true", help="fetch every page")

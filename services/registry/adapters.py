@@ -43,6 +43,7 @@ _VERSION_FIELDS = ("version", "sha256", "type", "rank", "mode", "base_model", "s
 class UploadResult:
     version: AdapterVersion
     created: bool  # False: identical to the current version, nothing changed
+    warnings: tuple[str, ...] = ()  # validation's, for the upload response
 
 
 def version_record(name: str, v: ValidatedAdapter, version: int, now: str) -> AdapterVersion:
@@ -101,13 +102,14 @@ class AdapterService:
 
     def upload(
         self, tenant: str, name: str, mode: AdapterMode | None, files: list[UploadedFile],
-        *, create: bool,
+        *, create: bool, strict: bool = False,
     ) -> UploadResult:
         """Validate, store and commit one adapter version.
 
         ``create=True`` (POST) refuses to add a version to an existing name unless the
         content is identical; ``create=False`` (PUT) adds a version (the hot swap) or
-        creates the adapter. ``mode=None`` keeps the current version's mode.
+        creates the adapter. ``mode=None`` keeps the current version's mode. ``strict``
+        refuses what would otherwise be accepted with warnings.
         """
         check_adapter_name(name)
         if mode is None:
@@ -119,15 +121,16 @@ class AdapterService:
         with tempfile.TemporaryDirectory(dir=self.staging_dir, prefix="preft-upload-") as tmp:
             staged = stage_upload(files, Path(tmp), self.limits)
             validated = validate_adapter(staged.config_path, staged.weights_path, mode,
-                                         self.base, self.limits)
+                                         self.base, self.limits, strict=strict)
             # Decide no-op / conflict before writing a blob nobody would reference.
             early = self._unchanged_or_conflict(
                 name, self.redis.hgetall(self.keys.adapter(tenant, name)), validated, create)
             if early is not None:
-                return early
+                return dataclasses.replace(early, warnings=validated.warnings)
             self.store.put_adapter(validated.sha256, validated.config_bytes,
                                    validated.weights_path, verify=False)
-        result = self.commit(tenant, name, validated, create=create)
+        result = dataclasses.replace(self.commit(tenant, name, validated, create=create),
+                                     warnings=validated.warnings)
         if result.created:
             logger.info("tenant %s adapter %s version %d -> %s (%s, %s, rank %d)", tenant, name,
                         result.version.version, result.version.sha256, validated.type.value,

@@ -50,6 +50,14 @@ class AdapterVersion(BaseModel):
     created_at: str
 
 
+class AdapterUploaded(AdapterVersion):
+    """The upload response: the stored version plus what validation warns about."""
+
+    warnings: list[str] = Field(default_factory=list, description=(
+        "Accepted but doubtful settings, e.g. a base_model_name_or_path naming another model "
+        "or target_modules entries that match nothing; ?strict=true refuses them instead"))
+
+
 class AdapterOut(AdapterVersion):
     """An adapter's current version plus adapter-level facts."""
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.common.families.lora import LORA_MODULES
 from preft_serve.common.reft_format import PREFILL_POSITIONS, parse_positions
 
-LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+__all__ = ["LORA_MODULES", "AdapterSpec"]
 
 
 @dataclasses.dataclass(frozen=True)

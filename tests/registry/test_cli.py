@@ -105,3 +105,20 @@ def test_tenant_limits(live_server, tenant_key, capsys):
     assert code == 0 and json.loads(out)["tenant_rps"] is None
     code, _, err = run(capsys, "tenant", "limits", "acme", "--rps", "-3", *common)
     assert code == 1 and "greater than or equal to 0" in err
+
+
+def test_upload_warnings_and_strict(live_server, tenant_key, lora_dir, tmp_path, capsys):
+    from tests.registry import factories
+
+    other = factories.edit_config(factories.copy_adapter(lora_dir, tmp_path / "a"),
+                                  base_model_name_or_path="meta-llama/Llama-3.1-8B")
+    common = ["--url", live_server, "--api-key", tenant_key, "--mode", "prefill"]
+    code, _, err = run(capsys, "adapter", "upload", str(other), "--name", "bot", "--strict",
+                       *common)
+    assert code == 1
+    assert err.startswith("error: strict mode: adapter_config.json names "
+                          "base_model_name_or_path 'meta-llama/Llama-3.1-8B'")
+    code, out, err = run(capsys, "adapter", "upload", str(other), "--name", "bot", *common)
+    assert code == 0
+    assert err.startswith("warning: adapter_config.json names base_model_name_or_path")
+    assert "version:     1" in out and "warnings" not in out

@@ -72,9 +72,46 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
                      "LoRA config 'r' must be a positive integer"),
     "unsupported module": (
         _bad(lambda d: factories.edit_config(d, target_modules=["q_proj", "embed_tokens"])),
-        422, "LoRA target_modules ['embed_tokens'] are not supported"),
+        422, ("target_modules ['q_proj', 'embed_tokens'] matches model.embed_tokens, which is "
+              "the input embedding (LoRA on embeddings is not served)")),
+    "target matches nothing": (
+        _bad(lambda d: factories.edit_config(d, target_modules=["foo"])), 422,
+        ("target_modules ['foo'] matches no module of the base model (LlamaForCausalLM, e.g. "
+         "model.layers.0.self_attn.q_proj); use names like q_proj, self_attn.q_proj, a regex, "
+         "or 'all-linear'")),
+    "packed qkv_proj": (
+        _bad(lambda d: factories.edit_config(d, target_modules=["qkv_proj", "o_proj"])), 422,
+        ("target_modules entry 'qkv_proj' is vLLM's fused name for q_proj, k_proj, v_proj; "
+         "LlamaForCausalLM has separate modules, and PEFT adapters for it name them: list "
+         "q_proj, k_proj, v_proj instead")),
+    "target is a norm layer": (
+        _bad(lambda d: factories.edit_config(d, target_modules=r".*layernorm")), 422,
+        "matches model.layers.0.input_layernorm (and 3 more), which is a norm layer"),
+    "regex too long": (
+        _bad(lambda d: factories.edit_config(d, target_modules="(q|k)_proj" + "?" * 300)), 422,
+        "target_modules regex is 310 characters; the limit is 256 - list module names instead"),
+    "regex invalid": (
+        _bad(lambda d: factories.edit_config(d, target_modules=".*(q_proj")), 422,
+        "target_modules '.*(q_proj' is not a valid regular expression"),
+    "target_modules a number": (
+        _bad(lambda d: factories.edit_config(d, target_modules=7)), 422,
+        ("LoRA config 'target_modules' must be a list of at most 16384 module names or one "
+         "string (a regex, or 'all-linear'); got 7")),
+    "layers_pattern of another model": (
+        _bad(lambda d: factories.edit_config(d, layers_to_transform=[0], layers_pattern="h")),
+        422, "layers_pattern 'h' does not name this base model's layer list; use 'layers'"),
     "dora": (_bad(lambda d: factories.edit_config(d, use_dora=True)), 422,
              "DoRA adapters (use_dora=true) are not supported"),
+    "lora_bias": (_bad(lambda d: factories.edit_config(d, lora_bias=True)), 422,
+                  ("adapter_config.json sets lora_bias=true: lora_bias=true (a trained bias on "
+                   "lora_B) is not supported; train with lora_bias=false")),
+    "pissa init": (_bad(lambda d: factories.edit_config(d, init_lora_weights="pissa_niter_4")),
+                   422, ("init_lora_weights='pissa_niter_4' changes the base model's weights "
+                         "when PEFT loads the adapter")),
+    "trainable tokens": (
+        _bad(lambda d: factories.edit_config(d, trainable_token_indices=[1, 2])), 422,
+        ("adapter_config.json sets trainable_token_indices=[1, 2]: trainable_token_indices "
+         "(trained embedding rows) is not supported")),
     "layer out of range": (
         _bad(lambda d: factories.edit_config(d, layers_to_transform=[0, 5])), 422,
         "layers_to_transform must list layer indices in 0..1"),
@@ -228,6 +265,7 @@ def test_pickle_bin_rejected_with_conversion_hint(client, acme, lora_dir, state_
     assert "adapter_model.bin is a pickle-based PyTorch file, which the registry never loads" \
         in message
     assert "safe_serialization=True" in message
+    assert "preft adapter convert" in message
     assert state_snapshot() == before
 
 

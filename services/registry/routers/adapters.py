@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.common.errors import error_responses
+from preft_serve.registry.adapters import UploadResult
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep
 from preft_serve.registry.ingest import UploadedFile
-from preft_serve.registry.models import AdapterDetail, AdapterPage, AdapterVersion
+from preft_serve.registry.models import AdapterDetail, AdapterPage, AdapterUploaded
 from preft_serve.registry.names import ADAPTER_PATTERN, AdapterPath
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
@@ -18,15 +19,23 @@ FilesField = Annotated[list[UploadFile], File(
     description="adapter_config.json and adapter_model.safetensors as two parts, or one "
                 ".tar.gz/.zip of the adapter folder", json_schema_extra={"minItems": 1})]
 _UPLOAD_ERRORS = error_responses(400, 401, 409, 413, 415, 422)
+StrictQuery = Annotated[bool, Query(
+    description="Refuse the upload (422) instead of accepting it with warnings, e.g. when "
+                "its base_model_name_or_path names another model")]
 
 
 def _files(files: list[UploadFile]) -> list[UploadedFile]:
     return [UploadedFile(f.filename or "", f.file) for f in files]
 
 
-@router.post("", response_model=AdapterVersion, status_code=status.HTTP_201_CREATED,
+def _uploaded(result: UploadResult, response: Response) -> AdapterUploaded:
+    response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+    return AdapterUploaded(**result.version.model_dump(), warnings=list(result.warnings))
+
+
+@router.post("", response_model=AdapterUploaded, status_code=status.HTTP_201_CREATED,
              responses={200: {"description": "Identical content already uploaded: unchanged",
-                              "model": AdapterVersion}, **_UPLOAD_ERRORS})
+                              "model": AdapterUploaded}, **_UPLOAD_ERRORS})
 def upload_adapter(
     principal: PrincipalDep,
     adapters: AdaptersDep,
@@ -35,16 +44,17 @@ def upload_adapter(
                               json_schema_extra={"pattern": ADAPTER_PATTERN})],
     mode: Annotated[AdapterMode, Form(description="prefill (PreFT) or all (classic)")],
     files: FilesField,
-) -> AdapterVersion:
+    strict: StrictQuery = False,
+) -> AdapterUploaded:
     """Upload a new adapter (version 1). Re-uploading identical content is a no-op (200)."""
-    result = adapters.upload(principal.tenant, name, mode, _files(files), create=True)
-    response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
-    return result.version
+    result = adapters.upload(principal.tenant, name, mode, _files(files), create=True,
+                             strict=strict)
+    return _uploaded(result, response)
 
 
-@router.put("/{name}", response_model=AdapterVersion, status_code=status.HTTP_201_CREATED,
+@router.put("/{name}", response_model=AdapterUploaded, status_code=status.HTTP_201_CREATED,
             responses={200: {"description": "Identical to the current version: unchanged",
-                             "model": AdapterVersion}, **_UPLOAD_ERRORS})
+                             "model": AdapterUploaded}, **_UPLOAD_ERRORS})
 def upload_version(
     name: AdapterPath,
     principal: PrincipalDep,
@@ -52,11 +62,12 @@ def upload_version(
     response: Response,
     files: FilesField,
     mode: Annotated[AdapterMode | None, Form(description="Defaults to the current mode")] = None,
-) -> AdapterVersion:
+    strict: StrictQuery = False,
+) -> AdapterUploaded:
     """Upload the next version (the hot swap: bound users move to it at once)."""
-    result = adapters.upload(principal.tenant, name, mode, _files(files), create=False)
-    response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
-    return result.version
+    result = adapters.upload(principal.tenant, name, mode, _files(files), create=False,
+                             strict=strict)
+    return _uploaded(result, response)
 
 
 @router.get("", response_model=AdapterPage, responses=error_responses(400, 401))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from preft_serve.common.adapter_format import (
     MODE_KEY,
@@ -21,7 +21,7 @@ from preft_serve.common.adapter_format import (
     canonical_config_bytes,
     file_digest,
 )
-from preft_serve.registry.text import clip
+from preft_serve.registry.text import clip, shown
 from preft_serve.registry.validation import lora, reft  # noqa: F401  (register validators)
 from preft_serve.registry.validation.base import (
     AdapterRejected,
@@ -63,6 +63,7 @@ class ValidatedAdapter:
     sha256: str
     size_bytes: int
     base_model: str
+    warnings: tuple[str, ...] = ()  # accepted, but the tenant should look (strict: refused)
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -110,16 +111,31 @@ def _tensor_problems(
     return problems
 
 
+def _base_model_warnings(config: dict[str, Any], base: BaseModelSpec) -> list[str]:
+    named = config.get("base_model_name_or_path")
+    if not isinstance(named, str) or not named or base.is_named(named):
+        return []
+    arch = f", {base.architecture}" if base.architecture else ""
+    return [(f"adapter_config.json names base_model_name_or_path {shown(named)}, but this "
+             f"registry serves {base.name!r}{arch}; the shapes match, so the adapter was "
+             "accepted, but one trained on another model gives wrong outputs here - check it, "
+             "or upload with strict=true to refuse such adapters")]
+
+
 def validate_adapter(
     config_path: Path,
     weights_path: Path,
     mode: AdapterMode,
     base: BaseModelSpec,
     limits: ValidationLimits,
+    *,
+    strict: bool = False,
 ) -> ValidatedAdapter:
     """Check an unpacked adapter; raise :class:`AdapterRejected` with every problem found.
 
-    The stored config is the uploaded one with ``preft_mode`` set from ``mode``.
+    The stored config is the uploaded one with ``preft_mode`` set from ``mode``. Doubtful
+    but servable settings (another ``base_model_name_or_path``, ``target_modules`` entries
+    that match nothing) come back as ``warnings``; ``strict`` refuses them instead.
     """
     config = load_config(config_path, limits)
     config[MODE_KEY] = AdapterMode(mode).value
@@ -141,11 +157,10 @@ def validate_adapter(
     if not problems:
         problems = validator.check_values(config, weights, limits)
     if problems:
-        extra = f" (and {len(problems) - 1} more; see details)" if len(problems) > 1 else ""
-        raise AdapterRejected(
-            problems[0] + extra,
-            details=[{"message": p} for p in problems[:_MAX_LISTED]],
-        )
+        _reject(problems)
+    warnings = validator.config_warnings(config, base) + _base_model_warnings(config, base)
+    if strict and warnings:
+        _reject([f"strict mode: {w}" for w in warnings])
     config_bytes = canonical_config_bytes(config)
     return ValidatedAdapter(
         config=config,
@@ -157,4 +172,11 @@ def validate_adapter(
         sha256=file_digest(config_bytes, weights_path),
         size_bytes=size,
         base_model=base.name,
+        warnings=tuple(warnings),
     )
+
+
+def _reject(problems: list[str]) -> NoReturn:
+    extra = f" (and {len(problems) - 1} more; see details)" if len(problems) > 1 else ""
+    raise AdapterRejected(problems[0] + extra,
+                          details=[{"message": p} for p in problems[:_MAX_LISTED]])

@@ -58,9 +58,20 @@ class BaseModelSpec:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
+    architecture: str = ""  # config.json "architectures"[0], for messages
+    # Other names the base model goes by (its directory, config.json's _name_or_path):
+    # an adapter whose base_model_name_or_path is none of these nor `name` gets a warning.
+    aliases: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, name: str, config: Mapping[str, Any]) -> BaseModelSpec:
+    def from_config(
+        cls, name: str, config: Mapping[str, Any], aliases: tuple[str, ...] = ()
+    ) -> BaseModelSpec:
+        archs = config.get("architectures")
+        arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
+        own_name = config.get("_name_or_path")
+        if isinstance(own_name, str) and own_name:
+            aliases += (own_name,)
         config = config.get("text_config") or config  # multimodal wrappers nest the LM
         try:
             hidden = int(config["hidden_size"])
@@ -73,13 +84,26 @@ class BaseModelSpec:
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
                 head_dim=int(config.get("head_dim") or hidden // heads),
                 intermediate_size=int(config["intermediate_size"]),
+                architecture=arch,
+                aliases=aliases,
             )
         except KeyError as exc:
             raise ValueError(f"base model config.json lacks {exc.args[0]!r}") from None
 
     @classmethod
     def load(cls, name: str, config_json: Path) -> BaseModelSpec:
-        return cls.from_config(name, json.loads(Path(config_json).read_text()))
+        config_json = Path(config_json)
+        return cls.from_config(name, json.loads(config_json.read_text()),
+                               aliases=tuple(dict.fromkeys((
+                                   config_json.parent.name, config_json.resolve().parent.name))))
+
+    def is_named(self, name: str) -> bool:
+        """Whether ``name`` (an adapter's base_model_name_or_path) means this model: its
+        label, directory or hub id, compared by last path component, case-insensitively."""
+        def key(text: str) -> str:
+            return text.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
+
+        return key(name) in {key(n) for n in (self.name, *self.aliases) if n}
 
     def describe(self) -> str:
         return (
@@ -111,6 +135,10 @@ class AdapterValidator(abc.ABC):
         self, config: Mapping[str, Any], weights: WeightsFile, limits: ValidationLimits
     ) -> list[str]:
         """Type-specific checks on tensor values; returns problems (none by default)."""
+        return []
+
+    def config_warnings(self, config: Mapping[str, Any], base: BaseModelSpec) -> list[str]:
+        """Accepted but doubtful config settings (errors in strict mode); none by default."""
         return []
 
 

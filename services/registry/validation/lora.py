@@ -2,18 +2,22 @@
 
 Tensor names follow PEFT: ``base_model.model.model.layers.{L}.{self_attn|mlp}.{module}.
 lora_A.weight`` with shape ``(r, in_features)`` and ``lora_B.weight`` with shape
-``(out_features, r)``. Features the engine does not apply (DoRA, bias, modules_to_save,
-per-module ranks) are rejected rather than silently ignored.
+``(out_features, r)``, for the modules ``target_modules`` resolves to (``targets.py``:
+lists, suffixes, regexes and ``all-linear``, as PEFT resolves them). Features the engine
+does not apply (DoRA, bias, modules_to_save, per-module ranks, ...) are rejected, each
+naming its config key, rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from preft_serve.common.adapter_format import AdapterType
-from preft_serve.registry.text import shown
+from preft_serve.common.families.lora import LORA_MODULES
+from preft_serve.registry.text import clip, shown
 from preft_serve.registry.validation.base import (
     AdapterRejected,
     AdapterValidator,
@@ -24,12 +28,41 @@ from preft_serve.registry.validation.base import (
     register_validator,
     require,
 )
+from preft_serve.registry.validation.targets import resolve_targets
 from preft_serve.registry.validation.weights import WeightsFile
 
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
-SUPPORTED_MODULES = ATTENTION + MLP
-_PREFIX = "base_model.model.model.layers"
+SUPPORTED_MODULES = LORA_MODULES
+_PREFIX = "base_model.model"
+# PEFT LoraConfig settings that change what the adapter computes and that the workers do
+# not implement: key -> why (and what to do). Refused when set to anything but the default.
+_UNSUPPORTED: dict[str, str] = {
+    "use_dora": "DoRA adapters (use_dora=true) are not supported; train a plain LoRA adapter",
+    "lora_bias": "lora_bias=true (a trained bias on lora_B) is not supported; train with "
+                 "lora_bias=false",
+    "modules_to_save": "modules_to_save is not supported (it would replace base-model "
+                       "weights); train without it",
+    "fan_in_fan_out": "fan_in_fan_out=true is not supported (Conv1D models such as GPT-2)",
+    "rank_pattern": "per-module rank_pattern is not supported; use one r and lora_alpha for "
+                    "all modules",
+    "alpha_pattern": "per-module alpha_pattern is not supported; use one r and lora_alpha for "
+                     "all modules",
+    "use_qalora": "QALoRA (use_qalora=true) is not supported",
+    "use_bdlora": "block-diagonal LoRA (use_bdlora) is not supported",
+    "alora_invocation_tokens": "Activated LoRA (alora_invocation_tokens) is not supported",
+    "layer_replication": "layer_replication is not supported (it changes the base model's "
+                         "layers)",
+    "target_parameters": "target_parameters (LoRA on parameters, e.g. MoE experts) is not "
+                         "supported; use target_modules",
+    "trainable_token_indices": "trainable_token_indices (trained embedding rows) is not "
+                               "supported; train without it",
+    "arrow_config": "Arrow routing (arrow_config) is not supported",
+    "kasa_config": "KaSA (kasa_config) is not supported",
+    "velora_config": "VeLoRA (velora_config) is not supported",
+    "monteclora_config": "MonteCLoRA (monteclora_config) is not supported",
+}
+# init_lora_weights values after which PEFT changes the base weights when it loads the
+# adapter (PiSSA, OLoRA, CorDA, LoftQ): served on the unchanged base model they are wrong.
+_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
 
 
 def module_features(base: BaseModelSpec, module: str) -> tuple[int, int]:
@@ -76,13 +109,6 @@ def _check_scale(config: Mapping[str, Any], alpha: float, limits: ValidationLimi
         f"<= {math.floor(max_alpha)}")
 
 
-def _layers(config: Mapping[str, Any], base: BaseModelSpec) -> list[int]:
-    chosen = config.get("layers_to_transform")
-    if chosen is None:
-        return list(range(base.num_layers))
-    return [chosen] if is_int(chosen) else list(chosen)
-
-
 @register_validator
 class LoraValidator(AdapterValidator):
     type = AdapterType.LORA
@@ -104,25 +130,17 @@ class LoraValidator(AdapterValidator):
         require(isinstance(config.get("use_rslora", False), bool),
                 "LoRA config 'use_rslora' must be true or false")
         _check_scale(config, alpha, limits)
-        modules = config.get("target_modules")
-        if not (isinstance(modules, list) and modules
-                and all(isinstance(m, str) for m in modules)):
-            raise AdapterRejected(
-                "LoRA config 'target_modules' must be a non-empty list of module names "
-                f"from: {', '.join(SUPPORTED_MODULES)} (got {shown(modules)})")
-        unknown = sorted(set(modules) - set(SUPPORTED_MODULES))
-        require(not unknown, f"LoRA target_modules {shown(unknown)} are not supported; use only: "
-                f"{', '.join(SUPPORTED_MODULES)}")
-        require(not config.get("use_dora"), "DoRA adapters (use_dora=true) are not supported; "
-                "train a plain LoRA adapter")
         require(config.get("bias", "none") == "none", f"LoRA bias={shown(config.get('bias'))} is "
                 "not supported; train with bias='none'")
-        require(not config.get("modules_to_save"), "modules_to_save is not supported (it would "
-                "replace base-model weights); train without it")
-        require(not config.get("fan_in_fan_out"), "fan_in_fan_out=true is not supported")
-        for key in ("rank_pattern", "alpha_pattern"):
-            require(not config.get(key), f"per-module {key} is not supported; use one r and "
-                    "lora_alpha for all modules")
+        for key, why in _UNSUPPORTED.items():
+            if config.get(key):
+                raise AdapterRejected(f"adapter_config.json sets {key}="
+                                      f"{clip(json.dumps(config[key]), 40)}: {why}")
+        init = config.get("init_lora_weights", True)
+        require(not (isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS)),
+                f"init_lora_weights={shown(init, 40)} changes the base model's weights when PEFT "
+                "loads the adapter, which the shared base model cannot do; convert it to a plain "
+                "LoRA with PEFT's path_initial_model_for_weight_conversion")
         layers = config.get("layers_to_transform")
         if layers is not None:
             as_list = [layers] if is_int(layers) else layers
@@ -132,18 +150,20 @@ class LoraValidator(AdapterValidator):
                 f"layers_to_transform must list layer indices in 0..{base.num_layers - 1} "
                 f"(the base model has {base.num_layers} layers; got {shown(layers)})",
             )
+        resolve_targets(config, base)  # raises when target_modules cannot be served
         return rank
+
+    def config_warnings(self, config: Mapping[str, Any], base: BaseModelSpec) -> list[str]:
+        return resolve_targets(config, base).warnings
 
     def expected_tensors(self, config: Mapping[str, Any], base: BaseModelSpec) -> Shapes:
         rank = int(config["r"])
         shapes: Shapes = {}
-        for layer in _layers(config, base):
-            for module in dict.fromkeys(config["target_modules"]):
-                group = "self_attn" if module in ATTENTION else "mlp"
-                fan_in, fan_out = module_features(base, module)
-                prefix = f"{_PREFIX}.{layer}.{group}.{module}"
-                shapes[f"{prefix}.lora_A.weight"] = (rank, fan_in)
-                shapes[f"{prefix}.lora_B.weight"] = (fan_out, rank)
+        for target in resolve_targets(config, base).targets:
+            fan_in, fan_out = module_features(base, target.module)
+            prefix = f"{_PREFIX}.{target.path}"
+            shapes[f"{prefix}.lora_A.weight"] = (rank, fan_in)
+            shapes[f"{prefix}.lora_B.weight"] = (fan_out, rank)
         return shapes
 
     def check_values(

@@ -26,8 +26,9 @@ _EXPONENT = {
 _FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 CONVERT_HINT = (
-    "convert it to safetensors, e.g. `model.save_pretrained(dir, safe_serialization=True)` "
-    "or `safetensors.torch.save_file(torch.load(path), 'adapter_model.safetensors')`"
+    "convert it to safetensors with `preft adapter convert <adapter folder>` (which reads it "
+    "with torch.load(weights_only=True) only), or save it with "
+    "`model.save_pretrained(dir, safe_serialization=True)`"
 )
 
 
