@@ -70,6 +70,9 @@ RESULTS = Path(__file__).parent / "results"
 KINDS = ("worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop")
 S3_PAUSE_S, WORKER_PAUSE_S, REDIS_DOWN_S = 20.0, 10.0, 5.0
 BUCKET = "soak"
+# moto accepts any credentials; the children get these, the caller's environment is untouched.
+S3_ENV = {"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak",
+          "AWS_DEFAULT_REGION": "us-east-1"}
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "seven",
          "wizards", "quietly", "judge", "boxing", "matches", "near", "old", "harbour")
 
@@ -167,8 +170,6 @@ class Stack:
         logs.mkdir(parents=True)
         s3_port, redis_port = free_port(), free_port()
         s3_url = f"http://127.0.0.1:{s3_port}"
-        os.environ.update({"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak",
-                           "AWS_DEFAULT_REGION": "us-east-1"})
         config = StackConfig(var=self.var, redis_port=redis_port, registry_port=free_port(),
                              gateway_port=free_port(), object_store=f"s3://{BUCKET}/adapters",
                              s3_endpoint_url=s3_url, worker_args=["--max-num-seqs", "64"])
@@ -176,7 +177,7 @@ class Stack:
         self.admin_token, self.redis_url = local.admin_token, local.redis_url
 
         def part(name: str, argv: list[str], env: dict[str, str] | None = None) -> Part:
-            self.parts[name] = Part(name, argv, env or {}, logs, run).start()
+            self.parts[name] = Part(name, argv, {**S3_ENV, **(env or {})}, logs, run).start()
             say(f"  {name}: pid {self.parts[name].pid}")
             return self.parts[name]
 
@@ -219,7 +220,8 @@ class Stack:
         from preft_serve.common.objectstore import create_object_store
 
         return create_object_store(f"s3://{BUCKET}/adapters", endpoint_url=self.urls["s3"],
-                                   region="us-east-1")
+                                   region="us-east-1", access_key_id="soak",
+                                   secret_access_key="soak")
 
 
 # -- what everyone records ------------------------------------------------------------------
@@ -487,11 +489,12 @@ class Chaos:
         self.restarting: set[str] = set()  # killed workers among them
         self.waiting: list[threading.Thread] = []
 
-    def free_part(self, kind: str, stop: threading.Event) -> str | None:
+    def free_part(self, kind: str, stop: threading.Event,
+                  deadline: float = float("inf")) -> str | None:
         """The part ``kind`` hits (a worker at random), once no fault is recovering except
         a killed worker's restart, and then not on a worker while the other is down: one
         always serves (both down is an outage by construction, not a finding)."""
-        while not stop.is_set():
+        while not stop.is_set() and time.monotonic() < deadline:
             restarting = {p for p in self.busy if p in self.restarting}
             if self.busy <= restarting:
                 if kind.startswith("worker"):
@@ -644,7 +647,8 @@ def chaos_loop(chaos: Chaos, args: argparse.Namespace, end: float, stop: threadi
         gap = rng.uniform(3, 8) if short else rng.uniform(10, 45)
         if not fixed and time.monotonic() + gap + expected[kind] > end:
             break
-        if stop.wait(gap) or (part := chaos.free_part(kind, stop)) is None:
+        deadline = float("inf") if fixed else end - expected[kind]
+        if stop.wait(gap) or (part := chaos.free_part(kind, stop, deadline)) is None:
             return
         chaos.inject(kind, part)
 
@@ -801,9 +805,6 @@ def verdicts(args: argparse.Namespace, journal: Journal, state: dict[str, Any],
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM (timeout, a CI runner) stops the stack too, as Ctrl-C does.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from preft_serve.toymodels import make_model  # imports torch
 
     var = args.var.resolve()
@@ -920,4 +921,6 @@ class _StackView:
 
 
 if __name__ == "__main__":
+    # SIGTERM (timeout, a CI runner) stops the stack too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     raise SystemExit(main())

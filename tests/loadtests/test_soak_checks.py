@@ -85,3 +85,13 @@ def test_recovery_resources_and_error_shape() -> None:
     assert checks.error_shape_ok({"error": {"code": "x", "message": "y"}})
     assert not checks.error_shape_ok({"detail": "nope"})
     assert "FAIL" in checks.table([("a", "b", False)])
+
+
+def test_growth_of_a_restarted_part_counts_from_its_recovery() -> None:
+    samples = [{"t": t, "parts": {"w": {"rss_mb": rss, "fds": 5, "incarnation": inc}}}
+               for t, rss, inc in ((0, 2000, 1), (10, 300, 2), (20, 1900, 2), (30, 2000, 2))]
+    faults = [{"kind": "worker_kill", "part": "w", "start": 5, "end": 6, "recovered": 15}]
+    res = checks.resources(samples, faults)["w"]
+    assert res["restarts"] == 1 and res["rss_growth_same_process"] == 1.05
+    never = [{**faults[0], "recovered": None}]
+    assert checks.resources(samples, never)["w"]["rss_growth_same_process"] is None
