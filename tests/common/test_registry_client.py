@@ -4,6 +4,7 @@ registry's own service code (so reader and writer agree on the layout)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
@@ -35,6 +36,28 @@ def test_resolve_user_and_adapter(client, writer):
     assert client.resolve_user("acme", "bob") is None
     assert client.resolve_user("other", "alice") is None  # tenant-scoped
     assert client.resolve_adapter("other", "bot") is None
+
+
+def test_adapters_lists_current_versions_with_their_creation_time(client, writer,
+                                                                  redis_server, namespace):
+    before = int(time.time())
+    writer.version("acme", "bot", "v1")
+    writer.version("acme", "ant", "a1")
+    sha2 = writer.version("acme", "bot", "v2")  # a new version keeps the adapter's created
+    writer.version("other", "zed", "z1")
+    refs = client.adapters("acme")
+    assert [(r.name, r.version) for r in refs] == [("ant", 1), ("bot", 2)]
+    assert refs[1].sha256 == sha2
+    assert all(before <= r.created <= time.time() for r in refs)
+    assert client.resolve_adapter("acme", "bot").created == refs[1].created
+    assert [r.name for r in client.adapters("acme", limit=1)] == ["ant"]
+    assert client.adapters("nobody") == []
+
+    async def listed() -> list[AdapterRef]:
+        async with AsyncRegistryClient(redis_server, namespace=namespace) as aclient:
+            return await aclient.adapters("acme")
+
+    assert asyncio.run(listed()) == refs
 
 
 def test_cache_serves_without_redis_and_events_invalidate(client, writer, redis_server,

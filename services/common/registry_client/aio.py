@@ -70,6 +70,11 @@ class AsyncRegistryClient(RegistryCore):
         is rare, and the index is one sorted set)."""
         return await drive_async(self._adapter_names(tenant, limit))
 
+    async def adapters(self, tenant: str, limit: int = 1000) -> list[AdapterRef]:
+        """Current versions of the tenant's first ``limit`` adapters in name order (not
+        cached, like :meth:`adapter_names`)."""
+        return await drive_async(self._adapters(tenant, limit))
+
     async def authenticate(self, api_key: str) -> KeyOwner | None:
         """Owner of a valid API key; ``None`` for unknown or revoked ones (cached until an
         ``apikey.revoked`` event)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import threading
@@ -62,11 +63,24 @@ def valid_adapter(tenant: str, name: str) -> bool:
 def parse_ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:
     if not values or values[0] is None:
         return None
-    version, sha256, type_, mode, rank, base_model = values
+    version, sha256, type_, mode, rank, base_model, created_at = values
     return AdapterRef(
         tenant, name, int(version), str(sha256), AdapterType(type_), AdapterMode(mode),
-        int(rank or 0), str(base_model or ""),
+        int(rank or 0), str(base_model or ""), unix_seconds(created_at),
     )
+
+
+def unix_seconds(iso: str | None) -> int:
+    """Whole seconds since the epoch of an ISO 8601 timestamp (0: missing or unreadable)."""
+    if not iso:
+        return 0
+    try:
+        stamp = dt.datetime.fromisoformat(str(iso))
+    except ValueError:
+        return 0
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return int(stamp.timestamp())
 
 
 def parse_blob(fields: Mapping[str, str]) -> BlobInfo | None:

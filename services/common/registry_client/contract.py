@@ -22,7 +22,10 @@ from typing import Any
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType, is_digest
 
-ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model")
+# The current-version HASH fields a lookup reads (``adapter_created_at``: when the adapter's
+# first version was written, ISO 8601 UTC; it survives later versions).
+ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model",
+                  "adapter_created_at")
 
 # fullmatch only: `$` would also accept a trailing newline.
 _TENANT = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
@@ -175,6 +178,9 @@ class AdapterRef:
     mode: AdapterMode
     rank: int
     base_model: str
+    # Unix seconds when the adapter (its first version) was created; 0 if unknown. Left out
+    # of equality, so a ref built without it still equals the same version read from Redis.
+    created: int = dataclasses.field(default=0, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -201,6 +201,20 @@ class RegistryCore(ClientBase):
         names = yield Call(self.redis.zrange, (self.keys.adapters(tenant), 0, limit - 1))
         return [n.decode() if isinstance(n, bytes) else n for n in names]
 
+    def _adapters(self, tenant: str, limit: int) -> Steps[list[AdapterRef]]:
+        """Current versions of the first ``limit`` adapters by name: one round trip for the
+        names, one pipelined round trip for their fields (not cached)."""
+        names = [n for n in (yield from self._adapter_names(tenant, limit))
+                 if valid_adapter(tenant, n)]
+        if not names:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hmget(self.keys.adapter(tenant, name), ADAPTER_FIELDS)
+        rows = yield Call(pipe.execute)
+        refs = (parse_ref(tenant, name, row) for name, row in zip(names, rows, strict=True))
+        return [ref for ref in refs if ref is not None]  # deleted between the two reads
+
     def _authenticate(self, api_key: str) -> Steps[KeyOwner | None]:
         if not api_key.startswith(API_KEY_PREFIX):
             return None

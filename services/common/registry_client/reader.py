@@ -26,6 +26,9 @@ class AsyncRegistryReader(Protocol):
     async def adapter_names(self, tenant: str, limit: int = 1000) -> list[str]:
         """The tenant's first ``limit`` adapter names in name order."""
 
+    async def adapters(self, tenant: str, limit: int = 1000) -> list[AdapterRef]:
+        """Current versions of the tenant's first ``limit`` adapters in name order."""
+
     def cache_sizes(self) -> dict[str, int]:
         """Entries in each lookup cache, for metrics (empty without a cache)."""
 

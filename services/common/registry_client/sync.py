@@ -78,6 +78,11 @@ class RegistryClient(RegistryCore):
         """Current version of a tenant's adapter; ``None`` if it does not exist."""
         return drive(self._resolve_adapter(tenant, name))
 
+    def adapters(self, tenant: str, limit: int = 1000) -> list[AdapterRef]:
+        """Current versions of the tenant's first ``limit`` adapters in name order (not
+        cached)."""
+        return drive(self._adapters(tenant, limit))
+
     def authenticate(self, api_key: str) -> KeyOwner | None:
         """Owner of a valid API key; ``None`` for unknown or revoked ones (cached until an
         ``apikey.revoked`` event)."""
