@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from preft_serve.common.access_log import REQUEST_ID_HEADER, request_id_of
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -185,8 +186,12 @@ async def _validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal", "internal server error; the server log has details")
+    # Starlette answers this one outside every middleware, so the request id is added here.
+    request_id = request_id_of(request)
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc,
+                 extra={"request_id": request_id})
+    return error_response(500, "internal", "internal server error; the server log has details",
+                          headers={REQUEST_ID_HEADER: request_id} if request_id else None)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -54,7 +54,8 @@ def redact(text: str) -> str:
 
 
 def _redact_value(name: str, value: Any) -> Any:
-    if _SENSITIVE_NAMES.search(name):
+    # A number is a count, not a credential ("prompt_tokens": 5 stays readable).
+    if _SENSITIVE_NAMES.search(name) and not isinstance(value, int | float):
         return REDACTED
     if isinstance(value, str):
         return redact(value)

@@ -33,9 +33,11 @@ def load_settings(parser: argparse.ArgumentParser, settings_cls: type[S],
 
 
 def serve(settings: Any, create_app: Callable[[Any], Any]) -> int:
-    """Configure logging from ``settings`` and run the app until shutdown."""
+    """Configure logging from ``settings`` and run the app until shutdown (uvicorn's own
+    access lines are off: the apps log one richer line per request, common.access_log)."""
     setup_logging(settings.log_level, json_output=settings.log_json)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None,
+                access_log=False)
     return 0
 
 

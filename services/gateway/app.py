@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from preft_serve import __version__
+from preft_serve.common.access_log import AccessLogMiddleware
 from preft_serve.common.bodylimit import BodySizeLimitMiddleware
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.registry_client import AsyncRegistryReader
@@ -21,6 +22,7 @@ from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
+ACCESS_LOGGER = "preft_serve.gateway.access"
 
 DESCRIPTION = """\
 OpenAI-compatible front door: `Authorization: Bearer <tenant API key>`. The adapter is the
@@ -67,6 +69,8 @@ def create_app(settings: GatewaySettings | None = None,
         message=f"request body exceeds this gateway's {settings.max_body_bytes}-byte limit; "
                 "send a shorter prompt or ask the operator to raise "
                 "PREFT_GATEWAY_MAX_BODY_BYTES")
+    # Outermost: every answer (a 413 from the body limit too) carries the request id.
+    app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
     for module in (completions, models, health):
         app.include_router(module.router)
     return app

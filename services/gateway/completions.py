@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from preft_serve.common.access_log import access_fields, request_id_of
 from preft_serve.common.errors import ServiceError
 from preft_serve.gateway.proxy import BadGateway, Upstream, open_upstream, relay_sse, rewrite_json
 from preft_serve.gateway.selection import select_target
@@ -25,14 +27,17 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     metrics, settings = state.metrics, state.settings
     start = time.perf_counter()
     label = NO_ADAPTER
+    log = access_fields(request)
     try:
         body = parse_body(await request.body(), state.caps.max_json_depth)
         output_tokens = validate_body(body, chat=chat, caps=state.caps)
         user = request_user(body, request.headers.get("x-user-id"))
+        log["user"] = user
         await state.limiter.check(tenant, user, output_tokens)
         target = await select_target(
             state.registry, tenant, body.get("model"), user,
             base_name=settings.base_model_name, worker_base_model=settings.worker_model)
+        log.update(target.log_fields())
         label = metrics.adapter_label(target.public_name)
         body["model"] = target.worker_model
         stream = bool(body.get("stream"))
@@ -43,16 +48,23 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
             strip_usage = not options.get("include_usage")
             options["include_usage"] = True
             body["stream_options"] = options
-        upstream = await open_upstream(state.http, state.pool, target.routing_key, path, body)
+        upstream = await open_upstream(state.http, state.pool, target.routing_key, path, body,
+                                       request_id_of(request))
     except ServiceError as exc:
         metrics.requests.labels(label, str(exc.status_code)).inc()
         metrics.errors.labels(exc.code).inc()
         raise
     metrics.routing.labels(upstream.result.value).inc()
+    log["worker"] = upstream.worker
     status = upstream.response.status_code
     metrics.requests.labels(label, str(status)).inc()
     if status >= 400:
         metrics.errors.labels(f"worker_{status // 100}xx").inc()
+
+    def on_usage(usage: Any) -> None:
+        metrics.record_usage(label, usage)
+        log_usage(log, usage)
+
     if stream and status == 200:
         def first_token() -> None:
             metrics.ttft.labels(label).observe(time.perf_counter() - start)
@@ -60,8 +72,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         async def body_iter() -> Any:
             try:
                 async for piece in relay_sse(upstream, target.public_name, strip_usage,
-                                             lambda usage: metrics.record_usage(label, usage),
-                                             first_token):
+                                             on_usage, first_token):
                     yield piece
             finally:
                 metrics.latency.labels(label).observe(time.perf_counter() - start)
@@ -73,13 +84,21 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
                                  # Releases the worker slot even if the client left before
                                  # the first byte (aclose is idempotent).
                                  background=BackgroundTask(upstream.aclose))
-    response = await _buffered(upstream, state, label, target.public_name, start)
+    response = await _buffered(upstream, state, on_usage, target.public_name, start, label)
     response.headers.update(target.response_headers())
     return response
 
 
-async def _buffered(upstream: Upstream, state: GatewayState, label: str, public_name: str,
-                    start: float) -> Response:
+def log_usage(log: dict[str, Any], usage: Any) -> None:
+    """Token counts for the access log (from a response's or the last chunk's usage)."""
+    if isinstance(usage, dict):
+        for field in ("prompt_tokens", "completion_tokens"):
+            if isinstance(usage.get(field), int):
+                log[field] = usage[field]
+
+
+async def _buffered(upstream: Upstream, state: GatewayState, on_usage: Callable[[Any], None],
+                    public_name: str, start: float, label: str) -> Response:
     """Read the worker's whole JSON answer, rewrite ``model``, count its usage."""
     try:
         raw = await upstream.response.aread()
@@ -97,7 +116,6 @@ async def _buffered(upstream: Upstream, state: GatewayState, label: str, public_
     except (UnicodeDecodeError, json.JSONDecodeError):
         return Response(raw, status_code=status, media_type=media_type)
     if status == 200:
-        state.metrics.record_usage(label, payload.get("usage") if isinstance(payload, dict)
-                                   else None)
+        on_usage(payload.get("usage") if isinstance(payload, dict) else None)
         payload = rewrite_json(payload, public_name)
     return Response(json.dumps(payload), status_code=status, media_type="application/json")

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from preft_serve.common.access_log import access_fields
 from preft_serve.common.errors import Unauthorized
 from preft_serve.common.registry_client import KeyOwner
 from preft_serve.gateway.state import GatewayState
@@ -23,7 +24,7 @@ StateDep = Annotated[GatewayState, Depends(get_state)]
 
 
 async def require_tenant(
-    state: StateDep,
+    request: Request, state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_tenant_bearer)],
 ) -> KeyOwner:
     if credentials is None or credentials.scheme.lower() != "bearer":
@@ -33,6 +34,7 @@ async def require_tenant(
     if owner is None:
         state.metrics.errors.labels("unauthorized").inc()
         raise Unauthorized("invalid API key: use a key issued by the registry for your tenant")
+    access_fields(request)["tenant"] = owner.tenant
     return owner
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from preft_serve.common.access_log import REQUEST_ID_HEADER
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
 from preft_serve.gateway.routing import RouteResult, WorkerPool
 
@@ -49,14 +50,17 @@ class Upstream:
 
 
 async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, path: str,
-                        body: dict[str, Any]) -> Upstream:
-    """Send ``body`` to the best worker for ``key``; the response body is not read yet."""
+                        body: dict[str, Any], request_id: str | None = None) -> Upstream:
+    """Send ``body`` to the best worker for ``key``; the response body is not read yet.
+    ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it)."""
     choice = pool.choose(key)
     failures: list[str] = []
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
     for worker in choice.order:
         pool.acquire(worker)
         try:
-            request = client.build_request("POST", f"{worker}{path}", json=body)
+            request = client.build_request("POST", f"{worker}{path}", json=body,
+                                           headers=headers)
             response = await client.send(request, stream=True)
         except RETRYABLE as exc:
             pool.release(worker)

@@ -50,6 +50,13 @@ class Target:
                 ADAPTER_SHA256_HEADER: self.adapter.sha256}
 
 
+    def log_fields(self) -> dict[str, object]:
+        """What the access log says about the model served (the base model: no adapter)."""
+        return {"model": self.public_name,
+                "adapter": self.adapter.name if self.adapter else None,
+                "adapter_version": self.adapter.version if self.adapter else None}
+
+
 ADAPTER_HEADER = "x-preft-adapter"
 ADAPTER_VERSION_HEADER = "x-preft-adapter-version"
 ADAPTER_SHA256_HEADER = "x-preft-adapter-sha256"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -31,6 +33,8 @@ class GatewayState:
     metrics: GatewayMetrics
     caps: Caps
     owns_redis: bool = False
+    # Unix seconds this gateway started: the base model's ``created`` in /v1/models.
+    started_at: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
     @classmethod
     async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,

@@ -130,7 +130,7 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
             f"x {_plural(choices, 'choice')} x {max_tokens} max tokens), above this "
             f"gateway's limit of {caps.max_request_tokens} per request; lower n or max_tokens"
             + ("" if chat else " or send fewer prompts"))
-    for field in ("model", "user"):
+    for field in ("model", "user", "safety_identifier"):
         if body.get(field) is not None and not isinstance(body[field], str):
             raise BadRequest(f"'{field}' must be a string")
         if isinstance(body.get(field), str) and len(body[field]) > MAX_NAME_CHARS:
@@ -146,8 +146,13 @@ def _plural(count: int, noun: str) -> str:
 
 
 def request_user(body: dict[str, Any], header: str | None) -> str | None:
-    """The end user: the body's ``user`` field, else the ``X-User-Id`` header."""
-    user = body.get("user") or header
+    """The end user: the body's ``user`` field or ``safety_identifier`` (the openai SDK's
+    successor of ``user``; both at once must agree), else the ``X-User-Id`` header."""
+    user, safety_identifier = body.get("user"), body.get("safety_identifier")
+    if user and safety_identifier and user != safety_identifier:
+        raise BadRequest("'user' and 'safety_identifier' name different users; send one of "
+                         "them (both name the end user whose adapter runs)")
+    user = user or safety_identifier or header
     if user is not None and len(user) > MAX_NAME_CHARS:
         raise BadRequest(f"the user id is {len(user)} characters long; at most "
                          f"{MAX_NAME_CHARS} are accepted")

@@ -10,6 +10,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from preft_serve import __version__
+from preft_serve.common.access_log import AccessLogMiddleware
 from preft_serve.common.bodylimit import BodySizeLimitMiddleware
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
@@ -21,6 +22,7 @@ from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState
 
 logger = logging.getLogger(__name__)
+ACCESS_LOGGER = "preft_serve.registry.access"
 
 DESCRIPTION = """\
 Tenants upload adapters (LoRA, DiReFT, LoReFT) for the served base model, version them and
@@ -71,6 +73,8 @@ def create_app(settings: RegistrySettings | None = None,
                 "limit; upload a smaller adapter or ask the operator to raise "
                 "PREFT_REGISTRY_MAX_UPLOAD_BYTES")
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    # Outermost: every answer carries x-request-id, every request gets one log line.
+    app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
     for module in (tenants, adapters, users, health):
         app.include_router(module.router)
     return app

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from preft_serve.common.access_log import access_fields
 from preft_serve.common.errors import Unauthorized
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
@@ -34,18 +35,23 @@ def _bearer(credentials: Credentials, who: str) -> str:
 
 
 def require_admin(
-    state: StateDep, credentials: Annotated[Credentials, Depends(_admin_bearer)]
+    request: Request, state: StateDep,
+    credentials: Annotated[Credentials, Depends(_admin_bearer)],
 ) -> None:
     token = _bearer(credentials, "admin token")
     expected = state.settings.admin_token.get_secret_value()
     if not hmac.compare_digest(token.encode(), expected.encode()):
         raise Unauthorized("invalid admin token")
+    access_fields(request)["admin"] = True
 
 
 def require_tenant(
-    state: StateDep, credentials: Annotated[Credentials, Depends(_tenant_bearer)]
+    request: Request, state: StateDep,
+    credentials: Annotated[Credentials, Depends(_tenant_bearer)],
 ) -> Principal:
-    return state.tenants.authenticate(_bearer(credentials, "API key"))
+    principal = state.tenants.authenticate(_bearer(credentials, "API key"))
+    access_fields(request)["tenant"] = principal.tenant
+    return principal
 
 
 def _tenants(state: StateDep) -> TenantService:

@@ -11,25 +11,34 @@ from preft_serve.common.registry_client import AdapterRef, KeyOwner
 
 SHA = "ab" * 32
 KEY = "pft_good"
+OTHER_KEY = "pft_other"
+CREATED = 1_700_000_000  # when 'bot' was first uploaded (unix seconds)
 
 
 class FakeRegistry:
-    """Tenant 'acme' (key pft_good) has adapter 'bot'; user u1 is bound to it."""
+    """Tenant 'acme' (key pft_good) has adapter 'bot'; user u1 is bound to it. Tenant
+    'globex' (key pft_other) has adapter 'rival' and user u9 bound to it."""
 
     def __init__(self) -> None:
-        self.ref = AdapterRef("acme", "bot", 1, SHA, "lora", AdapterMode.PREFILL, 8, "m")  # type: ignore[arg-type]
+        self.ref = AdapterRef("acme", "bot", 1, SHA, "lora", AdapterMode.PREFILL, 8, "m",  # type: ignore[arg-type]
+                              CREATED)
+        self.other = AdapterRef("globex", "rival", 2, "cd" * 32, "lora",  # type: ignore[arg-type]
+                                AdapterMode.PREFILL, 8, "m", CREATED + 60)
 
     async def authenticate(self, api_key: str) -> KeyOwner | None:
-        return KeyOwner("acme", "k1") if api_key == KEY else None
+        return {KEY: KeyOwner("acme", "k1"), OTHER_KEY: KeyOwner("globex", "k2")}.get(api_key)
 
     async def resolve_user(self, tenant: str, user: str) -> AdapterRef | None:
-        return self.ref if (tenant, user) == ("acme", "u1") else None
+        return {("acme", "u1"): self.ref, ("globex", "u9"): self.other}.get((tenant, user))
 
     async def resolve_adapter(self, tenant: str, name: str) -> AdapterRef | None:
-        return self.ref if (tenant, name) == ("acme", "bot") else None
+        return {("acme", "bot"): self.ref, ("globex", "rival"): self.other}.get((tenant, name))
 
     async def adapter_names(self, tenant: str, limit: int = 1000) -> list[str]:
-        return ["bot"][:limit] if tenant == "acme" else []
+        return [r.name for r in await self.adapters(tenant, limit)]
+
+    async def adapters(self, tenant: str, limit: int = 1000) -> list[AdapterRef]:
+        return [r for r in (self.ref, self.other) if r.tenant == tenant][:limit]
 
     def cache_sizes(self) -> dict[str, int]:
         return {}
@@ -43,12 +52,14 @@ class Workers:
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
+        self.headers: list[httpx.Headers] = []  # of each completion request, like seen
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET":  # the gateway's health and residency checks
             return httpx.Response(200, json={"object": "list", "data": []})
         body = json.loads(request.content)
         self.seen.append(body)
+        self.headers.append(request.headers)
         usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
         if body.get("stream"):
             chunks = [{"model": body["model"], "choices": [{"delta": {"content": c}}]}
