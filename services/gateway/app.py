@@ -26,9 +26,10 @@ ACCESS_LOGGER = "preft_serve.gateway.access"
 
 DESCRIPTION = """\
 OpenAI-compatible front door: `Authorization: Bearer <tenant API key>`. The adapter is the
-one named by `model`, else the one bound to `user` (or the `X-User-Id` header); `model` set
-to the base model's name runs the user's binding if any, else the base model. A user with no
-binding and no `model` gets 404. Errors are `{"error": {"code", "message", "details"}}`.
+one named by `model`, else the one bound to `user` (or `safety_identifier`, or the
+`X-User-Id` header); `model` set to the base model's name runs the user's binding if any,
+else the base model. A user with no binding and no `model` gets 404. Errors are `{"error": {"code", "message", "details"}}`.
+Every answer carries `x-request-id` (the client's `X-Request-Id` when sane, else a new one).
 """
 
 

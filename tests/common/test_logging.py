@@ -74,6 +74,15 @@ def test_json_output_with_extras(capture):
     assert "color_message" not in json.loads(stream.getvalue().strip().splitlines()[-1])
 
 
+def test_counts_under_token_like_names_stay_numbers(capture):
+    stream = capture(json_output=True)
+    logging.getLogger("preft_serve.test").info("done", extra={
+        "prompt_tokens": 5, "completion_tokens": 3, "access_token": "abc", "token_id": "7"})
+    entry = json.loads(stream.getvalue().strip())
+    assert (entry["prompt_tokens"], entry["completion_tokens"]) == (5, 3)
+    assert entry["access_token"] == entry["token_id"] == "***"
+
+
 def test_setup_is_idempotent(capture):
     capture(json_output=False)
     capture(json_output=True)
