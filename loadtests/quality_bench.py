@@ -1,0 +1,477 @@
+"""Accuracy vs throughput of PreFT and all-token adapters on synthetic SFT tasks (issue #15).
+
+For every cell (task x adapter configuration x learning rate x seed): train the adapter
+with ``preft train``'s trainer (its serving semantics: PreFT LoRA gated to prompt tokens,
+all-token LoRA, DiReFT/LoReFT at prompt positions), record the validation and test loss on
+assistant tokens with those semantics, then answer the validation and test questions with
+greedy decoding served by the real vLLM engine with the preft plugin (one ``vllm.LLM``
+for the whole run, one ``LoRARequest`` per trained adapter) and score the replies.
+The learning rate is picked per (task, configuration) on validation loss; the other seeds
+run at that rate. Throughput per configuration comes from the engine benchmark's results
+(``loadtests/results/engine_bench*.json``) when present, else "not measured".
+
+Results are appended to the JSON after every finished cell; a rerun skips finished cells.
+
+    python -m loadtests.quality_bench --quick        # one task, PreFT vs all-token LoRA r16
+    python -m loadtests.quality_bench                # 3 tasks, 7 configurations, LR sweep
+    python -m loadtests.quality_bench --model DIR --steps 3 --out /tmp/q.json --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from loadtests.quality_tasks import Task, make_tasks
+
+RESULTS = Path(__file__).parent / "results"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "quality.md"
+DEFAULT_MODEL = Path("var/models/smollm2-135m-instruct")
+WORK = Path("var/quality")
+TABLE_START, TABLE_END = "<!-- quality-table:start -->", "<!-- quality-table:end -->"
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted max_lora_rank values
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One adapter configuration: name, family, mode, rank (and ReFT positions)."""
+
+    name: str
+    type: str  # lora | direft | loreft
+    mode: str  # prefill | all
+    rank: int
+    engine_mode: str  # the engine benchmark's mode for its throughput
+    positions: str = "prefill"
+
+    def spec(self) -> Any:
+        from preft_serve.common.adapter_format import AdapterMode, AdapterType
+        from preft_serve.training.spec import AdapterSpec
+
+        return AdapterSpec(AdapterType(self.type), AdapterMode(self.mode), rank=self.rank,
+                           positions=self.positions)
+
+
+def lora(mode: str, rank: int) -> Config:
+    label = "preft" if mode == "prefill" else "all"
+    return Config(f"{label}-lora-r{rank}", "lora", mode, rank,
+                  "preft-lora" if mode == "prefill" else "all-lora")
+
+
+def reft(kind: str, rank: int) -> Config:
+    return Config(f"preft-{kind}-r{rank}", kind, "prefill", rank, f"preft-{kind}")
+
+
+FULL_CONFIGS = (lora("all", 4), lora("all", 16), lora("prefill", 4), lora("prefill", 16),
+                lora("prefill", 64), reft("direft", 4), reft("direft", 16),
+                reft("loreft", 4), reft("loreft", 16))
+QUICK_CONFIGS = (lora("prefill", 16), lora("all", 16))
+FULL_LRS = (2e-3, 5e-3, 1e-2)
+QUICK_LRS = (5e-3,)
+HEADLINE = {"preft-lora-r16", "all-lora-r16", "preft-lora-r64"}  # get the extra seeds
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    tasks: tuple[str, ...]
+    configs: tuple[Config, ...]
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    steps: int
+    batch_size: int
+
+
+def cell_key(task: str, config: str, lr: float, seed: int, steps: int) -> str:
+    return f"{task}/{config}/lr={lr:g}/seed={seed}/steps={steps}"
+
+
+# -- results file -----------------------------------------------------------------------
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    return {"meta": {}, "cells": []}
+
+
+def save_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(path)
+
+
+# -- training and eval loss -------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _capture_adapter() -> Iterator[list[Any]]:
+    """The trainer keeps its adapter to itself; catch it to score the test split with the
+    same weights and semantics (``mean_nll`` over the trained adapter)."""
+    from preft_serve.training import trainer
+
+    caught: list[Any] = []
+    original = trainer.attach_adapter
+
+    def attach(*args: Any, **kwargs: Any) -> Any:
+        caught.append(original(*args, **kwargs))
+        return caught[-1]
+
+    trainer.attach_adapter = attach
+    try:
+        yield caught
+    finally:
+        trainer.attach_adapter = original
+
+
+def train_cell(model: Path, task: Task, config: Config, lr: float, seed: int, plan: Plan,
+               out: Path) -> dict[str, Any]:
+    from preft_serve.training.data import load_dataset
+    from preft_serve.training.loss import mean_nll
+    from preft_serve.training.synthetic import write_jsonl
+    from preft_serve.training.trainer import TrainConfig, _batches, pad_id, train
+    from transformers import AutoTokenizer
+
+    data = out / "data"
+    train_file = write_jsonl((i.record() for i in task.train), data / "train.jsonl")
+    val_file = write_jsonl((i.record() for i in task.validation), data / "validation.jsonl")
+    test_file = write_jsonl((i.record() for i in task.test), data / "test.jsonl")
+    cfg = TrainConfig(data=train_file, model=model, out=out / "adapter", adapter=config.spec(),
+                      validation=val_file, max_steps=plan.steps,
+                      batch_size=min(plan.batch_size, len(task.train)), learning_rate=lr,
+                      warmup_steps=1, seed=seed, progress=False)
+    with _capture_adapter() as caught:
+        result = train(cfg, say=lambda _: None)
+    adapter = caught[0]
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    test = load_dataset(test_file, tokenizer, cfg.max_seq_len, cfg.overlong)
+    test_loss = mean_nll(adapter, _batches(test.examples, 8, pad_id(tokenizer), "cpu"))
+    return {"adapter": str(result.out), "train_loss": result.train_loss,
+            "val_loss": result.eval_loss, "test_loss": test_loss,
+            "train_s": result.metrics["wall_seconds"]}
+
+
+# -- the engine -------------------------------------------------------------------------
+
+
+class QualityEngine:
+    """One ``vllm.LLM`` with the preft plugin for every configuration of a run."""
+
+    def __init__(self, model: Path, max_rank: int, max_adapters: int) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from preft_serve.worker.engine_config import preft_engine_kwargs
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model))
+        rank = next(r for r in VLLM_RANKS if r >= max_rank)
+        t0 = time.perf_counter()
+        self.llm = LLM(model=str(model), dtype="float32", enforce_eager=True, seed=0,
+                       kv_cache_memory_bytes=256 << 20, block_size=32, max_model_len=512,
+                       max_num_seqs=32, max_num_batched_tokens=512, max_loras=2,
+                       max_lora_rank=rank, max_cpu_loras=max(2, max_adapters),
+                       **preft_engine_kwargs())
+        self.start_s = round(time.perf_counter() - t0, 1)
+        self._next_id = 1
+
+    def prompt_ids(self, question: str) -> list[int]:
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                  tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def replies(self, questions: list[str], adapter: Path | None, max_tokens: int
+                ) -> list[Any]:
+        """Greedy completions (vLLM ``CompletionOutput``: ``.text``, ``.token_ids``)."""
+        from vllm import SamplingParams
+        from vllm.lora.request import LoRARequest
+
+        request = None
+        if adapter is not None:
+            request = LoRARequest(f"q{self._next_id}", self._next_id, str(adapter))
+            self._next_id += 1
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outs = self.llm.generate([{"prompt_token_ids": self.prompt_ids(q)} for q in questions],
+                                 params, lora_request=request, use_tqdm=False)
+        return [o.outputs[0] for o in outs]
+
+
+def score(engine: QualityEngine, task: Task, adapter: Path | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for split in ("validation", "test"):
+        items = getattr(task, split)
+        outs = engine.replies([i.question for i in items], adapter, task.max_tokens)
+        replies = [o.text for o in outs]
+        hits = [task.check(r, i.answer) for r, i in zip(replies, items)]
+        out[f"{split}_acc"] = sum(hits) / len(hits)
+        out[f"{split}_replies"] = replies
+        out[f"{split}_token_ids"] = [list(o.token_ids) for o in outs]
+    return out
+
+
+# -- throughput from the engine benchmark -----------------------------------------------
+
+
+def engine_throughput(results_dir: Path = RESULTS) -> dict[str, Any]:
+    """mode -> {x_base, source}: each adapter mode's output throughput over the base
+    model's, at the largest adapter count measured (full run preferred over quick)."""
+    for name in ("engine_bench.json", "engine_bench_quick.json"):
+        path = results_dir / name
+        if not path.exists():
+            continue
+        runs = json.loads(path.read_text()).get("runs", [])
+        base = next((r for r in runs if r["mode"] == "base"), None)
+        top = max((r["adapters"] for r in runs), default=0)
+        out: dict[str, Any] = {}
+        for r in runs:
+            if r["adapters"] != top or r["mode"] in out or base is None:
+                continue
+            ratio = r.get("x_base") or r["output_tokens_per_s"] / base["output_tokens_per_s"]
+            out[r["mode"]] = {"x_base": round(ratio, 3), "adapters": top,
+                              "source": f"loadtests/results/{name}"}
+        out["base"] = {"x_base": 1.0, "adapters": 0, "source": f"loadtests/results/{name}"}
+        return out
+    return {}
+
+
+# -- report -----------------------------------------------------------------------------
+
+
+def summarise(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (task, configuration): the LR picked on validation loss (seed 0), and
+    the mean (and spread) over the seeds run at that LR."""
+    cells = results["cells"]
+    rows = []
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for c in cells:
+        groups.setdefault((c["task"], c["config"]), []).append(c)
+    for (task, config), group in groups.items():
+        if config == "base":
+            c = group[0]
+            rows.append({"task": task, "config": "base", "lr": None, "seeds": 0,
+                         "test_loss": None, "test_acc": c["test_acc"],
+                         "val_acc": c["validation_acc"], "x_base": c.get("x_base")})
+            continue
+        seed0 = [c for c in group if c["seed"] == min(x["seed"] for x in group)]
+        best = min(seed0, key=lambda c: c["val_loss"] if math.isfinite(c["val_loss"])
+                   else math.inf)
+        at_lr = [c for c in group if c["lr"] == best["lr"]]
+        losses = [c["test_loss"] for c in at_lr]
+        accs = [c["test_acc"] for c in at_lr]
+        rows.append({
+            "task": task, "config": config, "lr": best["lr"], "seeds": len(at_lr),
+            "test_loss": statistics.mean(losses),
+            "test_loss_sd": statistics.stdev(losses) if len(losses) > 1 else None,
+            "test_acc": statistics.mean(accs), "val_acc": best["validation_acc"],
+            "x_base": best.get("x_base"),
+        })
+    return rows
+
+
+def table(rows: list[dict[str, Any]], throughput: dict[str, Any]) -> str:
+    source = next(iter(throughput.values()))["source"] if throughput else None
+    lines = [("| task | configuration | LR (picked on val loss) | seeds | test loss | "
+              "test accuracy | val accuracy | throughput x base |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        loss = "—" if r["test_loss"] is None else f"{r['test_loss']:.3f}"
+        if r.get("test_loss_sd") is not None:
+            loss += f" ± {r['test_loss_sd']:.3f}"
+        tput = "not measured" if r["x_base"] is None else f"{r['x_base']:.2f}"
+        lines.append(f"| {r['task']} | {r['config']} | {r['lr'] or '—'} | {r['seeds']} | "
+                     f"{loss} | {r['test_acc']:.0%} | {r['val_acc']:.0%} | {tput} |")
+    note = (f"\nThroughput: output tokens/s over the base model's, from `{source}` at its "
+            "largest adapter count (that benchmark's model and rank, not this run's)."
+            if source else "\nThroughput: not measured (no loadtests/results/engine_bench*.json).")
+    return "\n".join(lines) + "\n" + note + "\n"
+
+
+def write_doc(text: str, doc: Path) -> None:
+    block = f"{TABLE_START}\n{text}{TABLE_END}"
+    body = doc.read_text() if doc.exists() else f"# Quality benchmark\n\n{block}\n"
+    if TABLE_START in body and TABLE_END in body:
+        head, rest = body.split(TABLE_START, 1)
+        body = head + block + rest.split(TABLE_END, 1)[1]
+    else:
+        body += f"\n{block}\n"
+    doc.write_text(body)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in rows:
+        x = r["x_base"] if r["x_base"] is not None else float("nan")
+        label = f"{r['task']}:{r['config']}"
+        acc_ax.scatter(x, r["test_acc"])
+        acc_ax.annotate(label, (x, r["test_acc"]), fontsize=7)
+        if r["test_loss"] is not None:
+            loss_ax.scatter(x, r["test_loss"])
+            loss_ax.annotate(label, (x, r["test_loss"]), fontsize=7)
+    acc_ax.set(xlabel="throughput (x base, engine benchmark)", ylabel="test accuracy (greedy)",
+               title="accuracy vs throughput")
+    loss_ax.set(xlabel="throughput (x base, engine benchmark)",
+                ylabel="test loss (assistant tokens)", title="eval loss vs throughput")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- run --------------------------------------------------------------------------------
+
+
+def cells_of(plan: Plan, results: dict[str, Any]) -> Iterator[tuple[str, Config, float, int]]:
+    """Seed-0 cells of the LR sweep first; the extra seeds of headline configurations at
+    the LR their sweep picked (known once the sweep's cells are in ``results``)."""
+    for task in plan.tasks:
+        for config in plan.configs:
+            for lr in plan.lrs:
+                yield task, config, lr, plan.seeds[0]
+    for task in plan.tasks:
+        for config in plan.configs:
+            if config.name not in HEADLINE and len(plan.configs) > 2:
+                continue
+            sweep = [c for c in results["cells"] if c["task"] == task
+                     and c["config"] == config.name and c["seed"] == plan.seeds[0]]
+            if not sweep:
+                continue
+            best = min(sweep, key=lambda c: c["val_loss"])["lr"]
+            for seed in plan.seeds[1:]:
+                yield task, config, best, seed
+
+
+def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
+        say: Any = print) -> dict[str, Any]:
+    started = time.monotonic()
+    tasks = make_tasks()
+    results = load_results(out)
+    results["meta"].update({"model": str(model), "plan": {
+        "tasks": plan.tasks, "configs": [c.name for c in plan.configs], "lrs": plan.lrs,
+        "seeds": plan.seeds, "steps": plan.steps, "batch_size": plan.batch_size},
+        "machine": f"{os.cpu_count()} CPUs"})
+    throughput = engine_throughput()
+    done = {c["key"] for c in results["cells"]}
+    engine: QualityEngine | None = None
+
+    def get_engine() -> QualityEngine:
+        nonlocal engine
+        if engine is None:
+            say("starting the vLLM engine (preft plugin) ...")
+            engine = QualityEngine(model, max(c.rank for c in plan.configs),
+                                   len(plan.tasks) * len(plan.configs) * len(plan.lrs)
+                                   * len(plan.seeds))
+            say(f"engine ready in {engine.start_s} s")
+        return engine
+
+    def finish(cell: dict[str, Any]) -> None:
+        results["cells"].append(cell)
+        done.add(cell["key"])
+        save_results(out, results)
+
+    for task in plan.tasks:
+        key = cell_key(task, "base", 0, 0, 0)
+        if key in done:
+            say(f"[skip] {key} (already in {out})")
+            continue
+        t0 = time.monotonic()
+        cell = {"key": key, "task": task, "config": "base", "lr": 0, "seed": 0,
+                **score(get_engine(), tasks[task], None),
+                "x_base": throughput.get("base", {}).get("x_base")}
+        cell["eval_s"] = round(time.monotonic() - t0, 1)
+        finish(cell)
+        say(f"[base] {task}: test acc {cell['test_acc']:.0%}, val acc "
+            f"{cell['validation_acc']:.0%}")
+    todo = 0
+    for task, config, lr, seed in cells_of(plan, results):
+        key = cell_key(task, config.name, lr, seed, plan.steps)
+        if key in done:
+            say(f"[skip] {key} (already in {out})")
+            continue
+        todo += 1
+        t0 = time.monotonic()
+        say(f"[cell] {key}: training {plan.steps} steps ...")
+        cell_dir = work / task / config.name / f"lr{lr:g}-s{seed}"
+        trained = train_cell(model, tasks[task], config, lr, seed, plan, cell_dir)
+        scored = score(get_engine(), tasks[task], Path(trained["adapter"]))
+        cell = {"key": key, "task": task, "config": config.name, "type": config.type,
+                "mode": config.mode, "rank": config.rank, "lr": lr, "seed": seed,
+                "steps": plan.steps, **trained, **scored,
+                "x_base": throughput.get(config.engine_mode, {}).get("x_base"),
+                "cell_s": round(time.monotonic() - t0, 1)}
+        finish(cell)
+        say(f"[done] {key}: train loss {cell['train_loss']:.3f}, val loss "
+            f"{cell['val_loss']:.3f}, test loss {cell['test_loss']:.3f}, test acc "
+            f"{cell['test_acc']:.0%} ({cell['cell_s']:.0f} s)")
+    results["meta"]["last_run_s"] = round(time.monotonic() - started, 1)
+    results["meta"]["last_run_cells"] = todo
+    save_results(out, results)
+    rows = summarise(results)
+    text = table(rows, throughput)
+    say("\n" + text)
+    if doc is not None:
+        write_doc(text, doc)
+    plot(rows, out.with_suffix(".png"))
+    say(f"results: {out}, plot: {out.with_suffix('.png')}, wall {time.monotonic() - started:.0f} s")
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="one task (facts), PreFT vs all-token LoRA r16, one LR and seed")
+    p.add_argument("--model", default=None,
+                   help=f"model directory (default {DEFAULT_MODEL}); 'tiny-llama' generates "
+                        "the toy model")
+    p.add_argument("--tasks", default=None, help="comma list of tasks (default: all; quick: facts)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (quick 16, full 40)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seeds", type=int, default=None, help="seeds for headline cells (full 2)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results JSON (default loadtests/results/quality_bench[_quick].json)")
+    p.add_argument("--work", type=Path, default=WORK, help="where adapters are trained")
+    p.add_argument("--doc", type=Path, default=DOC,
+                   help="markdown file whose table block is rewritten ('-' for none)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    model = Path(args.model) if args.model else DEFAULT_MODEL
+    if args.model in ("tiny-llama", "tiny-qwen2"):
+        from preft_serve.toymodels import make_model
+
+        model = make_model(args.model, Path(tempfile.gettempdir()) / f"quality-{args.model}")
+    if not (model / "config.json").exists():
+        print(f"error: no model at {model} (make model prepares SmolLM2)", file=sys.stderr)
+        return 2
+    tasks = tuple(args.tasks.split(",")) if args.tasks else (
+        ("facts",) if args.quick else tuple(make_tasks()))
+    seeds = args.seeds or (1 if args.quick else 2)
+    plan = Plan(tasks=tasks, configs=QUICK_CONFIGS if args.quick else FULL_CONFIGS,
+                lrs=QUICK_LRS if args.quick else FULL_LRS, seeds=tuple(range(seeds)),
+                steps=args.steps or (16 if args.quick else 40), batch_size=args.batch_size)
+    out = args.out or RESULTS / ("quality_bench_quick.json" if args.quick
+                                 else "quality_bench.json")
+    run(plan, model, out, args.work, None if str(args.doc) == "-" else args.doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The quality benchmark's quick path end to end on the toy model (``--model tiny-llama``).
+
+Accuracy is ~0 on a random model; what is checked is the structure of the results, that
+losses are finite, that the trained adapters really went through the engine (PreFT replies
+differ from the base model's, and one served reply equals the HF oracle's prefill-only
+greedy tokens), that a rerun skips finished cells, and the task data themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtests import quality_bench
+from loadtests.quality_tasks import make_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_quick(tmp: Path) -> str:
+    cmd = [sys.executable, "-m", "loadtests.quality_bench", "--quick", "--model", "tiny-llama",
+           "--steps", "4", "--out", str(tmp / "q.json"), "--work", str(tmp / "work"),
+           "--doc", str(tmp / "quality.md")]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("quality")
+    stdout = run_quick(tmp)
+    return tmp, stdout, json.loads((tmp / "q.json").read_text())
+
+
+def test_quick_run_records_every_cell_with_finite_losses(quick: tuple) -> None:
+    tmp, stdout, results = quick
+    cells = {c["config"]: c for c in results["cells"]}
+    assert set(cells) == {"base", "preft-lora-r16", "all-lora-r16"}
+    for name in ("preft-lora-r16", "all-lora-r16"):
+        c = cells[name]
+        assert c["task"] == "facts" and c["steps"] == 4 and c["rank"] == 16
+        for loss in ("train_loss", "val_loss", "test_loss"):
+            assert math.isfinite(c[loss]) and c[loss] > 0
+        assert 0.0 <= c["test_acc"] <= 1.0
+        assert len(c["test_replies"]) == len(make_tasks()["facts"].test)
+    assert cells["preft-lora-r16"]["mode"] == "prefill"
+    assert cells["all-lora-r16"]["mode"] == "all"
+    assert "[done] facts/preft-lora-r16" in stdout and "| facts | all-lora-r16 |" in stdout
+    doc = (tmp / "quality.md").read_text()
+    assert quality_bench.TABLE_START in doc and "| facts | preft-lora-r16 | 0.005 |" in doc
+    assert (tmp / "q.png").stat().st_size > 1000
+
+
+def test_trained_adapters_went_through_the_engine(quick: tuple) -> None:
+    _, _, results = quick
+    cells = {c["config"]: c for c in results["cells"]}
+    base = cells["base"]["test_token_ids"]
+    preft, full = cells["preft-lora-r16"]["test_token_ids"], cells["all-lora-r16"]["test_token_ids"]
+    assert any(p != b for p, b in zip(preft, base))
+    assert any(f != p for f, p in zip(full, preft))  # the two modes are served differently
+
+
+def test_one_served_preft_reply_equals_the_hf_oracle(quick: tuple) -> None:
+    from transformers import AutoTokenizer
+
+    from tests.engine import oracle
+
+    _, _, results = quick
+    cell = next(c for c in results["cells"] if c["config"] == "preft-lora-r16")
+    model = results["meta"]["model"]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    question = make_tasks()["facts"].test[0].question
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                         tokenize=False, add_generation_prompt=True)
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    served = cell["test_token_ids"][0]
+    assert served == oracle.generate_prefill(model, cell["adapter"], ids, len(served))
+
+
+def test_rerun_skips_finished_cells(quick: tuple) -> None:
+    tmp, _, before = quick
+    stdout = run_quick(tmp)
+    after = json.loads((tmp / "q.json").read_text())
+    assert after["cells"] == before["cells"]
+    assert stdout.count("[skip]") == 3 and "[cell]" not in stdout
+    assert "starting the vLLM engine" not in stdout  # nothing left to serve
+    assert after["meta"]["last_run_cells"] == 0
+
+
+def test_tasks_are_deterministic_disjoint_and_checkable() -> None:
+    a, b = make_tasks(), make_tasks()
+    assert a.keys() == {"facts", "dates", "json"}
+    for name, task in a.items():
+        assert task == b[name]
+        train = {i.question for i in task.train}
+        assert not train & {i.question for i in task.validation + task.test}, name
+        for item in task.test:
+            assert task.check(item.answer, item.answer)
+            assert not task.check("I'm sorry, I don't know.", item.answer)
+    assert a["json"].check(' {"c": "Graz", "y": 29, "n": "Bruno"}',
+                           '{"n":"Bruno","y":29,"c":"Graz"}')
+
+
+def test_lr_is_picked_on_validation_loss_and_seeds_are_averaged() -> None:
+    def cell(lr: float, seed: int, val: float, test: float) -> dict:
+        return {"task": "t", "config": "c", "lr": lr, "seed": seed, "val_loss": val,
+                "test_loss": test, "test_acc": 0.5, "validation_acc": 0.5, "x_base": 0.9}
+
+    results = {"cells": [cell(1e-3, 0, 2.0, 2.1), cell(1e-2, 0, 1.0, 1.2),
+                         cell(1e-2, 1, 1.1, 1.4)]}
+    (row,) = quality_bench.summarise(results)
+    assert row["lr"] == 1e-2 and row["seeds"] == 2
+    assert row["test_loss"] == pytest.approx(1.3)
+
+
+def test_throughput_comes_from_the_engine_benchmark(tmp_path: Path) -> None:
+    assert quality_bench.engine_throughput(tmp_path) == {}
+    runs = [{"mode": "base", "adapters": 0, "output_tokens_per_s": 100.0},
+            {"mode": "preft-lora", "adapters": 8, "output_tokens_per_s": 50.0},
+            {"mode": "preft-lora", "adapters": 64, "output_tokens_per_s": 90.0},
+            {"mode": "all-lora", "adapters": 64, "output_tokens_per_s": 30.0}]
+    (tmp_path / "engine_bench_quick.json").write_text(json.dumps({"runs": runs}))
+    got = quality_bench.engine_throughput(tmp_path)
+    assert got["preft-lora"]["x_base"] == 0.9 and got["all-lora"]["x_base"] == 0.3
