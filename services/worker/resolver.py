@@ -11,6 +11,12 @@ A hash the store does not hold is also ``None`` (404); a store that cannot be us
 
 The resolver only runs in the API-server process, but the plugin registers it in every
 vLLM process, so the object store client and the disk cache are built on first use.
+
+Downloads and hash checks run in a small pool of low-priority threads
+(``PREFT_WORKER_RESOLVER_THREADS``), never on the server's event loop: streams keep flowing
+while a cold adapter is fetched, a burst of new adapters queues instead of taking every
+core from the engine, and the engine's own ``add_lora`` then only registers the adapter
+(its weights are parsed in the background, see ``preload.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from preft_serve.common.adapter_format import parse_model_name
 from preft_serve.common.objectstore import ObjectNotFound, StoreUnavailable
 from preft_serve.common.registry_client import RegistryClient
 from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCache
 from preft_serve.worker.prefetch import PrefetchMetrics, RegistryPrefetcher
+from preft_serve.worker.preload import lower_thread_priority
 from preft_serve.worker.settings import WorkerSettings
 from preft_serve.worker.vllm_compat import AdapterStoreUnavailable
 from vllm.lora.request import LoRARequest
@@ -51,6 +59,9 @@ class ObjectStoreResolver(LoRAResolver):
         self._cache = cache
         self._init_lock = threading.Lock()
         self.prefetcher: RegistryPrefetcher | None = None
+        self._pool = ThreadPoolExecutor(settings.resolver_threads,
+                                        thread_name_prefix="preft-resolve",
+                                        initializer=lower_thread_priority)
 
     @property
     def cache(self) -> AdapterDiskCache:
@@ -72,7 +83,8 @@ class ObjectStoreResolver(LoRAResolver):
         if sha256 is None:
             return None
         try:
-            path = await asyncio.to_thread(self.cache.get, sha256)
+            path = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._fetch, sha256)
         except ObjectNotFound:
             logger.info("adapter %s: not in the object store", sha256)
             return None
@@ -82,8 +94,11 @@ class ObjectStoreResolver(LoRAResolver):
         # Corrupt blobs propagate: vLLM answers 500 with the message, which is the truth
         # (a server-side fault, not an unknown model).
         return LoRARequest(
-            lora_name=lora_name, lora_int_id=lora_int_id(sha256), lora_path=str(path)
+            lora_name=lora_name, lora_int_id=lora_int_id(sha256), lora_path=path
         )
+
+    def _fetch(self, sha256: str) -> str:
+        return str(self.cache.get(sha256))
 
 
 def start_prefetcher(settings: WorkerSettings,

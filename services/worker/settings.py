@@ -37,6 +37,8 @@ class WorkerSettings(BaseSettings):
         None, description="The registry's Redis; set = prefetch new versions of adapters "
         "this worker holds as soon as they are published")
     registry_namespace: str = Field("preft", pattern=NAMESPACE_PATTERN)
+    resolver_threads: int = Field(2, ge=1, le=64, description="Adapters downloaded and "
+                                  "verified at once (low-priority threads, off the event loop)")
 
     @field_validator("object_store_url")
     @classmethod

@@ -16,6 +16,12 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    and Qwen2). The worker classes below graft this onto vLLM's runner class.
    The V2 model runner (default on GPU when Triton exists) maps tokens elsewhere, so the
    worker launcher sets ``VLLM_USE_V2_MODEL_RUNNER=0``.
+   Cold adapters: the runner's ``add_lora`` (what the server's ``engine_client.add_lora``
+   reaches after a resolver found an adapter, an engine-loop call) checks the config at once
+   and hands the weight parse (``LRUCacheWorkerLoRAManager._load_adapter``) to a background
+   :class:`~preft_serve.worker.preload.AdapterPreloader`; the manager's ``_load_adapter``,
+   which vLLM calls when the request is scheduled, takes the parsed weights from it, so the
+   step only copies them into a slot (see ``preload.py``).
 3. Punica wrapper (``vllm/lora/punica_wrapper/punica_cpu.py``): on CPU, grouped per-adapter
    GEMMs from ``preft_kernels`` replace the per-token weight gather, and a step with no
    adapter token does no adapter work. Installed through ``CpuPlatform.get_punica_wrapper``.
@@ -34,6 +40,7 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
 from __future__ import annotations
 
 import logging
+import os
 from http import HTTPStatus
 from typing import Any
 
@@ -49,10 +56,12 @@ from preft_kernels.lora_grouped import (
 )
 from preft_serve.common.families import Runtime
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
+from preft_serve.worker.preload import AdapterPreloader
 from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
-from vllm.exceptions import GracefulHTTPError
+from vllm.exceptions import GracefulHTTPError, LoRAAdapterNotFoundError
+from vllm.lora.peft_helper import PEFTHelper
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -119,6 +128,9 @@ class PreftLoRAMappingMixin:
                                 device=self.device,  # type: ignore[attr-defined]
                                 kernel=reft_kernel_for(self.device))  # type: ignore[attr-defined]
         self.reft.install(_decoder_layers(self.get_model()))  # type: ignore[attr-defined]
+        manager = getattr(self, "lora_manager", None)
+        if manager is not None:
+            install_preloader(manager)
         return result
 
     def set_active_loras(
@@ -164,17 +176,77 @@ class PreftLoRAMappingMixin:
         )
 
     def add_lora(self, lora_request: Any) -> bool:
+        """Register an adapter without parsing its weights in the engine loop (see
+        ``preload_lora``); ReFT adapters go to the ReFT runtime."""
         if adapter_info_of(lora_request).runtime is Runtime.REFT:
             self.reft.load(lora_request.lora_int_id, lora_request.lora_path)
+            return True
+        manager = getattr(self, "lora_manager", None)
+        if preload_lora(manager, lora_request):
             return True
         return super().add_lora(lora_request)  # type: ignore[misc]
 
     def remove_lora(self, lora_id: int) -> bool:
         removed = self.reft.remove(lora_id)
+        preloader = _preloader_of(getattr(self, "lora_manager", None))
+        if preloader is not None and preloader.pending(lora_id):
+            preloader.discard(lora_id)
+            removed = True
         return super().remove_lora(lora_id) or removed  # type: ignore[misc]
 
     def list_loras(self) -> set[int]:
-        return super().list_loras() | self.reft.loaded_ids()  # type: ignore[misc]
+        preloader = _preloader_of(getattr(self, "lora_manager", None))
+        pending = preloader.pending_ids() if preloader is not None else set()
+        return super().list_loras() | self.reft.loaded_ids() | pending  # type: ignore[misc]
+
+
+_PRELOADER_ATTR = "_preft_preloader"
+
+
+def install_preloader(manager: Any, threads: int = 1) -> AdapterPreloader:
+    """Route ``manager._load_adapter`` (vLLM's ``WorkerLoRAManager``: parse an adapter's
+    directory into a ``LoRAModel`` on the host) through a background preloader."""
+    existing = _preloader_of(manager)
+    if existing is not None:
+        return existing
+    stock = manager._load_adapter
+    capacity = max(int(getattr(manager.lora_config, "max_cpu_loras", 0) or 0), 1)
+    preloader = AdapterPreloader(stock, threads=threads, capacity=capacity)
+
+    def load_adapter(lora_request: Any) -> Any:
+        return preloader.load(lora_request.lora_int_id, lora_request)
+
+    manager._load_adapter = load_adapter
+    setattr(manager, _PRELOADER_ATTR, preloader)
+    return preloader
+
+
+def _preloader_of(manager: Any) -> AdapterPreloader | None:
+    return getattr(manager, _PRELOADER_ATTR, None) if manager is not None else None
+
+
+def preload_lora(manager: Any, lora_request: Any) -> bool:
+    """Start parsing a new adapter in the background; False where stock vLLM must handle
+    it (no preloader, already in host memory, or an in-place reload).
+
+    What stock ``add_lora`` refuses at once is still refused at once: a missing directory
+    (404) and a config the engine cannot serve (rank, bias...; 400) are checked here, from
+    ``adapter_config.json`` alone.
+    """
+    preloader = _preloader_of(manager)
+    if (preloader is None or lora_request.load_inplace
+            or not os.path.isabs(lora_request.lora_path)  # stock may fetch it from a hub
+            or lora_request.lora_int_id in manager.list_adapters()):
+        return False
+    try:
+        helper = PEFTHelper.from_local_dir(lora_request.lora_path,
+                                           manager.max_position_embeddings)
+    except FileNotFoundError as exc:
+        raise LoRAAdapterNotFoundError(lora_request.lora_name,
+                                       lora_request.lora_path) from exc
+    helper.validate_legal(manager.lora_config)
+    preloader.submit(lora_request.lora_int_id, lora_request)
+    return True
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

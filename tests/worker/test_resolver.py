@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,63 @@ def test_store_outage_is_unavailable_not_unknown(tmp_path: Path, how: str) -> No
     objects.unlink(missing_ok=True)
     (tmp_path / "moved").rename(objects)  # back: the same name resolves
     assert asyncio.run(resolver.resolve_lora(str(model), f"sha256:{sha}")) is not None
+
+
+class BlockingCache:
+    """A disk cache whose downloads block until released; counts how many run at once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.release = root, threading.Event()
+        self.lock, self.running, self.most, self.threads = threading.Lock(), 0, 0, set()
+
+    def get(self, sha256: str) -> Path:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.threads.add(threading.current_thread().name)
+        try:
+            assert self.release.wait(10), "download never released"
+            return self.root / sha256
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_cold_adapters_download_off_the_event_loop_two_at_a_time(tmp_path: Path) -> None:
+    """While cold adapters download, the server's event loop keeps running (its streams
+    keep flowing), and a burst of new adapters downloads ``resolver_threads`` at a time."""
+    cache = BlockingCache(tmp_path)
+    resolver = ObjectStoreResolver(
+        WorkerSettings(object_store_url=str(tmp_path), resolver_threads=2),
+        cache=cache)  # type: ignore[arg-type]
+    names = [f"sha256:{c * 64}" for c in "abcde"]
+
+    async def scenario() -> list[Any]:
+        ticks = 0
+
+        async def stream() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.002)
+
+        ticker = asyncio.create_task(stream())
+        pending = [asyncio.create_task(resolver.resolve_lora("base", n)) for n in names]
+        while cache.running < 2:
+            await asyncio.sleep(0.01)
+        before = ticks
+        await asyncio.sleep(0.2)  # every download is blocked right now
+        assert ticks > before + 5, "the event loop stalled behind a download"
+        assert cache.running == 2 and not any(task.done() for task in pending)
+        cache.release.set()
+        done = await asyncio.gather(*pending)
+        ticker.cancel()
+        return done
+
+    requests = asyncio.run(scenario())
+    assert [r.lora_path for r in requests] == [str(tmp_path / n[7:]) for n in names]
+    assert cache.most == 2
+    assert all(name.startswith("preft-resolve") for name in cache.threads)
 
 
 def test_int_id_is_stable_positive_and_distinct() -> None:

@@ -1,0 +1,92 @@
+"""Parse adapters into host memory off the engine loop, ahead of their first step.
+
+vLLM's OpenAI server calls the engine's ``add_lora`` right after a resolver finds a new
+adapter; stock vLLM then reads and parses the weights inside the engine loop, so every
+running request waits for it. The model runner (``vllm_compat``) instead hands the parse to
+this pool and answers at once; when the adapter's first request is scheduled, the LoRA
+manager's load takes the parsed weights from here and only copies them into a slot.
+
+Bounded: ``threads`` parses at a time, and at most ``capacity`` parsed adapters wait for
+their first step (the oldest is dropped; its request then loads as stock vLLM would).
+A parse that failed is not an answer: the step loads the adapter itself and raises there
+exactly as stock vLLM would for an adapter loaded at schedule time.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BACKGROUND_NICE = 10
+"""Niceness of the threads that fetch and parse adapters: on a busy host they yield the CPU
+to the engine's step threads instead of stretching every running request's step."""
+
+
+def lower_thread_priority(nice: int = BACKGROUND_NICE) -> None:
+    """Make the calling thread (only it: Linux schedules threads) nicer; best effort."""
+    with contextlib.suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+
+
+class AdapterPreloader:
+    """Background ``load(request)`` calls keyed by adapter id, taken once by the step."""
+
+    def __init__(self, load: Callable[[Any], Any], threads: int = 1,
+                 capacity: int = 64) -> None:
+        if threads < 1 or capacity < 1:
+            raise ValueError("threads and capacity must be positive")
+        self._load = load
+        self._capacity = capacity
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="preft-preload",
+                                        initializer=lower_thread_priority)
+        self._lock = threading.Lock()
+        self._pending: collections.OrderedDict[int, Future[Any]] = collections.OrderedDict()
+
+    def submit(self, adapter_id: int, request: Any) -> None:
+        """Start parsing ``request``'s adapter (no-op if already started)."""
+        with self._lock:
+            if adapter_id in self._pending:
+                return
+            self._pending[adapter_id] = self._pool.submit(self._load, request)
+            while len(self._pending) > self._capacity:
+                dropped, future = self._pending.popitem(last=False)
+                future.cancel()
+                logger.info("adapter %d: parsed ahead but never scheduled; dropped", dropped)
+
+    def pending(self, adapter_id: int) -> bool:
+        with self._lock:
+            return adapter_id in self._pending
+
+    def pending_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._pending)
+
+    def load(self, adapter_id: int, request: Any) -> Any:
+        """The parsed adapter (waiting for its parse if still running), else parse now."""
+        with self._lock:
+            future = self._pending.pop(adapter_id, None)
+        if future is not None and not future.cancelled():
+            try:
+                return future.result()
+            except Exception:
+                logger.warning("adapter %d: background parse failed; loading in the step",
+                               adapter_id, exc_info=True)
+        return self._load(request)
+
+    def discard(self, adapter_id: int) -> None:
+        with self._lock:
+            future = self._pending.pop(adapter_id, None)
+        if future is not None:
+            future.cancel()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,134 @@
+"""Cold adapters are parsed off the engine loop: the runner's ``add_lora`` answers before
+the weights are read, and the step's load takes the parsed weights (vLLM's LoRA manager
+stood in for by a recorder; the real engine path runs in test_resolver's server tests)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from preft_serve.worker.preload import AdapterPreloader
+from preft_serve.worker.vllm_compat import install_preloader, preload_lora
+from vllm.config.lora import LoRAConfig
+from vllm.exceptions import LoRAAdapterNotFoundError
+from vllm.lora.request import LoRARequest
+
+
+class RecordingManager:
+    """The parts of vLLM's ``LRUCacheWorkerLoRAManager`` the seam uses."""
+
+    def __init__(self, max_lora_rank: int = 16) -> None:
+        self.lora_config = LoRAConfig(max_lora_rank=max_lora_rank, max_cpu_loras=4)
+        self.max_position_embeddings = 4096
+        self.release = threading.Event()
+        self.parses: list[tuple[int, str]] = []  # (adapter id, thread name)
+        self.fail_next = 0
+        self.loaded: set[int] = set()
+
+    def _load_adapter(self, request: LoRARequest) -> str:
+        self.parses.append((request.lora_int_id, threading.current_thread().name))
+        assert self.release.wait(10), "parse never released"
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("bad tensors")
+        return f"parsed-{request.lora_int_id}"
+
+    def list_adapters(self) -> set[int]:
+        return set(self.loaded)
+
+
+def adapter(tmp_path: Path, name: str, rank: int = 8) -> LoRARequest:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": ["q_proj"],
+        "bias": "none"}))
+    return LoRARequest(lora_name=name, lora_int_id=len(name), lora_path=str(folder))
+
+
+def test_add_lora_answers_before_the_parse_and_the_step_takes_the_parsed_weights(
+        tmp_path: Path) -> None:
+    manager = RecordingManager()
+    install_preloader(manager)
+    request = adapter(tmp_path, "cold")
+
+    assert preload_lora(manager, request)  # returns while the parse is still blocked
+    assert not manager.release.is_set()
+    manager.release.set()
+    assert manager._load_adapter(request) == "parsed-4"  # what the step calls
+    assert len(manager.parses) == 1  # parsed once, in the background, not in the step
+    assert manager.parses[0][1].startswith("preft-preload")
+    assert manager._load_adapter(request) == "parsed-4"  # later loads: stock behaviour
+    assert [thread for _, thread in manager.parses][1] == threading.current_thread().name
+
+
+def test_stock_path_for_adapters_already_in_host_memory(tmp_path: Path) -> None:
+    manager = RecordingManager()
+    install_preloader(manager)
+    request = adapter(tmp_path, "warm")
+    manager.loaded.add(request.lora_int_id)
+    assert not preload_lora(manager, request)  # vLLM just touches its LRU entry
+    assert not preload_lora(RecordingManager(), request)  # no preloader installed
+    assert manager.parses == []
+
+
+def test_what_stock_vllm_refuses_at_once_is_still_refused_at_once(tmp_path: Path) -> None:
+    manager = RecordingManager(max_lora_rank=8)
+    install_preloader(manager)
+    with pytest.raises(ValueError, match="greater than max_lora_rank"):
+        preload_lora(manager, adapter(tmp_path, "wide", rank=16))
+    missing = LoRARequest(lora_name="gone", lora_int_id=9, lora_path=str(tmp_path / "nope"))
+    with pytest.raises(LoRAAdapterNotFoundError):
+        preload_lora(manager, missing)
+    assert manager.parses == []
+
+
+def test_a_failed_background_parse_is_retried_in_the_step(tmp_path: Path) -> None:
+    manager = RecordingManager()
+    install_preloader(manager)
+    request = adapter(tmp_path, "flaky")
+    manager.fail_next = 1
+    manager.release.set()
+    assert preload_lora(manager, request)
+    assert manager._load_adapter(request) == "parsed-5"
+    assert len(manager.parses) == 2
+    manager.fail_next = 2
+    assert preload_lora(manager, request)
+    with pytest.raises(RuntimeError, match="bad tensors"):  # as stock vLLM would raise
+        manager._load_adapter(request)
+
+
+def test_preloader_is_bounded() -> None:
+    release = threading.Event()
+    running: list[int] = []
+
+    def parse(n: int) -> int:
+        running.append(n)
+        release.wait(10)
+        return n * 10
+
+    preloader = AdapterPreloader(parse, threads=1, capacity=2)
+    for n in (1, 2, 3):
+        preloader.submit(n, n)
+    preloader.submit(3, 3)  # already started: no second parse
+    assert preloader.pending_ids() == {2, 3}  # the oldest was dropped
+    release.set()
+    assert [preloader.load(n, n) for n in (2, 3, 1)] == [20, 30, 10]
+    assert sorted(running) == [1, 1, 2, 3]  # 1 parsed in the background, then in load()
+    preloader.close()
+
+
+def test_engine_paths_are_untouched_for_relative_paths(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """Stock vLLM resolves relative paths (possibly from a model hub): left to it."""
+    manager = RecordingManager()
+    install_preloader(manager)
+    request = adapter(tmp_path, "rel")
+    monkeypatch.chdir(tmp_path)
+    relative = LoRARequest(lora_name="rel", lora_int_id=3, lora_path="rel")
+    assert not preload_lora(manager, relative)
+    assert preload_lora(manager, request)
+    manager.release.set()
