@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, AdapterType
 from preft_serve.common.errors import BadRequest, Conflict, NotFound
-from preft_serve.common.objectstore import ObjectStore
+from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
@@ -236,3 +237,90 @@ class AdapterService:
         unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
         logger.info("tenant %s deleted adapter %s (%d users unbound)", tenant, name, unbound)
         return unbound
+
+    def version(self, tenant: str, name: str, version: int | None) -> AdapterVersion:
+        """One version's record (``None``: the current one); 404 names what exists."""
+        check_adapter_name(name)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.adapter(tenant, name))
+        pipe.hget(self.keys.versions(tenant, name), str(version or 0))
+        current, raw = pipe.execute()
+        if not current:
+            raise NotFound(f"adapter {shown(name)} does not exist")
+        if version is None:
+            fields = {f: current[f] for f in _VERSION_FIELDS}
+        elif raw is None:
+            raise NotFound(f"adapter {shown(name)} has no version {version}; its versions are "
+                           f"1 to {current['version']}")
+        else:
+            fields = json.loads(raw)
+        return AdapterVersion.model_validate({"name": name, **fields})
+
+    def export(self, tenant: str, name: str, version: int | None, dest_dir: Path) -> tuple[
+            AdapterVersion, Path]:
+        """Write one version's stored files as ``<name>-v<version>.tar.gz`` into ``dest_dir``.
+
+        The two files sit at the archive's root, byte for byte as stored (the download is
+        verified against the digest first), so uploading the archive or its extracted folder
+        again yields the same sha256.
+        """
+        rec = self.version(tenant, name, version)
+        folder = dest_dir / "files"
+        try:
+            self.store.fetch_adapter(rec.sha256, folder)
+        except ObjectNotFound:
+            raise NotFound(f"the content of adapter {shown(name)} version {rec.version} is no "
+                           "longer in the object store") from None
+        archive = dest_dir / f"{name}-v{rec.version}.tar.gz"
+        with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+            for filename in (CONFIG_FILE, WEIGHTS_FILE):
+                tar.add(folder / filename, arcname=filename, filter=_anonymous)
+        return rec, archive
+
+    def rollback(self, tenant: str, name: str, version: int) -> UploadResult:
+        """Make version ``version``'s content current again, as the next version.
+
+        History stays append-only: the rollback is a new version pointing at the old
+        content (same sha256, so workers that still cache it load nothing), committed and
+        announced exactly like an upload (``adapter.updated``). Already current: no-op.
+        """
+        check_adapter_name(name)
+        k = self.keys
+        adapter_key = k.adapter(tenant, name)
+        target = self.version(tenant, name, version)
+        if not self.store.has_adapter(target.sha256):
+            raise NotFound(f"the content of adapter {shown(name)} version {version} is no "
+                           "longer in the object store; upload it again")
+
+        def txn(pipe: Any) -> UploadResult:
+            current = pipe.hgetall(adapter_key)
+            if not current:
+                raise NotFound(f"adapter {shown(name)} does not exist")
+            if current["sha256"] == target.sha256:
+                return UploadResult(AdapterVersion.model_validate(
+                    {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}), created=False)
+            config = pipe.hget(k.blob(target.sha256), "config")
+            if config is None:
+                raise NotFound(f"the content of adapter {shown(name)} version {version} is no "
+                               "longer registered; upload it again")
+            rec = target.model_copy(update={"version": int(current["version"]) + 1,
+                                            "created_at": utcnow()})
+            pipe.multi()
+            queue_version(pipe, k, tenant, rec, config.encode(), current["adapter_created_at"],
+                          self.maxlen)
+            return UploadResult(rec, created=True)
+
+        result = transact(self.redis, txn, adapter_key, k.versions(tenant, name))
+        if result.created:
+            logger.info("tenant %s adapter %s rolled back to version %d's content as version "
+                        "%d (%s)", tenant, name, version, result.version.version,
+                        result.version.sha256)
+        return result
+
+
+def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Archive members without the server's owner, group or file mode."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = 0o644
+    return info

@@ -18,7 +18,7 @@ from preft_serve.common.registry_client import (
     RegistryKeys,
 )
 from preft_serve.registry.events import queue_event
-from preft_serve.registry.models import BindingOut
+from preft_serve.registry.models import BindingOut, UserBinding
 from preft_serve.registry.names import check_adapter_name, check_user_id
 from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
@@ -89,3 +89,23 @@ class BindingService:
                                                adapter=old, user=user), self.maxlen)
 
         transact(self.redis, txn, binding_key)
+
+    def list(self, tenant: str, adapter: str | None = None) -> list[UserBinding]:
+        """Every bound user of the tenant, or of one adapter, sorted by user id."""
+        k = self.keys
+        if adapter is not None:
+            check_adapter_name(adapter)
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.exists(k.adapter(tenant, adapter))
+            pipe.smembers(k.adapter_users(tenant, adapter))
+            exists, users = pipe.execute()
+            if not exists:
+                raise NotFound(f"adapter {shown(adapter)} does not exist")
+            return [UserBinding(user=u, adapter=adapter) for u in sorted(users)]
+        names = self.redis.zrange(k.adapters(tenant), 0, -1)
+        pipe = self.redis.pipeline(transaction=True)
+        for name in names:
+            pipe.smembers(k.adapter_users(tenant, name))
+        found = [UserBinding(user=u, adapter=name)
+                 for name, users in zip(names, pipe.execute()) for u in users]
+        return sorted(found, key=lambda b: b.user)

@@ -31,6 +31,22 @@ class TenantOut(BaseModel):
     keys: list[ApiKeyInfo]
 
 
+class TenantSummary(BaseModel):
+    name: str
+    created_at: str
+    adapters: int
+
+
+class TenantDeleted(BaseModel):
+    """What ``DELETE /v1/tenants/{tenant}`` removed."""
+
+    name: str
+    keys: int = Field(description="API keys revoked")
+    adapters: int = Field(description="adapters deleted with their version history")
+    bindings: int = Field(description="user bindings removed")
+    blobs: int = Field(description="stored contents deleted (no other tenant referenced them)")
+
+
 class TenantCreated(TenantOut):
     api_key: str = Field(description="Shown once; only its hash is stored")
     key_id: str
@@ -65,6 +81,11 @@ class AdapterOut(AdapterVersion):
     bound_users: int
 
 
+class RollbackIn(BaseModel):
+    version: int = Field(ge=1, description="The version whose content becomes current again",
+                         examples=[1])
+
+
 class VersionOut(BaseModel):
     version: int
     sha256: str
@@ -97,3 +118,12 @@ class BindingOut(BaseModel):
     sha256: str
     type: AdapterType
     mode: AdapterMode
+
+
+class UserBinding(BaseModel):
+    user: str
+    adapter: str
+
+
+class UserList(BaseModel):
+    items: list[UserBinding]

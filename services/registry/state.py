@@ -46,7 +46,7 @@ class RegistryState:
             redis=client,
             store=store,
             base=base,
-            tenants=TenantService(client, keys, maxlen),
+            tenants=TenantService(client, keys, maxlen, store),
             adapters=AdapterService(client, keys, store, base, limits, settings.staging_dir,
                                     maxlen),
             bindings=BindingService(client, keys, maxlen),

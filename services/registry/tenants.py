@@ -15,6 +15,7 @@ import secrets
 from typing import Any
 
 from preft_serve.common.errors import Conflict, NotFound, Unauthorized
+from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import (
     API_KEY_PREFIX,
     EventType,
@@ -24,8 +25,15 @@ from preft_serve.common.registry_client import (
 )
 from preft_serve.common.tenant_limits import TenantLimits
 from preft_serve.registry.events import queue_event
-from preft_serve.registry.models import ApiKeyCreated, ApiKeyInfo, TenantOut
+from preft_serve.registry.models import (
+    ApiKeyCreated,
+    ApiKeyInfo,
+    TenantDeleted,
+    TenantOut,
+    TenantSummary,
+)
 from preft_serve.registry.names import check_key_id, check_tenant_name, utcnow
+from preft_serve.registry.tenant_delete import delete_tenant
 from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 
@@ -41,10 +49,12 @@ class Principal:
 
 
 class TenantService:
-    def __init__(self, client: Redis, keys: RegistryKeys, events_maxlen: int) -> None:
+    def __init__(self, client: Redis, keys: RegistryKeys, events_maxlen: int,
+                 store: ObjectStore | None = None) -> None:
         self.redis = client
         self.keys = keys
         self.maxlen = events_maxlen
+        self.store = store  # for delete(): blobs only the deleted tenant referenced
 
     def _queue_key(self, pipe: Any, tenant: str) -> ApiKeyCreated:
         key_id = secrets.token_hex(6)
@@ -87,6 +97,26 @@ class TenantService:
         if not info:
             raise NotFound(f"tenant {shown(name)} does not exist")
         return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name))
+
+    def list(self) -> list[TenantSummary]:
+        """Every tenant by name, with its adapter count."""
+        names = sorted(self.redis.smembers(self.keys.tenants))
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(self.keys.tenant(name), "created_at")
+            pipe.zcard(self.keys.adapters(name))
+        found = pipe.execute()
+        return [TenantSummary(name=n, created_at=created, adapters=count)
+                for n, created, count in zip(names, found[::2], found[1::2]) if created]
+
+    def delete(self, tenant: str) -> TenantDeleted:
+        """Delete the tenant with its keys, bindings, adapters and unshared blobs."""
+        if self.store is None:
+            raise RuntimeError("TenantService.delete needs the object store")
+        keys, adapters, bindings, blobs = delete_tenant(self.redis, self.keys, self.store,
+                                                        tenant, self.maxlen)
+        return TenantDeleted(name=tenant, keys=keys, adapters=adapters, bindings=bindings,
+                             blobs=blobs)
 
     def get_limits(self, tenant: str) -> TenantLimits:
         self.get(tenant)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 import tarfile
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 from preft_serve.cli import main
@@ -38,7 +41,7 @@ def test_tenant_adapter_user_workflow(live_server, tenant_key, lora_dir, lora_di
                          "--mode", "prefill", "--progress")
     assert code == 0, err
     assert "version:     1" in out and "type:        lora" in out
-    assert "uploading bot:" in err and "(100%)" in err
+    assert "uploading bot: 100%" in err and "/s]" in err  # tqdm: bytes, rate and ETA
     archive = tmp_path / "v2.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(lora_dir2, arcname="v2")
@@ -59,7 +62,7 @@ def test_tenant_adapter_user_workflow(live_server, tenant_key, lora_dir, lora_di
     code, _, err = run(capsys, "adapter", "delete", "bot")
     assert code == 1
     assert err == ("error: adapter 'bot' is bound to 1 user(s); unbind them first or delete "
-                   "with ?force=true, which also unbinds them (HTTP 409)\n")
+                   "with --force, which also unbinds them (HTTP 409)\n")
     assert run(capsys, "user", "unbind", "alice") == (0, "ok\n", "")
     assert run(capsys, "adapter", "delete", "bot") == (0, "ok\n", "")
 
@@ -103,8 +106,8 @@ def test_tenant_limits(live_server, tenant_key, capsys):
                                "user_burst": None, "tenant_tpm": None, "user_tpm": 600.0}
     code, out, _ = run(capsys, "tenant", "limits", "acme", "--clear", *common)
     assert code == 0 and json.loads(out)["tenant_rps"] is None
-    code, _, err = run(capsys, "tenant", "limits", "acme", "--rps", "-3", *common)
-    assert code == 1 and "greater than or equal to 0" in err
+    code, out, _ = run(capsys, "tenant", "limits", "acme", "--rps", "-3", *common)
+    assert code == 1 and "greater than or equal to 0" in json.loads(out)["error"]["message"]
 
 
 def test_upload_warnings_and_strict(live_server, tenant_key, lora_dir, tmp_path, capsys):
@@ -122,3 +125,108 @@ def test_upload_warnings_and_strict(live_server, tenant_key, lora_dir, tmp_path,
     assert code == 0
     assert err.startswith("warning: adapter_config.json names base_model_name_or_path")
     assert "version:     1" in out and "warnings" not in out
+
+
+def test_version(capsys):
+    assert run(capsys, "--version") == (0, f"preft {metadata.version('preft-serve')}\n", "")
+
+
+def test_json_errors_on_stdout(live_server, tenant_key, lora_dir, capsys):
+    common = ["--url", live_server, "--api-key", tenant_key, "--json"]
+    code, out, err = run(capsys, "adapter", "show", "ghost", *common)
+    assert code == 1 and err == ""
+    assert json.loads(out) == {"error": {"code": "not_found", "message":
+                                         "adapter 'ghost' does not exist", "details": None,
+                                         "http_status": 404}}
+    code, out, _ = run(capsys, "adapter", "upload", str(lora_dir), "--name", "x", *common)
+    assert code == 1
+    assert json.loads(out)["error"]["message"] == "--mode is required for a new adapter " \
+                                                  "(prefill or all)"
+    code, out, _ = run(capsys, "adapter", "list", "--url", "http://127.0.0.1:9", "--api-key",
+                       tenant_key, "--json")
+    assert code == 1 and json.loads(out)["error"]["code"] == "unreachable"
+    # --progress draws on stderr only: stdout stays one JSON document.
+    code, out, err = run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode",
+                         "prefill", "--progress", *common)
+    assert code == 0 and json.loads(out)["version"] == 1 and "uploading bot: 100%" in err
+
+
+def test_messages_name_cli_flags(live_server, tenant_key, lora_dir, lora_dir2, capsys):
+    common = ["--url", live_server, "--api-key", tenant_key]
+    assert run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode", "prefill",
+               *common)[0] == 0
+    code, _, err = run(capsys, "adapter", "upload", str(lora_dir2), "--name", "bot", "--mode",
+                       "prefill", *common)
+    assert code == 1 and "--new-version" in err and "/v1/" not in err
+    code, _, err = run(capsys, "tenant", "create", "acme", "--url", live_server,
+                       "--admin-token", ADMIN_TOKEN)
+    assert code == 1 and "`preft tenant new-key acme`" in err and "/v1/" not in err
+
+
+def _sha(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_download_rollback_and_user_list(live_server, tenant_key, lora_dir, lora_dir2, capsys,
+                                         monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFT_REGISTRY_URL", live_server)
+    monkeypatch.setenv("PREFT_API_KEY", tenant_key)
+    code, out, _ = run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode",
+                       "prefill", "--json")
+    v1 = json.loads(out)["sha256"]
+    code, out, _ = run(capsys, "adapter", "upload", str(lora_dir2), "--name", "bot",
+                       "--new-version", "--json")
+    v2 = json.loads(out)["sha256"]
+    assert code == 0 and v1 != v2
+    # Download v1 and upload the folder back unchanged: the same content (sha256).
+    code, out, err = run(capsys, "adapter", "download", "bot", "--version", "1", "--out",
+                         str(tmp_path / "dl"), "--json")
+    assert code == 0, out
+    assert json.loads(out) == {"name": "bot", "version": 1, "sha256": v1,
+                               "path": str(tmp_path / "dl")}
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"]
+    code, out, _ = run(capsys, "adapter", "upload", str(tmp_path / "dl"), "--name", "copy",
+                       "--mode", "prefill", "--json")
+    assert code == 0 and json.loads(out)["sha256"] == v1
+    code, _, err = run(capsys, "adapter", "download", "bot", "--out", str(tmp_path / "dl"))
+    assert code == 1 and "--force" in err
+    code, out, _ = run(capsys, "adapter", "download", "bot", "--out", str(tmp_path / "dl"),
+                       "--force", "--json")
+    assert json.loads(out)["sha256"] == v2 and json.loads(out)["version"] == 2
+    before = _sha(tmp_path / "dl")
+    assert run(capsys, "adapter", "upload", str(tmp_path / "dl"), "--name", "bot",
+               "--new-version", "--json")[1].count('"version": 2') == 1  # identical: no-op
+    assert _sha(tmp_path / "dl") == before
+    code, _, err = run(capsys, "adapter", "download", "bot", "--version", "9", "--out",
+                       str(tmp_path / "x"))
+    assert (code, err) == (1, "error: adapter 'bot' has no version 9; its versions are 1 to 2 "
+                              "(HTTP 404)\n")
+    # Rollback: version 1's content becomes current as version 3.
+    code, out, _ = run(capsys, "adapter", "rollback", "bot", "1", "--json")
+    assert code == 0 and json.loads(out)["version"] == 3 and json.loads(out)["sha256"] == v1
+    code, out, _ = run(capsys, "adapter", "rollback", "bot", "1", "--json")
+    assert code == 0 and json.loads(out)["version"] == 3  # already current: unchanged
+    # user list, all and per adapter.
+    for user, name in (("bob", "bot"), ("alice", "bot"), ("carol", "copy")):
+        assert run(capsys, "user", "bind", user, name)[0] == 0
+    code, out, _ = run(capsys, "user", "list")
+    assert out.splitlines() == ["USER   ADAPTER", "alice  bot", "bob    bot", "carol  copy"]
+    code, out, _ = run(capsys, "user", "list", "--adapter", "copy", "--json")
+    assert json.loads(out) == {"items": [{"user": "carol", "adapter": "copy"}]}
+
+
+def test_tenant_list_and_delete(live_server, tenant_key, capsys):
+    common = ("--url", live_server, "--admin-token", ADMIN_TOKEN)
+    assert run(capsys, "tenant", "create", "globex", *common)[0] == 0
+    code, out, _ = run(capsys, "tenant", "list", *common)
+    assert [line.split()[:2] for line in out.splitlines()] == [
+        ["NAME", "ADAPTERS"], ["acme", "0"], ["globex", "0"]]
+    code, _, err = run(capsys, "tenant", "delete", "globex", *common)
+    assert code == 1 and "pass --yes" in err
+    code, out, _ = run(capsys, "tenant", "delete", "globex", "--yes", *common, "--json")
+    assert code == 0
+    assert json.loads(out) == {"name": "globex", "keys": 1, "adapters": 0, "bindings": 0,
+                               "blobs": 0}
+    code, out, _ = run(capsys, "tenant", "list", *common, "--json")
+    assert [t["name"] for t in json.loads(out)] == ["acme"]

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
+from fastapi.responses import FileResponse
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.common.errors import error_responses
 from preft_serve.registry.adapters import UploadResult
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep
 from preft_serve.registry.ingest import UploadedFile
-from preft_serve.registry.models import AdapterDetail, AdapterPage, AdapterUploaded
+from preft_serve.registry.models import (
+    AdapterDetail,
+    AdapterPage,
+    AdapterUploaded,
+    AdapterVersion,
+    RollbackIn,
+)
 from preft_serve.registry.names import ADAPTER_PATTERN, AdapterPath
+from starlette.background import BackgroundTask
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
@@ -100,3 +111,41 @@ def delete_adapter(
 ) -> Response:
     adapters.delete(principal.tenant, name, force=force)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{name}/rollback", response_model=AdapterVersion,
+             status_code=status.HTTP_201_CREATED,
+             responses={200: {"description": "That version's content is already current: "
+                              "unchanged", "model": AdapterVersion},
+                        **error_responses(400, 401, 404, 422)})
+def rollback_adapter(name: AdapterPath, body: RollbackIn, principal: PrincipalDep,
+                     adapters: AdaptersDep, response: Response) -> AdapterVersion:
+    """Make an earlier version's content current again, as the next version (history stays
+    append-only; bound users move to it at once, like an upload)."""
+    result = adapters.rollback(principal.tenant, name, body.version)
+    response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+    return result.version
+
+
+@router.get("/{name}/download", response_class=FileResponse,
+            responses={200: {"description": "A .tar.gz with adapter_config.json and "
+                             "adapter_model.safetensors at its root, as stored",
+                             "content": {"application/gzip": {}}},
+                       **error_responses(400, 401, 404, 422)})
+def download_adapter(
+    name: AdapterPath,
+    principal: PrincipalDep,
+    adapters: AdaptersDep,
+    version: Annotated[int | None, Query(ge=1, description="Default: the current version")] = None,
+) -> FileResponse:
+    """The stored files of one version; uploading them again gives the same sha256."""
+    tmp = tempfile.mkdtemp(dir=adapters.staging_dir, prefix="preft-download-")
+    try:
+        rec, archive = adapters.export(principal.tenant, name, version, Path(tmp))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FileResponse(archive, media_type="application/gzip", filename=archive.name,
+                        headers={"X-Preft-Version": str(rec.version),
+                                 "X-Preft-Sha256": rec.sha256},
+                        background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))

@@ -11,7 +11,9 @@ from preft_serve.registry.models import (
     ApiKeyInfo,
     TenantCreate,
     TenantCreated,
+    TenantDeleted,
     TenantOut,
+    TenantSummary,
 )
 from preft_serve.registry.names import KeyIdPath, TenantPath
 
@@ -24,6 +26,19 @@ def create_tenant(body: TenantCreate, _: AdminDep, tenants: TenantsDep) -> Tenan
     """Create a tenant; the response carries its first API key, shown only this once."""
     tenant, key = tenants.create(body.name)
     return TenantCreated(**tenant.model_dump(), api_key=key.api_key, key_id=key.key_id)
+
+
+@router.get("", response_model=list[TenantSummary], responses=error_responses(401))
+def list_tenants(_: AdminDep, tenants: TenantsDep) -> list[TenantSummary]:
+    """Every tenant by name, with its number of adapters."""
+    return tenants.list()
+
+
+@router.delete("/{tenant}", response_model=TenantDeleted, responses=error_responses(400, 401, 404))
+def delete_tenant(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantDeleted:
+    """Delete a tenant: its API keys stop working at once, its bindings, adapters and version
+    histories are removed, and stored contents no other tenant references are deleted."""
+    return tenants.delete(tenant)
 
 
 @router.get("/{tenant}", response_model=TenantOut, responses=error_responses(400, 401, 404))

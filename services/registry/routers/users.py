@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
 from preft_serve.common.errors import error_responses
 from preft_serve.registry.deps import BindingsDep, PrincipalDep
-from preft_serve.registry.models import BindingIn, BindingOut
-from preft_serve.registry.names import UserPath
+from preft_serve.registry.models import BindingIn, BindingOut, UserList
+from preft_serve.registry.names import ADAPTER_PATTERN, UserPath
 
 router = APIRouter(prefix="/v1/users", tags=["users"])
+
+
+@router.get("", response_model=UserList, responses=error_responses(400, 401, 404))
+def list_users(
+    principal: PrincipalDep,
+    bindings: BindingsDep,
+    adapter: Annotated[str | None, Query(description="Only the users bound to this adapter",
+                                         json_schema_extra={"pattern": ADAPTER_PATTERN})] = None,
+) -> UserList:
+    """Your bound users and their adapters, by user id."""
+    return UserList(items=bindings.list(principal.tenant, adapter))
 
 
 @router.put("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 404))

@@ -1,0 +1,118 @@
+"""preft: the command line for the preft-serve adapter registry (over its REST API).
+
+Examples:
+
+    export PREFT_REGISTRY_URL=http://registry:8081 PREFT_API_KEY=pft_...
+    preft adapter upload ./my-adapter --name support-bot --mode prefill
+    preft adapter upload ./my-adapter-v2 --name support-bot --new-version
+    preft adapter rollback support-bot 1          # version 1's content, as version 3
+    preft adapter download support-bot --out ./support-bot
+    preft adapter convert ./old-adapter           # adapter_model.bin -> .safetensors (local)
+    preft user bind alice support-bot
+    preft user list --adapter support-bot
+    preft adapter list
+    PREFT_ADMIN_TOKEN=... preft tenant create acme
+    PREFT_ADMIN_TOKEN=... preft tenant list
+
+Local commands (no registry needed):
+
+    preft model prepare smollm2-135m-instruct      # a real base model in var/models/
+    preft train data.jsonl --model var/models/smollm2-135m-instruct --out my-adapter
+
+Exit status: 0 success, 1 the registry refused or could not be reached (the message says
+why; with --json the error is {"error": {...}} on stdout), 2 bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib import metadata
+from typing import Any
+
+from preft_serve.cli import adapter, tenant, user
+from preft_serve.cli.client import CliError, Registry
+from preft_serve.cli.output import render, report_error
+from preft_serve.models.cli import add_parser as add_model_parser
+from preft_serve.training.cli import add_parser as add_train_parser
+
+__all__ = ["CliError", "Registry", "build_parser", "main"]
+
+
+def _version() -> str:
+    try:
+        return metadata.version("preft-serve")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--url", default=default,
+                        help="registry URL (env PREFT_REGISTRY_URL, default http://127.0.0.1:8081)")
+    parser.add_argument("--api-key", default=default, help="tenant API key (env PREFT_API_KEY)")
+    parser.add_argument("--json", action="store_true",
+                        default=argparse.SUPPRESS if suppress else False,
+                        help="print the raw JSON response (errors too, as {\"error\": ...})")
+    parser.add_argument("--timeout", type=float, default=argparse.SUPPRESS if suppress else 600,
+                        help="seconds to wait for the registry (default 600)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="preft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"preft {_version()}")
+    _add_common(parser, suppress=False)
+    groups = parser.add_subparsers(dest="group", required=True,
+                                   metavar="{adapter,user,tenant,model,train}")
+
+    def leaf(sub: Any, name: str, help_: str, func: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        _add_common(p, suppress=True)
+        p.set_defaults(func=func)
+        return p
+
+    adapter.add_parser(groups, leaf)
+    user.add_parser(groups, leaf)
+    tenant.add_parser(groups, leaf)
+    # Local commands: they set `local` and never talk to the registry.
+    add_model_parser(groups)
+    add_train_parser(groups)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
+    if getattr(args, "local", None) is not None:
+        try:
+            return int(args.local(args))
+        except CliError as exc:
+            return report_error(exc, as_json)
+    command = f"{args.group} {args.action}"
+    url = args.url or os.environ.get("PREFT_REGISTRY_URL") or "http://127.0.0.1:8081"
+    if args.group == "tenant":
+        token = args.admin_token or os.environ.get("PREFT_ADMIN_TOKEN")
+        if not token:
+            parser.error("tenant commands need the admin token: --admin-token or "
+                         "PREFT_ADMIN_TOKEN")
+    else:
+        token = args.api_key or os.environ.get("PREFT_API_KEY")
+        if not token:
+            parser.error("no API key: pass --api-key or set PREFT_API_KEY")
+    registry = Registry(url, token, args.timeout)
+    try:
+        result = args.func(registry, args)
+    except CliError as exc:
+        return report_error(exc, as_json)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    elif result is not None:
+        render(result, command, sys.stdout)
+    else:
+        sys.stdout.write("ok\n")
+    return 0

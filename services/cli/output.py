@@ -1,0 +1,101 @@
+"""What the CLI prints: tables, key/value blocks, JSON, errors and progress bars.
+
+Results go to stdout; warnings, errors (except under ``--json``) and progress bars go to
+stderr, so ``--json`` output is always one clean JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import IO, Any
+
+from preft_serve.cli.client import CliError
+
+# The registry's messages speak REST; the CLI says the flag or command that does the same.
+_CLI_TERMS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\?force=true"), "--force"),
+    (re.compile(r"\?strict=true"), "--strict"),
+    (re.compile(r"upload a new version with PUT /v1/adapters/(\S+)"),
+     r"upload a new version with `preft adapter upload PATH --name \1 --new-version`"),
+    (re.compile(r"issue a new key with POST /v1/tenants/(\S+)/keys"),
+     r"issue a new key with `preft tenant new-key \1`"),
+    (re.compile(r"as GET /v1/tenants/\{tenant\}/keys lists them"),
+     "as `preft tenant show TENANT` lists them"),
+    (re.compile(r"^field 'mode' is required"), "--mode is required"),
+)
+
+
+def cli_terms(message: str) -> str:
+    for pattern, replacement in _CLI_TERMS:
+        message = pattern.sub(replacement, message)
+    return message
+
+
+def report_error(exc: CliError, as_json: bool) -> int:
+    """Print ``exc`` and return the exit status (1).
+
+    Under ``--json``: ``{"error": {...}}`` on stdout, the registry's envelope body as it
+    sent it (plus ``http_status``), or the CLI's own ``code``/``message``/``details``.
+    """
+    if as_json:
+        error = dict(exc.error)
+        if exc.status is not None:
+            error["http_status"] = exc.status
+        sys.stdout.write(json.dumps({"error": error}, indent=2) + "\n")
+    else:
+        suffix = f" (HTTP {exc.status})" if exc.status is not None else ""
+        sys.stderr.write(f"error: {cli_terms(exc.message)}{suffix}\n")
+    return 1
+
+
+def progress_bar(total: int, desc: str, show: bool) -> Any:
+    """A tqdm byte counter on stderr (rate and ETA), or ``None`` when not shown."""
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total or None, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                file=sys.stderr, dynamic_ncols=True, leave=True)
+
+
+def show_progress(flag_progress: bool, quiet: bool) -> bool:
+    """``--progress`` always, ``--quiet`` never, otherwise only on a terminal."""
+    return not quiet and (flag_progress or sys.stderr.isatty())
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str], out: IO[str]) -> None:
+    widths = [max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns]
+    out.write("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
+    for r in rows:
+        out.write("  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths))
+                  .rstrip() + "\n")
+
+
+def _fields(result: dict[str, Any], out: IO[str]) -> None:
+    for key, value in result.items():
+        if key == "warnings":
+            continue  # printed on stderr by the command
+        out.write(f"{key + ':':<13}{value}\n")
+
+
+def render(result: Any, command: str, out: IO[str]) -> None:
+    """Human output of one command's result."""
+    if command == "adapter list":
+        print_table(result["items"], ["name", "version", "type", "mode", "rank", "bound_users",
+                                      "sha256"], out)
+        if result["next_cursor"]:
+            out.write(f"(more: --all, or the next page after {result['next_cursor']!r})\n")
+    elif command == "adapter show":
+        for key in ("name", "version", "sha256", "type", "rank", "mode", "base_model",
+                    "size_bytes", "bound_users", "created_at", "updated_at"):
+            out.write(f"{key + ':':<13}{result[key]}\n")
+        out.write("versions:\n")
+        print_table(result["versions"], ["version", "sha256", "mode", "created_at"], out)
+    elif command == "user list":
+        print_table(result["items"], ["user", "adapter"], out)
+    elif command == "tenant list":
+        print_table(result, ["name", "adapters", "created_at"], out)
+    elif isinstance(result, dict):
+        _fields(result, out)
