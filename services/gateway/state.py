@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import httpx
 import redis.asyncio as aioredis
 from preft_serve.common.registry_client import AsyncRegistryClient, AsyncRegistryReader
+from preft_serve.common.registry_client.aio import connect_redis
 from preft_serve.common.tenant_limits import LIMIT_FIELDS
 from preft_serve.gateway.discovery import WorkerSource, create_source
 from preft_serve.gateway.health import WorkerMonitor
@@ -48,7 +49,7 @@ class GatewayState:
         owns_redis = registry is None and redis is None
         if registry is None:
             if redis is None:
-                redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+                redis = connect_redis(settings.redis_url)
             client = AsyncRegistryClient(client=redis, namespace=settings.namespace,
                                          max_cache_entries=settings.registry_cache_entries)
             await client.start()

@@ -13,6 +13,20 @@ from preft_serve.common.registry_client.contract import (
     KeyOwner,
 )
 from preft_serve.common.registry_client.core import RegistryCore, drive_async
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+
+def connect_redis(url: str) -> aioredis.Redis:
+    """An asyncio Redis client whose commands survive a Redis restart.
+
+    Without a retry, every connection pooled before the restart fails its next command
+    ("Connection closed by server"), so single requests failed long after Redis was back
+    (found by the soak, ``loadtests/soak.py``). The retry (on ConnectionError and
+    TimeoutError) drops the broken connection and tries a fresh one.
+    """
+    return aioredis.Redis.from_url(url, decode_responses=True,
+                                   retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 2))
 
 
 class AsyncRegistryClient(RegistryCore):
@@ -22,10 +36,22 @@ class AsyncRegistryClient(RegistryCore):
     def _init_listener(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._caught_up = asyncio.Event()
+        self._listen_redis: aioredis.Redis | None = None
+
+    def _new_pubsub(self) -> Any:
+        """The listener's subscription, on connections that never retry: the listener must
+        see a lost connection, because that is when it catches up on the events it missed
+        (a retrying connection resubscribes silently, and those events are gone)."""
+        if self._listen_redis is None:
+            pool = self.redis.connection_pool
+            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "retry"}
+            self._listen_redis = aioredis.Redis(connection_pool=aioredis.ConnectionPool(
+                connection_class=pool.connection_class, **kwargs))
+        return self._listen_redis.pubsub()
 
     @staticmethod
     def _connect(redis_url: str) -> aioredis.Redis:
-        return aioredis.Redis.from_url(redis_url, decode_responses=True)
+        return connect_redis(redis_url)
 
     async def start(self, timeout: float = 10.0) -> Self:
         if self._task is None:
@@ -44,6 +70,9 @@ class AsyncRegistryClient(RegistryCore):
                 pass
             self._task = None
         self._live = False
+        if self._listen_redis is not None:
+            await self._listen_redis.aclose(close_connection_pool=True)
+            self._listen_redis = None
         if self._owns_client:
             await self.redis.aclose()
 

@@ -149,6 +149,10 @@ class RegistryCore(ClientBase):
         """Wait before the listener's next attempt (may return an awaitable)."""
         raise NotImplementedError
 
+    def _new_pubsub(self) -> Any:
+        """The listener's subscription (a client may use other connections for it)."""
+        return self.redis.pubsub()
+
     def _close_pubsub(self, pubsub: Any) -> Any:
         """Close a pub/sub connection (may return an awaitable)."""
         raise NotImplementedError
@@ -280,7 +284,7 @@ class RegistryCore(ClientBase):
         """Subscribe, catch up on every (re)subscription, apply events; on a lost
         connection back off and start over, until :meth:`_stopping`."""
         while not self._stopping():
-            pubsub = self.redis.pubsub()
+            pubsub = self._new_pubsub()
             try:
                 yield Call(pubsub.subscribe, (self.keys.channel,))
                 while not self._stopping():
