@@ -98,7 +98,7 @@ class TenantService:
             raise NotFound(f"tenant {shown(name)} does not exist")
         return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name))
 
-    def list(self) -> list[TenantSummary]:
+    def list_tenants(self) -> list[TenantSummary]:
         """Every tenant by name, with its adapter count."""
         names = sorted(self.redis.smembers(self.keys.tenants))
         pipe = self.redis.pipeline(transaction=False)

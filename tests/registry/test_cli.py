@@ -200,8 +200,8 @@ def test_download_rollback_and_user_list(live_server, tenant_key, lora_dir, lora
     assert _sha(tmp_path / "dl") == before
     code, _, err = run(capsys, "adapter", "download", "bot", "--version", "9", "--out",
                        str(tmp_path / "x"))
-    assert (code, err) == (1, "error: adapter 'bot' has no version 9; its versions are 1 to 2 "
-                              "(HTTP 404)\n")
+    assert code == 1
+    assert err == "error: adapter 'bot' has no version 9; its versions are 1 to 2 (HTTP 404)\n"
     # Rollback: version 1's content becomes current as version 3.
     code, out, _ = run(capsys, "adapter", "rollback", "bot", "1", "--json")
     assert code == 0 and json.loads(out)["version"] == 3 and json.loads(out)["sha256"] == v1

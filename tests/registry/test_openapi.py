@@ -22,7 +22,7 @@ from tests.support.registry_api import ADMIN_TOKEN
 
 PATTERNS = {"tenant": names.TENANT_PATTERN, "key_id": names.KEY_ID_PATTERN,
             "name": names.ADAPTER_PATTERN, "user_id": names.USER_PATTERN,
-            "cursor": names.ADAPTER_PATTERN}
+            "cursor": names.ADAPTER_PATTERN, "adapter": names.ADAPTER_PATTERN}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_every_route_taking_a_name_documents_its_rule_and_the_400(spec: dict[str
                     for s in param["schema"].get("anyOf", [])), (method, path, param)
                 assert "400" in op["responses"], (method, path)
                 checked += 1
-    assert checked == 14
+    assert checked == 18
     schemas = spec["components"]["schemas"]
     assert schemas["TenantCreate"]["properties"]["name"]["pattern"] == names.TENANT_PATTERN
     assert schemas["BindingIn"]["properties"]["adapter"]["pattern"] == names.ADAPTER_PATTERN

@@ -31,7 +31,7 @@ def create_tenant(body: TenantCreate, _: AdminDep, tenants: TenantsDep) -> Tenan
 @router.get("", response_model=list[TenantSummary], responses=error_responses(401))
 def list_tenants(_: AdminDep, tenants: TenantsDep) -> list[TenantSummary]:
     """Every tenant by name, with its number of adapters."""
-    return tenants.list()
+    return tenants.list_tenants()
 
 
 @router.delete("/{tenant}", response_model=TenantDeleted, responses=error_responses(400, 401, 404))
