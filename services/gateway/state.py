@@ -19,6 +19,13 @@ from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.validation import Caps
 
+# How long an idle connection to a worker is kept for reuse. Shorter than the workers' own
+# keep-alive timeout (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so the gateway never sends
+# a request on a connection the worker is closing at that moment: with both at 5 s (httpx's
+# default), the soak saw that race answer single requests with 502 "ReadError" from a
+# healthy worker.
+WORKER_KEEPALIVE_S = 2.0
+
 
 @dataclass
 class GatewayState:
@@ -58,7 +65,8 @@ class GatewayState:
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
         http = httpx.AsyncClient(timeout=timeout, transport=transport,
                                  limits=httpx.Limits(max_connections=1000,
-                                                     max_keepalive_connections=100))
+                                                     max_keepalive_connections=100,
+                                                     keepalive_expiry=WORKER_KEEPALIVE_S))
         pool = WorkerPool(load_factor=settings.load_factor,
                           unhealthy_after=settings.unhealthy_after)
         monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
