@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any
 
 Record = dict[str, Any]
 CHAOS_STATUSES = (502, 503)
+WORKER_URL = re.compile(r"http://[\w.:-]+")  # as the gateway names a worker in its errors
 FAULT_COLOURS = {"worker_kill": "#f4a6a6", "worker_stop": "#f8d5a0", "registry_kill": "#b7d7f2",
                  "redis_kill": "#d4b8ec", "s3_stop": "#b9e4c4"}
 
@@ -64,6 +66,11 @@ def account_errors(records: Sequence[Record], faults: Sequence[Record], grace: f
     bad: list[Record] = []
     for r in records:
         status = r["status"]
+        # A worker's failure is accounted for only by a fault on that worker: a killed
+        # worker's minutes of restart must not cover errors of the healthy one.
+        named = WORKER_URL.search(r.get("msg") or "")
+        own = [w for f, w in zip(faults, spans, strict=True)
+               if named is None or f.get("url") == named.group(0)]
         if ok(status) and not r.get("err"):
             classes["ok"] += 1
             continue
@@ -75,7 +82,7 @@ def account_errors(records: Sequence[Record], faults: Sequence[Record], grace: f
             if not r.get("shape_ok"):
                 classes["bad_error_body"] += 1
                 bad.append(r)
-        elif inside(r["t0"], r["t1"], spans) and (
+        elif inside(r["t0"], r["t1"], own) and (
                 status in CHAOS_STATUSES or r.get("err")
                 or (status == 0 and r["k"] != "chat")):
             classes["chaos_window"] += 1

@@ -95,3 +95,14 @@ def test_growth_of_a_restarted_part_counts_from_its_recovery() -> None:
     assert res["restarts"] == 1 and res["rss_growth_same_process"] == 1.05
     never = [{**faults[0], "recovered": None}]
     assert checks.resources(samples, never)["w"]["rss_growth_same_process"] is None
+
+
+def test_a_worker_error_needs_a_fault_on_that_worker() -> None:
+    faults = [{"kind": "worker_kill", "part": "w0", "url": "http://127.0.0.1:1", "start": 0,
+               "end": 1, "recovered": 200}]
+    records = [chat(50, 51, status=502, shape_ok=True,
+                    msg="worker http://127.0.0.1:1 failed: ReadError"),
+               chat(60, 61, status=502, shape_ok=True,
+                    msg="worker http://127.0.0.1:2 failed: ReadError")]
+    out = checks.account_errors(records, faults, grace=5, end=300)
+    assert out["classes"] == {"chaos_window": 1, "unexpected_502": 1}
