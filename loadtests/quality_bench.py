@@ -135,7 +135,7 @@ def _capture_adapter() -> Iterator[list[Any]]:
 
 
 def train_cell(model: Path, task: Task, config: Config, lr: float, seed: int, plan: Plan,
-               out: Path) -> dict[str, Any]:
+               out: Path, say: Any = print) -> dict[str, Any]:
     from preft_serve.training.data import load_dataset
     from preft_serve.training.loss import mean_nll
     from preft_serve.training.synthetic import write_jsonl
@@ -149,9 +149,9 @@ def train_cell(model: Path, task: Task, config: Config, lr: float, seed: int, pl
     cfg = TrainConfig(data=train_file, model=model, out=out / "adapter", adapter=config.spec(),
                       validation=val_file, max_steps=plan.steps,
                       batch_size=min(plan.batch_size, len(task.train)), learning_rate=lr,
-                      warmup_steps=1, seed=seed, progress=False)
+                      warmup_steps=1, seed=seed, progress=True)
     with _capture_adapter() as caught:
-        result = train(cfg, say=lambda _: None)
+        result = train(cfg, say=lambda line: say(f"    {line}"))
     adapter = caught[0]
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     test = load_dataset(test_file, tokenizer, cfg.max_seq_len, cfg.overlong)
@@ -334,30 +334,48 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 # -- run --------------------------------------------------------------------------------
 
 
-def cells_of(plan: Plan, results: dict[str, Any]) -> Iterator[tuple[str, Config, float, int]]:
-    """Seed-0 cells of the LR sweep first; the extra seeds of headline configurations at
-    the LR their sweep picked (known once the sweep's cells are in ``results``)."""
+def sweep_cells(plan: Plan) -> Iterator[tuple[str, Config, float, int]]:
+    """The LR sweep: every task x configuration x LR at the first seed."""
     for task in plan.tasks:
         for config in plan.configs:
             for lr in plan.lrs:
                 yield task, config, lr, plan.seeds[0]
+
+
+def seed_cells(plan: Plan, val_loss: dict[str, float]
+               ) -> Iterator[tuple[str, Config, float, int]]:
+    """The other seeds of the headline configurations (every configuration in a run of
+    two), at the LR their sweep picked on validation loss (``val_loss`` by cell key)."""
     for task in plan.tasks:
         for config in plan.configs:
             if config.name not in HEADLINE and len(plan.configs) > 2:
                 continue
-            sweep = [c for c in results["cells"] if c["task"] == task
-                     and c["config"] == config.name and c["seed"] == plan.seeds[0]]
-            if not sweep:
-                continue
-            best = min(sweep, key=lambda c: c["val_loss"])["lr"]
+            sweep = {lr: val_loss.get(cell_key(task, config.name, lr, plan.seeds[0],
+                                               plan.steps), math.inf) for lr in plan.lrs}
+            best = min(sweep, key=lambda lr: sweep[lr])
             for seed in plan.seeds[1:]:
                 yield task, config, best, seed
 
 
+def cached_train(model: Path, task: Task, config: Config, lr: float, seed: int, plan: Plan,
+                 out: Path, say: Any) -> dict[str, Any]:
+    """``train_cell`` unless this cell's adapter was already trained (a resumed run)."""
+    record = out / "cell.json"
+    if record.exists():
+        say("    adapter already trained, reused")
+        return dict(json.loads(record.read_text()))
+    trained = train_cell(model, task, config, lr, seed, plan, out, say)
+    record.write_text(json.dumps(trained))
+    return trained
+
+
 def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
         say: Any = print) -> dict[str, Any]:
+    """Train every pending cell, then start one engine and score them all (training
+    before the engine exists: in-process vLLM pins torch to one thread)."""
     started = time.monotonic()
     tasks = make_tasks()
+    configs = {c.name: c for c in plan.configs}
     results = load_results(out)
     results["meta"].update({"model": str(model), "plan": {
         "tasks": plan.tasks, "configs": [c.name for c in plan.configs], "lrs": plan.lrs,
@@ -365,15 +383,35 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
         "machine": f"{os.cpu_count()} CPUs"})
     throughput = engine_throughput()
     done = {c["key"] for c in results["cells"]}
+    val_loss = {c["key"]: c["val_loss"] for c in results["cells"] if "val_loss" in c}
+    trained: dict[str, tuple[str, str, float, int, dict[str, Any]]] = {}
+
+    def train_all(cells: Iterator[tuple[str, Config, float, int]]) -> None:
+        for task, config, lr, seed in cells:
+            key = cell_key(task, config.name, lr, seed, plan.steps)
+            if key in done or key in trained:
+                if key in done:
+                    say(f"[skip] {key} (already in {out})")
+                continue
+            say(f"[train] {key}: {plan.steps} steps ...")
+            cell_dir = work / task / config.name / f"lr{lr:g}-s{seed}-n{plan.steps}"
+            record = cached_train(model, tasks[task], config, lr, seed, plan, cell_dir, say)
+            trained[key] = (task, config.name, lr, seed, record)
+            val_loss[key] = record["val_loss"]
+            say(f"[trained] {key}: train loss {record['train_loss']:.3f}, val loss "
+                f"{record['val_loss']:.3f}, test loss {record['test_loss']:.3f} "
+                f"({record['train_s']:.0f} s)")
+
+    train_all(sweep_cells(plan))
+    train_all(seed_cells(plan, val_loss))
+
     engine: QualityEngine | None = None
 
     def get_engine() -> QualityEngine:
         nonlocal engine
         if engine is None:
             say("starting the vLLM engine (preft plugin) ...")
-            engine = QualityEngine(model, max(c.rank for c in plan.configs),
-                                   len(plan.tasks) * len(plan.configs) * len(plan.lrs)
-                                   * len(plan.seeds))
+            engine = QualityEngine(model, max(c.rank for c in plan.configs), 4)
             say(f"engine ready in {engine.start_s} s")
         return engine
 
@@ -390,34 +428,26 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
         t0 = time.monotonic()
         cell = {"key": key, "task": task, "config": "base", "lr": 0, "seed": 0,
                 **score(get_engine(), tasks[task], None),
-                "x_base": throughput.get("base", {}).get("x_base")}
-        cell["eval_s"] = round(time.monotonic() - t0, 1)
+                "x_base": throughput.get("base", {}).get("x_base"),
+                "eval_s": round(time.monotonic() - t0, 1)}
         finish(cell)
         say(f"[base] {task}: test acc {cell['test_acc']:.0%}, val acc "
             f"{cell['validation_acc']:.0%}")
-    todo = 0
-    for task, config, lr, seed in cells_of(plan, results):
-        key = cell_key(task, config.name, lr, seed, plan.steps)
-        if key in done:
-            say(f"[skip] {key} (already in {out})")
-            continue
-        todo += 1
+    for key, (task, name, lr, seed, record) in trained.items():
+        config = configs[name]
         t0 = time.monotonic()
-        say(f"[cell] {key}: training {plan.steps} steps ...")
-        cell_dir = work / task / config.name / f"lr{lr:g}-s{seed}"
-        trained = train_cell(model, tasks[task], config, lr, seed, plan, cell_dir)
-        scored = score(get_engine(), tasks[task], Path(trained["adapter"]))
-        cell = {"key": key, "task": task, "config": config.name, "type": config.type,
+        scored = score(get_engine(), tasks[task], Path(record["adapter"]))
+        cell = {"key": key, "task": task, "config": name, "type": config.type,
                 "mode": config.mode, "rank": config.rank, "lr": lr, "seed": seed,
-                "steps": plan.steps, **trained, **scored,
+                "steps": plan.steps, **record, **scored,
                 "x_base": throughput.get(config.engine_mode, {}).get("x_base"),
-                "cell_s": round(time.monotonic() - t0, 1)}
+                "eval_s": round(time.monotonic() - t0, 1)}
         finish(cell)
-        say(f"[done] {key}: train loss {cell['train_loss']:.3f}, val loss "
-            f"{cell['val_loss']:.3f}, test loss {cell['test_loss']:.3f}, test acc "
-            f"{cell['test_acc']:.0%} ({cell['cell_s']:.0f} s)")
+        say(f"[done] {key}: test loss {cell['test_loss']:.3f}, test acc "
+            f"{cell['test_acc']:.0%}, val acc {cell['validation_acc']:.0%} "
+            f"(served in {cell['eval_s']:.0f} s)")
     results["meta"]["last_run_s"] = round(time.monotonic() - started, 1)
-    results["meta"]["last_run_cells"] = todo
+    results["meta"]["last_run_cells"] = len(trained)
     save_results(out, results)
     rows = summarise(results)
     text = table(rows, throughput)
@@ -425,7 +455,8 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
     if doc is not None:
         write_doc(text, doc)
     plot(rows, out.with_suffix(".png"))
-    say(f"results: {out}, plot: {out.with_suffix('.png')}, wall {time.monotonic() - started:.0f} s")
+    say(f"results: {out}, plot: {out.with_suffix('.png')}, "
+        f"wall {time.monotonic() - started:.0f} s")
     return results
 
 
