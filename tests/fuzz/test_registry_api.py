@@ -19,6 +19,7 @@ the seed state is put back, so each case runs on the same state and reproduces a
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,6 +68,12 @@ class Registry:
     redis: RedisState
     objects: Path
     seed: dict[bytes, bytes] = field(default_factory=dict)
+    seed_objects: dict[str, Any] = field(default_factory=dict)
+
+    def restore_objects(self) -> None:
+        """Put the seed's object store back (DELETE /v1/tenants deletes unshared blobs)."""
+        shutil.rmtree(self.objects)
+        shutil.copytree(self.objects.with_name("objects-seed"), self.objects)
 
     def snapshot(self) -> dict[str, Any]:
         files = {str(p.relative_to(self.objects)): (p.stat().st_size, p.stat().st_mtime_ns)
@@ -163,6 +170,8 @@ def registry(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         assert resp.status_code == 200, resp.text
         reg = Registry(url, keys, adapters, RedisState(redis_server, namespace), objects)
         reg.seed = reg.redis.snapshot()
+        shutil.copytree(objects, objects.with_name("objects-seed"))  # copy2 keeps mtimes
+        reg.seed_objects = reg.snapshot()["objects"]
         yield reg
         reg.redis.restore({})
 
@@ -202,3 +211,5 @@ def test_registry_api(case: Any, registry: Registry) -> None:
         assert after["objects"] == before["objects"], diff(before["objects"], after["objects"])
     if after["redis"] != registry.seed:
         registry.redis.restore(registry.seed)
+    if after["objects"] != registry.seed_objects:
+        registry.restore_objects()
