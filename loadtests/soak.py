@@ -546,7 +546,7 @@ class Chaos:
     def inject(self, kind: str, part: str) -> None:
         parts = self.stack.parts
         fault: dict[str, Any] = {"kind": kind, "part": part, "start": self.journal.now(),
-                                 "url": self.stack.urls[part]}
+                                 "url": self.stack.urls.get(part)}
         self.busy.add(part)
         say(f"  [{fault['start']:7.1f} s] fault {kind} on {part}")
         if kind in ("worker_kill", "worker_stop"):
