@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest bench-gateway bench-cold chart-readme fuzz clean
+.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest soak bench-gateway bench-cold chart-readme fuzz clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
