@@ -71,8 +71,8 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
 
         async def body_iter() -> Any:
             try:
-                async for piece in relay_sse(upstream, target.public_name, strip_usage,
-                                             on_usage, first_token):
+                async for piece in relay_sse(upstream, target.worker_model, target.public_name,
+                                             strip_usage, on_usage, first_token):
                     yield piece
             finally:
                 metrics.latency.labels(label).observe(time.perf_counter() - start)

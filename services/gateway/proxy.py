@@ -88,8 +88,8 @@ def rewrite_json(payload: Any, public_name: str) -> Any:
     return payload
 
 
-async def relay_sse(upstream: Upstream, public_name: str, strip_usage: bool,
-                    on_usage: Callable[[Any], None],
+async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
+                    strip_usage: bool, on_usage: Callable[[Any], None],
                     on_first_token: Callable[[], None]) -> AsyncIterator[bytes]:
     """Pass the worker's SSE stream through event by event, rewriting ``model``.
 
@@ -98,19 +98,23 @@ async def relay_sse(upstream: Upstream, public_name: str, strip_usage: bool,
     ``on_first_token`` runs once, just before the first event carrying generated text is
     handed on.
     """
+    rewriter = EventRewriter(worker_model, public_name, strip_usage, on_usage)
     buffer = b""
-    first = True
     try:
         async for chunk in upstream.response.aiter_bytes():
             buffer += chunk
-            while b"\n\n" in buffer:
-                event, buffer = buffer.split(b"\n\n", 1)
-                out, has_text = _rewrite_event(event, public_name, strip_usage, on_usage)
-                if first and has_text:
-                    first = False
+            if b"\n\n" not in buffer:
+                continue
+            *events, buffer = buffer.split(b"\n\n")
+            out = []
+            for event in events:
+                rewritten, first_text = rewriter.rewrite(event)
+                if first_text:
                     on_first_token()
-                if out is not None:
-                    yield out + b"\n\n"
+                if rewritten is not None:
+                    out.append(rewritten + b"\n\n")
+            if out:
+                yield b"".join(out)
         if buffer.strip():
             yield buffer
     except httpx.HTTPError as exc:
@@ -131,23 +135,49 @@ def _has_text(payload: dict[str, Any]) -> bool:
     return False
 
 
-def _rewrite_event(event: bytes, public_name: str, strip_usage: bool,
-                   on_usage: Callable[[Any], None]) -> tuple[bytes | None, bool]:
-    """The event to send on (None: drop it) and whether it carries generated text."""
-    if not event.startswith(b"data: ") or event == b"data: [DONE]":
-        return event, False
-    try:
-        payload = json.loads(event[6:])
-    except json.JSONDecodeError:
-        return event, False
-    if not isinstance(payload, dict):
-        return event, False
-    usage = payload.get("usage")
-    if usage:
-        on_usage(usage)
-    if strip_usage:
-        if usage and not payload.get("choices"):
-            return None, False
-        payload.pop("usage", None)
-    rewrite_json(payload, public_name)
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode(), _has_text(payload)
+class EventRewriter:
+    """One stream's SSE events with ``model`` shown as the adapter's public name.
+
+    Most events are rewritten as bytes: vLLM writes compact JSON, so the worker's
+    ``"model":"sha256:<hex>"`` is found and swapped without parsing (an unescaped quote
+    cannot occur inside a JSON string, so the match is the key itself). An event is parsed
+    only while it matters: until the first one with generated text (time to first token),
+    when it carries ``usage`` (counted; dropped or stripped for clients that did not ask),
+    or when the bytes do not look as expected.
+    """
+
+    def __init__(self, worker_model: str, public_name: str, strip_usage: bool,
+                 on_usage: Callable[[Any], None]) -> None:
+        self._from = b'"model":' + json.dumps(worker_model).encode()
+        self._to = b'"model":' + json.dumps(public_name).encode()
+        self._public_name = public_name
+        self._strip_usage = strip_usage
+        self._on_usage = on_usage
+        self._seen_text = False
+
+    def rewrite(self, event: bytes) -> tuple[bytes | None, bool]:
+        """The event to send on (None: drop it), and whether it is the first with text."""
+        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+            return event, False
+        if self._seen_text and b'"usage"' not in event and self._from in event:
+            return event.replace(self._from, self._to, 1), False
+        return self._parsed(event)
+
+    def _parsed(self, event: bytes) -> tuple[bytes | None, bool]:
+        try:
+            payload = json.loads(event[6:])
+        except json.JSONDecodeError:
+            return event, False
+        if not isinstance(payload, dict):
+            return event, False
+        usage = payload.get("usage")
+        if usage:
+            self._on_usage(usage)
+        if self._strip_usage:
+            if usage and not payload.get("choices"):
+                return None, False
+            payload.pop("usage", None)
+        rewrite_json(payload, self._public_name)
+        first = not self._seen_text and _has_text(payload)
+        self._seen_text = self._seen_text or first
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode(), first

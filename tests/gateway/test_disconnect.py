@@ -52,7 +52,10 @@ def test_client_disconnect_closes_the_worker_stream_and_frees_the_slot() -> None
         with httpx.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, timeout=10,
                           json={"messages": MSGS, "user": "u1", "stream": True}) as response:
             assert response.status_code == 200
-            first = next(response.iter_lines())
+            # Keep the line iterator: an abandoned one is finalised at once, and closing it
+            # closes the connection (httpcore), i.e. the client would already have left.
+            lines = response.iter_lines()
+            first = next(lines)
             assert first.startswith("data: ") and json.loads(first[6:])["model"] == "bot"
             pool = app.state.gateway.pool
             assert pool.inflight == {"http://w1:8000": 1}

@@ -1,0 +1,77 @@
+"""The SSE relay rewrites ``model`` as bytes and parses only the events that matter; what
+the client gets is what a parse-and-dump of every event would give."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from preft_serve.gateway.proxy import EventRewriter
+
+WORKER = "sha256:" + "ab" * 32
+
+
+def vllm_chunk(content: str | None, usage: dict[str, int] | None = None,
+               choices: bool = True) -> bytes:
+    """A chunk as vLLM 0.32 writes it (pydantic model_dump_json: compact, field order)."""
+    chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                             "created": 1, "model": WORKER}
+    chunk["choices"] = ([{"index": 0, "delta": {"content": content}, "logprobs": None,
+                          "finish_reason": None}] if choices else [])
+    if usage is not None:
+        chunk["usage"] = usage
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode()
+
+
+def stream() -> list[bytes]:
+    return [vllm_chunk(""), vllm_chunk("Hel"), vllm_chunk('lo "model":"x" usage'),
+            vllm_chunk("!"), vllm_chunk(None, {"prompt_tokens": 3, "completion_tokens": 3,
+                                               "total_tokens": 6}, choices=False),
+            b"data: [DONE]"]
+
+
+def relay(public: str, strip_usage: bool) -> tuple[list[bytes], list[Any], list[int]]:
+    usages: list[Any] = []
+    rewriter = EventRewriter(WORKER, public, strip_usage, usages.append)
+    out, firsts = [], []
+    for i, event in enumerate(stream()):
+        rewritten, first = rewriter.rewrite(event)
+        if first:
+            firsts.append(i)
+        if rewritten is not None:
+            out.append(rewritten)
+    return out, usages, firsts
+
+
+@pytest.mark.parametrize("public", ["bot", "ünï \"quoted\" bot"])
+@pytest.mark.parametrize("strip_usage", [False, True])
+def test_events_read_as_if_each_were_parsed_and_rewritten(public: str,
+                                                          strip_usage: bool) -> None:
+    out, usages, firsts = relay(public, strip_usage)
+    expected = []
+    for event in stream():
+        if event == b"data: [DONE]":
+            expected.append(event)
+            continue
+        payload = json.loads(event[6:])
+        if strip_usage and payload.get("usage") and not payload["choices"]:
+            continue
+        payload["model"] = public
+        expected.append(payload)
+    assert len(out) == len(expected)
+    for got, want in zip(out, expected, strict=True):
+        if isinstance(want, bytes):
+            assert got == want
+        else:
+            assert got.startswith(b"data: ") and json.loads(got[6:]) == want
+    assert usages == [{"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}]
+    assert firsts == [1]  # the empty first delta is not the first token
+
+
+def test_text_events_after_the_first_pass_through_as_the_worker_wrote_them() -> None:
+    """Byte-identical but for the name: no parse, so no reordering or re-escaping."""
+    out, _, _ = relay("bot", strip_usage=False)
+    for got, sent in zip(out[2:4], stream()[2:4], strict=True):
+        assert got == sent.replace(f'"model":"{WORKER}"'.encode(), b'"model":"bot"')
+    assert b'"model":"x"' in json.loads(out[2][6:])["choices"][0]["delta"]["content"].encode()
