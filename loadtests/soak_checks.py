@@ -69,8 +69,11 @@ def account_errors(records: Sequence[Record], faults: Sequence[Record], grace: f
         # A worker's failure is accounted for only by a fault on that worker: a killed
         # worker's minutes of restart must not cover errors of the healthy one.
         named = WORKER_URL.search(r.get("msg") or "")
+        # Likewise "Redis unavailable" only by a fault on Redis.
+        redis_error = "Redis" in (r.get("msg") or "")
         own = [w for f, w in zip(faults, spans, strict=True)
-               if named is None or f.get("url") == named.group(0)]
+               if (named is None or f.get("url") == named.group(0))
+               and (not redis_error or f["kind"] == "redis_kill")]
         if ok(status) and not r.get("err"):
             classes["ok"] += 1
             continue

@@ -104,5 +104,7 @@ def test_a_worker_error_needs_a_fault_on_that_worker() -> None:
                     msg="worker http://127.0.0.1:1 failed: ReadError"),
                chat(60, 61, status=502, shape_ok=True,
                     msg="worker http://127.0.0.1:2 failed: ReadError")]
+    records.append(chat(70, 71, status=503, shape_ok=True,
+                        msg="the registry's Redis is unavailable; retry shortly"))
     out = checks.account_errors(records, faults, grace=5, end=300)
-    assert out["classes"] == {"chaos_window": 1, "unexpected_502": 1}
+    assert out["classes"] == {"chaos_window": 1, "unexpected_502": 1, "unexpected_503": 1}
