@@ -26,8 +26,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 BACKGROUND_NICE = 10
-"""Niceness of the threads that fetch and parse adapters: on a busy host they yield the CPU
-to the engine's step threads instead of stretching every running request's step."""
+"""Niceness of the threads that download and verify adapters (the resolver's): on a busy
+host they yield the CPU to the engine's step threads instead of stretching every running
+request's step. Nothing the engine waits for runs at this priority."""
 
 
 def lower_thread_priority(nice: int = BACKGROUND_NICE) -> None:
@@ -46,8 +47,9 @@ class AdapterPreloader:
             raise ValueError("threads and capacity must be positive")
         self._load = load
         self._capacity = capacity
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="preft-preload",
-                                        initializer=lower_thread_priority)
+        # Normal priority: a step that needs the adapter waits for this thread, so a nicer
+        # thread would be a priority inversion on a busy host.
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="preft-preload")
         self._lock = threading.Lock()
         self._pending: collections.OrderedDict[int, Future[Any]] = collections.OrderedDict()
 
@@ -74,7 +76,9 @@ class AdapterPreloader:
         """The parsed adapter (waiting for its parse if still running), else parse now."""
         with self._lock:
             future = self._pending.pop(adapter_id, None)
-        if future is not None and not future.cancelled():
+        if future is not None and future.cancel():
+            future = None  # still queued behind other parses: parse it here, now
+        if future is not None:
             try:
                 return future.result()
             except Exception:
