@@ -7,7 +7,9 @@ The registry stores them (``PUT /v1/tenants/{tenant}/limits``, a Redis hash at
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 
 class TenantLimits(BaseModel):
@@ -15,7 +17,8 @@ class TenantLimits(BaseModel):
     (``PREFT_GATEWAY_TENANT_RPS`` ...), and 0 turns that limit off for this tenant.
 
     Fields are strict: JSON ``true`` or ``"5"`` is refused, not read as 1 or 5 (the stored
-    strings are read back with ``model_validate_strings``)."""
+    strings are read back with ``model_validate_strings``); a burst of ``5.0`` is 5, ``5.5``
+    is refused."""
 
     model_config = {"extra": "forbid"}
 
@@ -33,6 +36,17 @@ class TenantLimits(BaseModel):
                                      "x max_tokens)")
     user_tpm: float | None = Field(None, ge=0, le=1e9, strict=True,
                                    description="Output tokens/minute per user")
+
+    @field_validator("tenant_burst", "user_burst", mode="before")
+    @classmethod
+    def _integral_float_as_int(cls, value: Any, info: ValidationInfo) -> Any:
+        """JSON has one number type: ``5.0`` is the integer 5 (as JSON Schema says too).
+        Stored values come back as strings (``model_validate_strings``), read as ints."""
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if info.mode == "string" and isinstance(value, str) and value.isdecimal():
+            return int(value)
+        return value
 
 
 LIMIT_FIELDS: tuple[str, ...] = tuple(TenantLimits.model_fields)

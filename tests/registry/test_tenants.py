@@ -134,7 +134,7 @@ def test_rate_limit_overrides_refuse_booleans_and_numeric_strings(client, acme, 
                       headers=admin()).status_code == 200
     before = state_snapshot()
     for body in ({"tenant_burst": True}, {"user_tpm": True}, {"tenant_rps": False},
-                 {"tenant_rps": "5"}, {"user_burst": "3"}, {"user_burst": 2.0}):
+                 {"tenant_rps": "5"}, {"user_burst": "3"}, {"user_burst": 2.5}):
         bad = client.put("/v1/tenants/acme/limits", json=body, headers=admin())
         assert bad.status_code == 422, (body, bad.text)
         assert bad.json()["error"]["code"] == "invalid"
@@ -144,3 +144,11 @@ def test_rate_limit_overrides_refuse_booleans_and_numeric_strings(client, acme, 
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
         "tenant_rps": None, "tenant_burst": 3, "user_rps": 2.0, "user_burst": None,
         "tenant_tpm": None, "user_tpm": None}
+
+
+def test_integral_float_burst_is_an_integer(client, acme):
+    """JSON Schema (and JSON) count 2.0 as the integer 2; the fuzzer sent
+    ``{"user_burst": 79944.0}`` as a valid case and got 422."""
+    ok = client.put("/v1/tenants/acme/limits", json={"user_burst": 79944.0}, headers=admin())
+    assert ok.status_code == 200, ok.text
+    assert client.get("/v1/tenants/acme/limits", headers=admin()).json()["user_burst"] == 79944
