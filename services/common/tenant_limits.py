@@ -44,7 +44,8 @@ class TenantLimits(BaseModel):
         Stored values come back as strings (``model_validate_strings``), read as ints."""
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        if info.mode == "string" and isinstance(value, str) and value.isdecimal():
+        # pydantic types mode as python|json, but validate_strings runs it as "string".
+        if info.mode not in ("python", "json") and isinstance(value, str) and value.isdecimal():
             return int(value)
         return value
 
