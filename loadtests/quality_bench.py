@@ -13,7 +13,7 @@ run at that rate. Throughput per configuration comes from the engine benchmark's
 Results are appended to the JSON after every finished cell; a rerun skips finished cells.
 
     python -m loadtests.quality_bench --quick        # one task, PreFT vs all-token LoRA r16
-    python -m loadtests.quality_bench                # 3 tasks, 7 configurations, LR sweep
+    python -m loadtests.quality_bench                # 3 tasks, 9 configurations, LR sweep
     python -m loadtests.quality_bench --model DIR --steps 3 --out /tmp/q.json --quick
 """
 
