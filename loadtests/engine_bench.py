@@ -403,6 +403,16 @@ def resolve_model(spec: str, var: Path = VAR) -> tuple[Path, str]:
     return make_model(spec, var / spec), spec
 
 
+def batch_tokens(args: argparse.Namespace, w: dict) -> int:
+    """Every engine's token budget per step: by default ``max_loras x prompt_len``, the
+    prefill an adapter mode can schedule in one step when every request has its own
+    adapter. The base model gets the same budget because it is its better one here: on
+    bench-llama, 2 cores, base ran ~10% fewer output tokens per CPU-second at 2048 tokens
+    (16 prompts a step) than at 1024, and with 2048 the PreFT modes (8 prompts a step)
+    came out 1.03-1.09x "base" in quick runs, i.e. the reference was not the upper bound."""
+    return args.batch_tokens or args.max_loras * w["prompt_len"]
+
+
 def setup(args: argparse.Namespace, w: dict, model: Path, name: str, shape: Shape) -> dict:
     """Adapters on disk; the settings every engine of the run shares."""
     adapter_root = args.var / f"{name}-r{args.rank}-adapters"
@@ -414,7 +424,7 @@ def setup(args: argparse.Namespace, w: dict, model: Path, name: str, shape: Shap
         "model": str(model), "adapter_root": str(adapter_root), "rank": args.rank,
         "vocab": shape.vocab, "requests": w["requests"], "prompt_len": w["prompt_len"],
         "output_len": w["output_len"], "max_num_seqs": args.max_num_seqs,
-        "batch_tokens": args.batch_tokens, "max_loras": args.max_loras,
+        "batch_tokens": batch_tokens(args, w), "max_loras": args.max_loras,
         "threads": args.threads, "warmup_requests": w["warmup_requests"],
         "kv_bytes": max(256 << 20, int(shape.kv_bytes(args.max_num_seqs * seq_tokens) * 1.1)),
         "adapter_bytes": (adapter_root / "all-0" / "adapter_model.safetensors").stat().st_size,
@@ -468,7 +478,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-requests", type=int,
                    help="full-length requests each engine runs, untimed, before round 1")
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--batch-tokens", type=int,
+                   help="max_num_batched_tokens of every engine (default: max_loras x "
+                   "prompt_len, the prefill the adapter modes can fill in one step)")
     p.add_argument("--mem-gib", type=float, default=14.0,
                    help="memory the engines alive at once may use (groups are split to fit)")
     p.add_argument("--out", type=Path,

@@ -143,3 +143,13 @@ def test_tiny_end_to_end_run_writes_rounds_rows_and_plot(tmp_path: Path) -> None
     engine = next(e for e in result["engines"] if e["mode"] == "preft-lora")
     assert engine["slot_bytes"] > 0 and engine["adapter_host_bytes"] > 0
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_every_engine_gets_the_prefill_budget_the_adapter_modes_can_fill() -> None:
+    """With 2048 tokens base prefilled 16 prompts a step, the adapter modes 8, and base came
+    out below PreFT: the reference was not the upper bound."""
+    args = engine_bench.parser().parse_args(["--quick"])
+    w = engine_bench.workload(args)
+    assert engine_bench.batch_tokens(args, w) == args.max_loras * w["prompt_len"]
+    args = engine_bench.parser().parse_args(["--quick", "--batch-tokens", "4096"])
+    assert engine_bench.batch_tokens(args, engine_bench.workload(args)) == 4096
