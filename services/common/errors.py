@@ -228,7 +228,7 @@ def _document_validation_errors(app: FastAPI) -> None:
                     ref_template="#/components/schemas/{model}"))
         return spec
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
 def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:

@@ -143,7 +143,7 @@ def ask_everyone(stack: LocalStack, tenant: DemoTenant, trained: list[TrainedUse
     for user in [None, *tenant.users]:
         reply = chat(stack, tenant.api_key,
                      chat_body(user, stack.config.base_model_name, question))
-        content = str(reply["choices"][0]["message"]["content"]).strip()  # type: ignore[index]
+        content = str(reply["choices"][0]["message"]["content"]).strip()
         verdict = judge(content, by_user.get(user) if user else None, trained)
         say(f"  {user or 'base model':<10} ({reply['model']}): {content!r}\n"
             f"  {'':<10} -> {verdict}")
@@ -171,7 +171,7 @@ def bring_up(stack: LocalStack, toy: bool, models_dir: Path) -> None:
     if toy:
         say("[7/7] one chat completion through the gateway (user alice)")
         reply = first_reply(stack, tenant.api_key)
-        content = reply["choices"][0]["message"]["content"]  # type: ignore[index]
+        content = reply["choices"][0]["message"]["content"]
         say(f"  model {reply['model']!r} answered {content!r} (random toy model: gibberish "
             "is expected)")
         say(examples(stack, tenant))

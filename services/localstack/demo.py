@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 from preft_serve.common.adapter_format import AdapterMode
@@ -91,7 +92,7 @@ def chat_body(user: str | None, base_model_name: str, content: str = PROMPT,
     return body
 
 
-def chat(stack: LocalStack, api_key: str, body: dict[str, object]) -> dict[str, object]:
+def chat(stack: LocalStack, api_key: str, body: dict[str, object]) -> dict[str, Any]:
     """One real chat completion through the gateway."""
     resp = httpx.post(f"{stack.gateway_url}/v1/chat/completions", timeout=300,
                       headers={"Authorization": f"Bearer {api_key}"}, json=body)
@@ -101,7 +102,7 @@ def chat(stack: LocalStack, api_key: str, body: dict[str, object]) -> dict[str, 
     return resp.json()  # type: ignore[no-any-return]
 
 
-def first_reply(stack: LocalStack, api_key: str, user: str = "alice") -> dict[str, object]:
+def first_reply(stack: LocalStack, api_key: str, user: str = "alice") -> dict[str, Any]:
     """The toy demo's start-up request (the stack works end to end)."""
     return chat(stack, api_key, chat_body(user, stack.config.base_model_name))
 

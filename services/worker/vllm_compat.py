@@ -115,7 +115,11 @@ class PreftScheduler(PreftSchedulerMixin, Scheduler):
 
 
 class PreftLoRAMappingMixin:
-    """PreFT token mapping for vLLM's LoRA manager, and ReFT adapters beside it."""
+    """PreFT token mapping for vLLM's LoRA manager, and ReFT adapters beside it.
+
+    The mixins in this module are combined with vLLM classes at runtime, so mypy cannot see
+    their bases: every ``super()`` call into vLLM is ``type: ignore[misc]`` and every vLLM
+    attribute read is ``type: ignore[attr-defined]``, for that reason only."""
 
     reft: ReftRuntime
 
