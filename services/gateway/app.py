@@ -46,7 +46,7 @@ def create_app(settings: GatewaySettings | None = None,
     """Build the app; ``transport``, ``registry`` and ``redis_client`` replace the real
     ones (tests; a ``registry`` without ``redis_client`` means no rate limits)."""
     settings = settings or GatewaySettings()
-    metrics = GatewayMetrics(settings.metrics_max_adapters)
+    metrics = GatewayMetrics(settings.metrics_max_adapters, settings.metrics_max_tenants)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

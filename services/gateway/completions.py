@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from preft_serve.common.access_log import access_fields, request_id_of
 from preft_serve.common.errors import ServiceError
+from preft_serve.gateway.metrics import token_counts
 from preft_serve.gateway.proxy import BadGateway, Upstream, open_upstream, relay_sse, rewrite_json
 from preft_serve.gateway.selection import select_target
 from preft_serve.gateway.state import GatewayState
@@ -27,6 +28,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     metrics, settings = state.metrics, state.settings
     start = time.perf_counter()
     label = NO_ADAPTER
+    tenant_label = metrics.tenant_label(tenant)
     log = access_fields(request)
     try:
         body = parse_body(await request.body(), state.caps.max_json_depth)
@@ -51,19 +53,22 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         upstream = await open_upstream(state.http, state.pool, target.routing_key, path, body,
                                        request_id_of(request))
     except ServiceError as exc:
-        metrics.requests.labels(label, str(exc.status_code)).inc()
+        metrics.record_request(tenant_label, label, exc.status_code)
         metrics.errors.labels(exc.code).inc()
         raise
     metrics.routing.labels(upstream.result.value).inc()
     log["worker"] = upstream.worker
     status = upstream.response.status_code
-    metrics.requests.labels(label, str(status)).inc()
+    metrics.record_request(tenant_label, label, status)
     if status >= 400:
         metrics.errors.labels(f"worker_{status // 100}xx").inc()
 
     def on_usage(usage: Any) -> None:
-        metrics.record_usage(label, usage)
+        metrics.record_usage(label, usage, tenant_label)
         log_usage(log, usage)
+        prompt, completion = token_counts(usage)
+        state.usage.record(tenant, target.public_name, requests=1, prompt_tokens=prompt or 0,
+                           completion_tokens=completion or 0)
 
     if stream and status == 200:
         def first_token() -> None:

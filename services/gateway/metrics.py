@@ -1,9 +1,10 @@
 """Prometheus metrics for the gateway, on a per-app registry (tests build many apps).
 
 Label cardinality is bounded: the first ``max_adapters`` distinct adapter names seen since
-start-up get their own ``adapter`` label, every later one is counted as ``other``. (First
-seen rather than "top N by traffic": a ranking would move series between labels and make
-counters non-monotonic per label.) The base model is labelled with its public name.
+start-up get their own ``adapter`` label, every later one is counted as ``other``; tenants
+likewise (``max_tenants``). (First seen rather than "top N by traffic": a ranking would move
+series between labels and make counters non-monotonic per label.) The base model is labelled
+with its public name.
 """
 
 from __future__ import annotations
@@ -19,11 +20,28 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+class BoundedLabels:
+    """The first ``limit`` distinct names keep their own label value; later ones: ``other``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._named: set[str] = set()
+
+    def __call__(self, name: str) -> str:
+        if name in self._named:
+            return name
+        if len(self._named) < self.limit:
+            self._named.add(name)
+            return name
+        return OTHER
+
+
 class GatewayMetrics:
-    def __init__(self, max_adapters: int = 100) -> None:
+    def __init__(self, max_adapters: int = 100, max_tenants: int = 100) -> None:
         self.registry = CollectorRegistry()
         self.max_adapters = max_adapters
-        self._named: set[str] = set()
+        self._adapters = BoundedLabels(max_adapters)
+        self.tenant_label = BoundedLabels(max_tenants)
         self.requests = Counter(
             "preft_gateway_requests_total", "Completion requests by adapter and HTTP status",
             ["adapter", "status"], registry=self.registry)
@@ -33,6 +51,17 @@ class GatewayMetrics:
         self.generation_tokens = Counter(
             "preft_gateway_generation_tokens_total", "Generated tokens reported by workers",
             ["adapter"], registry=self.registry)
+        self.tenant_requests = Counter(
+            "preft_gateway_tenant_requests_total", "Completion requests of authenticated "
+            "tenants by HTTP status (429s and other refusals included)",
+            ["tenant", "status"], registry=self.registry)
+        self.tenant_tokens = Counter(
+            "preft_gateway_tenant_tokens_total", "Tokens reported by workers per tenant; "
+            "kind: prompt or completion", ["tenant", "kind"], registry=self.registry)
+        self.usage_write_failures = Counter(
+            "preft_gateway_usage_write_failures_total", "Per-day usage counters that could "
+            "not be written to Redis (error or slower than the usage timeout)",
+            registry=self.registry)
         self.latency = Histogram(
             "preft_gateway_request_seconds", "Completion request latency (to the last byte) "
             "of requests a worker answered", ["adapter"], registry=self.registry,
@@ -66,22 +95,34 @@ class GatewayMetrics:
 
     def adapter_label(self, name: str) -> str:
         """``name`` while under the cardinality budget, else ``other``."""
-        if name in self._named:
-            return name
-        if len(self._named) < self.max_adapters:
-            self._named.add(name)
-            return name
-        return OTHER
+        return self._adapters(name)
 
-    def record_usage(self, label: str, usage: object) -> None:
+    def record_request(self, tenant_label: str, label: str, status: int) -> None:
+        self.requests.labels(label, str(status)).inc()
+        self.tenant_requests.labels(tenant_label, str(status)).inc()
+
+    def record_usage(self, label: str, usage: object, tenant_label: str | None = None) -> None:
         """Add an OpenAI ``usage`` object's token counts (ignores anything malformed)."""
-        if not isinstance(usage, dict):
-            return
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if isinstance(prompt, int) and prompt >= 0:
+        prompt, completion = token_counts(usage)
+        if prompt is not None:
             self.prompt_tokens.labels(label).inc(prompt)
-        if isinstance(completion, int) and completion >= 0:
+            if tenant_label is not None:
+                self.tenant_tokens.labels(tenant_label, "prompt").inc(prompt)
+        if completion is not None:
             self.generation_tokens.labels(label).inc(completion)
+            if tenant_label is not None:
+                self.tenant_tokens.labels(tenant_label, "completion").inc(completion)
+
+
+def token_counts(usage: object) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, completion_tokens)`` of an OpenAI ``usage`` object; None for a
+    missing or malformed count."""
+    if not isinstance(usage, dict):
+        return None, None
+    counts = [usage.get(f) for f in ("prompt_tokens", "completion_tokens")]
+    prompt, completion = (c if isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                          else None for c in counts)
+    return prompt, completion
 
 
 def _entries(sizes: Callable[[], dict[str, int]], name: str) -> float:

@@ -86,6 +86,11 @@ class GatewaySettings(ServiceSettings):
     read_timeout_s: float = Field(300.0, gt=0)
     metrics_max_adapters: int = Field(
         100, ge=0, description="Adapters labelled by name in metrics; later ones are 'other'")
+    metrics_max_tenants: int = Field(
+        100, ge=0, description="Tenants labelled by name in metrics; later ones are 'other'")
+    usage_timeout_s: float = Field(0.5, gt=0, le=5, description="Longest wait for Redis when "
+                                   "writing a request's per-day usage counters (in the "
+                                   "background; past it the write is dropped and counted)")
     models_list_limit: int = Field(1000, ge=1, description="Most adapters /v1/models lists")
 
     port: int = Field(8080, ge=1, le=65535, description="Port")

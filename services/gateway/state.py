@@ -17,6 +17,7 @@ from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.ratelimit import RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.usage import UsageRecorder
 from preft_serve.gateway.validation import Caps
 
 # How long an idle connection to a worker is kept for reuse. Shorter than the workers' own
@@ -40,6 +41,7 @@ class GatewayState:
     limiter: RateLimiter
     metrics: GatewayMetrics
     caps: Caps
+    usage: UsageRecorder
     owns_redis: bool = False
     # Unix seconds this gateway started: the base model's ``created`` in /v1/models.
     started_at: int = dataclasses.field(default_factory=lambda: int(time.time()))
@@ -80,11 +82,13 @@ class GatewayState:
                     max_choices=settings.max_choices, max_prompts=settings.max_prompts,
                     max_prompt_token_ids=settings.max_prompt_token_ids,
                     max_json_depth=settings.max_json_depth)
+        usage = UsageRecorder(redis, settings.namespace, metrics, settings.usage_timeout_s)
         await monitor.start()
         return cls(settings, registry, redis, http, pool, monitor, limiter, metrics, caps,
-                   owns_redis)
+                   usage, owns_redis)
 
     async def aclose(self) -> None:
+        await self.usage.drain()
         await self.monitor.aclose()
         await self.http.aclose()
         await self.registry.aclose()

@@ -35,6 +35,8 @@ from preft_serve.common.registry_client.cache import ResolveCache
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
     API_KEY_PREFIX,
+    USAGE_KINDS,
+    USAGE_TTL_S,
     AdapterRef,
     BlobInfo,
     ChangeBatch,
@@ -46,8 +48,11 @@ from preft_serve.common.registry_client.contract import (
     hash_api_key,
     is_adapter_name,
     is_tenant_name,
+    is_usage_day,
     is_user_id,
+    parse_usage,
     stream_id_key,
+    usage_field,
 )
 from preft_serve.common.registry_client.reader import AsyncRegistryReader
 from preft_serve.common.registry_client.sync import RegistryClient
@@ -55,6 +60,8 @@ from preft_serve.common.registry_client.sync import RegistryClient
 __all__ = [
     "ADAPTER_FIELDS",
     "API_KEY_PREFIX",
+    "USAGE_KINDS",
+    "USAGE_TTL_S",
     "AdapterRef",
     "AsyncRegistryClient",
     "AsyncRegistryReader",
@@ -71,6 +78,9 @@ __all__ = [
     "is_adapter_name",
     "is_digest",
     "is_tenant_name",
+    "is_usage_day",
     "is_user_id",
+    "parse_usage",
     "stream_id_key",
+    "usage_field",
 ]

@@ -31,6 +31,7 @@ ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model",
 _TENANT = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
 _ADAPTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _USER = re.compile(r"[A-Za-z0-9._@+=-]{1,128}")
+_DAY = re.compile(r"[0-9]{8}")
 
 
 def is_tenant_name(name: str) -> bool:
@@ -46,6 +47,37 @@ def is_adapter_name(name: str) -> bool:
 def is_user_id(user: str) -> bool:
     """1-128 letters, digits or '.', '_', '@', '+', '=', '-'."""
     return _USER.fullmatch(user) is not None
+
+
+# Usage hash fields per model (see RegistryKeys.usage) and how long a day's hash is kept.
+USAGE_KINDS = ("requests", "prompt_tokens", "completion_tokens")
+USAGE_TTL_S = 400 * 86400
+
+
+def usage_field(model: str, kind: str) -> str:
+    return f"{model}:{kind}"
+
+
+def parse_usage(raw: Mapping[Any, Any]) -> dict[str, dict[str, int]]:
+    """A day's usage hash as ``{model: {kind: count}}`` (every kind present, unknown or
+    malformed fields skipped)."""
+    found: dict[str, dict[str, int]] = {}
+    for key, value in raw.items():
+        field = key.decode() if isinstance(key, bytes) else str(key)
+        model, _, kind = field.rpartition(":")
+        if not model or kind not in USAGE_KINDS:
+            continue
+        try:
+            count = int(value)
+        except ValueError:
+            continue
+        found.setdefault(model, dict.fromkeys(USAGE_KINDS, 0))[kind] = count
+    return found
+
+
+def is_usage_day(day: str) -> bool:
+    """A UTC day as eight digits, YYYYMMDD (the date itself is not checked)."""
+    return _DAY.fullmatch(day) is not None
 
 
 class InvalidKeyPart(ValueError):
@@ -113,6 +145,14 @@ class RegistryKeys:
 
     def blob(self, sha256: str) -> str:  # HASH sha256, type, mode, rank, base_model, config...
         return f"{self.ns}:blob:{_part(sha256, is_digest, 'content hash')}"
+
+    def usage(self, tenant: str, day: str) -> str:
+        """HASH of one tenant's usage on one UTC day (``day``: YYYYMMDD), written by the
+        gateway: fields ``{model}:requests``, ``{model}:prompt_tokens`` and
+        ``{model}:completion_tokens``, ``model`` being the adapter's (or the base model's)
+        public name, so the field's last ``:`` separates the two."""
+        return f"{self.ns}:usage:{_part(tenant, is_tenant_name, 'tenant name')}:" \
+               f"{_part(day, is_usage_day, 'usage day')}"
 
 
 class EventType(str, enum.Enum):
