@@ -17,7 +17,7 @@ from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import InvalidKeyPart
 from preft_serve.registry.limits import JsonBodyGuardMiddleware
 from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
-from preft_serve.registry.routers import adapters, health, tenants, users
+from preft_serve.registry.routers import adapters, health, tenants, usage, users
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState
 
@@ -75,6 +75,6 @@ def create_app(settings: RegistrySettings | None = None,
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     # Outermost: every answer carries x-request-id, every request gets one log line.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (tenants, adapters, users, health):
+    for module in (tenants, adapters, users, usage, health):
         app.include_router(module.router)
     return app

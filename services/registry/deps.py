@@ -13,6 +13,7 @@ from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
 from preft_serve.registry.state import RegistryState
 from preft_serve.registry.tenants import Principal, TenantService
+from preft_serve.registry.usage import UsageService
 
 _admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                            description="The registry's admin token (PREFT_REGISTRY_ADMIN_TOKEN)")
@@ -71,3 +72,10 @@ PrincipalDep = Annotated[Principal, Depends(require_tenant)]
 TenantsDep = Annotated[TenantService, Depends(_tenants)]
 AdaptersDep = Annotated[AdapterService, Depends(_adapters)]
 BindingsDep = Annotated[BindingService, Depends(_bindings)]
+
+
+def _usage(state: StateDep) -> UsageService:
+    return state.usage
+
+
+UsageDep = Annotated[UsageService, Depends(_usage)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from preft_serve.registry.names import ADAPTER_PATTERN, TENANT_PATTERN
 from pydantic import BaseModel, Field
@@ -127,3 +129,22 @@ class UserBinding(BaseModel):
 
 class UserList(BaseModel):
     items: list[UserBinding]
+
+
+class UsageModel(BaseModel):
+    model: str = Field(description="The adapter's name, or the base model's public name")
+    requests: int = Field(description="Requests a worker answered with 200")
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class UsageDay(BaseModel):
+    date: datetime.date = Field(description="The UTC day")
+    models: list[UsageModel]
+
+
+class UsageReport(BaseModel):
+    tenant: str
+    start: datetime.date
+    end: datetime.date
+    days: list[UsageDay] = Field(description="Days with any usage, oldest first")

@@ -11,6 +11,7 @@ from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.tenants import TenantService
+from preft_serve.registry.usage import UsageService
 from preft_serve.registry.validation import BaseModelSpec, ValidationLimits
 
 
@@ -23,6 +24,7 @@ class RegistryState:
     tenants: TenantService
     adapters: AdapterService
     bindings: BindingService
+    usage: UsageService
 
     @classmethod
     def build(cls, settings: RegistrySettings, store: ObjectStore | None = None) -> RegistryState:
@@ -50,6 +52,7 @@ class RegistryState:
             adapters=AdapterService(client, keys, store, base, limits, settings.staging_dir,
                                     maxlen),
             bindings=BindingService(client, keys, maxlen),
+            usage=UsageService(client, keys),
         )
 
     def close(self) -> None:
