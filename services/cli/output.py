@@ -80,6 +80,15 @@ def _fields(result: dict[str, Any], out: IO[str]) -> None:
         out.write(f"{key + ':':<13}{value}\n")
 
 
+def _usage(result: dict[str, Any], out: IO[str]) -> None:
+    """One row per day and model, then the range's totals."""
+    columns = ["date", "model", "requests", "prompt_tokens", "completion_tokens"]
+    rows = [{"date": day["date"], **model} for day in result["days"] for model in day["models"]]
+    totals = {c: sum(r[c] for r in rows) for c in columns[2:]}
+    print_table([*rows, {"date": "total", "model": "", **totals}], columns, out)
+    out.write(f"({result['tenant']}, {result['start']} .. {result['end']}, UTC days)\n")
+
+
 def render(result: Any, command: str, out: IO[str]) -> None:
     """Human output of one command's result."""
     if command == "adapter list":
@@ -95,6 +104,8 @@ def render(result: Any, command: str, out: IO[str]) -> None:
         print_table(result["versions"], ["version", "sha256", "mode", "created_at"], out)
     elif command == "user list":
         print_table(result["items"], ["user", "adapter"], out)
+    elif command == "usage show":
+        _usage(result, out)
     elif command == "tenant list":
         print_table(result, ["name", "adapters", "created_at"], out)
     elif isinstance(result, dict):

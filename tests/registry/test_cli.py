@@ -230,3 +230,23 @@ def test_tenant_list_and_delete(live_server, tenant_key, capsys):
                                "blobs": 0}
     code, out, _ = run(capsys, "tenant", "list", *common, "--json")
     assert [t["name"] for t in json.loads(out)] == ["acme"]
+
+
+def test_usage(live_server, tenant_key, capsys, redis_client, namespace):
+    from preft_serve.common.registry_client import RegistryKeys
+    redis_client.hset(RegistryKeys(namespace).usage("acme", "20260310"), mapping={
+        "bot:requests": 2, "bot:prompt_tokens": 10, "bot:completion_tokens": 6})
+    common = ("--url", live_server, "--api-key", tenant_key)
+    code, out, _ = run(capsys, "usage", "--start", "2026-03-09", "--end", "2026-03-10", *common)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].split() == ["DATE", "MODEL", "REQUESTS", "PROMPT_TOKENS",
+                                "COMPLETION_TOKENS"]
+    assert lines[1].split() == ["2026-03-10", "bot", "2", "10", "6"]
+    assert lines[2].split() == ["total", "2", "10", "6"]
+    code, out, _ = run(capsys, "usage", "--start", "2026-03-09", "--end", "2026-03-10",
+                       "--json", *common)
+    assert code == 0 and json.loads(out)["days"][0]["models"][0]["requests"] == 2
+    code, out, _ = run(capsys, "usage", "--start", "2026-01-01", "--end", "2026-12-31",
+                       "--json", *common)
+    assert code == 1 and "at most 92" in json.loads(out)["error"]["message"]
