@@ -88,6 +88,13 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
+class QuotaExceeded(ServiceError):
+    """A tenant quota (adapter count, stored bytes) would be exceeded; nothing was stored."""
+
+    http_status = 403
+    code = "quota_exceeded"
+
+
 class PayloadTooLarge(ServiceError):
     http_status = 413
     code = "payload_too_large"

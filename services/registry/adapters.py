@@ -26,6 +26,7 @@ from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
 from preft_serve.registry.models import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
 from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
+from preft_serve.registry.quotas import Quota, check_upload, tenant_use
 from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 from preft_serve.registry.validation import (
@@ -92,8 +93,10 @@ class AdapterService:
     def __init__(
         self, client: Redis, keys: RegistryKeys, store: ObjectStore, base: BaseModelSpec,
         limits: ValidationLimits, staging_dir: Path | None, events_maxlen: int,
+        quota: Quota | None = None,
     ) -> None:
         self.redis = client
+        self.quota = quota
         self.keys = keys
         self.store = store
         self.base = base
@@ -124,10 +127,14 @@ class AdapterService:
             validated = validate_adapter(staged.config_path, staged.weights_path, mode,
                                          self.base, self.limits, strict=strict)
             # Decide no-op / conflict before writing a blob nobody would reference.
-            early = self._unchanged_or_conflict(
-                name, self.redis.hgetall(self.keys.adapter(tenant, name)), validated, create)
+            current = self.redis.hgetall(self.keys.adapter(tenant, name))
+            early = self._unchanged_or_conflict(name, current, validated, create)
             if early is not None:
                 return dataclasses.replace(early, warnings=validated.warnings)
+            if self.quota is not None:
+                check_upload(self.quota, tenant_use(self.redis, self.keys, tenant), tenant,
+                             new_adapter=not current, sha256=validated.sha256,
+                             size_bytes=validated.size_bytes)
             self.store.put_adapter(validated.sha256, validated.config_bytes,
                                    validated.weights_path, verify=False)
         result = dataclasses.replace(self.commit(tenant, name, validated, create=create),

@@ -49,6 +49,13 @@ class RegistrySettings(ServiceSettings):
     max_archive_members: int = Field(16, ge=2)
     max_compression_ratio: float = Field(100.0, gt=1.0,
                                          description="Uncompressed/compressed, per archive member")
+    tenant_max_adapters: int = Field(1000, ge=1, description="Adapters one tenant may hold; "
+                                     "an upload creating one more is refused (403 "
+                                     "quota_exceeded)")
+    tenant_max_stored_bytes: int = Field(10 << 30, ge=1024, description="Bytes of distinct "
+                                         "adapter content (all versions) one tenant may "
+                                         "store; an upload going over is refused (403 "
+                                         "quota_exceeded)")
     staging_dir: Path | None = Field(None, description="Where uploads are unpacked; "
                                      "defaults to the system temp dir")
     events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")

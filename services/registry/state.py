@@ -9,6 +9,7 @@ from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
+from preft_serve.registry.quotas import Quota
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.tenants import TenantService
 from preft_serve.registry.usage import UsageService
@@ -50,7 +51,8 @@ class RegistryState:
             base=base,
             tenants=TenantService(client, keys, maxlen, store),
             adapters=AdapterService(client, keys, store, base, limits, settings.staging_dir,
-                                    maxlen),
+                                    maxlen, Quota(settings.tenant_max_adapters,
+                                                  settings.tenant_max_stored_bytes)),
             bindings=BindingService(client, keys, maxlen),
             usage=UsageService(client, keys),
         )

@@ -29,7 +29,7 @@ router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 FilesField = Annotated[list[UploadFile], File(
     description="adapter_config.json and adapter_model.safetensors as two parts, or one "
                 ".tar.gz/.zip of the adapter folder", json_schema_extra={"minItems": 1})]
-_UPLOAD_ERRORS = error_responses(400, 401, 409, 413, 415, 422)
+_UPLOAD_ERRORS = error_responses(400, 401, 403, 409, 413, 415, 422)
 StrictQuery = Annotated[bool, Query(
     description="Refuse the upload (422) instead of accepting it with warnings, e.g. when "
                 "its base_model_name_or_path names another model")]
