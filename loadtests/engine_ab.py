@@ -102,14 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                     members.append((variant, h, i))
                     print(f"  ready {variant} {h.runs[i].label}: warm-up {info['warmup_s']} s",
                           flush=True)
-            for i in range(w["rounds"]):
-                order = members if i % 2 == 0 else members[::-1]
-                line = []
-                for variant, h, index in order:
-                    r = h.round(index, seed=i)
-                    raw.append({**r, "variant": variant, "round": i})
-                    line.append(f"{variant}/{r['mode']} {r['output_tokens'] / r['cpu_s']:.0f}")
-                print(f"  round {i + 1}/{w['rounds']}: " + ", ".join(line), flush=True)
+            raw += engine_bench.interleaved_rounds(
+                [(h, i, f"{variant}/{h.runs[i].mode}", {"variant": variant})
+                 for variant, h, i in members], w["rounds"])
         finally:
             for h in hosts.values():
                 h.close()

@@ -350,6 +350,22 @@ class Host:
             self.proc.wait()
 
 
+def interleaved_rounds(members: list[tuple[Host, int, str, dict]], rounds: int) -> list[dict]:
+    """``rounds`` rounds in which every member ``(host, engine index, label, extra fields)``
+    runs the workload once, in alternating order (A B C, C B A, ...); one record per run,
+    with the extra fields and the round number, and a progress line per round."""
+    records: list[dict] = []
+    for i in range(rounds):
+        order = members if i % 2 == 0 else members[::-1]
+        line = []
+        for host, index, label, extra in order:
+            r = host.round(index, seed=i)
+            records.append({**r, **extra, "round": i})
+            line.append(f"{label} {r['output_tokens'] / r['cpu_s']:.0f}")
+        print(f"  round {i + 1}/{rounds}: " + ", ".join(line) + " out tok/CPU-s", flush=True)
+    return records
+
+
 def measure(groups: list[list[Run]], common: dict, rounds: int, log_dir: Path
             ) -> tuple[list[dict], list[dict]]:
     """Run every group side by side with its own base engine; returns (rounds, engines).
@@ -375,15 +391,8 @@ def measure(groups: list[list[Run]], common: dict, rounds: int, log_dir: Path
                     members.append((h, i, h.runs[i]))
                     print(f"  ready {h.runs[i].label}: start {info['engine_start_s']} s, "
                           f"warm-up {info['warmup_s']} s", flush=True)
-            for i in range(rounds):
-                order = members if i % 2 == 0 else members[::-1]
-                line = []
-                for h, index, run in order:
-                    r = h.round(index, seed=i)
-                    results.append({**r, "group": g, "round": i})
-                    line.append(f"{run.mode} {r['output_tokens'] / r['cpu_s']:.0f}")
-                print(f"  round {i + 1}/{rounds}: " + ", ".join(line) + " out tok/CPU-s",
-                      flush=True)
+            results += interleaved_rounds(
+                [(h, index, run.mode, {"group": g}) for h, index, run in members], rounds)
         finally:
             for h in hosts:
                 h.close()
