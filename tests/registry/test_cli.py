@@ -11,23 +11,14 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from preft_serve.cli import main
 
+from tests.support.cli import run_cli
 from tests.support.registry_api import ADMIN_TOKEN
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
 def tenant_key(live_server, capsys) -> str:
-    code, out, _ = run(capsys, "tenant", "create", "acme", "--url", live_server,
+    code, out, _ = run_cli(capsys, "tenant", "create", "acme", "--url", live_server,
                        "--admin-token", ADMIN_TOKEN, "--json")
     assert code == 0
     return json.loads(out)["api_key"]
@@ -37,7 +28,7 @@ def test_tenant_adapter_user_workflow(live_server, tenant_key, lora_dir, lora_di
                                       monkeypatch, tmp_path):
     monkeypatch.setenv("PREFT_REGISTRY_URL", live_server)
     monkeypatch.setenv("PREFT_API_KEY", tenant_key)
-    code, out, err = run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot",
+    code, out, err = run_cli(capsys, "adapter", "upload", str(lora_dir), "--name", "bot",
                          "--mode", "prefill", "--progress")
     assert code == 0, err
     assert "version:     1" in out and "type:        lora" in out
@@ -45,47 +36,47 @@ def test_tenant_adapter_user_workflow(live_server, tenant_key, lora_dir, lora_di
     archive = tmp_path / "v2.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(lora_dir2, arcname="v2")
-    code, out, err = run(capsys, "adapter", "upload", str(archive), "--name", "bot",
+    code, out, err = run_cli(capsys, "adapter", "upload", str(archive), "--name", "bot",
                          "--new-version", "--json")
     assert code == 0, err
     assert json.loads(out)["version"] == 2 and json.loads(out)["mode"] == "prefill"
-    code, out, _ = run(capsys, "adapter", "list")
+    code, out, _ = run_cli(capsys, "adapter", "list")
     assert code == 0
     header, row = out.splitlines()[:2]
     assert header.split() == ["NAME", "VERSION", "TYPE", "MODE", "RANK", "BOUND_USERS", "SHA256"]
     assert row.split()[:6] == ["bot", "2", "lora", "prefill", "8", "0"]
-    assert run(capsys, "user", "bind", "alice", "bot")[0] == 0
-    code, out, _ = run(capsys, "user", "show", "alice", "--json")
+    assert run_cli(capsys, "user", "bind", "alice", "bot")[0] == 0
+    code, out, _ = run_cli(capsys, "user", "show", "alice", "--json")
     assert json.loads(out)["adapter"] == "bot"
-    code, out, _ = run(capsys, "adapter", "show", "bot")
+    code, out, _ = run_cli(capsys, "adapter", "show", "bot")
     assert "bound_users: 1" in out and "versions:" in out
-    code, _, err = run(capsys, "adapter", "delete", "bot")
+    code, _, err = run_cli(capsys, "adapter", "delete", "bot")
     assert code == 1
     assert err == ("error: adapter 'bot' is bound to 1 user(s); unbind them first or delete "
                    "with --force, which also unbinds them (HTTP 409)\n")
-    assert run(capsys, "user", "unbind", "alice") == (0, "ok\n", "")
-    assert run(capsys, "adapter", "delete", "bot") == (0, "ok\n", "")
+    assert run_cli(capsys, "user", "unbind", "alice") == (0, "ok\n", "")
+    assert run_cli(capsys, "adapter", "delete", "bot") == (0, "ok\n", "")
 
 
 def test_clear_errors(live_server, tenant_key, lora_dir, tmp_path, capsys):
     common = ["--url", live_server, "--api-key", tenant_key]
-    code, _, err = run(capsys, "adapter", "show", "ghost", *common)
+    code, _, err = run_cli(capsys, "adapter", "show", "ghost", *common)
     assert (code, err) == (1, "error: adapter 'ghost' does not exist (HTTP 404)\n")
-    code, _, err = run(capsys, "adapter", "list", "--url", live_server, "--api-key", "pft_x.y")
+    code, _, err = run_cli(capsys, "adapter", "list", "--url", live_server, "--api-key", "pft_x.y")
     assert (code, err) == (1, "error: invalid or revoked API key (HTTP 401)\n")
     (tmp_path / "adapter_model.bin").write_bytes(b"\x80\x04")
-    code, _, err = run(capsys, "adapter", "upload", str(tmp_path), "--name", "x", "--mode",
+    code, _, err = run_cli(capsys, "adapter", "upload", str(tmp_path), "--name", "x", "--mode",
                        "all", *common)
     assert code == 1
     assert "lacks adapter_config.json and adapter_model.safetensors; found adapter_model.bin: " \
            "convert it to safetensors" in err
-    code, _, err = run(capsys, "adapter", "upload", str(lora_dir), "--name", "x", *common)
+    code, _, err = run_cli(capsys, "adapter", "upload", str(lora_dir), "--name", "x", *common)
     assert (code, err) == (1, "error: --mode is required for a new adapter (prefill or all)\n")
-    code, _, err = run(capsys, "adapter", "list", "--url", "http://127.0.0.1:9", "--api-key",
+    code, _, err = run_cli(capsys, "adapter", "list", "--url", "http://127.0.0.1:9", "--api-key",
                        tenant_key)
     assert code == 1
     assert err.startswith("error: cannot reach the registry at http://127.0.0.1:9")
-    code, _, err = run(capsys, "adapter", "list", "--url", live_server)
+    code, _, err = run_cli(capsys, "adapter", "list", "--url", live_server)
     assert code == 2 and "no API key: pass --api-key or set PREFT_API_KEY" in err
 
 
@@ -98,15 +89,15 @@ def test_console_script_help():
 
 def test_tenant_limits(live_server, tenant_key, capsys):
     common = ("--url", live_server, "--admin-token", ADMIN_TOKEN, "--json")
-    code, out, _ = run(capsys, "tenant", "limits", "acme", "--rps", "20", "--user-rps", "2",
+    code, out, _ = run_cli(capsys, "tenant", "limits", "acme", "--rps", "20", "--user-rps", "2",
                        "--user-tpm", "600", *common)
     assert code == 0 and json.loads(out)["tenant_rps"] == 20.0
-    code, out, _ = run(capsys, "tenant", "limits", "acme", *common)
+    code, out, _ = run_cli(capsys, "tenant", "limits", "acme", *common)
     assert json.loads(out) == {"tenant_rps": 20.0, "tenant_burst": None, "user_rps": 2.0,
                                "user_burst": None, "tenant_tpm": None, "user_tpm": 600.0}
-    code, out, _ = run(capsys, "tenant", "limits", "acme", "--clear", *common)
+    code, out, _ = run_cli(capsys, "tenant", "limits", "acme", "--clear", *common)
     assert code == 0 and json.loads(out)["tenant_rps"] is None
-    code, out, _ = run(capsys, "tenant", "limits", "acme", "--rps", "-3", *common)
+    code, out, _ = run_cli(capsys, "tenant", "limits", "acme", "--rps", "-3", *common)
     assert code == 1 and "greater than or equal to 0" in json.loads(out)["error"]["message"]
 
 
@@ -116,49 +107,49 @@ def test_upload_warnings_and_strict(live_server, tenant_key, lora_dir, tmp_path,
     other = factories.edit_config(factories.copy_adapter(lora_dir, tmp_path / "a"),
                                   base_model_name_or_path="meta-llama/Llama-3.1-8B")
     common = ["--url", live_server, "--api-key", tenant_key, "--mode", "prefill"]
-    code, _, err = run(capsys, "adapter", "upload", str(other), "--name", "bot", "--strict",
+    code, _, err = run_cli(capsys, "adapter", "upload", str(other), "--name", "bot", "--strict",
                        *common)
     assert code == 1
     assert err.startswith("error: strict mode: adapter_config.json names "
                           "base_model_name_or_path 'meta-llama/Llama-3.1-8B'")
-    code, out, err = run(capsys, "adapter", "upload", str(other), "--name", "bot", *common)
+    code, out, err = run_cli(capsys, "adapter", "upload", str(other), "--name", "bot", *common)
     assert code == 0
     assert err.startswith("warning: adapter_config.json names base_model_name_or_path")
     assert "version:     1" in out and "warnings" not in out
 
 
 def test_version(capsys):
-    assert run(capsys, "--version") == (0, f"preft {metadata.version('preft-serve')}\n", "")
+    assert run_cli(capsys, "--version") == (0, f"preft {metadata.version('preft-serve')}\n", "")
 
 
 def test_json_errors_on_stdout(live_server, tenant_key, lora_dir, capsys):
     common = ["--url", live_server, "--api-key", tenant_key, "--json"]
-    code, out, err = run(capsys, "adapter", "show", "ghost", *common)
+    code, out, err = run_cli(capsys, "adapter", "show", "ghost", *common)
     assert code == 1 and err == ""
     assert json.loads(out) == {"error": {"code": "not_found", "message":
                                          "adapter 'ghost' does not exist", "details": None,
                                          "http_status": 404}}
-    code, out, _ = run(capsys, "adapter", "upload", str(lora_dir), "--name", "x", *common)
+    code, out, _ = run_cli(capsys, "adapter", "upload", str(lora_dir), "--name", "x", *common)
     assert code == 1
     assert json.loads(out)["error"]["message"] == "--mode is required for a new adapter " \
                                                   "(prefill or all)"
-    code, out, _ = run(capsys, "adapter", "list", "--url", "http://127.0.0.1:9", "--api-key",
+    code, out, _ = run_cli(capsys, "adapter", "list", "--url", "http://127.0.0.1:9", "--api-key",
                        tenant_key, "--json")
     assert code == 1 and json.loads(out)["error"]["code"] == "unreachable"
     # --progress draws on stderr only: stdout stays one JSON document.
-    code, out, err = run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode",
+    code, out, err = run_cli(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode",
                          "prefill", "--progress", *common)
     assert code == 0 and json.loads(out)["version"] == 1 and "uploading bot: 100%" in err
 
 
 def test_messages_name_cli_flags(live_server, tenant_key, lora_dir, lora_dir2, capsys):
     common = ["--url", live_server, "--api-key", tenant_key]
-    assert run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode", "prefill",
+    assert run_cli(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode", "prefill",
                *common)[0] == 0
-    code, _, err = run(capsys, "adapter", "upload", str(lora_dir2), "--name", "bot", "--mode",
+    code, _, err = run_cli(capsys, "adapter", "upload", str(lora_dir2), "--name", "bot", "--mode",
                        "prefill", *common)
     assert code == 1 and "--new-version" in err and "/v1/" not in err
-    code, _, err = run(capsys, "tenant", "create", "acme", "--url", live_server,
+    code, _, err = run_cli(capsys, "tenant", "create", "acme", "--url", live_server,
                        "--admin-token", ADMIN_TOKEN)
     assert code == 1 and "`preft tenant new-key acme`" in err and "/v1/" not in err
 
@@ -171,64 +162,64 @@ def test_download_rollback_and_user_list(live_server, tenant_key, lora_dir, lora
                                          monkeypatch, tmp_path):
     monkeypatch.setenv("PREFT_REGISTRY_URL", live_server)
     monkeypatch.setenv("PREFT_API_KEY", tenant_key)
-    code, out, _ = run(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode",
+    code, out, _ = run_cli(capsys, "adapter", "upload", str(lora_dir), "--name", "bot", "--mode",
                        "prefill", "--json")
     v1 = json.loads(out)["sha256"]
-    code, out, _ = run(capsys, "adapter", "upload", str(lora_dir2), "--name", "bot",
+    code, out, _ = run_cli(capsys, "adapter", "upload", str(lora_dir2), "--name", "bot",
                        "--new-version", "--json")
     v2 = json.loads(out)["sha256"]
     assert code == 0 and v1 != v2
     # Download v1 and upload the folder back unchanged: the same content (sha256).
-    code, out, err = run(capsys, "adapter", "download", "bot", "--version", "1", "--out",
+    code, out, err = run_cli(capsys, "adapter", "download", "bot", "--version", "1", "--out",
                          str(tmp_path / "dl"), "--json")
     assert code == 0, out
     assert json.loads(out) == {"name": "bot", "version": 1, "sha256": v1,
                                "path": str(tmp_path / "dl")}
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == [
         "adapter_config.json", "adapter_model.safetensors"]
-    code, out, _ = run(capsys, "adapter", "upload", str(tmp_path / "dl"), "--name", "copy",
+    code, out, _ = run_cli(capsys, "adapter", "upload", str(tmp_path / "dl"), "--name", "copy",
                        "--mode", "prefill", "--json")
     assert code == 0 and json.loads(out)["sha256"] == v1
-    code, _, err = run(capsys, "adapter", "download", "bot", "--out", str(tmp_path / "dl"))
+    code, _, err = run_cli(capsys, "adapter", "download", "bot", "--out", str(tmp_path / "dl"))
     assert code == 1 and "--force" in err
-    code, out, _ = run(capsys, "adapter", "download", "bot", "--out", str(tmp_path / "dl"),
+    code, out, _ = run_cli(capsys, "adapter", "download", "bot", "--out", str(tmp_path / "dl"),
                        "--force", "--json")
     assert json.loads(out)["sha256"] == v2 and json.loads(out)["version"] == 2
     before = _sha(tmp_path / "dl")
-    assert run(capsys, "adapter", "upload", str(tmp_path / "dl"), "--name", "bot",
+    assert run_cli(capsys, "adapter", "upload", str(tmp_path / "dl"), "--name", "bot",
                "--new-version", "--json")[1].count('"version": 2') == 1  # identical: no-op
     assert _sha(tmp_path / "dl") == before
-    code, _, err = run(capsys, "adapter", "download", "bot", "--version", "9", "--out",
+    code, _, err = run_cli(capsys, "adapter", "download", "bot", "--version", "9", "--out",
                        str(tmp_path / "x"))
     assert code == 1
     assert err == "error: adapter 'bot' has no version 9; its versions are 1 to 2 (HTTP 404)\n"
     # Rollback: version 1's content becomes current as version 3.
-    code, out, _ = run(capsys, "adapter", "rollback", "bot", "1", "--json")
+    code, out, _ = run_cli(capsys, "adapter", "rollback", "bot", "1", "--json")
     assert code == 0 and json.loads(out)["version"] == 3 and json.loads(out)["sha256"] == v1
-    code, out, _ = run(capsys, "adapter", "rollback", "bot", "1", "--json")
+    code, out, _ = run_cli(capsys, "adapter", "rollback", "bot", "1", "--json")
     assert code == 0 and json.loads(out)["version"] == 3  # already current: unchanged
     # user list, all and per adapter.
     for user, name in (("bob", "bot"), ("alice", "bot"), ("carol", "copy")):
-        assert run(capsys, "user", "bind", user, name)[0] == 0
-    code, out, _ = run(capsys, "user", "list")
+        assert run_cli(capsys, "user", "bind", user, name)[0] == 0
+    code, out, _ = run_cli(capsys, "user", "list")
     assert out.splitlines() == ["USER   ADAPTER", "alice  bot", "bob    bot", "carol  copy"]
-    code, out, _ = run(capsys, "user", "list", "--adapter", "copy", "--json")
+    code, out, _ = run_cli(capsys, "user", "list", "--adapter", "copy", "--json")
     assert json.loads(out) == {"items": [{"user": "carol", "adapter": "copy"}]}
 
 
 def test_tenant_list_and_delete(live_server, tenant_key, capsys):
     common = ("--url", live_server, "--admin-token", ADMIN_TOKEN)
-    assert run(capsys, "tenant", "create", "globex", *common)[0] == 0
-    code, out, _ = run(capsys, "tenant", "list", *common)
+    assert run_cli(capsys, "tenant", "create", "globex", *common)[0] == 0
+    code, out, _ = run_cli(capsys, "tenant", "list", *common)
     assert [line.split()[:2] for line in out.splitlines()] == [
         ["NAME", "ADAPTERS"], ["acme", "0"], ["globex", "0"]]
-    code, _, err = run(capsys, "tenant", "delete", "globex", *common)
+    code, _, err = run_cli(capsys, "tenant", "delete", "globex", *common)
     assert code == 1 and "pass --yes" in err
-    code, out, _ = run(capsys, "tenant", "delete", "globex", "--yes", *common, "--json")
+    code, out, _ = run_cli(capsys, "tenant", "delete", "globex", "--yes", *common, "--json")
     assert code == 0
     assert json.loads(out) == {"name": "globex", "keys": 1, "adapters": 0, "bindings": 0,
                                "blobs": 0}
-    code, out, _ = run(capsys, "tenant", "list", *common, "--json")
+    code, out, _ = run_cli(capsys, "tenant", "list", *common, "--json")
     assert [t["name"] for t in json.loads(out)] == ["acme"]
 
 
@@ -237,16 +228,16 @@ def test_usage(live_server, tenant_key, capsys, redis_client, namespace):
     redis_client.hset(RegistryKeys(namespace).usage("acme", "20260310"), mapping={
         "bot:requests": 2, "bot:prompt_tokens": 10, "bot:completion_tokens": 6})
     common = ("--url", live_server, "--api-key", tenant_key)
-    code, out, _ = run(capsys, "usage", "--start", "2026-03-09", "--end", "2026-03-10", *common)
+    code, out, _ = run_cli(capsys, "usage", "--start", "2026-03-09", "--end", "2026-03-10", *common)
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0].split() == ["DATE", "MODEL", "REQUESTS", "PROMPT_TOKENS",
                                 "COMPLETION_TOKENS"]
     assert lines[1].split() == ["2026-03-10", "bot", "2", "10", "6"]
     assert lines[2].split() == ["total", "2", "10", "6"]
-    code, out, _ = run(capsys, "usage", "--start", "2026-03-09", "--end", "2026-03-10",
+    code, out, _ = run_cli(capsys, "usage", "--start", "2026-03-09", "--end", "2026-03-10",
                        "--json", *common)
     assert code == 0 and json.loads(out)["days"][0]["models"][0]["requests"] == 2
-    code, out, _ = run(capsys, "usage", "--start", "2026-01-01", "--end", "2026-12-31",
+    code, out, _ = run_cli(capsys, "usage", "--start", "2026-01-01", "--end", "2026-12-31",
                        "--json", *common)
     assert code == 1 and "at most 92" in json.loads(out)["error"]["message"]

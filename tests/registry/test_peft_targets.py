@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from preft_serve.cli import main
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.validation import AdapterRejected, BaseModelSpec
 from preft_serve.registry.validation.targets import resolve_targets
 
 from tests.registry import factories
+from tests.support.cli import run_cli
 from tests.support.registry_api import error_message
 
 # Each form PEFT accepts, with the LoraConfig extras it is used with.
@@ -159,13 +159,6 @@ def test_base_model_names_that_mean_the_served_model(name, client, acme, lora_di
     assert resp.json()["warnings"] == []
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_convert_bin_then_upload(base_model_dir, tmp_path, capsys, client, acme):
@@ -179,7 +172,7 @@ def test_convert_bin_then_upload(base_model_dir, tmp_path, capsys, client, acme)
     torch.save(state, src / "adapter_model.bin")  # what save_pretrained(safe_serialization=
     # False) and older PEFT versions write
     out = tmp_path / "new"
-    code, stdout, err = _run(capsys, "adapter", "convert", str(src), "--out", str(out))
+    code, stdout, err = run_cli(capsys, "adapter", "convert", str(src), "--out", str(out))
     assert code == 0, err
     assert stdout.startswith(f"wrote {out / WEIGHTS_FILE}; upload with: preft adapter upload")
     converted = load_file(str(out / WEIGHTS_FILE))
@@ -188,10 +181,10 @@ def test_convert_bin_then_upload(base_model_dir, tmp_path, capsys, client, acme)
     assert (out / CONFIG_FILE).read_bytes() == (src / CONFIG_FILE).read_bytes()
     assert _post(client, acme, out, strict=True).status_code == 201
     # In place (default), and never over an existing file without --force.
-    assert _run(capsys, "adapter", "convert", str(src / "adapter_model.bin"))[0] == 0
-    code, _, err = _run(capsys, "adapter", "convert", str(src))
+    assert run_cli(capsys, "adapter", "convert", str(src / "adapter_model.bin"))[0] == 0
+    code, _, err = run_cli(capsys, "adapter", "convert", str(src))
     assert code == 1 and "already exists; pass --force to overwrite it" in err
-    assert _run(capsys, "adapter", "convert", str(src), "--force")[0] == 0
+    assert run_cli(capsys, "adapter", "convert", str(src), "--force")[0] == 0
 
 
 class _Payload:
@@ -206,10 +199,10 @@ def test_convert_refuses_pickled_code(tmp_path, lora_dir, capsys):
     (src / WEIGHTS_FILE).unlink()
     _Payload.marker = str(tmp_path / "pwned")
     (src / "adapter_model.bin").write_bytes(pickle.dumps({"w": _Payload()}))
-    code, _, err = _run(capsys, "adapter", "convert", str(src))
+    code, _, err = run_cli(capsys, "adapter", "convert", str(src))
     assert code == 1
     assert "cannot be read as tensors with torch.load(weights_only=True)" in err
     assert not (tmp_path / "pwned").exists()
     assert not (src / WEIGHTS_FILE).exists()
-    code, _, err = _run(capsys, "adapter", "convert", str(tmp_path / "nowhere"))
+    code, _, err = run_cli(capsys, "adapter", "convert", str(tmp_path / "nowhere"))
     assert (code, err) == (1, f"error: {tmp_path / 'nowhere'} does not exist\n")
