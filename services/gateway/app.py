@@ -16,6 +16,7 @@ from preft_serve.common.access_log import AccessLogMiddleware
 from preft_serve.common.bodylimit import BodySizeLimitMiddleware
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.registry_client import AsyncRegistryReader
+from preft_serve.common.tracing import instrument_app
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.routers import completions, health, models
 from preft_serve.gateway.settings import GatewaySettings
@@ -51,7 +52,7 @@ def create_app(settings: GatewaySettings | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = await GatewayState.build(settings, metrics, transport, registry,
-                                         redis=redis_client)
+                                         redis=redis_client, tracer_provider=tracer_provider)
         app.state.gateway = state
         logger.info("gateway ready: %d workers, redis namespace %s",
                     len(state.pool.workers), settings.namespace)
@@ -74,4 +75,5 @@ def create_app(settings: GatewaySettings | None = None,
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
     for module in (completions, models, health):
         app.include_router(module.router)
+    tracer_provider = instrument_app(app, settings.tracing) if settings.tracing_enabled else None
     return app

@@ -11,6 +11,7 @@ import json
 from typing import Annotated, Literal, Self
 
 from preft_serve.common.service_settings import ServiceSettings
+from preft_serve.common.tracing import OtlpProtocol, TracingConfig, TracingExporter
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
@@ -93,6 +94,24 @@ class GatewaySettings(ServiceSettings):
                                    "background; past it the write is dropped and counted)")
     models_list_limit: int = Field(1000, ge=1, description="Most adapters /v1/models lists")
 
+    # OpenTelemetry (preft_serve.common.tracing; needs the `tracing` extra when on).
+    tracing_enabled: bool = Field(False, description="OpenTelemetry traces: a server span "
+                                  "per request and a client span for the call to the worker, "
+                                  "which gets the W3C traceparent header")
+    tracing_exporter: TracingExporter = Field(
+        TracingExporter.OTLP, description="Where spans go: otlp (a collector at "
+        "otlp_endpoint) or console (stdout, for local debugging)")
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP collector, e.g. http://otel-collector:4317 (grpc) or "
+        "http://otel-collector:4318/v1/traces (http/protobuf); unset = the exporter's "
+        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost")
+    otlp_protocol: OtlpProtocol = Field(OtlpProtocol.GRPC, description="OTLP transport")
+    tracing_service_name: str = Field("preft-gateway", min_length=1, max_length=128,
+                                      description="service.name of the gateway's spans")
+    tracing_sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of requests "
+                                        "without a traceparent that are traced (a caller's "
+                                        "traceparent decides for its own requests)")
+
     port: int = Field(8080, ge=1, le=65535, description="Port")
 
     @field_validator("worker_urls", mode="before")
@@ -127,3 +146,12 @@ class GatewaySettings(ServiceSettings):
     @property
     def worker_model(self) -> str:
         return self.worker_base_model or self.base_model_name
+
+    @property
+    def tracing(self) -> TracingConfig:
+        """The tracing settings (probes and /metrics are never traced)."""
+        return TracingConfig(service_name=self.tracing_service_name,
+                             exporter=self.tracing_exporter, otlp_endpoint=self.otlp_endpoint,
+                             otlp_protocol=self.otlp_protocol,
+                             sample_ratio=self.tracing_sample_ratio,
+                             excluded_paths=("/healthz", "/readyz", "/metrics"))

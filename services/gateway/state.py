@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 import redis.asyncio as aioredis
 from preft_serve.common.registry_client import AsyncRegistryClient, AsyncRegistryReader
 from preft_serve.common.registry_client.aio import connect_redis
 from preft_serve.common.tenant_limits import LIMIT_FIELDS
+from preft_serve.common.tracing import instrument_client
 from preft_serve.gateway.discovery import WorkerSource, create_source
 from preft_serve.gateway.health import WorkerMonitor
 from preft_serve.gateway.metrics import GatewayMetrics
@@ -19,6 +21,9 @@ from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.usage import UsageRecorder
 from preft_serve.gateway.validation import Caps
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 # How long an idle connection to a worker is kept for reuse. Shorter than the workers' own
 # keep-alive timeout (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so the gateway never sends
@@ -51,10 +56,12 @@ class GatewayState:
                     transport: httpx.AsyncBaseTransport | None = None,
                     registry: AsyncRegistryReader | None = None,
                     source: WorkerSource | None = None,
-                    redis: aioredis.Redis | None = None) -> GatewayState:
+                    redis: aioredis.Redis | None = None,
+                    tracer_provider: TracerProvider | None = None) -> GatewayState:
         """Start the registry client (waits for its event listener), find the workers and
         check them once, then keep doing so in the background. ``registry`` and ``redis``
-        replace the real ones (tests)."""
+        replace the real ones (tests). With ``tracer_provider`` (tracing on) a call to a worker
+        for a request is a client span in its trace and carries its ``traceparent``."""
         owns_redis = registry is None and redis is None
         if registry is None:
             if redis is None:
@@ -69,6 +76,8 @@ class GatewayState:
                                  limits=httpx.Limits(max_connections=1000,
                                                      max_keepalive_connections=100,
                                                      keepalive_expiry=WORKER_KEEPALIVE_S))
+        if tracer_provider is not None:
+            instrument_client(http, tracer_provider)
         pool = WorkerPool(load_factor=settings.load_factor,
                           unhealthy_after=settings.unhealthy_after)
         monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
