@@ -6,6 +6,11 @@ object per line for log collectors (``json_output=True``). A :class:`RedactingFi
 the handler scrubs bearer tokens, ``Authorization`` values and API keys from every record
 (including ones from uvicorn and libraries), so a secret that reaches a log call by
 accident never reaches the log.
+
+Processes we do not start ourselves (vLLM's API server and engine processes in a worker)
+take the same handler as a ``logging.config.dictConfig`` dictionary, :func:`dict_config`:
+the worker launcher writes it to the file ``VLLM_LOGGING_CONFIG_PATH`` names, which vLLM
+applies in each of its processes and hands to uvicorn as its log config.
 """
 
 from __future__ import annotations
@@ -80,6 +85,26 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class VllmRequestIdFilter(logging.Filter):
+    """Copies the request id out of a vLLM message (``chatcmpl-<id>``, ``cmpl-<id>``, the
+    gateway's ``X-Request-Id`` after the prefix, perhaps with vLLM's internal suffix) into
+    a ``request_id`` field, so a worker's JSON lines can be found by the id in the
+    gateway's access log. Records that carry a ``request_id`` already keep theirs."""
+
+    # The id runs to the last letter or digit (a sentence's full stop is not part of it).
+    _ID = re.compile(r"\b((?:chatcmpl|cmpl)-[\w.:~-]*[A-Za-z0-9])")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "request_id", None) is None:
+            try:
+                found = self._ID.search(record.getMessage())
+            except Exception:  # noqa: BLE001  (a broken format string must not lose the record)
+                found = None
+            if found:
+                record.request_id = found.group(1)
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, extras, exception."""
 
@@ -137,3 +162,30 @@ def setup_logging(
         uv.handlers.clear()
         uv.propagate = True
     return handler
+
+
+def dict_config(level: str = "INFO", *, json_output: bool = True,
+                stream: str = "ext://sys.stderr") -> dict[str, Any]:
+    """The :func:`setup_logging` handler as a ``dictConfig`` dictionary (JSON-serialisable),
+    for processes that configure logging themselves: every logger, ``vllm.*`` and
+    ``uvicorn.*`` included, propagates to the one root handler with the redacting filter.
+    Existing loggers stay enabled (vLLM creates its loggers before it applies a config)."""
+    module = __name__
+    formatter: dict[str, Any] = (
+        {"()": f"{module}.JsonFormatter"} if json_output
+        else {"()": f"{module}._TextFormatter",
+              "format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"})
+    level = level.upper()
+    propagating = {"handlers": [], "level": level, "propagate": True}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": f"{module}.VllmRequestIdFilter"},
+                    "redact": {"()": f"{module}.RedactingFilter"}},
+        "formatters": {"preft": formatter},
+        "handlers": {"preft": {"class": "logging.StreamHandler", "stream": stream,
+                               "formatter": "preft", "filters": ["request_id", "redact"]}},
+        "loggers": {name: dict(propagating)
+                    for name in ("vllm", "uvicorn", "uvicorn.error", "uvicorn.access")},
+        "root": {"handlers": ["preft"], "level": level},
+    }

@@ -6,17 +6,22 @@ classes, LoRA settings, CPU-friendly defaults, ``--lora-modules`` for a director
 adapters, and (``--object-store``) loading of adapters named ``sha256:<hex>`` from the object
 store through a disk cache. It ``exec``s vLLM, so signals (Ctrl-C, SIGTERM) reach vLLM's
 graceful shutdown; settings for the plugin travel as ``PREFT_WORKER_*`` environment variables.
+``--log-json`` and the tracing flags configure vLLM through its own variables the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from preft_serve.common.adapter_format import CONFIG_FILE
+from preft_serve.common.logging import dict_config
 from preft_serve.common.serving_limits import SERVING_LIMITS
+from preft_serve.common.tracing import OtlpProtocol
 from preft_serve.worker.engine_config import preft_cli_args
 from preft_serve.worker.settings import ENV_PREFIX
 
@@ -84,6 +89,23 @@ def parser() -> argparse.ArgumentParser:
                        f"({ENV_PREFIX}REGISTRY_REDIS_URL)")
     store.add_argument("--registry-namespace", default="preft",
                        help="the registry's Redis namespace (default preft)")
+    obs = p.add_argument_group(
+        "logs and traces",
+        "vLLM's loggers, uvicorn's access lines and the plugin's own logs; OpenTelemetry spans "
+        "of vLLM's requests, which join the gateway's trace through its traceparent header.")
+    obs.add_argument("--log-json", action="store_true",
+                     help="one JSON object per line (preft's formatter, secrets redacted, "
+                     "vLLM's request id as request_id), at VLLM_LOGGING_LEVEL (default "
+                     "INFO); sets VLLM_LOGGING_CONFIG_PATH to a generated dictConfig file")
+    obs.add_argument("--otlp-traces-endpoint", metavar="URL",
+                     help="OTLP collector for vLLM's request spans, e.g. "
+                     "http://otel-collector:4317 (vLLM's own flag; default: no tracing)")
+    obs.add_argument("--otlp-traces-protocol", choices=[proto.value for proto in OtlpProtocol],
+                     help="OTLP transport (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL; vLLM's "
+                     "default grpc)")
+    obs.add_argument("--tracing-service-name", default="preft-worker",
+                     help="service.name of the spans (OTEL_SERVICE_NAME; default "
+                     "%(default)s)")
     return p
 
 
@@ -112,6 +134,38 @@ def resolver_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def logging_env(args: argparse.Namespace) -> dict[str, str]:
+    """With ``--log-json``: ``VLLM_LOGGING_CONFIG_PATH`` naming a new dictConfig file of
+    preft's JSON handler (:func:`preft_serve.common.logging.dict_config`). vLLM applies it in
+    every process it starts and gives it to uvicorn, so its access lines are JSON too. The
+    file is left in the temp dir: the processes that read it outlive this one's ``exec``."""
+    if not args.log_json:
+        return {}
+    if os.environ.get("VLLM_LOGGING_CONFIG_PATH"):
+        raise SystemExit("--log-json writes its own logging config: unset "
+                         "VLLM_LOGGING_CONFIG_PATH, or drop --log-json to keep yours")
+    if os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+        raise SystemExit("--log-json needs vLLM to configure logging: unset "
+                         "VLLM_CONFIGURE_LOGGING=0")
+    config = dict_config(os.environ.get("VLLM_LOGGING_LEVEL", "INFO"), json_output=True)
+    fd, path = tempfile.mkstemp(prefix="preft-worker-logging-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(config, out)
+    return {"VLLM_LOGGING_CONFIG_PATH": path}
+
+
+def tracing_env(args: argparse.Namespace) -> dict[str, str]:
+    """The OpenTelemetry variables vLLM's tracer reads (only with an endpoint)."""
+    if not args.otlp_traces_endpoint:
+        if args.otlp_traces_protocol:
+            raise SystemExit("--otlp-traces-protocol needs --otlp-traces-endpoint")
+        return {}
+    env = {"OTEL_SERVICE_NAME": args.tracing_service_name}
+    if args.otlp_traces_protocol:
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = args.otlp_traces_protocol
+    return env
+
+
 def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
     argv = [
         "--model", args.model,
@@ -131,12 +185,16 @@ def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
         ]
     if args.adapter_dir:
         argv += ["--lora-modules", *adapter_modules(args.adapter_dir)]
+    if args.otlp_traces_endpoint:
+        argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     return argv + [a for a in passthrough if a != "--"]
 
 
 def main(argv: list[str] | None = None) -> None:
     args, passthrough = parser().parse_known_args(argv)
     os.environ.update(resolver_env(args))
+    os.environ.update(tracing_env(args))
+    os.environ.update(logging_env(args))
     command = [sys.executable, "-m", VLLM_SERVER, *vllm_argv(args, passthrough)]
     print("preft worker:", " ".join(command), flush=True)
     os.execv(sys.executable, command)
