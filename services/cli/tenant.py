@@ -1,5 +1,5 @@
-"""``preft tenant ...`` (admin token): create, list, show and delete tenants, their keys and
-rate limits."""
+"""``preft tenant ...`` (admin token): create, list, show and delete tenants, their keys,
+rate limits and storage quotas."""
 
 from __future__ import annotations
 
@@ -9,6 +9,49 @@ from typing import Any
 from preft_serve.cli.client import CliError, Registry
 
 LIMIT_FLAGS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst", "tenant_tpm", "user_tpm")
+QUOTA_FLAGS = ("max_adapters", "max_stored_bytes")
+DEFAULT = "default"
+
+
+def _quota_value(text: str) -> int | None:
+    """A quota flag's value: a whole number, or ``default`` (drop the tenant's own limit;
+    the registry validates the range)."""
+    if text == DEFAULT:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number or '{DEFAULT}', got {text!r}") from None
+
+
+def _quota(args: argparse.Namespace) -> dict[str, int | None]:
+    """The quota flags given (an absent flag is not in the dict: it changes nothing)."""
+    return {f: getattr(args, f) for f in QUOTA_FLAGS if hasattr(args, f)}
+
+
+def cmd_create(reg: Registry, args: argparse.Namespace) -> Any:
+    body: dict[str, Any] = {"name": args.tenant}
+    if quota := _quota(args):
+        body["quota"] = quota
+    return reg.call("POST", "/v1/tenants", json=body)
+
+
+def cmd_set_quota(reg: Registry, args: argparse.Namespace) -> Any:
+    quota = _quota(args)
+    if not quota:
+        raise CliError("nothing to change: give --max-adapters and/or --max-stored-bytes "
+                       f"(a number, or '{DEFAULT}' for the registry's default)")
+    return reg.call("PATCH", f"/v1/tenants/{args.tenant}", json={"quota": quota})
+
+
+def _quota_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-adapters", type=_quota_value, default=argparse.SUPPRESS,
+                        metavar="N", help="adapters the tenant may hold ('default': the "
+                        "registry's PREFT_REGISTRY_TENANT_MAX_ADAPTERS)")
+    parser.add_argument("--max-stored-bytes", type=_quota_value, default=argparse.SUPPRESS,
+                        metavar="BYTES", help="bytes of adapter content, all versions "
+                        "('default': PREFT_REGISTRY_TENANT_MAX_STORED_BYTES)")
 
 
 def cmd_limits(reg: Registry, args: argparse.Namespace) -> Any:
@@ -37,10 +80,13 @@ def add_parser(groups: Any, leaf: Any) -> None:
     t_sub = tenant.add_subparsers(dest="action", required=True)
     _admin(leaf(t_sub, "list", "List tenants with their number of adapters",
                 lambda r, a: r.call("GET", "/v1/tenants")))
+    create = _admin(leaf(t_sub, "create", "Create a tenant; prints its API key once. "
+                         "--max-adapters / --max-stored-bytes give it its own storage quotas",
+                         cmd_create))
+    create.add_argument("tenant")
+    _quota_flags(create)
     for name, help_, func in [
-        ("create", "Create a tenant; prints its API key once",
-         lambda r, a: r.call("POST", "/v1/tenants", json={"name": a.tenant})),
-        ("show", "Show a tenant and its key ids",
+        ("show", "Show a tenant, its key ids and its own quotas",
          lambda r, a: r.call("GET", f"/v1/tenants/{a.tenant}")),
         ("new-key", "Issue another API key (rotation); prints it once",
          lambda r, a: r.call("POST", f"/v1/tenants/{a.tenant}/keys")),
@@ -69,3 +115,8 @@ def add_parser(groups: Any, leaf: Any) -> None:
                         help="output tokens/minute for the whole tenant")
     limits.add_argument("--user-tpm", type=float, help="output tokens/minute per user")
     limits.add_argument("--clear", action="store_true", help="remove every override")
+    set_quota = _admin(leaf(t_sub, "set-quota", "Set a tenant's own storage quotas (flags "
+                            "not given are unchanged; 'default' goes back to the registry's "
+                            "default); the next upload is checked against them", cmd_set_quota))
+    set_quota.add_argument("tenant")
+    _quota_flags(set_quota)

@@ -6,15 +6,32 @@ import datetime
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from preft_serve.registry.names import ADAPTER_PATTERN, TENANT_PATTERN
+from preft_serve.registry.quotas import QuotaOverrides
 from pydantic import BaseModel, Field
 
 # TenantLimits (GET/PUT /v1/tenants/{tenant}/limits) is in preft_serve.common.tenant_limits:
 # the gateway reads the same fields.
 
 
+_QUOTA = ("The tenant's own storage quotas; a null field uses the registry's default "
+          "(PREFT_REGISTRY_TENANT_MAX_ADAPTERS, PREFT_REGISTRY_TENANT_MAX_STORED_BYTES)")
+
+
 class TenantCreate(BaseModel):
     name: str = Field(description="Tenant id: 2-63 lowercase letters, digits or '-'",
                       examples=["acme"], json_schema_extra={"pattern": TENANT_PATTERN})
+    quota: QuotaOverrides | None = Field(None, description=_QUOTA)
+
+
+class TenantUpdate(BaseModel):
+    """``PATCH /v1/tenants/{tenant}``: a JSON merge patch. A quota field given sets that
+    override, a null one removes it (back to the default), an absent one is unchanged;
+    ``"quota": null`` removes both."""
+
+    model_config = {"extra": "forbid"}
+
+    quota: QuotaOverrides | None = Field(
+        None, description=_QUOTA, examples=[{"max_adapters": 50, "max_stored_bytes": None}])
 
 
 class ApiKeyInfo(BaseModel):
@@ -31,12 +48,14 @@ class TenantOut(BaseModel):
     name: str
     created_at: str
     keys: list[ApiKeyInfo]
+    quota: QuotaOverrides = Field(default_factory=QuotaOverrides, description=_QUOTA)
 
 
 class TenantSummary(BaseModel):
     name: str
     created_at: str
     adapters: int
+    quota: QuotaOverrides = Field(default_factory=QuotaOverrides, description=_QUOTA)
 
 
 class TenantDeleted(BaseModel):

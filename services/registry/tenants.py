@@ -33,6 +33,12 @@ from preft_serve.registry.models import (
     TenantSummary,
 )
 from preft_serve.registry.names import check_key_id, check_tenant_name, utcnow
+from preft_serve.registry.quotas import (
+    RECORD_FIELDS,
+    QuotaOverrides,
+    overrides_from_record,
+    record_changes,
+)
 from preft_serve.registry.tenant_delete import delete_tenant
 from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
@@ -69,17 +75,22 @@ class TenantService:
                                                    key_id=key_id), self.maxlen)
         return created
 
-    def create(self, name: str) -> tuple[TenantOut, ApiKeyCreated]:
-        """Create a tenant with its first API key (409 if the name is taken)."""
+    def create(self, name: str, quota: QuotaOverrides | None = None
+               ) -> tuple[TenantOut, ApiKeyCreated]:
+        """Create a tenant with its first API key (409 if the name is taken), with its own
+        storage quotas where ``quota`` sets them."""
         check_tenant_name(name)
         created_at = utcnow()
+        quota = quota or QuotaOverrides()
+        stored, _ = record_changes(quota, set(quota.model_fields_set))
 
         def txn(pipe: Any) -> ApiKeyCreated:
             if pipe.exists(self.keys.tenant(name)):
                 raise Conflict(f"tenant {shown(name)} already exists; choose another name or issue "
                                f"a new key with POST /v1/tenants/{name}/keys")
             pipe.multi()
-            pipe.hset(self.keys.tenant(name), mapping={"name": name, "created_at": created_at})
+            pipe.hset(self.keys.tenant(name),
+                      mapping={"name": name, "created_at": created_at, **stored})
             pipe.sadd(self.keys.tenants, name)
             queue_event(pipe, self.keys, RegistryEvent(EventType.TENANT_CREATED.value, name),
                         self.maxlen)
@@ -88,7 +99,8 @@ class TenantService:
         key = transact(self.redis, txn, self.keys.tenant(name))
         logger.info("created tenant %s with key %s", name, key.key_id)
         tenant = TenantOut(name=name, created_at=created_at,
-                           keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)])
+                           keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)],
+                           quota=overrides_from_record(stored))
         return tenant, key
 
     def get(self, name: str) -> TenantOut:
@@ -96,18 +108,44 @@ class TenantService:
         info = self.redis.hgetall(self.keys.tenant(name))
         if not info:
             raise NotFound(f"tenant {shown(name)} does not exist")
-        return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name))
+        return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name),
+                         quota=overrides_from_record(info))
+
+    def set_quota(self, name: str, quota: QuotaOverrides | None, fields: set[str]) -> TenantOut:
+        """Apply ``fields`` of ``quota`` (a merge patch: a value sets the tenant's own limit,
+        null removes it; ``quota=None`` removes every override). The next upload is checked
+        against the result."""
+        check_tenant_name(name)
+        if quota is None:
+            quota, fields = QuotaOverrides(), set(QuotaOverrides.model_fields)
+        stored, removed = record_changes(quota, fields)
+        key = self.keys.tenant(name)
+
+        def txn(pipe: Any) -> None:
+            if not pipe.exists(key):
+                raise NotFound(f"tenant {shown(name)} does not exist")
+            pipe.multi()
+            if stored:
+                pipe.hset(key, mapping=stored)
+            if removed:
+                pipe.hdel(key, *removed)
+
+        transact(self.redis, txn, key)
+        tenant = self.get(name)
+        logger.info("tenant %s quota overrides: %s", name, tenant.quota.model_dump())
+        return tenant
 
     def list_tenants(self) -> list[TenantSummary]:
-        """Every tenant by name, with its adapter count."""
+        """Every tenant by name, with its adapter count and quota overrides."""
         names = sorted(self.redis.smembers(self.keys.tenants))
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
-            pipe.hget(self.keys.tenant(name), "created_at")
+            pipe.hmget(self.keys.tenant(name), ["created_at", *RECORD_FIELDS])
             pipe.zcard(self.keys.adapters(name))
         found = pipe.execute()
-        return [TenantSummary(name=n, created_at=created, adapters=count)
-                for n, created, count in zip(names, found[::2], found[1::2]) if created]
+        return [TenantSummary(name=n, created_at=record[0], adapters=count,
+                              quota=overrides_from_record(record[1:]))
+                for n, record, count in zip(names, found[::2], found[1::2]) if record[0]]
 
     def delete(self, tenant: str) -> TenantDeleted:
         """Delete the tenant with its keys, bindings, adapters and unshared blobs."""

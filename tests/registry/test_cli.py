@@ -241,3 +241,27 @@ def test_usage(live_server, tenant_key, capsys, redis_client, namespace):
     code, out, _ = run_cli(capsys, "usage", "--start", "2026-01-01", "--end", "2026-12-31",
                        "--json", *common)
     assert code == 1 and "at most 92" in json.loads(out)["error"]["message"]
+
+
+def test_tenant_quotas(live_server, tenant_key, capsys):
+    common = ("--url", live_server, "--admin-token", ADMIN_TOKEN, "--json")
+    code, out, _ = run_cli(capsys, "tenant", "create", "globex", "--max-adapters", "5",
+                           "--max-stored-bytes", "1048576", *common)
+    assert code == 0 and json.loads(out)["quota"] == {"max_adapters": 5,
+                                                      "max_stored_bytes": 1048576}
+    code, out, _ = run_cli(capsys, "tenant", "set-quota", "globex", "--max-adapters", "default",
+                           *common)
+    assert code == 0 and json.loads(out)["quota"] == {"max_adapters": None,
+                                                      "max_stored_bytes": 1048576}
+    code, out, _ = run_cli(capsys, "tenant", "list", *common)
+    assert {t["name"]: t["quota"]["max_stored_bytes"] for t in json.loads(out)} == {
+        "acme": None, "globex": 1048576}
+    code, out, _ = run_cli(capsys, "tenant", "set-quota", "globex", "--max-adapters", "-1",
+                           *common)
+    assert code == 1 and "quota.max_adapters" in json.loads(out)["error"]["message"]
+    code, _, err = run_cli(capsys, "tenant", "set-quota", "globex", "--url", live_server,
+                           "--admin-token", ADMIN_TOKEN)
+    assert code == 1 and "give --max-adapters and/or --max-stored-bytes" in err
+    code, _, err = run_cli(capsys, "tenant", "set-quota", "globex", "--max-adapters", "lots",
+                           *common)
+    assert code == 2 and "expected a whole number or 'default'" in err

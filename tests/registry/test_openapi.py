@@ -46,7 +46,7 @@ def test_every_route_taking_a_name_documents_its_rule_and_the_400(spec: dict[str
                     for s in param["schema"].get("anyOf", [])), (method, path, param)
                 assert "400" in op["responses"], (method, path)
                 checked += 1
-    assert checked == 18
+    assert checked == 19
     schemas = spec["components"]["schemas"]
     assert schemas["TenantCreate"]["properties"]["name"]["pattern"] == names.TENANT_PATTERN
     assert schemas["BindingIn"]["properties"]["adapter"]["pattern"] == names.ADAPTER_PATTERN

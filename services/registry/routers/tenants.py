@@ -14,6 +14,7 @@ from preft_serve.registry.models import (
     TenantDeleted,
     TenantOut,
     TenantSummary,
+    TenantUpdate,
 )
 from preft_serve.registry.names import KeyIdPath, TenantPath
 
@@ -23,8 +24,9 @@ router = APIRouter(prefix="/v1/tenants", tags=["tenants (admin)"])
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantCreated,
              responses=error_responses(400, 401, 409))
 def create_tenant(body: TenantCreate, _: AdminDep, tenants: TenantsDep) -> TenantCreated:
-    """Create a tenant; the response carries its first API key, shown only this once."""
-    tenant, key = tenants.create(body.name)
+    """Create a tenant; the response carries its first API key, shown only this once.
+    ``quota`` sets the tenant's own storage quotas (else the registry's defaults apply)."""
+    tenant, key = tenants.create(body.name, body.quota)
     return TenantCreated(**tenant.model_dump(), api_key=key.api_key, key_id=key.key_id)
 
 
@@ -44,6 +46,20 @@ def delete_tenant(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> Tenan
 @router.get("/{tenant}", response_model=TenantOut, responses=error_responses(400, 401, 404))
 def get_tenant(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantOut:
     return tenants.get(tenant)
+
+
+@router.patch("/{tenant}", response_model=TenantOut,
+              responses=error_responses(400, 401, 404, 422))
+def update_tenant(tenant: TenantPath, body: TenantUpdate, _: AdminDep,
+                  tenants: TenantsDep) -> TenantOut:
+    """Change the tenant's own storage quotas (a merge patch: ``{"quota": {"max_adapters":
+    50}}`` sets one, ``null`` for a field goes back to the registry's default, ``"quota":
+    null`` drops both). Uploads are checked against them from the next one on; what the
+    tenant already stores is kept even when it is over the new quota."""
+    if "quota" not in body.model_fields_set:
+        return tenants.get(tenant)
+    fields = set(body.quota.model_fields_set) if body.quota is not None else set()
+    return tenants.set_quota(tenant, body.quota, fields)
 
 
 @router.get("/{tenant}/keys", response_model=list[ApiKeyInfo],
