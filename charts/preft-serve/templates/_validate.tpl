@@ -65,6 +65,21 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- end -}}
 {{- end -}}
 
+{{- if and $v.tracing.enabled (not $v.tracing.otlpEndpoint) -}}
+{{- $errors = append $errors "tracing.otlpEndpoint is required when tracing.enabled=true: the OTLP collector's URL, e.g. http://otel-collector.monitoring:4317 (grpc)" -}}
+{{- end -}}
+{{- /* Values with a chart value of their own: a second copy in a settings map would conflict. */ -}}
+{{- $owned := dict
+  "gateway" (dict "LOG_JSON" "logging.json" "TRACING_ENABLED" "tracing.enabled" "OTLP_ENDPOINT" "tracing.otlpEndpoint" "OTLP_PROTOCOL" "tracing.protocol" "TRACING_SAMPLE_RATIO" "tracing.sampleRatio")
+  "registry" (dict "LOG_JSON" "logging.json" "TENANT_MAX_ADAPTERS" "registry.quotas.maxAdaptersPerTenant" "TENANT_MAX_STORED_BYTES" "registry.quotas.maxStoredBytesPerTenant") -}}
+{{- range $component, $names := $owned -}}
+{{- range $name, $_ := (index $v $component).settings -}}
+{{- with index $names (upper $name) -}}
+{{- $errors = append $errors (printf "%s.settings.%s: set %s instead" $component $name .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- if and (eq $v.worker.device "gpu") (lt (int $v.worker.gpu.count) 1) -}}
 {{- $errors = append $errors "worker.gpu.count must be at least 1 when worker.device=gpu (or set worker.device=cpu)" -}}
 {{- end -}}
