@@ -87,4 +87,5 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
     else:
-        await _respond(send, 404, b'{"error": {"code": "not_found", "message": "fake"}}')
+        await _respond(send, 404, b'{"error": {"message": "fake", "type": "NotFoundError", '
+                       b'"param": null, "code": 404}}')

@@ -100,12 +100,13 @@ def account_errors(records: Sequence[Record], faults: Sequence[Record], grace: f
 
 
 def error_shape_ok(body: Any) -> bool:
-    """The error envelope both services use (OpenAI clients read ``error.message``):
-    ``{"error": {"code": str, "message": str, ...}}``."""
+    """The error envelope both services use, OpenAI's:
+    ``{"error": {"message": str, "type": str, "param": str | None, "code": str}}``."""
     if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
         return False
     error = body["error"]
-    return isinstance(error.get("message"), str) and isinstance(error.get("code"), str)
+    return (isinstance(error.get("message"), str) and isinstance(error.get("type"), str)
+            and isinstance(error.get("code"), str) and "param" in error)
 
 
 # -- no wrong answer -----------------------------------------------------------------------

@@ -6,14 +6,16 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 import httpx
+from preft_serve.common.error_envelope import error_body
 
 
 class CliError(Exception):
     """A failure to report with exit status 1: ``error: <message>``, or under ``--json``
     ``{"error": {...}}`` on stdout.
 
-    ``error`` is the registry's envelope body (``code``, ``message``, ``details``) when the
-    registry answered; ``status`` its HTTP status.
+    ``error`` is the registry's envelope body (OpenAI's ``message``, ``type``, ``param``,
+    ``code``) when the registry answered; ``status`` its HTTP status. The CLI's own
+    failures (registry unreachable, bad local file) have ``type`` ``cli_error``.
     """
 
     def __init__(self, message: str, *, code: str = "cli", status: int | None = None,
@@ -21,8 +23,8 @@ class CliError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
-        self.error = error if error is not None else {"code": code, "message": message,
-                                                      "details": None}
+        self.error = error if error is not None else {"message": message, "type": "cli_error",
+                                                      "param": None, "code": code}
 
 
 class ByteCounter(Protocol):
@@ -120,5 +122,5 @@ def _refusal(resp: httpx.Response) -> CliError:
             raise TypeError
     except (ValueError, KeyError, TypeError):
         message = resp.text.strip() or resp.reason_phrase
-        error = {"code": f"http_{resp.status_code}", "message": message, "details": None}
+        error = error_body(resp.status_code, message, code=f"http_{resp.status_code}")["error"]
     return CliError(message, status=resp.status_code, error=error)

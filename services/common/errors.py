@@ -1,9 +1,17 @@
-"""One error envelope for every preft-serve HTTP service.
+"""One error envelope for every preft-serve HTTP service: OpenAI's.
 
-Every error response has the same JSON shape, so clients (and the ``preft`` CLI) can show
-the message without guessing::
+Every error response has OpenAI's shape, so the official ``openai`` client, LangChain and
+the ``preft`` CLI read it without special cases (``e.type``, ``e.code``, ``e.param``)::
 
-    {"error": {"code": "not_found", "message": "adapter 'x' does not exist", "details": null}}
+    {"error": {"message": "model 'x' does not exist; GET /v1/models lists yours",
+               "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+
+``type`` follows the HTTP status the way OpenAI's API does (:func:`error_type`, in
+``error_envelope``, which the CLI shares); ``code`` is
+a stable machine-readable string, OpenAI's where it has one (``model_not_found``,
+``invalid_api_key``, ``rate_limit_exceeded``, ``invalid_value``, ...); ``param`` names the
+request field at fault when there is one. Validation errors add ``details`` (every field
+problem, not only the first); it is left out otherwise.
 
 Handlers raise a :class:`ServiceError` subclass; :func:`install_error_handlers` turns it,
 FastAPI's request-validation errors, unknown routes and unexpected exceptions into that
@@ -23,18 +31,23 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from preft_serve.common.access_log import REQUEST_ID_HEADER, request_id_of
-from pydantic import BaseModel
+from preft_serve.common.error_envelope import error_body
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 
-
 class ErrorBody(BaseModel):
-    """What went wrong and what to do about it."""
+    """What went wrong and what to do about it (OpenAI's error object)."""
 
-    code: str
-    message: str
-    details: list[dict[str, Any]] | None = None
+    message: str = Field(description="What went wrong and what to do about it.")
+    type: str = Field(description="OpenAI's error type for the status, e.g. "
+                                  "invalid_request_error, authentication_error.")
+    param: str | None = Field(default=None, description="The request field at fault, if any.")
+    code: str | None = Field(default=None, description="A stable machine-readable code, e.g. "
+                                                       "model_not_found, invalid_api_key.")
+    details: list[dict[str, Any]] | None = Field(
+        default=None, description="Validation errors only: every field problem found.")
 
 
 class ErrorResponse(BaseModel):
@@ -44,34 +57,48 @@ class ErrorResponse(BaseModel):
 
 
 class ServiceError(StarletteHTTPException):
-    """Base of all expected errors; the message must tell the caller what to fix."""
+    """Base of all expected errors; the message must tell the caller what to fix.
+
+    Subclasses set the status and a default ``code``; a raise site may name a more precise
+    ``code`` and the ``param`` (request field) at fault.
+    """
 
     http_status: ClassVar[int] = 500
-    code: ClassVar[str] = "internal"
+    code: str = "internal_error"
 
     def __init__(
         self,
         message: str,
         *,
+        code: str | None = None,
+        param: str | None = None,
         details: list[dict[str, Any]] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(self.http_status, message, dict(headers) if headers else None)
         self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
         self.details = details
 
     def __str__(self) -> str:
         return self.message
 
+    def response(self) -> JSONResponse:
+        """This error as the envelope response."""
+        return error_response(self.status_code, self.code, self.message, param=self.param,
+                              details=self.details, headers=self.headers)
+
 
 class BadRequest(ServiceError):
     http_status = 400
-    code = "bad_request"
+    code = "invalid_value"
 
 
 class Unauthorized(ServiceError):
     http_status = 401
-    code = "unauthorized"
+    code = "invalid_api_key"
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         kwargs.setdefault("headers", {"WWW-Authenticate": "Bearer"})
@@ -97,7 +124,7 @@ class QuotaExceeded(ServiceError):
 
 class PayloadTooLarge(ServiceError):
     http_status = 413
-    code = "payload_too_large"
+    code = "request_too_large"
 
 
 class UnsupportedMediaType(ServiceError):
@@ -107,40 +134,38 @@ class UnsupportedMediaType(ServiceError):
 
 class Unprocessable(ServiceError):
     http_status = 422
-    code = "invalid"
+    code = "invalid_value"
 
 
 class TooManyRequests(ServiceError):
     http_status = 429
-    code = "rate_limited"
+    code = "rate_limit_exceeded"
 
 
 class ServiceUnavailable(ServiceError):
     http_status = 503
-    code = "unavailable"
+    code = "service_unavailable"
 
 
 def error_response(
     status_code: int,
-    code: str,
+    code: str | None,
     message: str,
+    *,
+    param: str | None = None,
     details: list[dict[str, Any]] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """Build the envelope response (also usable from plain ASGI middleware)."""
-    body = ErrorResponse(error=ErrorBody(code=code, message=message, details=details))
-    return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
+    return JSONResponse(error_body(status_code, message, code=code, param=param,
+                                   details=details),
+                        status_code=status_code, headers=headers)
 
 
-def _status_code_name(status_code: int) -> str:
-    try:
-        return HTTPStatus(status_code).phrase.lower().replace(" ", "_").replace("-", "_")
-    except ValueError:
-        return "error"
-
-
-def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
-    """Readable one-line summary plus per-field details of a pydantic/FastAPI error list."""
+def _validation_message(
+        errors: list[dict[str, Any]]) -> tuple[str, str | None, str, list[dict[str, Any]]]:
+    """A readable one-line summary, the first field at fault (OpenAI's ``param``), the code
+    for the first problem and per-field details of a pydantic/FastAPI error list."""
     details = []
     parts = []
     for err in errors:
@@ -151,27 +176,36 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[st
             msg = "field required"
         details.append({"field": field, "message": msg})
         parts.append(f"{field}: {msg}")
-    return "invalid request: " + "; ".join(parts), details
+    first = errors[0] if errors else {}
+    code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
+    param = details[0]["field"] if details and details[0]["field"] != "request" else None
+    return "invalid request: " + "; ".join(parts), param, code, details
 
 
 async def _service_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
+    return exc.response()
+
+
+# Codes for the errors Starlette raises itself (routing, methods).
+_HTTP_CODES: dict[int, str] = {404: "unknown_url", 405: "method_not_allowed"}
 
 
 async def _http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    headers = exc.headers
     if exc.status_code == 404 and message == "Not Found":
-        message = "no such endpoint; see /docs for the API"
+        path = request.url.path
+        shown = path if len(path) <= 120 else path[:120] + "..."  # bounded: caller-controlled
+        message = f"no such endpoint: {request.method} {shown}; see /docs for the API"
     elif exc.status_code == 405:
         message = "method not allowed on this endpoint; see /docs for the API"
         if allow := _allowed_methods(request):
             headers = {**(exc.headers or {}), "Allow": allow}
-            return error_response(405, "method_not_allowed", message, None, headers)
-    return error_response(
-        exc.status_code, _status_code_name(exc.status_code), message, None, exc.headers
-    )
+    code = _HTTP_CODES.get(exc.status_code, "invalid_request" if exc.status_code < 500
+                           else "internal_error")
+    return error_response(exc.status_code, code, message, headers=headers)
 
 
 def _allowed_methods(request: Request) -> str:
@@ -188,8 +222,8 @@ def _allowed_methods(request: Request) -> str:
 
 async def _validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    message, details = _validation_message(list(exc.errors()))
-    return error_response(422, "invalid", message, details)
+    message, param, code, details = _validation_message(list(exc.errors()))
+    return error_response(422, code, message, param=param, details=details)
 
 
 async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
@@ -197,7 +231,8 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONRes
     request_id = request_id_of(request)
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc,
                  extra={"request_id": request_id})
-    return error_response(500, "internal", "internal server error; the server log has details",
+    return error_response(500, "internal_error",
+                          "internal server error; the server log has details",
                           headers={REQUEST_ID_HEADER: request_id} if request_id else None)
 
 

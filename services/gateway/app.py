@@ -29,15 +29,16 @@ DESCRIPTION = """\
 OpenAI-compatible front door: `Authorization: Bearer <tenant API key>`. The adapter is the
 one named by `model`, else the one bound to `user` (or `safety_identifier`, or the
 `X-User-Id` header); `model` set to the base model's name runs the user's binding if any,
-else the base model. A user with no binding and no `model` gets 404. Errors are `{"error": {"code", "message", "details"}}`.
+else the base model. A user with no binding and no `model` gets 404. Errors are OpenAI's
+`{"error": {"message", "type", "param", "code"}}`.
 Every answer carries `x-request-id` (the client's `X-Request-Id` when sane, else a new one).
 """
 
 
 async def _redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
     logger.error("Redis unavailable: %s", exc)
-    return error_response(503, "unavailable", "the registry's Redis is unavailable; retry "
-                          "shortly")
+    return error_response(503, "service_unavailable",
+                          "the registry's Redis is unavailable; retry shortly")
 
 
 def create_app(settings: GatewaySettings | None = None,

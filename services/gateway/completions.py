@@ -13,7 +13,14 @@ from fastapi.responses import Response, StreamingResponse
 from preft_serve.common.access_log import access_fields, request_id_of
 from preft_serve.common.errors import ServiceError
 from preft_serve.gateway.metrics import token_counts
-from preft_serve.gateway.proxy import BadGateway, Upstream, open_upstream, relay_sse, rewrite_json
+from preft_serve.gateway.proxy import (
+    BadGateway,
+    Upstream,
+    open_upstream,
+    relay_sse,
+    rewrite_json,
+    worker_error,
+)
 from preft_serve.gateway.selection import select_target
 from preft_serve.gateway.state import GatewayState
 from preft_serve.gateway.validation import parse_body, request_user, validate_body
@@ -123,4 +130,6 @@ async def _buffered(upstream: Upstream, state: GatewayState, on_usage: Callable[
     if status == 200:
         on_usage(payload.get("usage") if isinstance(payload, dict) else None)
         payload = rewrite_json(payload, public_name)
+    elif status >= 400:
+        payload = worker_error(payload, status) or payload
     return Response(json.dumps(payload), status_code=status, media_type="application/json")

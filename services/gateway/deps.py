@@ -23,17 +23,22 @@ async def get_state(request: Request) -> GatewayState:
 StateDep = Annotated[GatewayState, Depends(get_state)]
 
 
+def _counted(state: GatewayState, error: Unauthorized) -> Unauthorized:
+    state.metrics.errors.labels(error.code).inc()
+    return error
+
+
 async def require_tenant(
     request: Request, state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_tenant_bearer)],
 ) -> KeyOwner:
     if credentials is None or credentials.scheme.lower() != "bearer":
-        state.metrics.errors.labels("unauthorized").inc()
-        raise Unauthorized("missing credentials: send 'Authorization: Bearer <tenant API key>'")
+        raise _counted(state, Unauthorized("missing credentials: send 'Authorization: Bearer "
+                                           "<tenant API key>'", code="missing_api_key"))
     owner = await state.registry.authenticate(credentials.credentials)
     if owner is None:
-        state.metrics.errors.labels("unauthorized").inc()
-        raise Unauthorized("invalid API key: use a key issued by the registry for your tenant")
+        raise _counted(state, Unauthorized("invalid API key: use a key issued by the registry "
+                                           "for your tenant"))
     access_fields(request)["tenant"] = owner.tenant
     return owner
 

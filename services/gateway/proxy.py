@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 from preft_serve.common.access_log import REQUEST_ID_HEADER
+from preft_serve.common.error_envelope import error_body
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
 from preft_serve.gateway.routing import RouteResult, WorkerPool
 
@@ -81,6 +82,35 @@ async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, p
                              "shortly")
 
 
+def worker_error(payload: Any, status_code: int) -> dict[str, Any] | None:
+    """A worker's error answer in the gateway's (OpenAI's) envelope, or None when
+    ``payload`` is not one.
+
+    vLLM writes ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``
+    (older versions the same fields at the top level): its ``type`` is a Python class name
+    and its ``code`` the HTTP status, so clients that switch on OpenAI's strings see
+    neither. The type follows the status, the code says what vLLM said in OpenAI's words.
+    """
+    if not isinstance(payload, dict):
+        return None
+    error = payload.get("error", payload)
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return None
+    message: str = error["message"]
+    if isinstance(error.get("code"), int) and 400 <= error["code"] < 600:
+        status_code = error["code"]
+    param = error.get("param") if isinstance(error.get("param"), str) else None
+    if any(hint in message for hint in ("context length", "max_model_len")):
+        code = "context_length_exceeded"
+    elif status_code == 404:
+        code = "not_found"
+    elif status_code < 500:
+        code = "invalid_value"
+    else:
+        code = "worker_error"
+    return error_body(status_code, message, code=code, param=param)
+
+
 def rewrite_json(payload: Any, public_name: str) -> Any:
     """Show the client the adapter's name, not the content address the worker saw."""
     if isinstance(payload, dict) and "model" in payload:
@@ -120,7 +150,7 @@ async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
     except httpx.HTTPError as exc:
         # Headers are already sent: the best we can do is end the stream with an error event.
         logger.warning("stream from %s broke: %s", upstream.worker, exc)
-        error = {"error": {"code": "bad_gateway", "message": "the worker's stream broke"}}
+        error = error_body(502, "the worker's stream broke", code="bad_gateway")
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
     finally:
         await upstream.aclose()
@@ -170,6 +200,8 @@ class EventRewriter:
             return event, False
         if not isinstance(payload, dict):
             return event, False
+        if "error" in payload and (error := worker_error(payload, 500)) is not None:
+            return b"data: " + json.dumps(error, separators=(",", ":")).encode(), False
         usage = payload.get("usage")
         if usage:
             self._on_usage(usage)

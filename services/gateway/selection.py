@@ -72,18 +72,21 @@ async def select_target(resolver: Resolver, tenant: str, model: str | None, user
     if model is not None and model != base_name:
         ref = await resolver.resolve_adapter(tenant, model)
         if ref is None:
-            raise NotFound(f"model '{model}' does not exist; GET /v1/models lists yours")
+            raise NotFound(f"model '{model}' does not exist; GET /v1/models lists yours",
+                           code="model_not_found", param="model")
         return adapter_target(ref)
     if user is None:
         if model is None:
             raise BadRequest("say which model to run: set 'model' to one of your adapters "
                              f"(or '{base_name}'), or set 'user' (or the X-User-Id header) "
-                             "to use that user's adapter binding")
+                             "to use that user's adapter binding", param="model",
+                             code="missing_required_parameter")
         return base
     ref = await resolver.resolve_user(tenant, user)
     if ref is not None:
         return adapter_target(ref)
     if model is None:
         raise NotFound(f"user {user} has no adapter binding; bind one with "
-                       f"PUT /v1/users/{user}")
+                       f"PUT /v1/users/{user}", code="adapter_binding_not_found",
+                       param="user")
     return base

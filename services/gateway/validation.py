@@ -40,7 +40,7 @@ def check_depth(raw: bytes, limit: int) -> None:
     sees the body. Brackets inside strings do not count."""
     if json_nests_deeper(raw, limit):
         raise BadRequest(f"request body nests JSON arrays/objects deeper than {limit} levels; "
-                         "flatten the request")
+                         "flatten the request", code="invalid_json")
 
 
 def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
@@ -49,9 +49,9 @@ def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
     return body
 
 
@@ -60,18 +60,20 @@ def _positive_int(body: dict[str, Any], field: str, cap: int, over: str) -> int 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BadRequest(f"'{field}' must be a positive integer, got {value!r}")
+        raise BadRequest(f"'{field}' must be a positive integer, got {value!r}", param=field)
     if value > cap:
-        raise BadRequest(f"'{field}' is {value}, above this gateway's " + over.format(cap=cap))
+        raise BadRequest(f"'{field}' is {value}, above this gateway's " + over.format(cap=cap),
+                         param=field)
     return value
 
 
 def _token_ids(ids: list[Any], caps: Caps, where: str) -> None:
     if len(ids) > caps.max_prompt_token_ids:
         raise BadRequest(f"{where} has {len(ids)} token ids; at most "
-                         f"{caps.max_prompt_token_ids} are accepted")
+                         f"{caps.max_prompt_token_ids} are accepted", param="prompt")
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise BadRequest(f"{PROMPT_SHAPES}; token ids must be non-negative integers")
+        raise BadRequest(f"{PROMPT_SHAPES}; token ids must be non-negative integers",
+                         param="prompt")
 
 
 def count_prompts(prompt: Any, caps: Caps) -> int:
@@ -79,19 +81,20 @@ def count_prompts(prompt: Any, caps: Caps) -> int:
     if isinstance(prompt, str):
         return 1
     if not isinstance(prompt, list):
-        raise BadRequest(PROMPT_SHAPES)
+        raise BadRequest(PROMPT_SHAPES, param="prompt")
     if not prompt:
-        raise BadRequest("'prompt' must not be empty")
+        raise BadRequest("'prompt' must not be empty", param="prompt")
     if isinstance(prompt[0], int) and not isinstance(prompt[0], bool):
         _token_ids(prompt, caps, "'prompt'")
         return 1
     if len(prompt) > caps.max_prompts:
         raise BadRequest(f"'prompt' holds {len(prompt)} prompts; at most {caps.max_prompts} "
-                         "are accepted per request: send the rest in further requests")
+                         "are accepted per request: send the rest in further requests",
+                         param="prompt")
     if all(isinstance(p, str) for p in prompt):
         return len(prompt)
     if not all(isinstance(p, list) and p for p in prompt):
-        raise BadRequest(PROMPT_SHAPES)
+        raise BadRequest(PROMPT_SHAPES, param="prompt")
     for index, ids in enumerate(prompt):
         _token_ids(ids, caps, f"prompt {index}")
     return len(prompt)
@@ -103,10 +106,12 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
     (what the token rate limits charge)."""
     if chat:
         if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise BadRequest("'messages' must be a non-empty list of chat messages")
+            raise BadRequest("'messages' must be a non-empty list of chat messages",
+                             param="messages")
         prompts = 1
     elif "prompt" not in body:
-        raise BadRequest("'prompt' is required")
+        raise BadRequest("'prompt' is required", param="prompt",
+                         code="missing_required_parameter")
     else:
         prompts = count_prompts(body["prompt"], caps)
     requested = [_positive_int(body, f, caps.max_tokens,
@@ -129,15 +134,15 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
             f"this request asks for up to {total} output tokens ({_plural(prompts, 'prompt')} "
             f"x {_plural(choices, 'choice')} x {max_tokens} max tokens), above this "
             f"gateway's limit of {caps.max_request_tokens} per request; lower n or max_tokens"
-            + ("" if chat else " or send fewer prompts"))
+            + ("" if chat else " or send fewer prompts"), param="max_tokens")
     for field in ("model", "user", "safety_identifier"):
         if body.get(field) is not None and not isinstance(body[field], str):
-            raise BadRequest(f"'{field}' must be a string")
+            raise BadRequest(f"'{field}' must be a string", param=field)
         if isinstance(body.get(field), str) and len(body[field]) > MAX_NAME_CHARS:
             raise BadRequest(f"'{field}' is {len(body[field])} characters long; at most "
-                             f"{MAX_NAME_CHARS} are accepted")
+                             f"{MAX_NAME_CHARS} are accepted", param=field)
     if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest("'stream' must be true or false")
+        raise BadRequest("'stream' must be true or false", param="stream")
     return total
 
 
@@ -151,9 +156,10 @@ def request_user(body: dict[str, Any], header: str | None) -> str | None:
     user, safety_identifier = body.get("user"), body.get("safety_identifier")
     if user and safety_identifier and user != safety_identifier:
         raise BadRequest("'user' and 'safety_identifier' name different users; send one of "
-                         "them (both name the end user whose adapter runs)")
+                         "them (both name the end user whose adapter runs)",
+                         param="safety_identifier")
     user = user or safety_identifier or header
     if user is not None and len(user) > MAX_NAME_CHARS:
         raise BadRequest(f"the user id is {len(user)} characters long; at most "
-                         f"{MAX_NAME_CHARS} are accepted")
+                         f"{MAX_NAME_CHARS} are accepted", param="user")
     return user

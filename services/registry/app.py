@@ -28,19 +28,19 @@ DESCRIPTION = """\
 Tenants upload adapters (LoRA, DiReFT, LoReFT) for the served base model, version them and
 bind their users to them. Adapters are validated before anything is stored; their
 identity is the sha256 of their content. Errors are always
-`{"error": {"code", "message", "details"}}` with a message that says what to fix.
+OpenAI's `{"error": {"message", "type", "param", "code"}}` with a message that says what to fix.
 """
 
 
 async def _backend_unavailable(_: Request, exc: Exception) -> JSONResponse:
     what = "Redis" if isinstance(exc, redis.RedisError) else "the object store"
     logger.error("%s unavailable: %s", what, exc)
-    return error_response(503, "unavailable", f"{what} is unavailable; retry shortly")
+    return error_response(503, "service_unavailable", f"{what} is unavailable; retry shortly")
 
 
 async def _invalid_key_part(_: Request, exc: Exception) -> JSONResponse:
     # A backstop: routes check names with friendlier messages before building any key.
-    return error_response(400, "bad_request", str(exc))
+    return error_response(400, "invalid_value", str(exc))
 
 
 def create_app(settings: RegistrySettings | None = None,

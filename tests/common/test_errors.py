@@ -24,7 +24,8 @@ def make_app() -> FastAPI:
 
     @app.get("/conflict", responses=error_responses(409))
     def conflict() -> None:
-        raise Conflict("thing 'x' exists; pick another name", details=[{"field": "name"}])
+        raise Conflict("thing 'x' exists; pick another name", param="name",
+                       details=[{"field": "name"}])
 
     @app.get("/auth")
     def auth() -> None:
@@ -41,27 +42,41 @@ def make_app() -> FastAPI:
     return app
 
 
-def test_envelopes():
+def test_envelopes_are_openais():
+    """OpenAI's four fields, ``type`` from the status (401 authentication_error, 409 and 422
+    invalid_request_error, 500 server_error), ``details`` only where given."""
     client = TestClient(make_app(), raise_server_exceptions=False)
     resp = client.get("/conflict")
     assert resp.status_code == 409
-    assert resp.json() == {"error": {"code": "conflict", "message": "thing 'x' exists; pick "
-                                     "another name", "details": [{"field": "name"}]}}
+    assert resp.json() == {"error": {
+        "message": "thing 'x' exists; pick another name", "type": "invalid_request_error",
+        "param": "name", "code": "conflict", "details": [{"field": "name"}]}}
     ErrorResponse.model_validate(resp.json())
     resp = client.get("/auth")
     assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"
+    assert resp.json() == {"error": {"message": "send a key", "type": "authentication_error",
+                                     "param": None, "code": "invalid_api_key"}}
     resp = client.post("/body", json={"count": "many"})
     assert resp.status_code == 422
-    assert resp.json()["error"]["message"] == (
+    error = resp.json()["error"]
+    assert error["message"] == (
         "invalid request: count: Input should be a valid integer, unable to parse string as "
         "an integer")
-    assert resp.json()["error"]["details"][0]["field"] == "count"
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error", "count", "invalid_value")
+    assert error["details"][0]["field"] == "count"
+    missing = client.post("/body", json={}).json()["error"]
+    assert (missing["param"], missing["code"]) == ("count", "missing_required_parameter")
     resp = client.get("/boom")
     assert resp.status_code == 500
-    assert resp.json()["error"] == {"code": "internal", "details": None,
+    assert resp.json()["error"] == {"type": "server_error", "param": None,
+                                    "code": "internal_error",
                                     "message": "internal server error; the server log has "
                                                "details"}
     assert "secret internals" not in resp.text
+    unknown = client.post("/v1/" + "x" * 500)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
+    assert len(unknown.json()["error"]["message"]) < 200  # the caller's path is cut short
     spec = make_app().openapi()
     assert "ErrorResponse" in spec["components"]["schemas"]
 

@@ -99,7 +99,7 @@ def test_cached_users_survive_a_redis_crash_and_the_gateway_recovers(
         never_seen = complete(url, api_key=key, user="u2")
         assert never_seen.status_code == 503, never_seen.text
         error = never_seen.json()["error"]
-        assert error["code"] == "unavailable" and "Redis" in error["message"]
+        assert error["code"] == "service_unavailable" and "Redis" in error["message"]
         never_resolved = complete(url, api_key=key, model="bot2")
         assert never_resolved.status_code == 503, never_resolved.text
     assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503
@@ -134,4 +134,4 @@ def test_redis_back_empty_means_nothing_cached_is_served(stack: OutageStack) -> 
     stack.redis.start()
     assert _eventually(lambda: complete(url, api_key=key, user="u1").status_code == 401)
     reply = complete(url, api_key=key, user="u1")
-    assert reply.json()["error"]["code"] == "unauthorized"
+    assert reply.json()["error"]["code"] == "invalid_api_key"

@@ -90,18 +90,31 @@ def swap_in_key(case: Any, keys: dict[str, str]) -> None:
         case.headers["Authorization"] = f"Bearer {keys[auth[len('Bearer @'):]]}"
 
 
+# OpenAI's error types by status, written out here rather than imported from the code
+# under test.
+OPENAI_ERROR_TYPES = {401: "authentication_error", 403: "permission_error",
+                      429: "rate_limit_error"}
+
+
 @schemathesis.check
 def error_envelope(ctx: Any, response: Any, case: Any) -> bool | None:
-    """Every error is ``{"error": {"code", "message", "details"}}`` (docs/registry.md,
-    preft_serve.common.errors), whatever the OpenAPI document says about it."""
-    if response.status_code < 400:
+    """Every error is OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (plus
+    ``details`` on validation errors; docs/gateway.md, preft_serve.common.errors), whatever
+    the OpenAPI document says about it, with the ``type`` OpenAI gives the status."""
+    status = response.status_code
+    if status < 400:
         return None
     body = json.loads(response.content)
     assert isinstance(body, dict) and set(body) == {"error"}, f"not the error envelope: {body}"
     error = body["error"]
-    assert set(error) == {"code", "message", "details"}, f"not the error envelope: {body}"
+    assert set(error) - {"details"} == {"message", "type", "param", "code"}, \
+        f"not the error envelope: {body}"
     assert isinstance(error["code"], str) and isinstance(error["message"], str), body
-    assert error["details"] is None or isinstance(error["details"], list), body
+    assert error["param"] is None or isinstance(error["param"], str), body
+    assert isinstance(error.get("details", []), list), body
+    expected = OPENAI_ERROR_TYPES.get(status, "server_error" if status >= 500
+                                      else "invalid_request_error")
+    assert error["type"] == expected, f"HTTP {status} with type {error['type']!r}: {body}"
     return True
 
 

@@ -164,7 +164,8 @@ def _past_the_limiter(status: int, content: bytes) -> bool:
     if status not in (400, 404):
         return False
     error = json.loads(content)["error"]
-    return error["code"] == "not_found" or error["message"].startswith("say which model")
+    return error["code"] in ("model_not_found", "adapter_binding_not_found") or (
+        error["message"].startswith("say which model"))
 
 
 @schema.parametrize()

@@ -129,3 +129,42 @@ def test_wrong_key_and_unknown_user(stack: Stack) -> None:
                                      model=openai.NOT_GIVEN)
     assert "user nobody has no adapter binding; bind one with PUT /v1/users/nobody" in str(
         info.value)
+
+
+def test_errors_reach_the_openai_client_in_openais_terms(stack: Stack) -> None:
+    """What the official client exposes (status, ``e.type``, ``e.code``, ``e.param``) for
+    the gateway's own refusals and for errors the real vLLM worker answered (vLLM writes
+    ``type: BadRequestError`` and ``code: 400``; the gateway rewrites them)."""
+    bad = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key="pft_wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as auth:
+        bad.chat.completions.create(model="tiny-llama", messages=PROMPT, user="u1")  # type: ignore[arg-type]
+    assert (auth.value.status_code, auth.value.type, auth.value.code) == (
+        401, "authentication_error", "invalid_api_key")
+
+    client = openai.OpenAI(base_url=f"{stack.gateway}/v1", api_key=stack.api_key,
+                           max_retries=0, timeout=60)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="no-such-adapter", messages=PROMPT)  # type: ignore[arg-type]
+    assert (missing.value.type, missing.value.code, missing.value.param) == (
+        "invalid_request_error", "model_not_found", "model")
+    assert missing.value.message == ("model 'no-such-adapter' does not exist; GET /v1/models "
+                                     "lists yours")
+
+    with pytest.raises(openai.BadRequestError) as capped:
+        client.chat.completions.create(model="tiny-llama", messages=PROMPT, user="u1",  # type: ignore[arg-type]
+                                       n=1000)
+    assert (capped.value.type, capped.value.code, capped.value.param) == (
+        "invalid_request_error", "invalid_value", "n")
+
+    # The worker runs with --max-model-len 256: a longer prompt is refused by vLLM itself.
+    long_prompt = [{"role": "user", "content": "fox " * 600}]
+    direct = httpx.post(f"{stack.worker}/v1/chat/completions", timeout=60, json={
+        "model": f"sha256:{stack.sha}", "messages": long_prompt, "max_tokens": 8})
+    assert direct.status_code == 400 and isinstance(direct.json()["error"]["code"], int)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as too_long:
+            client.chat.completions.create(model="tiny-llama", messages=long_prompt,  # type: ignore[arg-type]
+                                           user="u1", max_tokens=8, stream=stream)
+        assert (too_long.value.status_code, too_long.value.type, too_long.value.code) == (
+            400, "invalid_request_error", "context_length_exceeded")
+        assert too_long.value.message == direct.json()["error"]["message"]

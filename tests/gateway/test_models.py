@@ -60,8 +60,8 @@ def test_unknown_and_other_tenants_adapters_look_the_same(
     theirs = client.get("/v1/models/rival", headers=AUTH)
     assert unknown.status_code == theirs.status_code == 404
     assert theirs.json() == {"error": {
-        "code": "not_found", "details": None,
-        "message": "model 'rival' does not exist; GET /v1/models lists yours"}}
+        "message": "model 'rival' does not exist; GET /v1/models lists yours",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
     assert unknown.json()["error"]["message"].replace("nope", "rival") == (
         theirs.json()["error"]["message"])
     assert set(unknown.headers) == set(theirs.headers)

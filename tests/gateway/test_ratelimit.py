@@ -112,7 +112,7 @@ def test_output_tokens_per_minute_are_charged_up_front(redis_server: str,
         assert chat(client, user="u1", max_tokens=5, n=2).status_code == 200
         refused = chat(client, user="u1", max_tokens=3)
         assert refused.status_code == 429
-        assert refused.json()["error"]["code"] == "rate_limited"
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
         # 1 token short at 12/minute = 0.2 tokens/s: 5 s.
         assert refused.headers["Retry-After"] == "5"
         assert message(refused) == (

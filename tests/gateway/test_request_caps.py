@@ -3,6 +3,7 @@ prompt lists, and JSON nesting depth. Every refusal is a 400 before any worker i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,9 +41,15 @@ def complete(client: TestClient, **body: Any) -> httpx.Response:
     return client.post("/v1/completions", json={"model": "bot", **body}, headers=AUTH)
 
 
-def refused(resp: httpx.Response, workers: Workers, needle: str) -> None:
+def refused(resp: httpx.Response, workers: Workers, needle: str,
+            code: str = "invalid_value") -> None:
     assert resp.status_code == 400, resp.text
-    assert resp.json()["error"]["code"] == "bad_request"
+    error = resp.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", code)
+    if code == "invalid_json":
+        assert error["param"] is None
+    else:  # OpenAI's param: the field at fault, one the client sent or the one to lower
+        assert error["param"] in {*json.loads(resp.request.content), "max_tokens"}, error
     assert needle in message(resp), message(resp)
     assert workers.seen == []  # nothing reached a worker
 
@@ -120,13 +127,13 @@ def test_nesting_bomb_is_a_400_not_a_500(client: TestClient, workers: Workers) -
     for path in ("/v1/chat/completions", "/v1/completions"):
         resp = client.post(path, content=bomb, headers=AUTH)
         refused(resp, workers, "request body nests JSON arrays/objects deeper than 32 "
-                "levels; flatten the request")
+                "levels; flatten the request", code="invalid_json")
     deep = b'{"messages": ' + b"[" * 40 + b"]" * 40 + b"}"
     refused(client.post("/v1/chat/completions", content=deep, headers=AUTH), workers,
-            "deeper than 32 levels")
+            "deeper than 32 levels", code="invalid_json")
     # Brackets inside strings are text, not nesting.
     text = "[{" * 5000 + '\\"' + "]}" * 10
     ok = chat(client, messages=[{"role": "user", "content": text}])
     assert ok.status_code == 200 and workers.seen[-1]["messages"][0]["content"] == text
     text_metrics = client.get("/metrics").text
-    assert 'preft_gateway_errors_total{cause="bad_request"} 3.0' in text_metrics
+    assert 'preft_gateway_errors_total{cause="invalid_json"} 3.0' in text_metrics

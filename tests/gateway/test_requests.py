@@ -126,7 +126,7 @@ def test_metrics_count_requests_tokens_routing(client: TestClient) -> None:
     assert 'preft_gateway_generation_tokens_total{adapter="bot"} 6.0' in text
     assert 'preft_gateway_prompt_tokens_total{adapter="bot"} 10.0' in text
     assert 'preft_gateway_routing_total{result="preferred"} 2.0' in text
-    assert 'preft_gateway_errors_total{cause="not_found"} 1.0' in text
+    assert 'preft_gateway_errors_total{cause="adapter_binding_not_found"} 1.0' in text
     assert 'preft_gateway_request_seconds_count{adapter="bot"} 2.0' in text
     assert 'preft_gateway_ttft_seconds_count{adapter="bot"} 1.0' in text
     assert 'preft_gateway_workers{state="healthy"} 2.0' in text

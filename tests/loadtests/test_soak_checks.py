@@ -82,7 +82,9 @@ def test_recovery_resources_and_error_shape() -> None:
     res = checks.resources(samples)
     assert res["gw"]["rss_growth_same_process"] == 1.1 and res["gw"]["restarts"] == 0
     assert res["w"]["restarts"] == 1
-    assert checks.error_shape_ok({"error": {"code": "x", "message": "y"}})
+    assert checks.error_shape_ok({"error": {"message": "y", "type": "invalid_request_error",
+                                            "param": None, "code": "x"}})
+    assert not checks.error_shape_ok({"error": {"code": "x", "message": "y"}})  # no type
     assert not checks.error_shape_ok({"detail": "nope"})
     assert "FAIL" in checks.table([("a", "b", False)])
 

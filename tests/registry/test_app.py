@@ -39,8 +39,9 @@ def test_health_ready_metrics(client, acme):
 def test_unknown_route_and_method_use_envelope(client):
     resp = client.get("/v2/nothing")
     assert resp.status_code == 404
-    assert resp.json() == {"error": {"code": "not_found", "details": None,
-                                     "message": "no such endpoint; see /docs for the API"}}
+    assert resp.json() == {"error": {
+        "message": "no such endpoint: GET /v2/nothing; see /docs for the API",
+        "type": "invalid_request_error", "param": None, "code": "unknown_url"}}
     resp = client.patch("/v1/adapters")
     assert resp.status_code == 405
     assert error_message(resp) == "method not allowed on this endpoint; see /docs for the API"
@@ -78,7 +79,7 @@ def test_object_store_outage_is_503_and_nothing_changes(make_client, tmp_path, l
 
     for resp in responses:
         assert resp.status_code == 503, resp.text
-        assert resp.json()["error"]["code"] == "unavailable"
+        assert resp.json()["error"]["code"] == "service_unavailable"
         assert error_message(resp) == "the object store is unavailable; retry shortly"
     reason = "directory is missing" if how == "moved" else "path is not a directory"
     assert ready.status_code == 503

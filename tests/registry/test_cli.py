@@ -126,9 +126,9 @@ def test_json_errors_on_stdout(live_server, tenant_key, lora_dir, capsys):
     common = ["--url", live_server, "--api-key", tenant_key, "--json"]
     code, out, err = run_cli(capsys, "adapter", "show", "ghost", *common)
     assert code == 1 and err == ""
-    assert json.loads(out) == {"error": {"code": "not_found", "message":
-                                         "adapter 'ghost' does not exist", "details": None,
-                                         "http_status": 404}}
+    assert json.loads(out) == {"error": {"message": "adapter 'ghost' does not exist",
+                                         "type": "invalid_request_error", "param": None,
+                                         "code": "not_found", "http_status": 404}}
     code, out, _ = run_cli(capsys, "adapter", "upload", str(lora_dir), "--name", "x", *common)
     assert code == 1
     assert json.loads(out)["error"]["message"] == "--mode is required for a new adapter " \

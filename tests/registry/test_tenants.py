@@ -137,7 +137,7 @@ def test_rate_limit_overrides_refuse_booleans_and_numeric_strings(client, acme, 
                  {"tenant_rps": "5"}, {"user_burst": "3"}, {"user_burst": 2.5}):
         bad = client.put("/v1/tenants/acme/limits", json=body, headers=admin())
         assert bad.status_code == 422, (body, bad.text)
-        assert bad.json()["error"]["code"] == "invalid"
+        assert bad.json()["error"]["code"] == "invalid_value"
         assert "Input should be a valid" in error_message(bad)
     assert state_snapshot() == before
     # What is stored (strings in Redis) still reads back as numbers.

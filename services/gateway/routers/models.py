@@ -41,5 +41,6 @@ async def get_model(model: str, state: StateDep, owner: TenantDep) -> dict[str, 
         return _base(state)
     ref = await state.registry.resolve_adapter(owner.tenant, model)
     if ref is None:
-        raise NotFound(f"model '{model}' does not exist; GET /v1/models lists yours")
+        raise NotFound(f"model '{model}' does not exist; GET /v1/models lists yours",
+                       code="model_not_found", param="model")
     return _adapter(ref)
