@@ -9,7 +9,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY services ./services
 COPY kernels ./kernels
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install .
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install ".[tracing]"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
