@@ -9,6 +9,8 @@
 from preft_kernels.lora_grouped import (
     AdapterGroups,
     NonzeroSlots,
+    fuse_lora_a_buffers,
+    fused_lora_a,
     grouped_lora_expand,
     grouped_lora_linear,
     grouped_lora_shrink,
@@ -19,6 +21,8 @@ __all__ = [
     "AdapterGroups",
     "NonzeroSlots",
     "ReftGroup",
+    "fuse_lora_a_buffers",
+    "fused_lora_a",
     "grouped_lora_expand",
     "grouped_lora_linear",
     "grouped_lora_shrink",

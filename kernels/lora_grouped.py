@@ -215,15 +215,6 @@ def _add_rows(y: torch.Tensor, rows: Rows, value: torch.Tensor) -> None:
         y.index_add_(0, rows, value.to(y.dtype))
 
 
-def _add_product(y: torch.Tensor, rows: Rows, t: torch.Tensor, w: torch.Tensor) -> None:
-    """``y[rows] += t @ w.T``; for a slice, one ``addmm_`` that accumulates straight into
-    ``y`` (a column slice of a row-major matrix is a valid GEMM output), no temporary."""
-    if isinstance(rows, slice) and y.dtype == t.dtype == w.dtype:
-        y[rows].addmm_(t, w.T)
-    else:
-        _add_rows(y, rows, t @ w.T)
-
-
 def _set_rows(y: torch.Tensor, rows: Rows, value: torch.Tensor) -> None:
     if isinstance(rows, slice):
         y[rows] = value.to(y.dtype)
@@ -286,19 +277,69 @@ def grouped_lora_linear(
     if groups.batched is not None:
         _batched_lora_linear(y, x, a_stacked, b_stacked, groups.batched, scale, output_slices)
         return
+    if groups.empty:
+        return
+    # Views made once per call, so a group costs one op per operand, not several.
+    fused = fused_lora_a(a_stacked)
+    a_t = None if fused is None else fused.transpose(1, 2)  # (slots, in, S*r)
+    targets = []  # per slice: output columns, B^T of every slot (slots, r, n), rank columns
+    offset, r0 = 0, 0
+    for b, size in zip(b_stacked, output_slices):
+        n = min(size, b.shape[2])  # adapters may be padded differently from the model
+        rank = b.shape[3]
+        targets.append((y[:, offset : offset + n], b[:, 0, :n].transpose(1, 2),
+                        slice(r0, r0 + rank)))
+        offset += size
+        r0 += rank
     for slot, rows in groups.groups:
         # One GEMM shrinks all slices (fused qkv / gate_up), then one per slice expands.
-        wa = torch.cat([a[slot, 0] for a in a_stacked])
-        t = x[rows].to(wa.dtype) @ wa.T
+        w = a_t[slot] if a_t is not None else torch.cat([a[slot, 0] for a in a_stacked]).T
+        t = x[rows].to(w.dtype) @ w
         if scale != 1.0:
             t = t * scale
-        offset, r0 = 0, 0
-        for b, size in zip(b_stacked, output_slices):
-            wb = b[slot, 0]
-            rank, n = wb.shape[1], min(size, wb.shape[0])
-            _add_product(y[:, offset : offset + n], rows, t[:, r0 : r0 + rank], wb[:n])
-            offset += size
-            r0 += rank
+        for target, b_t, ranks in targets:
+            _add_product_t(target, rows, t[:, ranks], b_t[slot])
+
+
+def fused_lora_a(a_stacked: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``(slots, S*r, in)``: every slice's ``A`` of a slot as one matrix, so one GEMM shrinks
+    all slices (fused qkv / gate_up) with no per-call ``cat``: a view, when the slices are
+    row blocks of one buffer (:func:`fuse_lora_a_buffers`; how the CPU worker lays them
+    out), else None."""
+    if len(a_stacked) == 1:
+        return a_stacked[0][:, 0]
+    first = a_stacked[0]
+    slots, _, rank, in_f = first.shape
+    step = rank * in_f * first.element_size()
+    if all(a.shape == first.shape and a.dtype == first.dtype
+           and a.stride() == first.stride() and a.stride()[2:] == (in_f, 1)
+           and a.data_ptr() == first.data_ptr() + i * step
+           and a.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+           for i, a in enumerate(a_stacked)) and first.stride(0) == len(a_stacked) * rank * in_f:
+        return first.as_strided((slots, len(a_stacked) * rank, in_f),
+                                (first.stride(0), in_f, 1))
+    return None
+
+
+def fuse_lora_a_buffers(a_stacked: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The same ``A`` slices as views of one ``(slots, 1, S*r, in)`` buffer (contents
+    copied), for which :func:`fused_lora_a` is a view instead of a per-call ``cat``."""
+    first = a_stacked[0]
+    rank = first.shape[2]
+    if len(a_stacked) == 1 or any(a.shape != first.shape or a.dtype != first.dtype
+                                  for a in a_stacked):
+        return tuple(a_stacked)
+    fused = torch.cat(list(a_stacked), dim=2).contiguous()
+    return tuple(fused[:, :, i * rank : (i + 1) * rank] for i in range(len(a_stacked)))
+
+
+def _add_product_t(y: torch.Tensor, rows: Rows, t: torch.Tensor, w_t: torch.Tensor) -> None:
+    """``y[rows] += t @ w_t``; for a slice, one ``addmm_`` that accumulates straight into
+    ``y`` (a column slice of a row-major matrix is a valid GEMM output), no temporary."""
+    if isinstance(rows, slice) and y.dtype == t.dtype == w_t.dtype:
+        y[rows].addmm_(t, w_t)
+    else:
+        _add_rows(y, rows, t @ w_t)
 
 
 def _batched_lora_linear(
@@ -317,7 +358,9 @@ def _batched_lora_linear(
         xg = x[start : start + count].view(g, length, x.shape[-1])
     else:
         xg = x[layout.gather]  # (G, L, in)
-    a_all = torch.cat([a[layout.slots, 0] for a in a_stacked], dim=1)  # (G, S*r, in)
+    fused = fused_lora_a(a_stacked)
+    a_all = (fused[layout.slots] if fused is not None  # (G, S*r, in)
+             else torch.cat([a[layout.slots, 0] for a in a_stacked], dim=1))
     t = torch.bmm(xg.to(a_all.dtype), a_all.transpose(1, 2))  # (G, L, S*r)
     if scale != 1.0:
         t = t * scale

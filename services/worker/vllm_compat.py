@@ -22,9 +22,19 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    :class:`~preft_serve.worker.preload.AdapterPreloader`; the manager's ``_load_adapter``,
    which vLLM calls when the request is scheduled, takes the parsed weights from it, so the
    step only copies them into a slot (see ``preload.py``).
+   Slot writes (``BaseLinearLayerWithLoRA`` / ``MergedColumnParallelLinearWithLoRA`` /
+   ``VocabParallelEmbeddingWithLoRA`` ``set_lora`` and ``reset_lora``, called by
+   ``LoRAModelManager.activate_adapter`` for every wrapped layer): :class:`SlotState` wraps
+   them per layer instance to skip zeroing a slot that is already zero (an adapter on
+   q,k,v,o leaves the MLP and the embedding slots at zero) and zeroing before a copy that
+   overwrites the whole slot; it knows which slots of its layer are zero.
 3. Punica wrapper (``vllm/lora/punica_wrapper/punica_cpu.py``): on CPU, grouped per-adapter
    GEMMs from ``preft_kernels`` replace the per-token weight gather, and a step with no
    adapter token does no adapter work. Installed through ``CpuPlatform.get_punica_wrapper``.
+   In eager mode a wrapped layer whose slots in the step are all zero (every layer in a
+   decode step of prefill-only adapters; the MLP and embedding for q,k,v,o adapters) runs
+   its base layer's ``forward`` directly (an instance attribute over the LoRA layer's
+   ``forward``), skipping vLLM's LoRA wrapper and the punica call entirely.
 4. Prefix-cache keys (``vllm/v1/core/kv_cache_utils.py``: ``_gen_lora_extra_hash_keys`` and
    ``generate_block_hash_extra_keys``, looked up as module globals by the block hasher):
    keyed by the adapter's content digest instead of its name and path, so different
@@ -50,6 +60,7 @@ import vllm
 from preft_kernels.lora_grouped import (
     AdapterGroups,
     NonzeroSlots,
+    fuse_lora_a_buffers,
     grouped_lora_expand,
     grouped_lora_linear,
     grouped_lora_shrink,
@@ -135,6 +146,8 @@ class PreftLoRAMappingMixin:
         manager = getattr(self, "lora_manager", None)
         if manager is not None:
             install_preloader(manager)
+            self.slot_router = SlotRouter.install(
+                manager, bypass=_runs_eagerly(self.vllm_config))  # type: ignore[attr-defined]
         return result
 
     def set_active_loras(
@@ -173,6 +186,9 @@ class PreftLoRAMappingMixin:
             active,
             mapping_type or LoRAMappingType.LANGUAGE,
         )
+        router = getattr(self, "slot_router", None)
+        if router is not None:
+            router.route()
         self.reft.prepare_step(
             np.where(is_reft, adapter_ids, NO_ADAPTER),
             {i: requests[i].lora_path for i in reft_ids},
@@ -294,6 +310,199 @@ class PreftGPUWorker(GPUWorker):
     def init_device(self) -> None:
         super().init_device()
         _graft_preft_runner(self)
+
+
+# -- 2b. adapter slots: writes and per-step routing -------------------------------------
+
+
+def _runs_eagerly(vllm_config: Any) -> bool:
+    """No torch.compile: swapping a layer's ``forward`` between steps is then free (under
+    compilation it would invalidate the traced graph)."""
+    from vllm.config.compilation import CompilationMode
+
+    return bool(vllm_config.model_config.enforce_eager
+                or vllm_config.compilation_config.mode == CompilationMode.NONE)
+
+
+def _stacked(module: Any) -> tuple[torch.Tensor, ...]:
+    """The slot buffers ``set_lora`` / ``reset_lora`` write (slot = first dimension)."""
+    out: list[torch.Tensor] = []
+    for name in ("lora_a_stacked", "lora_b_stacked"):
+        value = getattr(module, name)
+        out.extend(value if isinstance(value, (tuple, list)) else (value,))
+    return tuple(out)
+
+
+def _tensor_versions(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...] | None:
+    try:
+        return tuple(t._version for t in tensors)
+    except RuntimeError:  # inference tensors have no version counter: nothing is known
+        return None
+
+
+class SlotState:
+    """Which slots of one LoRA-wrapped layer are all zero, kept by wrapping its writes.
+
+    vLLM's ``activate_adapter`` writes every wrapped layer for every adapter it moves into a
+    slot: ``reset_lora`` (zero the slot) where the adapter has no weights, ``set_lora``
+    (zero, then copy) where it has. For an adapter on q,k,v,o that zeroes the MLP and
+    embedding slots again and again (on SmolLM2, ~12 MB per activation), and the zeroing
+    before a copy that covers the whole slot is wasted. Both are skipped here. What is
+    known is trusted only while the buffers' version counters show no other write.
+    """
+
+    generation = 0  # bumped on every write through any SlotState: routing caches on it
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.tensors = _stacked(module)
+        self.zero: set[int] = set()
+        self.versions: tuple[int, ...] | None = None
+        self._scan()
+        self.full_copy = _full_copy_set_lora(module)
+        self.stock_reset = module.reset_lora
+        self.stock_set = module.set_lora
+        self.skip_reset = False
+        self.bypassed = False
+        # The lm_head's LoRA wrapper replaces the logits processor, which is not called
+        # like a layer (``compute_logits``): its writes are tracked, its path is not routed.
+        self.bypassable = hasattr(module, "base_layer") and not _is_logits_processor(module)
+        module.reset_lora = self.reset_lora
+        module.set_lora = self.set_lora
+
+    @classmethod
+    def tracks(cls, module: Any) -> bool:
+        """Layers whose ``reset_lora`` zeroes exactly ``lora_{a,b}_stacked[.][index]`` and
+        whose ``forward`` is the base layer's plus the LoRA term (single-device layers)."""
+        from vllm.lora.layers import LogitsProcessorWithLoRA, VocabParallelEmbeddingWithLoRA
+        from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
+        from vllm.lora.layers.classifier import ClassificationHeadWithLoRA
+
+        if isinstance(module, ClassificationHeadWithLoRA) or getattr(module, "tp_size", 1) != 1:
+            return False
+        reset = type(module).reset_lora
+        return reset in (BaseLinearLayerWithLoRA.reset_lora,
+                         VocabParallelEmbeddingWithLoRA.reset_lora,
+                         LogitsProcessorWithLoRA.reset_lora)
+
+    def _scan(self) -> None:
+        """Read which slots are zero (at start, and after a write not made through us)."""
+        slots = self.tensors[0].shape[0]
+        self.zero = {s for s in range(slots) if not any(bool(t[s].any()) for t in self.tensors)}
+        self.versions = _tensor_versions(self.tensors)
+
+    def known_zero(self) -> set[int]:
+        """Slots known to be all zero; none for buffers without version counters."""
+        versions = _tensor_versions(self.tensors)
+        if versions is None:
+            return set()
+        if versions != self.versions:
+            self._scan()
+        return self.zero
+
+    def _begin_write(self) -> None:
+        self.zero = set(self.known_zero())
+        self.versions = _tensor_versions(self.tensors)
+        SlotState.generation += 1
+
+    def reset_lora(self, index: int) -> None:
+        if self.skip_reset or index in self.known_zero():
+            return
+        self._begin_write()
+        self.stock_reset(index)
+        self.versions = _tensor_versions(self.tensors)
+        self.zero.add(index)
+
+    def set_lora(self, index: int, lora_a: Any, lora_b: Any) -> None:
+        self._begin_write()
+        self.skip_reset = self.full_copy and self._covers(lora_a, lora_b)
+        try:
+            self.stock_set(index, lora_a, lora_b)
+        finally:
+            self.skip_reset = False
+        self.versions = _tensor_versions(self.tensors)
+        self.zero.discard(index)
+
+    def _covers(self, lora_a: Any, lora_b: Any) -> bool:
+        """Whether the copy writes every element of the slot (then zeroing it first is
+        wasted): one weight per slice, each exactly the slot's shape."""
+        a_list = lora_a if isinstance(lora_a, list) else [lora_a]
+        b_list = lora_b if isinstance(lora_b, list) else [lora_b]
+        a_stacked, b_stacked = self.module.lora_a_stacked, self.module.lora_b_stacked
+        if not len(a_list) == len(b_list) == len(a_stacked) == len(b_stacked):
+            return False
+        return all(
+            a is not None and b is not None and tuple(a.shape) == tuple(sa.shape[2:])
+            and tuple(b.shape) == tuple(sb.shape[2:])
+            for a, b, sa, sb in zip(a_list, b_list, a_stacked, b_stacked))
+
+    def set_bypass(self, on: bool) -> None:
+        """Run the base layer's ``forward`` directly (``on``) or vLLM's LoRA layer's."""
+        if on == self.bypassed or not self.bypassable:
+            return
+        if on:
+            self.module.forward = self.module.base_layer.forward
+        else:
+            del self.module.forward
+        self.bypassed = on
+
+
+def _is_logits_processor(module: Any) -> bool:
+    from vllm.lora.layers import LogitsProcessorWithLoRA
+
+    return isinstance(module, LogitsProcessorWithLoRA)
+
+
+def _full_copy_set_lora(module: Any) -> bool:
+    """``set_lora`` implementations known to copy ``lora_a[i]`` / ``lora_b[i]`` into
+    ``[index, 0, :rows, :cols]`` of slice ``i`` after zeroing the slot."""
+    from vllm.lora.layers import MergedColumnParallelLinearWithLoRA
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
+
+    return type(module).set_lora in (BaseLinearLayerWithLoRA.set_lora,
+                                     MergedColumnParallelLinearWithLoRA.set_lora)
+
+
+class SlotRouter:
+    """Per step, lets each tracked layer skip vLLM's LoRA wrapper when none of the step's
+    adapter slots has weights in it (decode steps of prefill-only adapters: every layer)."""
+
+    def __init__(self, states: list[SlotState], bypass: bool) -> None:
+        self.states = states
+        self.bypass = bypass
+        # Each layer's punica wrapper (one per language model; set once by vLLM).
+        self.wrappers = list({id(s.module.punica_wrapper): s.module.punica_wrapper
+                              for s in states}.values())
+        self._key: tuple[Any, ...] | None = None
+
+    @classmethod
+    def install(cls, worker_manager: Any, bypass: bool) -> SlotRouter | None:
+        """Track the slot writes of every eligible layer of vLLM's ``LoRAModelManager``."""
+        adapter_manager = getattr(worker_manager, "_adapter_manager", None)
+        if adapter_manager is None:
+            return None
+        modules = [m for m in adapter_manager.modules.values() if SlotState.tracks(m)]
+        for module in modules:
+            if isinstance(module.punica_wrapper, GroupedPunicaWrapperCPU) and isinstance(
+                    module.lora_a_stacked, tuple):
+                # q,k,v (gate,up) A slices as row blocks of one buffer: one shrink GEMM
+                # per adapter reads them without a per-call copy (see fused_lora_a).
+                module.lora_a_stacked = fuse_lora_a_buffers(module.lora_a_stacked)
+        return cls([SlotState(m) for m in modules], bypass)
+
+    def route(self) -> None:
+        """Set every tracked layer's path for the step (after the slots were written)."""
+        if not self.bypass:
+            return
+        slots = {id(w): frozenset(w.token_groups.slots)
+                 if isinstance(w, GroupedPunicaWrapperCPU) else None for w in self.wrappers}
+        key = (tuple(slots.values()), SlotState.generation)
+        if key == self._key:
+            return
+        self._key = key
+        for state in self.states:
+            live = slots[id(state.module.punica_wrapper)]
+            state.set_bypass(live is not None and live <= state.known_zero())
 
 
 # -- 3. punica wrapper (CPU kernels) ---------------------------------------------------
