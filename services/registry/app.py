@@ -17,7 +17,15 @@ from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import InvalidKeyPart
 from preft_serve.registry.limits import JsonBodyGuardMiddleware
 from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
-from preft_serve.registry.routers import adapters, health, tenants, usage, users
+from preft_serve.registry.routers import (
+    adapters,
+    files,
+    fine_tuning,
+    health,
+    tenants,
+    usage,
+    users,
+)
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState
 
@@ -52,11 +60,18 @@ def create_app(settings: RegistrySettings | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = RegistryState.build(settings, store)
         app.state.registry = state
+        if settings.finetune.enabled:
+            from preft_serve.finetune.wiring import build_finetune
+
+            state.finetune = build_finetune(state)
+            state.finetune.start()
         logger.info("registry ready: base model %s, object store %r, redis namespace %s",
                     state.base.describe(), state.store, settings.namespace)
         try:
             yield
         finally:
+            if state.finetune is not None:
+                state.finetune.close()
             state.close()
 
     app = FastAPI(title="preft-serve adapter registry", version=__version__,
@@ -77,4 +92,7 @@ def create_app(settings: RegistrySettings | None = None,
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
     for module in (tenants, adapters, users, usage, health):
         app.include_router(module.router)
+    if settings.finetune.enabled:
+        for module in (files, fine_tuning):
+            app.include_router(module.router)
     return app

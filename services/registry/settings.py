@@ -12,6 +12,7 @@ from typing import Literal
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.common.service_settings import ServiceSettings
 from preft_serve.common.serving_limits import REFT_KERNEL_MAX_RANK, SERVING_LIMITS
+from preft_serve.finetune.settings import FinetuneSettings
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -59,6 +60,8 @@ class RegistrySettings(ServiceSettings):
     staging_dir: Path | None = Field(None, description="Where uploads are unpacked; "
                                      "defaults to the system temp dir")
     events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")
+    finetune: FinetuneSettings = Field(default_factory=FinetuneSettings,
+                                       description="Fine-tuning jobs (docs/fine-tuning.md)")
 
     port: int = Field(8081, ge=1, le=65535, description="Port")
 

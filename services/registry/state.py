@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import redis
 from preft_serve.common.objectstore import ObjectStore
@@ -15,6 +16,9 @@ from preft_serve.registry.tenants import TenantService
 from preft_serve.registry.usage import UsageService
 from preft_serve.registry.validation import BaseModelSpec, ValidationLimits
 
+if TYPE_CHECKING:
+    from preft_serve.finetune.wiring import FinetuneParts
+
 
 @dataclasses.dataclass
 class RegistryState:
@@ -26,6 +30,7 @@ class RegistryState:
     adapters: AdapterService
     bindings: BindingService
     usage: UsageService
+    finetune: FinetuneParts | None = None  # /v1/files, /v1/fine_tuning (started by the app)
 
     @classmethod
     def build(cls, settings: RegistrySettings, store: ObjectStore | None = None) -> RegistryState:

@@ -32,6 +32,9 @@ _TENANT = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
 _ADAPTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _USER = re.compile(r"[A-Za-z0-9._@+=-]{1,128}")
 _DAY = re.compile(r"[0-9]{8}")
+# Fine-tuning ids (OpenAI's shapes): "file-" / "ftjob-" and 24 letters or digits.
+_FILE_ID = re.compile(r"file-[A-Za-z0-9]{24}")
+_JOB_ID = re.compile(r"ftjob-[A-Za-z0-9]{24}")
 
 
 def is_tenant_name(name: str) -> bool:
@@ -73,6 +76,20 @@ def parse_usage(raw: Mapping[Any, Any]) -> dict[str, dict[str, int]]:
             continue
         found.setdefault(model, dict.fromkeys(USAGE_KINDS, 0))[kind] = count
     return found
+
+
+def is_file_id(file_id: str) -> bool:
+    """A fine-tuning file id: ``file-`` and 24 letters or digits."""
+    return _FILE_ID.fullmatch(file_id) is not None
+
+
+def is_job_id(job_id: str) -> bool:
+    """A fine-tuning job id: ``ftjob-`` and 24 letters or digits."""
+    return _JOB_ID.fullmatch(job_id) is not None
+
+
+def _is_instance(instance: str) -> bool:
+    return re.fullmatch(r"[0-9a-f]{32}", instance) is not None
 
 
 def is_usage_day(day: str) -> bool:
@@ -153,6 +170,33 @@ class RegistryKeys:
         public name, so the field's last ``:`` separates the two."""
         return f"{self.ns}:usage:{_part(tenant, is_tenant_name, 'tenant name')}:" \
                f"{_part(day, is_usage_day, 'usage day')}"
+
+    # -- fine-tuning (services/finetune) ---------------------------------------------------
+
+    def tenant_files(self, tenant: str) -> str:  # ZSET file id by created_at ms (listing)
+        return f"{self.tenant(tenant)}:files"
+
+    def file(self, file_id: str) -> str:  # HASH file object fields + tenant, sha256
+        return f"{self.ns}:file:{_part(file_id, is_file_id, 'file id')}"
+
+    def file_blob_refs(self, sha256: str) -> str:  # SET file ids whose content is sha256
+        return f"{self.ns}:fileblob:{_part(sha256, is_digest, 'content hash')}"
+
+    def tenant_jobs(self, tenant: str) -> str:  # ZSET job id by created_at ms (listing)
+        return f"{self.tenant(tenant)}:ftjobs"
+
+    def job(self, job_id: str) -> str:  # STRING JSON job record (incl. tenant, runner)
+        return f"{self.ns}:ftjob:{_part(job_id, is_job_id, 'job id')}"
+
+    def job_events(self, job_id: str) -> str:  # STREAM of the job's events
+        return f"{self.job(job_id)}:events"
+
+    @property
+    def active_jobs(self) -> str:  # ZSET job id (queued or running) by created_at ms
+        return f"{self.ns}:ftjobs:active"
+
+    def runner_heartbeat(self, instance: str) -> str:  # STRING with a TTL: runner alive
+        return f"{self.ns}:ftrunner:{_part(instance, _is_instance, 'runner instance')}"
 
 
 class EventType(str, enum.Enum):
