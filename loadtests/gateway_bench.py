@@ -60,7 +60,11 @@ from loadtests.stack_setup import (
 )
 
 RESULTS = Path(__file__).parent / "results"
-TARGET_RATIO, TARGET_P50_MS = 0.95, 2.0
+# Issue #12's targets: with a real worker, the gateway keeps >= 0.97x of direct throughput;
+# against an upstream that answers instantly (the gateway's own cost), <= 0.5 ms of gateway
+# CPU per request and <= 1 ms added p50 latency.
+TARGET_RATIO, TARGET_P50_MS = 0.97, 1.0
+TARGET_FAKE_CPU_MS = 0.5
 ISOLATED = "vLLM worker, model CPU isolated"
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
          "juliet", "kilo", "lima", "mike", "november", "oscar", "papa")
@@ -233,16 +237,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="requests per throughput round against the fake upstream")
     p.add_argument("--fake-pairs", type=int, default=400)
     p.add_argument("--no-fake", action="store_true", help="skip the fake-upstream part")
+    p.add_argument("--fake-only", action="store_true",
+                   help="only the fake-upstream part: the gateway's own cost, no vLLM worker "
+                        "(quick to repeat while optimising the gateway)")
     p.add_argument("--no-isolate", action="store_true",
                    help="skip the second vLLM part (model CPU left to the model alone)")
     p.add_argument("--var", type=Path, default=Path("var/bench-gateway"))
     p.add_argument("--worker-args", default="--max-num-seqs 64")
     p.add_argument("--quick", action="store_true", help="2 rounds, 40 pairs")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results path without suffix (default loadtests/results/"
+                        "gateway_bench[_quick|_fake])")
     args = p.parse_args(argv)
-    args.out = RESULTS / "gateway_bench"
+    name = "gateway_bench_fake" if args.fake_only else "gateway_bench"
     if args.quick:
         args.rounds, args.pairs, args.fake_pairs, args.fake_requests = 2, 40, 100, 200
-        args.out = RESULTS / "gateway_bench_quick"
+        name = "gateway_bench_quick"
+    args.out = args.out or RESULTS / name
     args.max_tokens = tuple(int(x) for x in args.max_tokens.split(","))
     return args
 
@@ -318,6 +329,57 @@ async def measure(direct: Target, gateway: Target, reqs: list[Req], rounds: int,
     return {"throughput": tp, "latency": lat}
 
 
+
+def _real_worker_parts(args: argparse.Namespace, stack: LocalStack, config: StackConfig,
+                       model: Path, worker: Any, users: list[BoundUser],
+                       results: dict[str, Any]) -> None:
+    """Parts 1 and 2: the vLLM worker direct vs through the gateway, then the same with
+    the model's CPU isolated."""
+    stack.wait_worker()
+    gateway = stack.start_gateway(model)
+    reqs = request_mix(users, args.requests, args.max_tokens)
+    print(f"[1/3] vLLM worker: {args.adapters} adapters, {args.requests} requests x "
+          f"{args.rounds} rounds per side at concurrency {args.concurrency}", flush=True)
+    results["parts"]["vLLM worker"] = asyncio.run(measure(
+        direct_target(stack.worker_url),
+        gateway_target(stack.gateway_url, config.base_model_name),
+        reqs, args.rounds, args.concurrency, args.pairs,
+        {"gateway": [gateway.pid], "upstream": group_pids(worker.pid)}))
+    if args.no_isolate:
+        return
+    model_cpus, moved = isolate_model_cpus(
+        [pid for c in stack.children for pid in group_pids(c.pid)])
+    if moved:
+        print(f"[2/3] vLLM worker again, its compute CPU(s) {sorted(model_cpus)} "
+              "left to it alone (everything else moved to the other CPUs)", flush=True)
+        try:
+            results["parts"][ISOLATED] = asyncio.run(measure(
+                direct_target(stack.worker_url),
+                gateway_target(stack.gateway_url, config.base_model_name),
+                reqs, args.rounds, args.concurrency, args.pairs,
+                {"gateway": [gateway.pid], "upstream": group_pids(worker.pid)}))
+        finally:
+            release_cpus(moved)
+    else:
+        print("[2/3] skipped: vLLM bound no CPU of its own", flush=True)
+
+
+
+def verdict(parts: dict[str, Any]) -> dict[str, dict[str, bool]]:
+    """Each target, met or not: throughput against real workers; the gateway's own CPU and
+    added latency against the instant upstream (with a model behind it, the added latency
+    is mostly waiting for a CPU the model holds, see docs/benchmarks.md)."""
+    out = {}
+    for name, part in parts.items():
+        if name == "fake upstream":
+            out[name] = {
+                "gateway_cpu_met": part["throughput"]["gateway_cpu_ms_per_request"]
+                <= TARGET_FAKE_CPU_MS,
+                "added_p50_met": part["latency"]["added_ms"]["p50"] <= TARGET_P50_MS}
+        else:
+            out[name] = {"throughput_ratio_met": part["throughput"]["ratio"] >= TARGET_RATIO}
+    return out
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_at_start = os.getloadavg()[0]
@@ -331,46 +393,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = make_model("tiny-llama", var / "model").resolve()
         adapters = make_adapters(model, var / "adapters", args.adapters)
-        worker = stack.start_worker(model)
+        worker = None if args.fake_only else stack.start_worker(model)
         stack.start_redis()
         stack.start_registry(model)
         users = seed_tenants(stack, adapters, tenants=1, prefix="bench")
-        stack.wait_worker()
-        gateway = stack.start_gateway(model)
         results: dict[str, Any] = {
             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             # Other processes on the machine skew every number; this says how busy it was.
             "load_average_1m_at_start": round(load_at_start, 2),
             "setup": {k: v for k, v in vars(args).items() if k not in ("out", "var")},
-            "targets": {"throughput_ratio": TARGET_RATIO, "added_p50_ms": TARGET_P50_MS},
+            "targets": {"throughput_ratio": TARGET_RATIO, "added_p50_ms": TARGET_P50_MS,
+                        "fake_upstream_gateway_cpu_ms": TARGET_FAKE_CPU_MS},
             "parts": {},
         }
-        reqs = request_mix(users, args.requests, args.max_tokens)
-        print(f"[1/3] vLLM worker: {args.adapters} adapters, {args.requests} requests x "
-              f"{args.rounds} rounds per side at concurrency {args.concurrency}", flush=True)
-        results["parts"]["vLLM worker"] = asyncio.run(measure(
-            direct_target(stack.worker_url),
-            gateway_target(stack.gateway_url, config.base_model_name),
-            reqs, args.rounds, args.concurrency, args.pairs,
-            {"gateway": [gateway.pid], "upstream": group_pids(worker.pid)}))
-        if not args.no_isolate:
-            model_cpus, moved = isolate_model_cpus(
-                [pid for c in stack.children for pid in group_pids(c.pid)])
-            if moved:
-                print(f"[2/3] vLLM worker again, its compute CPU(s) {sorted(model_cpus)} "
-                      "left to it alone (everything else moved to the other CPUs)", flush=True)
-                try:
-                    results["parts"][ISOLATED] = asyncio.run(measure(
-                        direct_target(stack.worker_url),
-                        gateway_target(stack.gateway_url, config.base_model_name),
-                        reqs, args.rounds, args.concurrency, args.pairs,
-                        {"gateway": [gateway.pid], "upstream": group_pids(worker.pid)}))
-                finally:
-                    release_cpus(moved)
-            else:
-                print("[2/3] skipped: vLLM bound no CPU of its own", flush=True)
-        if not args.no_fake:
+        if worker is not None:
+            _real_worker_parts(args, stack, config, model, worker, users, results)
+        if args.fake_only or not args.no_fake:
             print("[3/3] fake upstream (answers instantly) behind a second gateway",
                   flush=True)
             fake_port, fake_gw_port = free_port(), free_port()
@@ -390,10 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"gateway": [fake_gateway.pid], "upstream": [fake.pid]}))
         results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
         print(table(results))
-        results["verdict"] = {
-            name: {"throughput_ratio_met": part["throughput"]["ratio"] >= TARGET_RATIO,
-                   "added_p50_met": part["latency"]["added_ms"]["p50"] < TARGET_P50_MS}
-            for name, part in results["parts"].items() if name != "fake upstream"}
+        results["verdict"] = verdict(results["parts"])
         print(json.dumps(results["verdict"]))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))

@@ -19,6 +19,7 @@ from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.ratelimit import RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.upstream import WorkerTransport
 from preft_serve.gateway.usage import UsageRecorder
 from preft_serve.gateway.validation import Caps
 
@@ -72,10 +73,8 @@ class GatewayState:
             registry = client
         metrics.watch_registry_cache(registry.cache_sizes)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-        http = httpx.AsyncClient(timeout=timeout, transport=transport,
-                                 limits=httpx.Limits(max_connections=1000,
-                                                     max_keepalive_connections=100,
-                                                     keepalive_expiry=WORKER_KEEPALIVE_S))
+        http = httpx.AsyncClient(
+            timeout=timeout, transport=transport or WorkerTransport(1000, WORKER_KEEPALIVE_S))
         if tracer_provider is not None:
             instrument_client(http, tracer_provider)
         pool = WorkerPool(load_factor=settings.load_factor,

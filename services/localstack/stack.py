@@ -184,12 +184,14 @@ class LocalStack:
         return argv, {"PREFT_GATEWAY_DISCOVERY": "static", **self.config.gateway_env}
 
     def start_gateway(self, model: Path, worker_urls: list[str] | None = None,
-                      port: int | None = None, name: str = "gateway") -> Child:
+                      port: int | None = None, name: str = "gateway",
+                      extra_env: dict[str, str] | None = None) -> Child:
         """A gateway in front of ``worker_urls`` (default: this stack's worker); benchmarks
-        start a second one on another ``port`` under another ``name``."""
+        start a second one on another ``port`` under another ``name`` (``extra_env``: e.g.
+        another ``PYTHONPATH``, to run an older version side by side)."""
         port = port or self.config.gateway_port
         argv, env = self.gateway_command(model, worker_urls, port)
-        child = self.start(name, argv, env)
+        child = self.start(name, argv, {**env, **(extra_env or {})})
         child.wait_ready(_http_ok(f"http://127.0.0.1:{port}/readyz"),
                          self.config.service_timeout_s)
         return child
