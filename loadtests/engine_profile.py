@@ -97,8 +97,10 @@ def instrument() -> None:
     from preft_serve.worker import vllm_compat
     from preft_serve.worker.reft.runtime import ReftRuntime
     from vllm.lora.model_manager import LoRAModelManager
+    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
     vllm_compat.install()
     wrapper = vllm_compat.GroupedPunicaWrapperCPU
@@ -106,8 +108,10 @@ def instrument() -> None:
     _wrap(Scheduler, "update_from_output", "update_from_output")
     _wrap(GPUModelRunner, "sample_tokens", "sample_tokens")
     _wrap(vllm_compat.PreftLoRAMappingMixin, "set_active_loras", "  set_active_loras")
-    _wrap(wrapper, "update_metadata", "    update_metadata (punica)")
-    _wrap(LoRAModelManager, "activate_adapter", "    activate_adapter (slot copy)")
+    _wrap(LoRAModelRunnerMixin, "_set_active_loras", "    _set_active_loras (vLLM)")
+    _wrap(LRUCacheWorkerLoRAManager, "_apply_adapters", "      _apply_adapters (vLLM)")
+    _wrap(wrapper, "update_metadata", "      update_metadata (punica)")
+    _wrap(LoRAModelManager, "activate_adapter", "        activate_adapter (slot copy)")
     _wrap(wrapper, "add_lora_linear", _linear_label)
     _wrap(wrapper, "add_lora_embedding", "  lora embedding")
     _wrap(wrapper, "add_lora_logits", "  lora logits")

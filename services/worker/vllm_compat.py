@@ -70,7 +70,12 @@ from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
 from preft_serve.worker.preload import AdapterPreloader
 from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
-from preft_serve.worker.token_mapping import NO_ADAPTER, in_prompt_phase, step_mapping
+from preft_serve.worker.token_mapping import (
+    NO_ADAPTER,
+    StepMapping,
+    in_prompt_phase,
+    step_mapping,
+)
 from vllm.exceptions import GracefulHTTPError, LoRAAdapterNotFoundError
 from vllm.lora.peft_helper import PEFTHelper
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
@@ -88,6 +93,20 @@ GROUPED_PUNICA_QUALNAME = f"{__name__}.GroupedPunicaWrapperCPU"
 def adapter_info_of(lora_request: Any) -> AdapterInfo:
     """Mode/type/digest of a ``LoRARequest``'s adapter directory (cached)."""
     return ADAPTER_INFO.get(lora_request.lora_int_id, lora_request.lora_path)
+
+
+_ADAPTER_KINDS: dict[tuple[int, str], tuple[bool, bool]] = {}
+
+
+def _adapter_kinds(lora_request: Any) -> tuple[bool, bool]:
+    """(applied by the ReFT runtime, prefill-only) of a request's adapter: read for every
+    request of every step, so memoised as two booleans."""
+    key = (lora_request.lora_int_id, lora_request.lora_path)
+    kinds = _ADAPTER_KINDS.get(key)
+    if kinds is None:
+        info = adapter_info_of(lora_request)
+        kinds = _ADAPTER_KINDS[key] = (info.runtime is Runtime.REFT, info.prefill_only)
+    return kinds
 
 
 # -- 1. scheduler ----------------------------------------------------------------------
@@ -164,22 +183,25 @@ class PreftLoRAMappingMixin:
         n = input_batch.num_reqs
         adapter_ids = input_batch.request_lora_mapping[:n]
         requests = input_batch.lora_id_to_lora_request
-        infos = {i: adapter_info_of(r) for i, r in requests.items()}
-        reft_ids = [i for i, info in infos.items() if info.runtime is Runtime.REFT]
-        is_reft = np.isin(adapter_ids, reft_ids)
+        kinds = {i: _adapter_kinds(r) for i, r in requests.items()}
+        per_request = [kinds[i] if i != NO_ADAPTER else (False, False)
+                       for i in adapter_ids.tolist()]
+        is_reft = np.fromiter((k[0] for k in per_request), dtype=bool, count=n)
+        prefill_only = np.fromiter((k[1] for k in per_request), dtype=bool, count=n)
+        reft_ids = [i for i, (reft, _) in kinds.items() if reft]
         lora_ids = np.where(is_reft, NO_ADAPTER, adapter_ids)
-        prefill_ids = [i for i, info in infos.items() if info.prefill_only]
         num_computed = input_batch.num_computed_tokens_cpu[:n]
         num_prompt = input_batch.num_prompt_tokens[:n]
-        mapping = step_mapping(
-            lora_ids,
-            np.isin(lora_ids, prefill_ids),
-            num_computed,
-            num_prompt,
-            num_scheduled_tokens[:n],
-            num_sampled_tokens[:n],
-        )
-        active = {requests[i] for i in mapping.active_ids()}
+        in_prompt = num_computed < num_prompt
+        if np.any((lora_ids != NO_ADAPTER) & (in_prompt | ~prefill_only)):
+            mapping = step_mapping(lora_ids, prefill_only, num_computed, num_prompt,
+                                   num_scheduled_tokens[:n], num_sampled_tokens[:n])
+            active = {requests[i] for i in mapping.active_ids()}
+        else:  # no token of the step has a LoRA (decode steps of prefill-only adapters)
+            mapping = StepMapping(
+                np.zeros(int(num_scheduled_tokens[:n].sum()), dtype=np.int64),
+                np.zeros(int(num_sampled_tokens[:n].sum()), dtype=np.int64))
+            active = set()
         self._set_active_loras(  # type: ignore[attr-defined]
             tuple(mapping.sampled_ids.tolist()),
             tuple(mapping.token_ids.tolist()),
@@ -189,8 +211,10 @@ class PreftLoRAMappingMixin:
         router = getattr(self, "slot_router", None)
         if router is not None:
             router.route()
+        # ReFT intervenes on prompt positions only: requests past their prompt have
+        # nothing to prepare (a decode step then has an empty plan at once).
         self.reft.prepare_step(
-            np.where(is_reft, adapter_ids, NO_ADAPTER),
+            np.where(is_reft & in_prompt, adapter_ids, NO_ADAPTER),
             {i: requests[i].lora_path for i in reft_ids},
             num_computed, num_prompt, num_scheduled_tokens[:n],
         )
