@@ -48,7 +48,7 @@ class Dispatcher:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> Dispatcher:
-        self.store.beat(self.instance, self.settings.heartbeat_s)
+        """Start the loop (Redis may be down now: the loop retries, the app still starts)."""
         self._thread = threading.Thread(target=self._run, name="finetune-dispatcher",
                                         daemon=True)
         self._thread.start()
@@ -62,20 +62,27 @@ class Dispatcher:
             self._thread.join(30)
         if self.runner.name == "local":
             for job_id in list(self._owned):
-                record = self.store.get(job_id)
+                try:
+                    record = self.store.get(job_id)
+                except Exception:  # noqa: BLE001
+                    record = None
                 if record is not None:
                     self.runner.cancel(job_id, record.runner)
                     self._fail(job_id, "the registry stopped while the job ran",
                                "runner_stopped")
         self.runner.close()
-        self.store.retire(self.instance)
+        try:
+            self.store.retire(self.instance)
+        except Exception:  # noqa: BLE001  (Redis down at shutdown: the key expires anyway)
+            logger.warning("could not retire runner heartbeat %s", self.instance)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.poll_s):
+        while not self._stop.is_set():
             try:
                 self.tick()
             except Exception:
                 logger.exception("fine-tuning dispatcher iteration failed; retrying")
+            self._stop.wait(self.settings.poll_s)
 
     # -- one iteration --------------------------------------------------------------------
 

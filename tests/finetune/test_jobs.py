@@ -1,0 +1,189 @@
+"""Job lifecycle with real trainer processes: cancel mid-run, a trainer that dies, a
+registry killed mid-job and restarted, per-tenant limits (429), tenant scoping (404) and
+request checks. Jobs here are long on purpose; each test stops them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.finetune.jobs import JobRecord
+
+from tests.finetune.conftest import Api, chat_jsonl
+from tests.support.ports import free_port
+from tests.support.processes import service
+from tests.support.registry_api import ADMIN_TOKEN
+
+LONG = {"model": "tiny-llama", "method": {"type": "preft", "preft": {"steps": 5000}}}
+
+
+def record(redis_url: str, namespace: str, job_id: str) -> JobRecord:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        raw = client.get(RegistryKeys(namespace).job(job_id))
+    finally:
+        client.close()
+    assert raw is not None
+    return JobRecord.model_validate_json(raw)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+
+
+def wait_gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def start_long_job(api: Api, key: str, redis_url: str, namespace: str,
+                   **extra: Any) -> tuple[str, int]:
+    """A job that is training (the trainer reported its adapter, the line before step 1);
+    returns (job id, trainer pid)."""
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    reply = api.call(key, "POST", "/v1/fine_tuning/jobs",
+                     json={**LONG, "training_file": file_id, **extra})
+    assert reply.status_code == 200, reply.text
+    job_id = reply.json()["id"]
+    deadline = time.monotonic() + 120
+    while True:
+        events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
+        if any(e["message"].startswith("adapter: ") for e in events):
+            break
+        assert time.monotonic() < deadline, events
+        time.sleep(0.3)
+    pid = record(redis_url, namespace, job_id).runner["pid"]
+    assert alive(pid)
+    return job_id, pid
+
+
+def test_cancel_mid_run_limits_and_scoping(
+    serve: Callable[..., Api], redis_server: str, namespace: str, tmp_path: Path
+) -> None:
+    api = serve(tenant_max_running=1, tenant_max_queued=1)
+    key, other = api.tenant("acme"), api.tenant("other")
+    job_id, pid = start_long_job(api, key, redis_server, namespace, suffix="never")
+    jobs = "/v1/fine_tuning/jobs"
+    file_id = api.call(key, "GET", "/v1/files").json()["data"][0]["id"]
+    queued = api.call(key, "POST", jobs, json={**LONG, "training_file": file_id})
+    assert queued.status_code == 200 and queued.json()["status"] == "queued"
+    over = api.call(key, "POST", jobs, json={**LONG, "training_file": file_id})
+    assert over.status_code == 429, over.text
+    assert over.json()["error"]["code"] == "rate_limit_exceeded"
+    # Scoping: the other tenant sees none of it, and cannot use acme's file.
+    for method, path in (("GET", f"{jobs}/{job_id}"), ("POST", f"{jobs}/{job_id}/cancel"),
+                         ("GET", f"{jobs}/{job_id}/events"),
+                         ("GET", f"{jobs}/{job_id}/checkpoints")):
+        assert api.call(other, method, path).status_code == 404
+    assert api.call(other, "GET", jobs).json()["data"] == []
+    stolen = api.call(other, "POST", jobs, json={**LONG, "training_file": file_id})
+    assert stolen.status_code == 404 and stolen.json()["error"]["param"] == "training_file"
+
+    cancelled = api.call(key, "POST", f"{jobs}/{queued.json()['id']}/cancel").json()
+    assert cancelled["status"] == "cancelled"
+    reply = api.call(key, "POST", f"{jobs}/{job_id}/cancel")
+    assert reply.status_code == 200 and reply.json()["status"] == "cancelled"
+    assert wait_gone(pid), "the trainer process survived its cancel"
+    time.sleep(1)  # a few dispatcher polls: nothing may change a cancelled job
+    job = api.call(key, "GET", f"{jobs}/{job_id}").json()
+    assert job["status"] == "cancelled" and job["fine_tuned_model"] is None
+    assert job["finished_at"] is not None
+    assert api.call(key, "GET", "/v1/adapters").json()["items"] == []
+    assert not list((tmp_path / "objects").glob("finetune/*/*"))
+    again = api.call(key, "POST", f"{jobs}/{job_id}/cancel")
+    assert again.status_code == 200  # idempotent
+    listed = api.call(key, "GET", f"{jobs}?limit=1").json()
+    assert listed["has_more"] is True and listed["data"][0]["id"] == queued.json()["id"]
+    older = api.call(key, "GET", f"{jobs}?limit=5&after={listed['data'][0]['id']}").json()
+    assert [j["id"] for j in older["data"]] == [job_id]
+
+
+def test_a_trainer_that_dies_fails_its_job_with_the_reason(
+    api: Api, redis_server: str, namespace: str
+) -> None:
+    key = api.tenant("acme")
+    job_id, pid = start_long_job(api, key, redis_server, namespace)
+    os.killpg(pid, signal.SIGKILL)
+    job = api.wait(key, job_id, lambda j: j["status"] != "running", timeout=30)
+    assert job["status"] == "failed", job
+    assert job["error"]["code"] == "training_failed"
+    assert "killed by SIGKILL" in job["error"]["message"]
+    assert api.call(key, "GET", "/v1/adapters").json()["items"] == []
+
+
+def _registry_process(redis_url: str, namespace: str, model: Path, root: Path,
+                      port: int) -> Any:
+    env = {"PREFT_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN, "PREFT_REGISTRY_REDIS_URL": redis_url,
+           "PREFT_REGISTRY_NAMESPACE": namespace, "PREFT_REGISTRY_BASE_MODEL": str(model),
+           "PREFT_REGISTRY_OBJECT_STORE__URL": str(root / "objects"),
+           "PREFT_REGISTRY_STAGING_DIR": str(root), "PREFT_REGISTRY_PORT": str(port),
+           "PREFT_REGISTRY_FINETUNE__HEARTBEAT_S": "2",
+           "PREFT_REGISTRY_FINETUNE__POLL_S": "0.2"}
+    process = service("registry", [sys.executable, "-m", "preft_serve.registry"], root, env,
+                      f"http://127.0.0.1:{port}").start()
+    process.wait_http("/healthz", 90)
+    return process
+
+
+def test_registry_killed_mid_job_reports_it_failed_after_restart(
+    redis_server: str, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    first = _registry_process(redis_server, namespace, model_dir, tmp_path, port)
+    second = None
+    try:
+        api = Api(first.url)
+        key = api.tenant("acme")
+        job_id, pid = start_long_job(api, key, redis_server, namespace)
+        first.kill()  # SIGKILL: no shutdown; the trainer has its own session and lives on
+        assert alive(pid)
+        second = _registry_process(redis_server, namespace, model_dir, tmp_path, port)
+        job = api.wait(key, job_id, lambda j: j["status"] != "running", timeout=30)
+        assert job["status"] == "failed" and job["error"]["code"] == "runner_lost", job
+        assert "the registry that ran this job stopped; its trainer process was stopped" \
+            in job["error"]["message"]
+        assert wait_gone(pid)
+        events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
+        assert events[0]["level"] == "error" and "Job failed" in events[0]["message"]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"model": "gpt-4o"}, 404, "model"),
+    ({"suffix": "bad/name"}, 400, "suffix"),
+    ({"hyperparameters": {"n_epochs": 0}}, 400, "hyperparameters"),
+    ({"hyperparameters": {"n_epochs": 50, "batch_size": 1}}, 400, "hyperparameters"),
+    ({"method": {"type": "preft", "preft": {"rank": 64}}}, 400, "method"),
+    ({"method": {"type": "preft", "preft": {"adapter": "direft", "mode": "all"}}}, 400,
+     "method"),
+    ({"validation_file": "file-" + "x" * 24}, 404, "validation_file"),
+])
+def test_bad_job_requests(serve: Callable[..., Api], body: dict[str, Any], status: int,
+                          param: str) -> None:
+    api = serve(max_steps=60)
+    key = api.tenant("acme")
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    reply = api.call(key, "POST", "/v1/fine_tuning/jobs",
+                     json={"model": "tiny-llama", "training_file": file_id, **body})
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["param"] == param
+    assert api.call(key, "GET", "/v1/fine_tuning/jobs").json()["data"] == []
