@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from preft_serve.common.access_log import access_fields, request_id_of
@@ -124,12 +124,12 @@ async def _buffered(upstream: Upstream, state: GatewayState, on_usage: Callable[
     status = upstream.response.status_code
     media_type = upstream.response.headers.get("content-type", "application/json")
     try:
-        payload = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
         return Response(raw, status_code=status, media_type=media_type)
     if status == 200:
         on_usage(payload.get("usage") if isinstance(payload, dict) else None)
         payload = rewrite_json(payload, public_name)
     elif status >= 400:
         payload = worker_error(payload, status) or payload
-    return Response(json.dumps(payload), status_code=status, media_type="application/json")
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")

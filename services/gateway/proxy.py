@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 from preft_serve.common.access_log import REQUEST_ID_HEADER
 from preft_serve.common.error_envelope import error_body
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
@@ -56,11 +57,14 @@ async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, p
     ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it)."""
     choice = pool.choose(key)
     failures: list[str] = []
-    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
+    headers = {"Content-Type": "application/json"}
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    content = orjson.dumps(body)
     for worker in choice.order:
         pool.acquire(worker)
         try:
-            request = client.build_request("POST", f"{worker}{path}", json=body,
+            request = client.build_request("POST", f"{worker}{path}", content=content,
                                            headers=headers)
             response = await client.send(request, stream=True)
         except RETRYABLE as exc:
@@ -195,13 +199,13 @@ class EventRewriter:
 
     def _parsed(self, event: bytes) -> tuple[bytes | None, bool]:
         try:
-            payload = json.loads(event[6:])
-        except json.JSONDecodeError:
+            payload = orjson.loads(event[6:])
+        except orjson.JSONDecodeError:
             return event, False
         if not isinstance(payload, dict):
             return event, False
         if "error" in payload and (error := worker_error(payload, 500)) is not None:
-            return b"data: " + json.dumps(error, separators=(",", ":")).encode(), False
+            return b"data: " + orjson.dumps(error), False
         usage = payload.get("usage")
         if usage:
             self._on_usage(usage)
@@ -212,4 +216,4 @@ class EventRewriter:
         rewrite_json(payload, self._public_name)
         first = not self._seen_text and _has_text(payload)
         self._seen_text = self._seen_text or first
-        return b"data: " + json.dumps(payload, separators=(",", ":")).encode(), first
+        return b"data: " + orjson.dumps(payload), first

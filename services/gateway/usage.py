@@ -3,17 +3,22 @@
 
 Each request a worker answered with 200 adds one to ``{model}:requests`` and its token counts
 to ``{model}:prompt_tokens`` / ``{model}:completion_tokens`` of the hash
-``RegistryKeys.usage(tenant, day)``, kept ``USAGE_TTL_S``. The writes run in the background
-with the gateway's own Redis handle and a short timeout: a slow or unreachable Redis never
-fails or delays a request, the lost write is counted in
-``preft_gateway_usage_write_failures_total`` instead.
+``RegistryKeys.usage(tenant, day)``, kept ``USAGE_TTL_S``. Requests only add to counts in
+memory; a background task writes what accumulated once per ``flush_interval_s`` (1 s) as one
+pipeline, and once more at shutdown. A Redis round trip per request was ~6% of the
+gateway's CPU per request (profile in docs/benchmarks.md); the price is that a crash loses up
+to a second of counts. A slow or unreachable Redis never fails or delays a request: the
+batch is dropped (HINCRBY is not idempotent, so a write that timed out is not retried) and
+counted in ``preft_gateway_usage_write_failures_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
+from collections import Counter
 
 import redis
 import redis.asyncio as aioredis
@@ -29,37 +34,49 @@ def utc_day(now: datetime.datetime | None = None) -> str:
 
 
 class UsageRecorder:
-    """Fire-and-forget HINCRBYs; without a Redis client (tests) it records nothing."""
+    """Counts in memory, flushed in the background; without a Redis client (tests) it
+    records nothing."""
 
     def __init__(self, client: aioredis.Redis | None, namespace: str, metrics: GatewayMetrics,
-                 timeout_s: float = 0.5) -> None:
+                 timeout_s: float = 0.5, flush_interval_s: float = 1.0) -> None:
         self.redis, self.metrics, self.timeout_s = client, metrics, timeout_s
+        self.flush_interval_s = flush_interval_s
         self.keys = RegistryKeys(namespace)
-        self._pending: set[asyncio.Task[None]] = set()
-        self._failing = False  # log outages once, not once per request
+        self._counts: dict[str, Counter[str]] = {}  # usage hash key -> field -> amount
+        self._flusher: asyncio.Task[None] | None = None
+        self._failing = False  # log outages once, not once per batch
 
     def record(self, tenant: str, model: str, requests: int = 0, prompt_tokens: int = 0,
                completion_tokens: int = 0) -> None:
-        """Schedule the counters' increments; returns at once."""
+        """Add to the counts; returns at once (the next flush writes them)."""
         if self.redis is None:
             return
-        counts = {"requests": requests, "prompt_tokens": prompt_tokens,
-                  "completion_tokens": completion_tokens}
-        fields = {usage_field(model, kind): n for kind, n in counts.items() if n > 0}
-        if not fields:
-            return
-        task = asyncio.create_task(self._write(self.keys.usage(tenant, utc_day()), fields))
-        self._pending.add(task)  # the event loop keeps only weak references to tasks
-        task.add_done_callback(self._pending.discard)
+        counts = self._counts.setdefault(self.keys.usage(tenant, utc_day()), Counter())
+        for kind, n in (("requests", requests), ("prompt_tokens", prompt_tokens),
+                        ("completion_tokens", completion_tokens)):
+            if n > 0:
+                counts[usage_field(model, kind)] += n
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_every_interval())
 
-    async def _write(self, key: str, fields: dict[str, int]) -> None:
-        assert self.redis is not None
+    async def _flush_every_interval(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what accumulated since the last flush, as one pipeline."""
+        batch, self._counts = self._counts, {}
+        batch = {key: fields for key, fields in batch.items() if fields}
+        if not batch or self.redis is None:
+            return
         try:
             async with asyncio.timeout(self.timeout_s):
                 pipe = self.redis.pipeline(transaction=False)
-                for field, amount in fields.items():
-                    pipe.hincrby(key, field, amount)
-                pipe.expire(key, USAGE_TTL_S)
+                for key, fields in batch.items():
+                    for field, amount in fields.items():
+                        pipe.hincrby(key, field, amount)
+                    pipe.expire(key, USAGE_TTL_S)
                 await pipe.execute()
         except (redis.RedisError, TimeoutError, OSError) as exc:
             self.metrics.usage_write_failures.inc()
@@ -73,6 +90,12 @@ class UsageRecorder:
             self._failing = False
 
     async def drain(self, timeout_s: float = 1.0) -> None:
-        """Wait (briefly) for the writes in flight; at shutdown."""
-        if self._pending:
-            await asyncio.wait(set(self._pending), timeout=timeout_s)
+        """Stop the background flushes and write what is left; at shutdown."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self.flush()

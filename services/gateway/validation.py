@@ -9,10 +9,10 @@ output tokens it may ask for (``prompts x max(n, best_of) x max_tokens``, with a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from preft_serve.common.errors import BadRequest
 from preft_serve.common.jsondepth import json_nests_deeper
 
@@ -47,8 +47,8 @@ def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
     """The JSON object in ``raw``, or a 400 that says what is wrong with it."""
     check_depth(raw, max_depth)
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = orjson.loads(raw)  # rejects NaN/Infinity and integers past 64 bits too
+    except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")

@@ -100,3 +100,33 @@ def test_an_unreachable_redis_fails_no_request_and_is_counted() -> None:
 def test_usage_key_refuses_malformed_days(day: str) -> None:
     with pytest.raises(ValueError, match="usage day"):
         RegistryKeys("x").usage("acme", day)
+
+
+def test_counts_are_batched_and_the_rest_written_at_shutdown(redis_server: str) -> None:
+    """Requests add to counts in memory; nothing reaches Redis before a flush, one flush
+    writes them all, and draining at shutdown writes what is left."""
+    import asyncio
+
+    from preft_serve.gateway.usage import UsageRecorder
+
+    namespace = f"ub{uuid.uuid4().hex[:8]}"
+    key = RegistryKeys(namespace).usage("acme", utc_day())
+    sync = redis.Redis.from_url(redis_server)
+
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_server)
+        recorder = UsageRecorder(client, namespace, GatewayMetrics(), flush_interval_s=3600)
+        for _ in range(50):
+            recorder.record("acme", "bot", requests=1, prompt_tokens=7, completion_tokens=3)
+        await asyncio.sleep(0.05)
+        assert sync.exists(key) == 0  # not written per request
+        await recorder.flush()
+        assert parse_usage(sync.hgetall(key)) == {
+            "bot": {"requests": 50, "prompt_tokens": 350, "completion_tokens": 150}}
+        recorder.record("acme", "bot", requests=1, completion_tokens=2)
+        await recorder.drain()
+        assert parse_usage(sync.hgetall(key))["bot"] == {
+            "requests": 51, "prompt_tokens": 350, "completion_tokens": 152}
+        await client.aclose()
+
+    asyncio.run(main())
