@@ -20,7 +20,7 @@ layout of vLLM's ``lora_a_stacked`` / ``lora_b_stacked``; ``s`` indexes output s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 import torch
@@ -131,9 +131,16 @@ class NonzeroSlots:
         # per layer (data_ptr of its first B tensor): (versions, {slot: nonzero})
         self._layers: dict[int, tuple[tuple[int, ...] | None, dict[int, bool]]] = {}
         self._restricted: dict[tuple[int, frozenset[int]], AdapterGroups] = {}
+        self._known: dict[int, Callable[[], Collection[int] | None]] = {}
 
     def new_step(self) -> None:
         self._restricted.clear()
+
+    def register(self, b_stacked: Sequence[torch.Tensor],
+                 zero_slots: Callable[[], Collection[int] | None]) -> None:
+        """A layer whose zero slots its writer already knows (``zero_slots()``; None when
+        it does not): those are used instead of reading the weights after each write."""
+        self._known[b_stacked[0].data_ptr()] = zero_slots
 
     def restrict(self, groups: AdapterGroups, b_stacked: Sequence[torch.Tensor]
                  ) -> AdapterGroups:
@@ -141,6 +148,10 @@ class NonzeroSlots:
         if groups.empty:
             return groups
         key = b_stacked[0].data_ptr()
+        oracle = self._known.get(key)
+        zero = oracle() if oracle is not None else None
+        if zero is not None:
+            return self._drop(groups, [slot for slot in groups.slots if slot in zero])
         versions = _versions(b_stacked)
         known = self._layers.get(key)
         if known is None or known[0] != versions or versions is None:
@@ -155,6 +166,9 @@ class NonzeroSlots:
                 live = nonzero[slot] = any(bool(b[slot].any()) for b in b_stacked)
             if not live:
                 dead.append(slot)
+        return self._drop(groups, dead)
+
+    def _drop(self, groups: AdapterGroups, dead: list[int]) -> AdapterGroups:
         if not dead:
             return groups
         if len(dead) == len(groups.groups):

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -424,6 +425,11 @@ class SlotState:
             self._scan()
         return self.zero
 
+    def zero_slots(self) -> set[int] | None:
+        """``known_zero`` for the kernels' :class:`NonzeroSlots`; None: unknowable here
+        (no version counters), read the weights instead."""
+        return None if self.versions is None else self.known_zero()
+
     def _begin_write(self) -> None:
         self.zero = set(self.known_zero())
         self.versions = _tensor_versions(self.tensors)
@@ -505,14 +511,41 @@ class SlotRouter:
         adapter_manager = getattr(worker_manager, "_adapter_manager", None)
         if adapter_manager is None:
             return None
-        modules = [m for m in adapter_manager.modules.values() if SlotState.tracks(m)]
+        all_modules = list(adapter_manager.modules.values())
+        modules = [m for m in all_modules if SlotState.tracks(m)]
         for module in modules:
             if isinstance(module.punica_wrapper, GroupedPunicaWrapperCPU) and isinstance(
                     module.lora_a_stacked, tuple):
                 # q,k,v (gate,up) A slices as row blocks of one buffer: one shrink GEMM
                 # per adapter reads them without a per-call copy (see fused_lora_a).
                 module.lora_a_stacked = fuse_lora_a_buffers(module.lora_a_stacked)
-        return cls([SlotState(m) for m in modules], bypass)
+        router = cls([SlotState(m) for m in modules], bypass)
+        for state in router.states:
+            wrapper = state.module.punica_wrapper
+            if isinstance(wrapper, GroupedPunicaWrapperCPU):
+                b = state.module.lora_b_stacked
+                wrapper.nonzero.register(b if isinstance(b, (tuple, list)) else (b,),
+                                         state.zero_slots)
+        untracked = {id(getattr(m, "punica_wrapper", None)) for m in all_modules
+                     if not SlotState.tracks(m)}
+        for wrapper in router.wrappers:
+            if isinstance(wrapper, GroupedPunicaWrapperCPU) and id(wrapper) not in untracked:
+                wrapper.needs_vllm_metadata = router.embedding_check(wrapper)
+        return router
+
+    def embedding_check(self, wrapper: Any) -> Callable[[frozenset[int]], bool]:
+        """For ``wrapper``'s ``needs_vllm_metadata``: whether an embedding layer has
+        weights in one of the step's slots (no other tracked layer reads vLLM's metadata;
+        our punica methods use their own groups)."""
+        from vllm.lora.layers import VocabParallelEmbeddingWithLoRA
+
+        embeddings = [s for s in self.states if s.module.punica_wrapper is wrapper
+                      and isinstance(s.module, VocabParallelEmbeddingWithLoRA)]
+
+        def needed(slots: frozenset[int]) -> bool:
+            return any(not slots <= s.known_zero() for s in embeddings)
+
+        return needed
 
     def route(self) -> None:
         """Set every tracked layer's path for the step (after the slots were written)."""
@@ -551,6 +584,10 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
         self.token_groups = AdapterGroups((), 0)
         self.sample_groups = AdapterGroups((), 0)
         self.nonzero = NonzeroSlots()
+        # Set by SlotRouter when it tracks every layer of this wrapper: whether a step with
+        # these token slots needs vLLM's own metadata (only the embedding LoRA layer reads
+        # it); None: always build it.
+        self.needs_vllm_metadata: Callable[[frozenset[int]], bool] | None = None
 
     def update_metadata(
         self,
@@ -566,13 +603,17 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
         self.sample_groups = AdapterGroups.from_slots(sample_slots)
         self.nonzero.new_step()
         self.no_lora = self.token_groups.empty and self.sample_groups.empty
-        if self.no_lora:
-            # vLLM's embedding LoRA layer always looks up ``x + _embeddings_indices``; keep
-            # those in range (its result is discarded: add_lora_embedding does nothing).
-            self._embeddings_indices[: len(mapping.index_mapping)].zero_()
-        else:
+        needed = not self.no_lora and (
+            self.needs_vllm_metadata is None
+            or self.needs_vllm_metadata(frozenset(self.token_groups.slots)))
+        if needed:
             # vLLM's own metadata feeds the embedding layer's lookup of lora_a rows.
             super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
+        else:
+            # vLLM's embedding LoRA layer (when it runs) looks up ``x + _embeddings_indices``;
+            # keep those in range (its result is discarded: no slot of the step has
+            # embedding weights, so add_lora_embedding does nothing).
+            self._embeddings_indices[: len(mapping.index_mapping)].zero_()
 
     def add_shrink(self, y: Any, x: torch.Tensor, lora_a_stacked: Any, scale: float,
                    **kwargs: Any) -> None:

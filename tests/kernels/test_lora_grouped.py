@@ -238,3 +238,25 @@ def test_fused_a_buffers_are_views_and_match_reference(in_f, outs, kind, rows) -
     torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
     grouped_lora_linear(y_split, x, a, b, AdapterGroups.from_slots(row_slots), 0.5, outs)
     torch.testing.assert_close(y_split, y, rtol=1e-5, atol=1e-5)
+
+
+def test_nonzero_slots_use_a_registered_writer_knowledge_instead_of_reading() -> None:
+    """A layer whose writer knows its zero slots (the worker's slot tracking) is not read
+    after each write; when the writer cannot know (None) the weights are read as before."""
+    gen = torch.Generator().manual_seed(9)
+    a, b = stacked(3, 4, 16, (16,), used_rank=None, gen=gen)
+    groups = AdapterGroups.from_slots(np.repeat([0, 1, 2], 4))
+    nonzero = NonzeroSlots()
+    answer: list[set[int] | None] = [{1}]
+    nonzero.register(b, lambda: answer[0])
+    b[0][1].zero_()  # agrees with the writer
+    restricted = nonzero.restrict(groups, b)
+    assert restricted.slots == (0, 2)
+    x, y = torch.randn(12, 16, generator=gen), torch.randn(12, 16, generator=gen)
+    want = lora_linear_reference(y, x, a, b, np.repeat([0, 1, 2], 4).tolist(), 1.0, (16,))
+    grouped_lora_linear(y, x, a, b, restricted, 1.0, (16,))
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-3)
+    answer[0] = {0, 1, 2}
+    assert nonzero.restrict(groups, b).empty
+    answer[0] = None  # unknown: read the weights (slot 1 is zero)
+    assert nonzero.restrict(groups, b).slots == (0, 2)

@@ -197,3 +197,34 @@ def test_layers_whose_step_slots_are_zero_run_the_base_layer(
         torch.testing.assert_close(out_down, base_down)
         expected_calls = 2 - (1 if bypass else 0) - (1 if bypass and not prefill else 0)
         assert len(calls) == expected_calls
+
+
+def test_vllm_metadata_is_built_only_when_an_embedding_slot_is_live(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own punica metadata feeds only the embedding LoRA layer: with every layer of
+    the wrapper tracked and no embedding weights in the step's slots it is not built."""
+    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    built: list[int] = []
+    stock = PunicaWrapperCPU.update_metadata
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        return stock(self, *args, **kwargs)
+
+    monkeypatch.setattr(PunicaWrapperCPU, "update_metadata", counting)
+    wrapper = vllm_compat.GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
+    emb, qkv = embedding(), linear(MergedColumnParallelLinearWithLoRA, (16, 8, 8))
+    for m in (emb, qkv):
+        m.set_mapping(wrapper)
+    router = vllm_compat.SlotRouter([vllm_compat.SlotState(emb), vllm_compat.SlotState(qkv)],
+                                    bypass=True)
+    wrapper.needs_vllm_metadata = router.embedding_check(wrapper)
+    mapping = LoRAMapping((7, 7, 0), (0,), is_prefill=True)
+    wrapper.update_metadata(mapping, [None, 7, None, None], SLOTS + 1, 32)
+    assert built == [] and not wrapper.no_lora
+    assert torch.count_nonzero(wrapper._embeddings_indices[:3]) == 0
+    emb.set_lora(1, torch.randn(RANK, 32), torch.randn(IN, RANK))  # slot 1 gets embeddings
+    wrapper.update_metadata(mapping, [None, 7, None, None], SLOTS + 1, 32)
+    assert built == [1]
