@@ -12,6 +12,7 @@ Examples:
     preft user list --adapter support-bot
     preft adapter list
     preft usage --start 2026-03-01 --end 2026-03-31
+    preft fine-tune create data.jsonl --model base --suffix alice --follow
     PREFT_ADMIN_TOKEN=... preft tenant create acme
     PREFT_ADMIN_TOKEN=... preft tenant list
 
@@ -33,7 +34,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from preft_serve.cli import adapter, tenant, usage, user
+from preft_serve.cli import adapter, files, finetune, tenant, usage, user
 from preft_serve.cli.client import CliError, Registry
 from preft_serve.cli.output import render, report_error
 from preft_serve.models.cli import add_parser as add_model_parser
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"preft {_version()}")
     _add_common(parser, suppress=False)
     groups = parser.add_subparsers(dest="group", required=True,
-                                   metavar="{adapter,user,usage,tenant,model,train}")
+                                   metavar="{adapter,user,usage,files,fine-tune,tenant,model,train}")
 
     def leaf(sub: Any, name: str, help_: str, func: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
@@ -79,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     adapter.add_parser(groups, leaf)
     user.add_parser(groups, leaf)
     usage.add_parser(groups, leaf)
+    files.add_parser(groups, leaf)
+    finetune.add_parser(groups, leaf)
     tenant.add_parser(groups, leaf)
     # Local commands: they set `local` and never talk to the registry.
     add_model_parser(groups)

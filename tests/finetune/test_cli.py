@@ -1,0 +1,51 @@
+"""``preft files`` and ``preft fine-tune`` against a real registry over HTTP (the CLI runs
+in-process; the trainer is a real process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from preft_serve.cli.finetune import _progress
+
+from tests.finetune.conftest import Api, chat_jsonl
+from tests.support.cli import run_cli
+
+
+def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> None:
+    key = api.tenant("acme")
+    common = ("--url", api.url, "--api-key", key)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(chat_jsonl() + b'{"messages": [{"role": "tool", "content": "x"}]}\n')
+    code, _, err = run_cli(capsys, *common, "files", "upload", str(bad))
+    assert code == 1 and "line 3: message 0 has unknown role 'tool'" in err, err
+
+    data = tmp_path / "facts.jsonl"
+    data.write_bytes(chat_jsonl())
+    code, out, err = run_cli(capsys, *common, "fine-tune", "create", str(data), "--model",
+                             "tiny-llama", "--suffix", "cli-facts", "--steps", "4",
+                             "--follow")
+    assert code == 0, err
+    assert "Step 4/4: training loss=" in out and "The job has successfully completed" in out
+    assert "fine_tuned:  cli-facts" in out and "status:      succeeded" in out
+
+    code, out, _ = run_cli(capsys, *common, "fine-tune", "list")
+    assert code == 0 and "succeeded" in out and "tiny-llama -> cli-facts" in out
+    job_id = out.split(":")[0].strip()
+    code, out, _ = run_cli(capsys, *common, "--json", "fine-tune", "get", job_id)
+    job = json.loads(out)
+    assert job["status"] == "succeeded" and job["method"]["preft"]["steps"] == 4
+    code, _, err = run_cli(capsys, *common, "fine-tune", "cancel", job_id)
+    assert code == 1 and "already succeeded" in err and "(HTTP 409)" in err
+    code, out, _ = run_cli(capsys, *common, "fine-tune", "events", job_id)
+    assert code == 0 and out.index("job queued") < out.index("successfully completed")
+    code, out, _ = run_cli(capsys, *common, "files", "list")
+    assert code == 0 and "fine-tune-results" in out and "facts.jsonl" in out
+
+
+def test_progress_line() -> None:
+    line = _progress({"status": "running"}, {"step": 15, "total_steps": 60,
+                                             "train_loss": 1.23456})
+    assert line == "running  [#####...............] step 15/60  loss 1.2346"
+    assert _progress({"status": "queued"}, None) == "queued"
