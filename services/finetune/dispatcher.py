@@ -27,6 +27,7 @@ from preft_serve.finetune.runners import Observation, Runner, RunState
 from preft_serve.finetune.settings import FinetuneSettings
 from preft_serve.finetune.spec import TrainerSpec
 from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.metrics import RegistryMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ def new_instance() -> str:
 class Dispatcher:
     def __init__(self, store: JobStore, files: FileService, adapters: AdapterService,
                  runner: Runner, settings: FinetuneSettings, model_path: str,
-                 instance: str) -> None:
+                 instance: str, metrics: RegistryMetrics | None = None) -> None:
+        self.metrics = metrics
         self.store, self.files, self.adapters, self.runner = store, files, adapters, runner
         self.settings, self.model_path, self.instance = settings, model_path, instance
         self._stop = threading.Event()
@@ -90,6 +92,10 @@ class Dispatcher:
         self.store.beat(self.instance, self.settings.heartbeat_s)
         active = self.store.active()
         active_ids = {r.id for r in active}
+        if self.metrics is not None:
+            for state in (JobStatus.QUEUED, JobStatus.RUNNING):
+                self.metrics.finetune_jobs.labels(state.value).set(
+                    sum(1 for r in active if r.status is state))
         for job_id in list(self._owned - active_ids):  # cancelled (or finished elsewhere)
             record = self.store.get(job_id)
             self._owned.discard(job_id)
@@ -224,7 +230,10 @@ class Dispatcher:
 
         self.store.add_event(record.id, f"New fine-tuned model created: {done.name} "
                              f"(version {done.version}, sha256 {done.sha256[:12]})")
-        self.store.update(record.id, change, "The job has successfully completed")
+        if self.store.update(record.id, change, "The job has successfully completed") \
+                and self.metrics is not None:
+            self.metrics.finetune_finished.labels("succeeded").inc()
+            self.metrics.finetune_tokens.inc(done.trained_tokens)
         logger.info("job %s succeeded: adapter %s version %d", record.id, done.name,
                     done.version)
 
@@ -256,6 +265,8 @@ class Dispatcher:
 
         self._owned.discard(job_id)
         if self.store.update(job_id, change, f"Job failed: {reason}", level="error"):
+            if self.metrics is not None:
+                self.metrics.finetune_finished.labels("failed").inc()
             logger.warning("job %s failed: %s", job_id, reason)
 
     def cancel_now(self, record: JobRecord) -> None:

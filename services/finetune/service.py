@@ -24,6 +24,7 @@ from preft_serve.finetune.models import (
 )
 from preft_serve.finetune.resolve import resolve
 from preft_serve.finetune.settings import FinetuneSettings
+from preft_serve.registry.metrics import RegistryMetrics
 from preft_serve.registry.text import shown
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class FineTuningService:
         self.base_model = base_model
         self.max_lora_rank, self.max_reft_rank = max_lora_rank, max_reft_rank
         self.canceller: Canceller | None = None
+        self.metrics: RegistryMetrics | None = None
 
     def _file(self, tenant: str, file_id: str, param: str) -> tuple[str, int]:
         info = self.files.get(tenant, file_id, param)
@@ -121,6 +123,8 @@ class FineTuningService:
 
         new = self.store.update(job_id, change, "Job cancelled")
         assert new is not None
+        if self.metrics is not None:
+            self.metrics.finetune_finished.labels("cancelled").inc()
         if self.canceller is not None and record.status is JobStatus.RUNNING:
             self.canceller.cancel_now(new)
         return new.job

@@ -11,6 +11,7 @@ from preft_serve.finetune.jobs import JobStore
 from preft_serve.finetune.runners import create_runner
 from preft_serve.finetune.service import FineTuningService
 from preft_serve.finetune.settings import Backend
+from preft_serve.registry.metrics import RegistryMetrics
 
 if TYPE_CHECKING:
     from preft_serve.registry.state import RegistryState
@@ -29,7 +30,8 @@ class FinetuneParts:
         self.dispatcher.stop()
 
 
-def build_finetune(state: RegistryState) -> FinetuneParts:
+def build_finetune(state: RegistryState, metrics: RegistryMetrics | None = None
+                   ) -> FinetuneParts:
     settings = state.settings
     ft = settings.finetune
     keys = state.adapters.keys
@@ -43,6 +45,7 @@ def build_finetune(state: RegistryState) -> FinetuneParts:
         else settings.base_model.parent
     model_path = ft.kubernetes.model_path if ft.backend is Backend.KUBERNETES \
         else str(model_dir.resolve())
-    dispatcher = Dispatcher(store, files, state.adapters, runner, ft, model_path, instance)
-    jobs.canceller = dispatcher
+    dispatcher = Dispatcher(store, files, state.adapters, runner, ft, model_path, instance,
+                            metrics)
+    jobs.canceller, jobs.metrics = dispatcher, metrics
     return FinetuneParts(files, jobs, dispatcher)

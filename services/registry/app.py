@@ -63,7 +63,7 @@ def create_app(settings: RegistrySettings | None = None,
         if settings.finetune.enabled:
             from preft_serve.finetune.wiring import build_finetune
 
-            state.finetune = build_finetune(state)
+            state.finetune = build_finetune(state, app.state.metrics)
             state.finetune.start()
         logger.info("registry ready: base model %s, object store %r, redis namespace %s",
                     state.base.describe(), state.store, settings.namespace)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -20,6 +20,17 @@ class RegistryMetrics:
             ["method", "route"], registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
+        # Fine-tuning (services/finetune): written by the dispatcher and the cancel route.
+        self.finetune_jobs = Gauge(
+            "preft_registry_finetune_jobs", "Fine-tuning jobs queued or running (all "
+            "tenants; every registry replica reports the same numbers)", ["state"],
+            registry=self.registry)
+        self.finetune_finished = Counter(
+            "preft_registry_finetune_jobs_finished_total", "Fine-tuning jobs finished, by "
+            "status (succeeded, failed, cancelled)", ["status"], registry=self.registry)
+        self.finetune_tokens = Counter(
+            "preft_registry_finetune_trained_tokens_total", "Tokens trained on by "
+            "succeeded fine-tuning jobs", registry=self.registry)
 
 
 class MetricsMiddleware:

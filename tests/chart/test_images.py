@@ -79,7 +79,7 @@ def base_images(instructions: list[Instruction]) -> list[str]:
 def dockerfiles() -> dict[str, list[Instruction]]:
     found = {p.name.removesuffix(".Dockerfile"): parse_dockerfile(p)
              for p in DOCKER.glob("*.Dockerfile")}
-    assert set(found) == set(IMAGES)
+    assert set(found) - {"trainer"} == set(IMAGES)  # trainer: tests/chart/test_trainer.py
     return found
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 from preft_serve.cli.finetune import _progress
 
 from tests.finetune.conftest import Api, chat_jsonl
@@ -42,6 +43,11 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
     assert code == 0 and out.index("job queued") < out.index("successfully completed")
     code, out, _ = run_cli(capsys, *common, "files", "list")
     assert code == 0 and "fine-tune-results" in out and "facts.jsonl" in out
+
+    exported = httpx.get(f"{api.url}/metrics", timeout=10).text
+    assert 'preft_registry_finetune_jobs_finished_total{status="succeeded"} 1.0' in exported
+    assert f"preft_registry_finetune_trained_tokens_total {float(job['trained_tokens'])}" \
+        in exported
 
 
 def test_progress_line() -> None:
