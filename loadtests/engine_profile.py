@@ -22,6 +22,7 @@ Steps with and without prompt tokens are counted apart (``prefill`` / ``decode``
 
 from __future__ import annotations
 
+import argparse
 import collections
 import functools
 import json
@@ -29,6 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from loadtests import engine_bench
@@ -196,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="preft-lora", help="adapter mode profiled beside base")
     p.add_argument("--torch-profile", type=int, default=0, metavar="N",
                    help="also list the top N torch ops of one more round (profiler on)")
+    p.add_argument("--code", metavar="REF",
+                   help="profile a git ref's services/ and kernels/ (as loadtests.engine_ab)")
     args = p.parse_args(argv)
+    if args.code:
+        return _run_at_ref(args, list(sys.argv[1:] if argv is None else argv))
     args.quick = args.quick or args.requests is None
     os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1",
                        "VLLM_USE_V2_MODEL_RUNNER": "0", "OMP_NUM_THREADS": str(args.threads)})
@@ -223,6 +229,28 @@ def main(argv: list[str] | None = None) -> int:
                                "date": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
     print(f"wrote {out}")
     return 0
+
+
+def _run_at_ref(args: argparse.Namespace, argv: list[str]) -> int:
+    """Re-run this profile in a child whose ``preft_serve`` / ``preft_kernels`` are the
+    ref's (paths made absolute: the child runs from a neutral directory)."""
+    import subprocess
+    import tempfile
+
+    from loadtests.engine_ab import import_dir
+
+    i = argv.index("--code")
+    rest = argv[:i] + argv[i + 2:]
+    model = Path(args.model)
+    if (model / "config.json").exists():
+        rest += ["--model", str(model.resolve())]
+    out = (args.out or RESULTS / f"engine_profile_{args.mode}_at_{args.code}.json").resolve()
+    rest += ["--var", str(args.var.resolve()), "--out", str(out)]
+    with tempfile.TemporaryDirectory(prefix="preft-profile-") as tmp:
+        shim = import_dir(Path(tmp) / "code", args.code)
+        env = {**os.environ, "PYTHONPATH": str(shim)}
+        return subprocess.run([sys.executable, "-m", "loadtests.engine_profile", *rest],
+                              check=False, env=env, cwd=tmp).returncode
 
 
 if __name__ == "__main__":
