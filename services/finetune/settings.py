@@ -44,7 +44,6 @@ class KubernetesSettings(BaseModel):
     s3_secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
     ttl_seconds_after_finished: int = Field(3600, ge=0, description="Finished Jobs are "
                                             "deleted by Kubernetes after this")
-    device: str = Field("auto", pattern="^(auto|cpu|cuda)$")
 
 
 class FinetuneSettings(BaseModel):

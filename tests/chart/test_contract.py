@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.gateway.app import create_app as create_gateway
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.worker import serve
 from preft_serve.worker.settings import WorkerSettings
+from pydantic import BaseModel
 
 from tests.chart.manifests import container, container_port, env, pod_spec
 from tests.chart.support import CHART, SCENARIOS, Rendered
@@ -58,10 +58,9 @@ def settings_fields(model: type[Any], prefix: str) -> set[str]:
     names = set()
     for field, info in model.model_fields.items():
         names.add(f"{prefix}{field.upper()}")
-        if isinstance(info.annotation, type) and issubclass(info.annotation,
-                                                             ObjectStoreSettings):
-            names |= {f"{prefix}{field.upper()}__{sub.upper()}"
-                      for sub in ObjectStoreSettings.model_fields}
+        # Nested models (the object store, the registry's finetune settings), recursively.
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            names |= settings_fields(info.annotation, f"{prefix}{field.upper()}__")
     return names
 
 
