@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("base", args.mode):
         cfg = {**common, "mode": mode, "adapters": 0 if mode == "base" else w["counts"][0],
                "max_loras": args.max_loras}
-        results.append(profile_engine(cfg, seeds, args.torch_profile if mode != "base" else 0))
+        results.append(profile_engine(cfg, seeds, args.torch_profile))
         print(json.dumps(results[-1], indent=1), flush=True)
     out = args.out or RESULTS / f"engine_profile_{name}_{args.mode}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
