@@ -3,7 +3,7 @@ content, delete. Tenant-scoped: another tenant's file is a 404."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile
 from preft_serve.common.errors import error_responses
@@ -19,7 +19,8 @@ def upload_file(
     principal: PrincipalDep,
     files: FilesDep,
     file: Annotated[UploadFile, File(description="JSONL, one {\"messages\": [...]} per line")],
-    purpose: Annotated[str, Form(max_length=64, description="fine-tune")],
+    purpose: Annotated[Literal["fine-tune"], Form(
+        description="fine-tune (the only purpose this registry stores)")],
 ) -> FileObject:
     """Upload training or validation data; every bad line is named (400) and nothing is
     stored unless the whole file is valid."""
