@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest soak bench-gateway bench-cold bench-quality chart-readme fuzz clean
+.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest soak bench-gateway bench-cold bench-quality bench-rl chart-readme fuzz clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ bench-cold: $(STAMP)  ## Running streams' token gaps while requests for cold ada
 
 bench-quality: $(STAMP)  ## Accuracy vs throughput: PreFT vs all-token adapters on synthetic SFT tasks, SmolLM2 (ARGS=--quick)
 	$(PY) -m loadtests.quality_bench $(ARGS)
+
+bench-rl: $(STAMP)  ## RL (GRPO-style, verifiable reward): PreFT LoRA vs all-token LoRA on SmolLM2 (make model first)
+	$(PY) -m loadtests.rl_bench $(ARGS)
 
 chart-readme: $(STAMP)  ## Regenerate charts/preft-serve/README.md's parameter tables from values.yaml
 	$(PY) scripts/chart_readme.py

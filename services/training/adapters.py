@@ -114,6 +114,12 @@ class LoraAdapter(TrainableAdapter):
         else:
             self._gate = batch.prompt_mask()[..., None]  # (B, S, 1)
 
+    def set_generation_phase(self, prefill: bool) -> None:
+        """For sampling token by token (RL): the prompt's forward always sees the adapter;
+        a decode step sees it only in mode ``all``, as the worker serves them."""
+        self._gate = None
+        self._off = not prefill and self.spec.mode is AdapterMode.PREFILL
+
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in self.peft_model.parameters() if p.requires_grad]
 
