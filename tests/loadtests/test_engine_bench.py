@@ -153,3 +153,23 @@ def test_every_engine_gets_the_prefill_budget_the_adapter_modes_can_fill() -> No
     assert engine_bench.batch_tokens(args, w) == args.max_loras * w["prompt_len"]
     args = engine_bench.parser().parse_args(["--quick", "--batch-tokens", "4096"])
     assert engine_bench.batch_tokens(args, engine_bench.workload(args)) == 4096
+
+
+def test_model_option_takes_any_hf_directory(tmp_path: Path) -> None:
+    """``--model DIR``: a Hugging Face directory (here SmolLM2-135M-Instruct's config:
+    30 layers, GQA 9/3 heads, tied embeddings) is used as is; its shape drives the memory
+    plan. Anything else must be a preset."""
+    model = tmp_path / "smollm2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "head_dim": 64,
+        "intermediate_size": 1536, "num_attention_heads": 9, "num_hidden_layers": 30,
+        "num_key_value_heads": 3, "tie_word_embeddings": True, "vocab_size": 49152}))
+    (model / "model.safetensors").write_bytes(b"\0" * 1024)
+    path, name = engine_bench.resolve_model(str(model), tmp_path / "var")
+    assert (path, name) == (model, "smollm2")
+    shape = Shape.of(path)
+    assert (shape.layers, shape.q, shape.kv, shape.vocab, shape.params_bytes) == (
+        30, 576, 192, 49152, 1024)
+    with pytest.raises(SystemExit, match="neither a model directory nor a preset"):
+        engine_bench.resolve_model(str(tmp_path / "missing"), tmp_path / "var")
