@@ -107,6 +107,9 @@ def render(result: Any, command: str, out: IO[str]) -> None:
     elif command == "usage show":
         _usage(result, out)
     elif command == "tenant list":
-        print_table(result, ["name", "adapters", "created_at"], out)
+        rows = [{**t, **{f"quota_{k}": ("default" if v is None else v)
+                         for k, v in (t.get("quota") or {}).items()}} for t in result]
+        print_table(rows, ["name", "adapters", "quota_max_adapters", "quota_max_stored_bytes",
+                           "created_at"], out)
     elif isinstance(result, dict):
         _fields(result, out)

@@ -256,6 +256,10 @@ def test_tenant_quotas(live_server, tenant_key, capsys):
     code, out, _ = run_cli(capsys, "tenant", "list", *common)
     assert {t["name"]: t["quota"]["max_stored_bytes"] for t in json.loads(out)} == {
         "acme": None, "globex": 1048576}
+    code, out, _ = run_cli(capsys, "tenant", "list", *common[:-1])  # the table
+    assert [line.split()[:4] for line in out.splitlines()] == [
+        ["NAME", "ADAPTERS", "QUOTA_MAX_ADAPTERS", "QUOTA_MAX_STORED_BYTES"],
+        ["acme", "0", "default", "default"], ["globex", "0", "default", "1048576"]]
     code, out, _ = run_cli(capsys, "tenant", "set-quota", "globex", "--max-adapters", "-1",
                            *common)
     assert code == 1 and "quota.max_adapters" in json.loads(out)["error"]["message"]
