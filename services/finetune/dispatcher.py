@@ -46,6 +46,7 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._owned: set[str] = set()
+        self._polled: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -99,6 +100,7 @@ class Dispatcher:
         for job_id in list(self._owned - active_ids):  # cancelled (or finished elsewhere)
             record = self.store.get(job_id)
             self._owned.discard(job_id)
+            self._polled.pop(job_id, None)
             if record is not None:
                 self.runner.cancel(job_id, record.runner)
         for record in active:
@@ -165,6 +167,10 @@ class Dispatcher:
             self.runner.cancel(record.id, info)
 
     def _follow(self, record: JobRecord) -> None:
+        now = time.monotonic()
+        if now - self._polled.get(record.id, 0.0) < self.runner.poll_every_s:
+            return
+        self._polled[record.id] = now
         try:
             seen = self.runner.poll(record.id, record.runner)
         except Exception as exc:  # noqa: BLE001  (a backend hiccup: retried next poll)
@@ -185,6 +191,7 @@ class Dispatcher:
                 self._fail(record.id, f"the job ran longer than {limit} s", "timeout")
             return
         self._owned.discard(record.id)
+        self._polled.pop(record.id, None)
         if seen.state is RunState.FAILED:
             self._fail(record.id, seen.reason or "the trainer failed", "training_failed")
             return

@@ -4,6 +4,7 @@ list, cancel, events and checkpoints. Execution is the dispatcher's."""
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from typing import Protocol
@@ -51,8 +52,6 @@ class FineTuningService:
         return self.files.sha256(tenant, file_id, param), self.files.examples(tenant, file_id)
 
     def create(self, tenant: str, body: JobCreate) -> FineTuningJob:
-        import re
-
         if body.model != self.base_model:
             raise NotFound(f"model {shown(body.model)} is not served here; fine-tune the base "
                            f"model {self.base_model!r}", code="model_not_found", param="model")

@@ -151,6 +151,9 @@ def test_registry_killed_mid_job_reports_it_failed_after_restart(
         api = Api(first.url)
         key = api.tenant("acme")
         job_id, pid = start_long_job(api, key, redis_server, namespace)
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"PREFT_REGISTRY_ADMIN_TOKEN" not in environ  # the trainer gets no secrets
+        assert b"PREFT_TRAINER_SPEC" in environ
         first.kill()  # SIGKILL: no shutdown; the trainer has its own session and lives on
         assert alive(pid)
         second = _registry_process(redis_server, namespace, model_dir, tmp_path, port)

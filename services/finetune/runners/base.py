@@ -34,6 +34,7 @@ class Observation:
 
 class Runner(abc.ABC):
     name: str
+    poll_every_s: float = 0.0  # at most one poll per job this often (API-server load)
 
     @abc.abstractmethod
     def start(self, spec: TrainerSpec, tenant: str) -> dict[str, Any]:

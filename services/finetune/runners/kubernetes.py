@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 class KubernetesRunner(Runner):
     name = "kubernetes"
+    poll_every_s = 5.0  # each poll reads the Job and its pod's whole log
 
     def __init__(self, settings: KubernetesSettings, store: ObjectStoreSettings,
                  timeout_s: int) -> None:

@@ -110,7 +110,9 @@ class LocalRunner(Runner):
 
     def start(self, spec: TrainerSpec, tenant: str) -> dict[str, Any]:
         work = Path(tempfile.mkdtemp(prefix=f"preft-{spec.job_id}-", dir=self.work_dir))
-        env = {**os.environ, **self.env, "PREFT_TRAINER_SPEC": spec.model_dump_json(),
+        # The registry's own settings (its admin token among them) stay with the registry.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PREFT_REGISTRY_")}
+        env = {**inherited, **self.env, "PREFT_TRAINER_SPEC": spec.model_dump_json(),
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         with open(work / _LOG, "wb") as log:
             proc = subprocess.Popen(
