@@ -66,6 +66,8 @@ class TenantDeleted(BaseModel):
     adapters: int = Field(description="adapters deleted with their version history")
     bindings: int = Field(description="user bindings removed")
     blobs: int = Field(description="stored contents deleted (no other tenant referenced them)")
+    files: int = Field(description="fine-tuning files deleted")
+    fine_tuning_jobs: int = Field(description="finished fine-tuning jobs' records deleted")
 
 
 class TenantCreated(TenantOut):

@@ -1,4 +1,5 @@
-"""Deleting a tenant: its keys, bindings, adapters and the contents only it referenced.
+"""Deleting a tenant: its keys, bindings, adapters, fine-tuning files and jobs, and the
+contents only it referenced.
 
 Metadata goes first, in one optimistic transaction over every key under the tenant's
 prefix plus its API-key records, with the events that caches already understand
@@ -8,6 +9,11 @@ names and tenants, so after the commit each of the tenant's digests is deleted o
 version of any remaining adapter references it. An upload of the same content by another
 tenant that is in flight at that moment (blob found present, metadata not yet committed)
 could lose its blob; that window is the same one blob garbage collection has to handle.
+
+A tenant with fine-tuning jobs still queued or running is refused (409): a job finishing
+after the delete would register its adapter for a tenant that no longer exists. Its files'
+and finished jobs' records go in the same transaction; a file's content, like an adapter's,
+only when no other file references it.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import json
 import logging
 from typing import Any
 
-from preft_serve.common.errors import NotFound
+from preft_serve.common.errors import Conflict, NotFound
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
+from preft_serve.finetune.files import blob_key
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.names import check_tenant_name
 from preft_serve.registry.text import shown
@@ -34,11 +41,14 @@ class _Removed:
     adapters: int
     bindings: int
     digests: frozenset[str]
+    files: dict[str, str]  # file id -> sha256 of its content
+    jobs: int
 
 
 def delete_tenant(client: Redis, keys: RegistryKeys, store: ObjectStore, tenant: str,
-                  maxlen: int) -> tuple[int, int, int, int]:
-    """Delete ``tenant``; returns (keys, adapters, bindings, blobs) removed."""
+                  maxlen: int) -> tuple[int, int, int, int, int, int]:
+    """Delete ``tenant``; returns (keys, adapters, bindings, blobs, files, fine-tuning jobs)
+    removed."""
     check_tenant_name(tenant)
     prefix = keys.tenant(tenant)
 
@@ -48,6 +58,14 @@ def delete_tenant(client: Redis, keys: RegistryKeys, store: ObjectStore, tenant:
         owned = sorted(pipe.scan_iter(match=f"{prefix}:*", count=1000))
         if owned:
             pipe.watch(prefix, *owned)
+        job_ids = pipe.zrange(keys.tenant_jobs(tenant), 0, -1)
+        active = [j for j in job_ids if pipe.zscore(keys.active_jobs, j) is not None]
+        if active:
+            raise Conflict(f"tenant {shown(tenant)} has {len(active)} fine-tuning job(s) queued "
+                           f"or running ({', '.join(active[:3])}); cancel them first with "
+                           "POST /v1/fine_tuning/jobs/{id}/cancel", code="jobs_active")
+        files = {f: pipe.hget(keys.file(f), "sha256")
+                 for f in pipe.zrange(keys.tenant_files(tenant), 0, -1)}
         key_records = [json.loads(v) for v in pipe.hvals(keys.tenant_keys(tenant))]
         names = pipe.zrange(keys.adapters(tenant), 0, -1)
         users: dict[str, list[str]] = {}
@@ -59,6 +77,12 @@ def delete_tenant(client: Redis, keys: RegistryKeys, store: ObjectStore, tenant:
         pipe.multi()
         pipe.delete(prefix, *owned)
         pipe.srem(keys.tenants, tenant)
+        for file_id, sha256 in files.items():
+            pipe.delete(keys.file(file_id))
+            if sha256:
+                pipe.srem(keys.file_blob_refs(sha256), file_id)
+        for job_id in job_ids:
+            pipe.delete(keys.job(job_id), keys.job_events(job_id))
         for record in key_records:
             pipe.delete(keys.api_key(record["hash"]))
             queue_event(pipe, keys, RegistryEvent(EventType.API_KEY_REVOKED.value, tenant,
@@ -70,14 +94,31 @@ def delete_tenant(client: Redis, keys: RegistryKeys, store: ObjectStore, tenant:
             queue_event(pipe, keys, RegistryEvent(EventType.ADAPTER_DELETED.value, tenant,
                                                   adapter=name), maxlen)
         return _Removed(len(key_records), len(names), sum(map(len, users.values())),
-                        frozenset(digests))
+                        frozenset(digests), {f: s for f, s in files.items() if s},
+                        len(job_ids))
 
-    removed = transact(client, txn, prefix, keys.tenant_keys(tenant), keys.adapters(tenant))
+    removed = transact(client, txn, prefix, keys.tenant_keys(tenant), keys.adapters(tenant),
+                       keys.active_jobs)
     _delete_rate_limits(client, keys, tenant)
     blobs = _delete_unreferenced(client, keys, store, removed.digests)
-    logger.info("deleted tenant %s: %d keys, %d adapters, %d bindings, %d blobs", tenant,
-                removed.keys, removed.adapters, removed.bindings, blobs)
-    return removed.keys, removed.adapters, removed.bindings, blobs
+    _delete_unreferenced_files(client, keys, store, removed.files)
+    logger.info("deleted tenant %s: %d keys, %d adapters, %d bindings, %d blobs, %d files, "
+                "%d fine-tuning jobs", tenant, removed.keys, removed.adapters,
+                removed.bindings, blobs, len(removed.files), removed.jobs)
+    return (removed.keys, removed.adapters, removed.bindings, blobs, len(removed.files),
+            removed.jobs)
+
+
+def _delete_unreferenced_files(client: Redis, keys: RegistryKeys, store: ObjectStore,
+                               files: dict[str, str]) -> None:
+    """Fine-tuning file contents no file of any tenant references any more."""
+    for sha256 in sorted(set(files.values())):
+        if client.scard(keys.file_blob_refs(sha256)) == 0:
+            try:
+                store.delete(blob_key(sha256))
+            except ObjectStoreError as exc:
+                logger.warning("could not delete file content %s of a deleted tenant: %s",
+                               sha256, exc)
 
 
 def _delete_rate_limits(client: Redis, keys: RegistryKeys, tenant: str) -> None:

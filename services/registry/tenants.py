@@ -151,10 +151,10 @@ class TenantService:
         """Delete the tenant with its keys, bindings, adapters and unshared blobs."""
         if self.store is None:
             raise RuntimeError("TenantService.delete needs the object store")
-        keys, adapters, bindings, blobs = delete_tenant(self.redis, self.keys, self.store,
-                                                        tenant, self.maxlen)
+        keys, adapters, bindings, blobs, files, jobs = delete_tenant(
+            self.redis, self.keys, self.store, tenant, self.maxlen)
         return TenantDeleted(name=tenant, keys=keys, adapters=adapters, bindings=bindings,
-                             blobs=blobs)
+                             blobs=blobs, files=files, fine_tuning_jobs=jobs)
 
     def get_limits(self, tenant: str) -> TenantLimits:
         self.get(tenant)

@@ -218,7 +218,7 @@ def test_tenant_list_and_delete(live_server, tenant_key, capsys):
     code, out, _ = run_cli(capsys, "tenant", "delete", "globex", "--yes", *common, "--json")
     assert code == 0
     assert json.loads(out) == {"name": "globex", "keys": 1, "adapters": 0, "bindings": 0,
-                               "blobs": 0}
+                               "blobs": 0, "files": 0, "fine_tuning_jobs": 0}
     code, out, _ = run_cli(capsys, "tenant", "list", *common, "--json")
     assert [t["name"] for t in json.loads(out)] == ["acme"]
 
