@@ -412,8 +412,11 @@ class SlotState:
 
     def _scan(self) -> None:
         """Read which slots are zero (at start, and after a write not made through us)."""
-        slots = self.tensors[0].shape[0]
-        self.zero = {s for s in range(slots) if not any(bool(t[s].any()) for t in self.tensors)}
+        live = torch.zeros(self.tensors[0].shape[0], dtype=torch.bool,
+                           device=self.tensors[0].device)
+        for t in self.tensors:  # one reduction per buffer, not one per slot
+            live |= t.reshape(t.shape[0], -1).any(dim=1)
+        self.zero = {int(s) for s in torch.nonzero(~live).flatten().tolist()}
         self.versions = _tensor_versions(self.tensors)
 
     def known_zero(self) -> set[int]:
