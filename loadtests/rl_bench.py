@@ -239,8 +239,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[1].set(xlabel="step", ylabel="held-out accuracy (greedy)", ylim=(0, 1))
     for ax in axes:
         ax.legend(fontsize=8)
-    fig.suptitle(f"GRPO-style RL on 2-digit addition, LoRA r={result['plan']['rank']}, "
-                 f"{result['model']} ({result['when']})", fontsize=9)
+    fig.suptitle("GRPO-style RL on two-digit + one-digit additions, LoRA "
+                 f"r={result['plan']['rank']}, {result['model']} ({result['when']})",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
