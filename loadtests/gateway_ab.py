@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
-from preft_serve.localstack import LocalStack, StackConfig, StackError, free_port
+from preft_serve.localstack import LocalStack, StackConfig, free_port
 
 from loadtests.engine_ab import import_dir
 from loadtests.gateway_bench import (
@@ -42,7 +40,14 @@ from loadtests.gateway_bench import (
     run_batch,
     send,
 )
-from loadtests.stack_setup import make_adapters, percentile, seed_tenants
+from loadtests.stack_setup import (
+    make_adapters,
+    percentile,
+    seed_tenants,
+    stack_main,
+    start_fake_upstream,
+    write_results,
+)
 
 SIDES = ("now", "before")
 
@@ -142,20 +147,14 @@ def main(argv: list[str] | None = None) -> int:
                          worker_port=free_port(), gateway_port=free_port())
     stack = LocalStack(config)
     load_at_start = os.getloadavg()[0]
-    try:
+    def body() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             model = make_model("tiny-llama", var / "model").resolve()
             adapters = make_adapters(model, var / "adapters", args.adapters)
             stack.start_redis()
             stack.start_registry(model)
             users = seed_tenants(stack, adapters, tenants=1, prefix="ab")
-            fake_port = free_port()
-            fake = stack.start("fake-worker", [
-                sys.executable, "-m", "uvicorn", "loadtests.fake_worker:app", "--host",
-                "127.0.0.1", "--port", str(fake_port), "--no-access-log", "--log-level",
-                "warning", "--app-dir", str(Path(__file__).resolve().parent.parent)])
-            fake_url = f"http://127.0.0.1:{fake_port}"
-            fake.wait_ready(lambda: httpx.get(f"{fake_url}/health").status_code == 200, 60)
+            fake_url = start_fake_upstream(stack).url
             ports = {side: free_port() for side in SIDES}
             before_path = import_dir(Path(tmp) / "before", args.before)
             gateways = {
@@ -186,17 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                             for k, v in vars(args).items() if k not in ("out", "var")},
                   "throughput": tp, "latency": lat}
         print(table(result))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-        args.out.with_suffix(".md").write_text(table(result) + "\n")
-        plot(result, args.out.with_suffix(".png"))
-        print(f"wrote {args.out.with_suffix('.json')}, .md and .png")
+        write_results(args.out, result, plot, table(result))
         return 0
-    except StackError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        stack.stop()
+
+    return stack_main(stack, body)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

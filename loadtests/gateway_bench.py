@@ -39,14 +39,13 @@ import platform
 import random
 import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from preft_serve.localstack import LocalStack, StackConfig, StackError, free_port
+from preft_serve.localstack import LocalStack, StackConfig, free_port
 
 from loadtests.stack_setup import (
     BoundUser,
@@ -57,6 +56,9 @@ from loadtests.stack_setup import (
     percentile,
     release_cpus,
     seed_tenants,
+    stack_main,
+    start_fake_upstream,
+    write_results,
 )
 
 RESULTS = Path(__file__).parent / "results"
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                          worker_port=free_port(), gateway_port=free_port(),
                          worker_args=shlex.split(args.worker_args))
     stack = LocalStack(config)
-    try:
+    def body() -> int:
         model = make_model("tiny-llama", var / "model").resolve()
         adapters = make_adapters(model, var / "adapters", args.adapters)
         worker = None if args.fake_only else stack.start_worker(model)
@@ -412,13 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.fake_only or not args.no_fake:
             print("[3/3] fake upstream (answers instantly) behind a second gateway",
                   flush=True)
-            fake_port, fake_gw_port = free_port(), free_port()
-            fake = stack.start("fake-worker", [
-                sys.executable, "-m", "uvicorn", "loadtests.fake_worker:app", "--host",
-                "127.0.0.1", "--port", str(fake_port), "--no-access-log", "--log-level",
-                "warning", "--app-dir", str(Path(__file__).resolve().parent.parent)])
-            fake_url = f"http://127.0.0.1:{fake_port}"
-            fake.wait_ready(lambda: httpx.get(f"{fake_url}/health").status_code == 200, 60)
+            fake_gw_port = free_port()
+            fake = start_fake_upstream(stack)
+            fake_url = fake.url
             fake_gateway = stack.start_gateway(model, [fake_url], port=fake_gw_port,
                                                name="gateway-fake")
             fake_reqs = request_mix(users, args.fake_requests, args.max_tokens, seed=1)
@@ -431,16 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table(results))
         results["verdict"] = verdict(results["parts"])
         print(json.dumps(results["verdict"]))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-        plot(results, args.out.with_suffix(".png"))
-        print(f"wrote {args.out.with_suffix('.json')} and .png")
+        write_results(args.out, results, plot)
         return 0
-    except StackError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        stack.stop()
+
+    return stack_main(stack, body)
 
 
 if __name__ == "__main__":

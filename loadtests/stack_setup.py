@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
+from preft_serve.localstack import free_port
 from preft_serve.localstack.seed import TenantSession, create_tenant
-from preft_serve.localstack.stack import LocalStack
+from preft_serve.localstack.stack import LocalStack, StackError
 from prometheus_client.parser import text_string_to_metric_families
 
 SEED_BASE = 10_000  # adapter i uses seed SEED_BASE + i: distinct content, distinct sha256
@@ -162,3 +166,47 @@ def release_cpus(threads: Iterable[int]) -> None:
     for t in threads:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(t, everything)
+
+
+def stack_main(stack: LocalStack, body: Callable[[], int]) -> int:
+    """Run a benchmark's ``body`` on ``stack``: a part that fails to start is an
+    ``error: ...`` line and exit 1, and the stack is stopped however it ends."""
+    try:
+        return body()
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop()
+
+
+def write_results(out: Path, result: dict[str, Any],
+                  plot: Callable[[dict[str, Any], Path], None],
+                  markdown: str | None = None) -> None:
+    """``out``.json (and .md with ``markdown``) and the plot ``out``.png."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    written = [".json"]
+    if markdown is not None:
+        out.with_suffix(".md").write_text(markdown + "\n")
+        written.append(".md")
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('')}{{{','.join([*written, '.png'])}}}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeUpstream:
+    url: str
+    pid: int
+
+
+def start_fake_upstream(stack: LocalStack) -> FakeUpstream:
+    """``loadtests/fake_worker.py`` (answers like vLLM, at once) as a part of ``stack``."""
+    port = free_port()
+    child = stack.start("fake-worker", [
+        sys.executable, "-m", "uvicorn", "loadtests.fake_worker:app", "--host", "127.0.0.1",
+        "--port", str(port), "--no-access-log", "--log-level", "warning",
+        "--app-dir", str(Path(__file__).resolve().parent.parent)])
+    url = f"http://127.0.0.1:{port}"
+    child.wait_ready(lambda: httpx.get(f"{url}/health").status_code == 200, 60)
+    return FakeUpstream(url, child.pid)
