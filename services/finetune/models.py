@@ -7,7 +7,7 @@ unbounded reaches a Redis key, a log line or the trainer's command.
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from pydantic import BaseModel, Field
@@ -17,6 +17,20 @@ FILE_ID_PATTERN = r"^file-[A-Za-z0-9]{24}$"
 JOB_ID_PATTERN = r"^ftjob-[A-Za-z0-9]{24}$"
 FINE_TUNE_PURPOSE = "fine-tune"
 RESULTS_PURPOSE = "fine-tune-results"
+
+
+Item = TypeVar("Item")
+
+
+class Page(BaseModel, Generic[Item]):
+    """OpenAI's list object: one page of ``data``, ``has_more`` when a later page exists
+    (``after``/``limit`` page through it)."""
+
+    object: Literal["list"] = "list"
+    data: list[Item]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
 
 
 class FileObject(BaseModel):
@@ -30,12 +44,7 @@ class FileObject(BaseModel):
     status_details: str | None = None
 
 
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    has_more: bool = False
-    first_id: str | None = None
-    last_id: str | None = None
+FileList = Page[FileObject]
 
 
 class FileDeleted(BaseModel):
@@ -156,10 +165,7 @@ class FineTuningJob(BaseModel):
     metadata: dict[str, str] | None = None
 
 
-class JobList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FineTuningJob]
-    has_more: bool
+JobList = Page[FineTuningJob]
 
 
 class JobEvent(BaseModel):
@@ -172,10 +178,7 @@ class JobEvent(BaseModel):
     type: Literal["message", "metrics"] = "message"
 
 
-class EventList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[JobEvent]
-    has_more: bool
+EventList = Page[JobEvent]
 
 
 class Checkpoint(BaseModel):
@@ -188,9 +191,4 @@ class Checkpoint(BaseModel):
     step_number: int
 
 
-class CheckpointList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Checkpoint]
-    has_more: bool = False
-    first_id: str | None = None
-    last_id: str | None = None
+CheckpointList = Page[Checkpoint]
