@@ -68,10 +68,44 @@ def summarise(raw: list[dict], basis: str) -> list[dict]:
     return rows
 
 
+def _block(block: int, rounds: int, runs: list[Run], common: dict, log_dir: Path, tmp: Path,
+           now: dict[str, str], then: dict[str, str], max_loras: int) -> list[dict]:
+    """One block: fresh base / after / before processes (started in alternating order per
+    block), ``rounds`` interleaved rounds; round numbers are unique across blocks."""
+    order = ["base", "after", "before"] if block % 2 == 0 else ["base", "before", "after"]
+    specs = {
+        "base": ([Run("base", 0, max_loras)], now),
+        "after": (runs, now),
+        "before": (runs, then),
+    }
+    hosts = {v: Host(specs[v][0], common, log_dir / f"{v}{block}.log", env=specs[v][1], cwd=tmp)
+             for v in order}
+    try:
+        members = []
+        for variant, h in hosts.items():
+            for i, info in enumerate(h.ready()):
+                members.append((variant, h, i))
+                print(f"  ready {variant} {h.runs[i].label}: warm-up {info['warmup_s']} s",
+                      flush=True)
+        raw = engine_bench.interleaved_rounds(
+            [(h, i, f"{variant}/{h.runs[i].mode}", {"variant": variant, "block": block})
+             for variant, h, i in members], rounds)
+    finally:
+        for h in hosts.values():
+            h.close()
+    for r in raw:
+        r["round"] += block * rounds
+    return raw
+
+
 def main(argv: list[str] | None = None) -> int:
     p = engine_bench.parser()
     p.description = __doc__
     p.add_argument("--before", required=True, help="git ref of the code to compare with")
+    p.add_argument("--blocks", type=int, default=1,
+                   help="repeat with fresh engine processes (a process can run a few to "
+                   "~12%% faster or slower than another for its whole life on a shared "
+                   "machine; more blocks turn that bias into visible spread)")
     args = p.parse_args(argv)
     w = engine_bench.workload(args)
     w["counts"] = w["counts"][:1]
@@ -89,36 +123,30 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="preft-ab-") as tmp:
         now = {"PYTHONPATH": str(import_dir(Path(tmp) / "now", None))}
         then = {"PYTHONPATH": str(import_dir(Path(tmp) / "before", args.before))}
-        hosts = {
-            "base": Host([Run("base", 0, args.max_loras)], common, log_dir / "base.log",
-                         env=now, cwd=Path(tmp)),
-            "after": Host(runs, common, log_dir / "after.log", env=now, cwd=Path(tmp)),
-            "before": Host(runs, common, log_dir / "before.log", env=then, cwd=Path(tmp)),
-        }
-        try:
-            members = []
-            for variant, h in hosts.items():
-                for i, info in enumerate(h.ready()):
-                    members.append((variant, h, i))
-                    print(f"  ready {variant} {h.runs[i].label}: warm-up {info['warmup_s']} s",
-                          flush=True)
-            raw += engine_bench.interleaved_rounds(
-                [(h, i, f"{variant}/{h.runs[i].mode}", {"variant": variant})
-                 for variant, h, i in members], w["rounds"])
-        finally:
-            for h in hosts.values():
-                h.close()
+        for block in range(args.blocks):
+            if args.blocks > 1:
+                print(f"block {block + 1}/{args.blocks}: fresh engine processes", flush=True)
+            raw += _block(block, w["rounds"], runs, common, log_dir, Path(tmp), now, then,
+                          args.max_loras)
     rows = summarise(raw, args.basis)
+    if args.blocks > 1:  # each block's own after/before: the spread between processes
+        for row in rows:
+            row["after_over_before_by_block"] = [
+                next(r["after_over_before"] for r in summarise(
+                    [x for x in raw if x["block"] == b], args.basis) if r["mode"] == row["mode"])
+                for b in range(args.blocks)]
     for r in rows:
         print(f"{r['mode']:<13} before {r['x_base_before']:.3f}x base, after "
               f"{r['x_base_after']:.3f}x base: after/before {r['after_over_before']:.3f} "
-              f"(rounds {r['after_over_before_range'][0]:.3f}-{r['after_over_before_range'][1]:.3f})")
+              f"(rounds {r['after_over_before_range'][0]:.3f}-{r['after_over_before_range'][1]:.3f})"
+              + (f"; by block {r['after_over_before_by_block']}"
+                 if "after_over_before_by_block" in r else ""))
     meta = {"before": args.before,
             "after": subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=True,
                                     capture_output=True, text=True).stdout.strip()
             + " + working tree", "model": str(model), "basis": args.basis,
             "workload": {k: v for k, v in common.items() if k not in ("model", "adapter_root")},
-            "adapters": w["counts"][0], "rounds": w["rounds"],
+            "adapters": w["counts"][0], "rounds": w["rounds"], "blocks": args.blocks,
             "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows, "rounds": raw}, indent=1))
