@@ -12,6 +12,14 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 
+def integral_float_to_int(value: Any) -> Any:
+    """JSON has one number type: ``5.0`` is the integer 5 (JSON Schema's ``integer`` admits
+    it too), for strict integer fields that still refuse ``5.5``, ``"5"`` and ``true``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class TenantLimits(BaseModel):
     """Rate-limit overrides for one tenant; a field left null uses the gateway's default
     (``PREFT_GATEWAY_TENANT_RPS`` ...), and 0 turns that limit off for this tenant.
@@ -42,8 +50,7 @@ class TenantLimits(BaseModel):
     def _integral_float_as_int(cls, value: Any, info: ValidationInfo) -> Any:
         """JSON has one number type: ``5.0`` is the integer 5 (as JSON Schema says too).
         Stored values come back as strings (``model_validate_strings``), read as ints."""
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
+        value = integral_float_to_int(value)
         # pydantic types mode as python|json, but validate_strings runs it as "string".
         if info.mode not in ("python", "json") and isinstance(value, str) and value.isdecimal():
             return int(value)

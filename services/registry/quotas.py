@@ -23,7 +23,8 @@ from typing import Any
 
 from preft_serve.common.errors import QuotaExceeded
 from preft_serve.common.registry_client import RegistryKeys
-from pydantic import BaseModel, Field
+from preft_serve.common.tenant_limits import integral_float_to_int
+from pydantic import BaseModel, Field, field_validator
 
 MAX_ADAPTERS_LIMIT = 1_000_000
 """Largest per-tenant adapter quota an admin may set (a typo guard, not a capacity)."""
@@ -34,7 +35,7 @@ MAX_STORED_BYTES_LIMIT = 1 << 50
 class QuotaOverrides(BaseModel):
     """A tenant's own storage quotas; a field left null uses the registry's default, 0
     refuses every new adapter (or new content). Strict integers: ``"5"``, ``5.5`` and
-    ``true`` are refused, not converted."""
+    ``true`` are refused, not converted (``5.0`` is 5: JSON has one number type)."""
 
     model_config = {"extra": "forbid"}
 
@@ -45,6 +46,11 @@ class QuotaOverrides(BaseModel):
         None, ge=0, le=MAX_STORED_BYTES_LIMIT, strict=True,
         description="Bytes of distinct adapter content, all versions (null: "
         "PREFT_REGISTRY_TENANT_MAX_STORED_BYTES)")
+
+    @field_validator("max_adapters", "max_stored_bytes", mode="before")
+    @classmethod
+    def _integral_float_as_int(cls, value: Any) -> Any:
+        return integral_float_to_int(value)
 
 
 QUOTA_FIELDS: tuple[str, ...] = tuple(QuotaOverrides.model_fields)

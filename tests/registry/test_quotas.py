@@ -184,3 +184,12 @@ def test_check_upload_prefers_the_tenants_own_limits() -> None:
     with pytest.raises(QuotaExceeded, match=r"quota of 150 bytes \(max_stored_bytes, this "
                        r"tenant's own; the default is 1000\)"):
         check_upload(quota, own, "acme", new_adapter=False, sha256="b", size_bytes=51)
+
+
+def test_an_integral_float_is_an_integer(make_client) -> None:
+    """JSON has one number type and JSON Schema's ``integer`` admits ``3.0`` (found by the
+    API fuzzer: ``{"max_adapters": 0.0}`` was a schema-valid request refused)."""
+    client: TestClient = make_client()
+    create_tenant(client, "acme")
+    assert set_quota(client, "acme", {"max_adapters": 3.0}).status_code == 200
+    assert quota_of(client, "acme") == {"max_adapters": 3, "max_stored_bytes": None}
