@@ -30,7 +30,8 @@ def test_delete_removes_everything_of_the_tenant_only(client, new_tenant, lora_d
     resp = client.delete("/v1/tenants/acme", headers=admin())
 
     assert resp.status_code == 200, resp.text
-    assert resp.json() == {"name": "acme", "keys": 1, "adapters": 2, "bindings": 1, "blobs": 1}
+    assert resp.json() == {"name": "acme", "keys": 1, "adapters": 2, "bindings": 1, "blobs": 1,
+                           "files": 0, "fine_tuning_jobs": 0}
     after = state_snapshot()
     gone = {k for k in before["redis"] if k.startswith(f"{keys.tenant('acme')}")}
     gone |= acme_api_keys | {keys.blob(solo), f"{namespace}:ratelimit:user:acme:alice",
