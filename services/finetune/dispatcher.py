@@ -16,7 +16,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from typing import Any
 
 from preft_serve.common.errors import ServiceError
 from preft_serve.finetune.files import FileService
@@ -282,7 +281,3 @@ class Dispatcher:
         if record.runner.get("instance") == self.instance:
             self._owned.discard(record.id)
             self.runner.cancel(record.id, record.runner)
-
-    def status(self) -> dict[str, Any]:
-        return {"instance": self.instance, "backend": self.runner.name,
-                "owned": sorted(self._owned)}

@@ -123,7 +123,9 @@ class FileService:
         pipe.execute()
         return record
 
-    def _raw(self, tenant: str, file_id: str, param: str | None = None) -> dict[str, str]:
+    def info(self, tenant: str, file_id: str, param: str | None = None) -> dict[str, str]:
+        """The file's stored record (object fields plus tenant, sha256, examples); 404 for
+        another tenant's file."""
         check_file_id(file_id, param)
         raw: dict[str, str] = self.redis.hgetall(self.keys.file(file_id))
         if not raw or raw.get("tenant") != tenant:  # another tenant's file does not exist
@@ -133,14 +135,11 @@ class FileService:
 
     def get(self, tenant: str, file_id: str, param: str | None = None) -> FileObject:
         return FileObject.model_validate(
-            {k: v for k, v in self._raw(tenant, file_id, param).items()
+            {k: v for k, v in self.info(tenant, file_id, param).items()
              if k in FileObject.model_fields})
 
     def sha256(self, tenant: str, file_id: str, param: str | None = None) -> str:
-        return self._raw(tenant, file_id, param)["sha256"]
-
-    def examples(self, tenant: str, file_id: str) -> int:
-        return int(self._raw(tenant, file_id).get("examples", "0"))
+        return self.info(tenant, file_id, param)["sha256"]
 
     def content(self, tenant: str, file_id: str) -> bytes:
         return self.store.get_bytes(blob_key(self.sha256(tenant, file_id)))
@@ -165,7 +164,7 @@ class FileService:
 
     def delete(self, tenant: str, file_id: str) -> None:
         """Metadata first; the blob goes when no other file (of any tenant) references it."""
-        sha256 = self._raw(tenant, file_id)["sha256"]
+        sha256 = self.info(tenant, file_id)["sha256"]
         refs = self.keys.file_blob_refs(sha256)
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.file(file_id))

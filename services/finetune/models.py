@@ -12,9 +12,8 @@ from typing import Any, Generic, Literal, TypeVar
 from preft_serve.common.adapter_format import AdapterMode, AdapterType
 from pydantic import BaseModel, Field
 
-SUFFIX_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
-FILE_ID_PATTERN = r"^file-[A-Za-z0-9]{24}$"
-JOB_ID_PATTERN = r"^ftjob-[A-Za-z0-9]{24}$"
+# The adapter name rule (registry.names.ADAPTER_PATTERN: no "..") within 40 characters.
+SUFFIX_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
 FINE_TUNE_PURPOSE = "fine-tune"
 RESULTS_PURPOSE = "fine-tune-results"
 

@@ -45,11 +45,11 @@ class FineTuningService:
         self.metrics: RegistryMetrics | None = None
 
     def _file(self, tenant: str, file_id: str, param: str) -> tuple[str, int]:
-        info = self.files.get(tenant, file_id, param)
-        if info.purpose != FINE_TUNE_PURPOSE:
-            raise BadRequest(f"file {file_id} has purpose {info.purpose!r}; upload training "
-                             f"data with purpose '{FINE_TUNE_PURPOSE}'", param=param)
-        return self.files.sha256(tenant, file_id, param), self.files.examples(tenant, file_id)
+        info = self.files.info(tenant, file_id, param)  # one read for all three fields
+        if info.get("purpose") != FINE_TUNE_PURPOSE:
+            raise BadRequest(f"file {file_id} has purpose {info.get('purpose')!r}; upload "
+                             f"training data with purpose '{FINE_TUNE_PURPOSE}'", param=param)
+        return info["sha256"], int(info.get("examples", "0"))
 
     def create(self, tenant: str, body: JobCreate) -> FineTuningJob:
         if body.model != self.base_model:
@@ -57,7 +57,7 @@ class FineTuningService:
                            f"model {self.base_model!r}", code="model_not_found", param="model")
         if body.suffix is not None and re.fullmatch(SUFFIX_PATTERN[1:-1], body.suffix) is None:
             raise BadRequest(f"suffix {shown(body.suffix)} is invalid: 1-40 letters, digits, "
-                             "'.', '_' or '-', starting with a letter or digit",
+                             "'.', '_' or '-', starting with a letter or digit, no '..'",
                              param="suffix")
         training_sha, examples = self._file(tenant, body.training_file, "training_file")
         validation_sha = None

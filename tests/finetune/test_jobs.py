@@ -173,6 +173,7 @@ def test_registry_killed_mid_job_reports_it_failed_after_restart(
 @pytest.mark.parametrize(("body", "status", "param"), [
     ({"model": "gpt-4o"}, 404, "model"),
     ({"suffix": "bad/name"}, 400, "suffix"),
+    ({"suffix": "a..b"}, 400, "suffix"),  # refused by the registry at the end otherwise
     ({"hyperparameters": {"n_epochs": 0}}, 400, "hyperparameters"),
     ({"hyperparameters": {"n_epochs": 50, "batch_size": 1}}, 400, "hyperparameters"),
     ({"method": {"type": "preft", "preft": {"rank": 64}}}, 400, "method"),

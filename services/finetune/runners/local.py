@@ -179,10 +179,6 @@ class LocalRunner(Runner):
         if child is not None:
             shutil.rmtree(child.work, ignore_errors=True)
 
-    def running_jobs(self) -> list[str]:
-        with self.lock:
-            return list(self.children)
-
     def close(self) -> None:
         with self.lock:
             children = list(self.children.items())
