@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from preft_serve.common.errors import BadRequest, NotFound, PayloadTooLarge, QuotaExceeded
+from preft_serve.common.errors import BadRequest, NotFound, QuotaExceeded
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.finetune.ids import check_file_id, new_file_id
@@ -27,12 +27,12 @@ from preft_serve.finetune.models import (
     FileObject,
 )
 from preft_serve.finetune.settings import FinetuneSettings
+from preft_serve.registry.archives import copy_bounded
 from preft_serve.registry.text import clip, shown
 from preft_serve.training.data import DataError, read_conversations
 
 logger = logging.getLogger(__name__)
 MAX_FILENAME = 256
-_CHUNK = 1 << 20
 
 
 def blob_key(sha256: str) -> str:
@@ -45,19 +45,13 @@ def _safe_filename(name: str) -> str:
     return clean or "upload.jsonl"
 
 
-def copy_bounded(src: IO[bytes], dest: Path, limit: int) -> str:
+def copy_file_bounded(src: IO[bytes], dest: Path, limit: int) -> str:
     """Copy ``src`` to ``dest``; 413 past ``limit`` bytes. Returns the content's sha256."""
-    digest, size = hashlib.sha256(), 0
-    with open(dest, "wb") as out:
-        while chunk := src.read(_CHUNK):
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"the file exceeds this registry's {limit}-byte limit "
-                                      "for fine-tuning files; split it or ask the operator "
-                                      "to raise PREFT_REGISTRY_FINETUNE__MAX_FILE_BYTES",
-                                      param="file")
-            digest.update(chunk)
-            out.write(chunk)
+    digest = hashlib.sha256()
+    copy_bounded(src, dest, limit, "the file", digest=digest, param="file",
+                 too_large=f"the file exceeds this registry's {limit}-byte limit for "
+                 "fine-tuning files; split it or ask the operator to raise "
+                 "PREFT_REGISTRY_FINETUNE__MAX_FILE_BYTES")
     return digest.hexdigest()
 
 
@@ -91,7 +85,7 @@ class FileService:
                                 "files; delete some with DELETE /v1/files/{id}", param="file")
         with tempfile.TemporaryDirectory(dir=self.staging_dir, prefix="preft-file-") as tmp:
             path = Path(tmp) / "upload.jsonl"
-            sha256 = copy_bounded(stream, path, self.settings.max_file_bytes)
+            sha256 = copy_file_bounded(stream, path, self.settings.max_file_bytes)
             examples = validate_jsonl(path, self.settings.max_examples)
             size = path.stat().st_size
             if not self.store.exists(blob_key(sha256)):

@@ -16,7 +16,7 @@ import tarfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Any
 
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
@@ -203,14 +203,21 @@ def _tar(fileobj: IO[bytes], ex: _Extractor) -> None:
         raise BadRequest(f"archive is corrupt or truncated: {clip(str(exc))}") from None
 
 
-def copy_bounded(src: IO[bytes], dest: Path, limit: int, what: str) -> int:
-    """Copy an uploaded part to ``dest``, failing as soon as it passes ``limit`` bytes."""
+def copy_bounded(src: IO[bytes], dest: Path, limit: int, what: str, *,
+                 digest: Any = None, too_large: str | None = None,
+                 param: str | None = None) -> int:
+    """Copy an uploaded part to ``dest``, failing as soon as it passes ``limit`` bytes
+    (413 with ``too_large`` as the message, if given); ``digest`` (a hashlib object) sees
+    every byte copied."""
     written = 0
     src.seek(0)
     with open(dest, "wb") as out:
         while chunk := src.read(_CHUNK):
             written += len(chunk)
             if written > limit:
-                raise PayloadTooLarge(f"{what} is larger than the {limit}-byte limit")
+                raise PayloadTooLarge(
+                    too_large or f"{what} is larger than the {limit}-byte limit", param=param)
+            if digest is not None:
+                digest.update(chunk)
             out.write(chunk)
     return written
