@@ -62,7 +62,7 @@ class Dispatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
-        if self.runner.name == "local":
+        if self.runner.stops_with_registry:
             for job_id in list(self._owned):
                 try:
                     record = self.store.get(job_id)

@@ -35,6 +35,9 @@ class Observation:
 class Runner(abc.ABC):
     name: str
     poll_every_s: float = 0.0  # at most one poll per job this often (API-server load)
+    # Whether its trainers die with the registry that started them (child processes): then
+    # a stopping registry cancels and fails its jobs; otherwise another registry adopts them.
+    stops_with_registry: bool = False
 
     @abc.abstractmethod
     def start(self, spec: TrainerSpec, tenant: str) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class _Child:
 
 class LocalRunner(Runner):
     name = "local"
+    stops_with_registry = True
 
     def __init__(self, workers: int, store: ObjectStoreSettings, instance: str,
                  work_dir: Path | None) -> None:
