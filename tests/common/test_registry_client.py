@@ -65,6 +65,9 @@ def test_cache_serves_without_redis_and_events_invalidate(client, writer, redis_
     writer.version("acme", "bot", "v1")
     writer.version("acme", "bot2", "other")
     writer.bindings.bind("acme", "alice", "bot")
+    # The listener applies the setup's events on its own thread; one applied after alice is
+    # cached would drop her entry (a flake under a loaded full suite): wait until caught up.
+    assert eventually(lambda: client.cursor == client.latest_cursor())
     assert client.resolve_user("acme", "alice").version == 1
     assert client.resolve_user("acme", "nobody") is None
     # Remove the binding behind the registry's back (no event): the cache still answers.
