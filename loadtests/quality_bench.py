@@ -10,7 +10,10 @@ The learning rate is picked per (task, configuration) on validation loss; the ot
 run at that rate. Throughput per configuration comes from the engine benchmark's results
 (``loadtests/results/engine_bench*.json``) when present, else "not measured".
 
-Results are appended to the JSON after every finished cell; a rerun skips finished cells.
+Each cell is trained in a fresh process and scored at once, and appended to the JSON as it
+finishes; a rerun skips finished cells, so a run cut off anywhere loses at most one cell.
+The sweep runs every task x configuration at the first LR before the other LRs, so a
+partial run already has a complete table.
 
     python -m loadtests.quality_bench --quick        # one task, PreFT vs all-token LoRA r16
     python -m loadtests.quality_bench                # 3 tasks, 9 configurations, LR sweep
@@ -76,7 +79,7 @@ FULL_CONFIGS = (lora("all", 4), lora("all", 16), lora("prefill", 4), lora("prefi
                 lora("prefill", 64), reft("direft", 4), reft("direft", 16),
                 reft("loreft", 4), reft("loreft", 16))
 QUICK_CONFIGS = (lora("prefill", 16), lora("all", 16))
-FULL_LRS = (2e-3, 5e-3, 1e-2)
+FULL_LRS = (5e-3, 1e-2, 2e-3)  # run in this order: the first is a complete first pass
 QUICK_LRS = (5e-3,)
 HEADLINE = {"preft-lora-r16", "all-lora-r16", "preft-lora-r64"}  # get the extra seeds
 
@@ -335,10 +338,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def sweep_cells(plan: Plan) -> Iterator[tuple[str, Config, float, int]]:
-    """The LR sweep: every task x configuration x LR at the first seed."""
-    for task in plan.tasks:
-        for config in plan.configs:
-            for lr in plan.lrs:
+    """The LR sweep at the first seed, in the order that makes a cut-off run most useful:
+    every task x configuration at the first LR of ``plan.lrs`` (a complete table), then
+    the other LRs."""
+    for lr in plan.lrs:
+        for task in plan.tasks:
+            for config in plan.configs:
                 yield task, config, lr, plan.seeds[0]
 
 
@@ -369,13 +374,42 @@ def cached_train(model: Path, task: Task, config: Config, lr: float, seed: int, 
     return trained
 
 
+def _train_child(model: Path, task: str, config: Config, lr: float, seed: int, plan: Plan,
+                 out: Path, threads: int) -> None:
+    """A spawned process's whole job: train one cell (its record lands in cell.json)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    cached_train(model, make_tasks()[task], config, lr, seed, plan, out,
+                 lambda line: print(line, flush=True))
+
+
+def train_isolated(model: Path, task: str, config: Config, lr: float, seed: int, plan: Plan,
+                   out: Path, threads: int, say: Any) -> dict[str, Any]:
+    """Train in a fresh process: the run's in-process vLLM engine pins this process's torch
+    to one thread, and a crash or OOM in training must not take the engine down with it."""
+    import multiprocessing
+
+    record = out / "cell.json"
+    if not record.exists():
+        child = multiprocessing.get_context("spawn").Process(
+            target=_train_child, args=(model, task, config, lr, seed, plan, out, threads))
+        child.start()
+        child.join()
+        if child.exitcode != 0 or not record.exists():
+            raise RuntimeError(f"training {task}/{config.name} lr={lr:g} seed={seed} failed "
+                               f"(exit code {child.exitcode}); its output is above")
+    else:
+        say("    adapter already trained, reused")
+    return dict(json.loads(record.read_text()))
+
+
 def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
-        say: Any = print) -> dict[str, Any]:
-    """Train every pending cell, then start one engine and score them all (training
-    before the engine exists: in-process vLLM pins torch to one thread)."""
+        threads: int | None = None, say: Any = print) -> dict[str, Any]:
+    """Score the base model, then train and score one cell at a time, appending each to
+    the results as it finishes, so a run cut off anywhere loses at most one cell."""
     started = time.monotonic()
     tasks = make_tasks()
-    configs = {c.name: c for c in plan.configs}
     results = load_results(out)
     results["meta"].update({"model": str(model), "plan": {
         "tasks": plan.tasks, "configs": [c.name for c in plan.configs], "lrs": plan.lrs,
@@ -384,27 +418,7 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
     throughput = engine_throughput()
     done = {c["key"] for c in results["cells"]}
     val_loss = {c["key"]: c["val_loss"] for c in results["cells"] if "val_loss" in c}
-    trained: dict[str, tuple[str, str, float, int, dict[str, Any]]] = {}
-
-    def train_all(cells: Iterator[tuple[str, Config, float, int]]) -> None:
-        for task, config, lr, seed in cells:
-            key = cell_key(task, config.name, lr, seed, plan.steps)
-            if key in done or key in trained:
-                if key in done:
-                    say(f"[skip] {key} (already in {out})")
-                continue
-            say(f"[train] {key}: {plan.steps} steps ...")
-            cell_dir = work / task / config.name / f"lr{lr:g}-s{seed}-n{plan.steps}"
-            record = cached_train(model, tasks[task], config, lr, seed, plan, cell_dir, say)
-            trained[key] = (task, config.name, lr, seed, record)
-            val_loss[key] = record["val_loss"]
-            say(f"[trained] {key}: train loss {record['train_loss']:.3f}, val loss "
-                f"{record['val_loss']:.3f}, test loss {record['test_loss']:.3f} "
-                f"({record['train_s']:.0f} s)")
-
-    train_all(sweep_cells(plan))
-    train_all(seed_cells(plan, val_loss))
-
+    finished_now = 0
     engine: QualityEngine | None = None
 
     def get_engine() -> QualityEngine:
@@ -416,8 +430,13 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
         return engine
 
     def finish(cell: dict[str, Any]) -> None:
+        nonlocal finished_now
         results["cells"].append(cell)
         done.add(cell["key"])
+        finished_now += 1
+        results["meta"]["wall_s_total"] = round(
+            results["meta"].get("wall_s_total", 0.0) + cell.get("train_s", 0.0)
+            + cell["eval_s"], 1)
         save_results(out, results)
 
     for task in plan.tasks:
@@ -433,21 +452,37 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
         finish(cell)
         say(f"[base] {task}: test acc {cell['test_acc']:.0%}, val acc "
             f"{cell['validation_acc']:.0%}")
-    for key, (task, name, lr, seed, record) in trained.items():
-        config = configs[name]
-        t0 = time.monotonic()
-        scored = score(get_engine(), tasks[task], Path(record["adapter"]))
-        cell = {"key": key, "task": task, "config": name, "type": config.type,
-                "mode": config.mode, "rank": config.rank, "lr": lr, "seed": seed,
-                "steps": plan.steps, **record, **scored,
-                "x_base": throughput.get(config.engine_mode, {}).get("x_base"),
-                "eval_s": round(time.monotonic() - t0, 1)}
-        finish(cell)
-        say(f"[done] {key}: test loss {cell['test_loss']:.3f}, test acc "
-            f"{cell['test_acc']:.0%}, val acc {cell['validation_acc']:.0%} "
-            f"(served in {cell['eval_s']:.0f} s)")
+
+    def run_cells(cells: Iterator[tuple[str, Config, float, int]]) -> None:
+        for task, config, lr, seed in cells:
+            key = cell_key(task, config.name, lr, seed, plan.steps)
+            if key in done:
+                say(f"[skip] {key} (already in {out})")
+                continue
+            say(f"[train] {key}: {plan.steps} steps ({len(done)} cells done) ...")
+            cell_dir = work / task / config.name / f"lr{lr:g}-s{seed}-n{plan.steps}"
+            record = train_isolated(model, task, config, lr, seed, plan, cell_dir,
+                                    threads or os.cpu_count() or 1, say)
+            say(f"[trained] {key}: train loss {record['train_loss']:.3f}, val loss "
+                f"{record['val_loss']:.3f}, test loss {record['test_loss']:.3f} "
+                f"({record['train_s']:.0f} s)")
+            t0 = time.monotonic()
+            scored = score(get_engine(), tasks[task], Path(record["adapter"]))
+            cell = {"key": key, "task": task, "config": config.name, "type": config.type,
+                    "mode": config.mode, "rank": config.rank, "lr": lr, "seed": seed,
+                    "steps": plan.steps, **record, **scored,
+                    "x_base": throughput.get(config.engine_mode, {}).get("x_base"),
+                    "eval_s": round(time.monotonic() - t0, 1)}
+            finish(cell)
+            val_loss[key] = record["val_loss"]
+            say(f"[done] {key}: test loss {cell['test_loss']:.3f}, test acc "
+                f"{cell['test_acc']:.0%}, val acc {cell['validation_acc']:.0%} "
+                f"(served in {cell['eval_s']:.0f} s)")
+
+    run_cells(sweep_cells(plan))
+    run_cells(seed_cells(plan, val_loss))
     results["meta"]["last_run_s"] = round(time.monotonic() - started, 1)
-    results["meta"]["last_run_cells"] = len(trained)
+    results["meta"]["last_run_cells"] = finished_now
     save_results(out, results)
     rows = summarise(results)
     text = table(rows, throughput)
@@ -475,6 +510,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None,
                    help="results JSON (default loadtests/results/quality_bench[_quick].json)")
     p.add_argument("--work", type=Path, default=WORK, help="where adapters are trained")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads for training (default: every CPU; 1 beside another "
+                        "benchmark)")
     p.add_argument("--doc", type=Path, default=DOC,
                    help="markdown file whose table block is rewritten ('-' for none)")
     return p.parse_args(argv)
@@ -500,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                 steps=args.steps or (16 if args.quick else 40), batch_size=args.batch_size)
     out = args.out or RESULTS / ("quality_bench_quick.json" if args.quick
                                  else "quality_bench.json")
-    run(plan, model, out, args.work, None if str(args.doc) == "-" else args.doc)
+    run(plan, model, out, args.work, None if str(args.doc) == "-" else args.doc,
+        args.threads)
     return 0
 
 

@@ -133,3 +133,16 @@ def test_throughput_comes_from_the_engine_benchmark(tmp_path: Path) -> None:
     (tmp_path / "engine_bench_quick.json").write_text(json.dumps({"runs": runs}))
     got = quality_bench.engine_throughput(tmp_path)
     assert got["preft-lora"]["x_base"] == 0.9 and got["all-lora"]["x_base"] == 0.3
+
+
+def test_the_sweep_completes_a_first_pass_before_other_lrs() -> None:
+    """A run cut off after the first |tasks| x |configs| cells still has a full table."""
+    plan = quality_bench.Plan(tasks=("facts", "dates"), configs=quality_bench.FULL_CONFIGS,
+                              lrs=quality_bench.FULL_LRS, seeds=(0, 1), steps=40,
+                              batch_size=8)
+    cells = list(quality_bench.sweep_cells(plan))
+    first = cells[: 2 * len(quality_bench.FULL_CONFIGS)]
+    assert {lr for _, _, lr, _ in first} == {quality_bench.FULL_LRS[0]}
+    assert {(t, c.name) for t, c, _, _ in first} == {
+        (t, c.name) for t in plan.tasks for c in quality_bench.FULL_CONFIGS}
+    assert len(cells) == len(set(cells)) == 2 * len(quality_bench.FULL_CONFIGS) * 3
