@@ -339,12 +339,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def sweep_cells(plan: Plan) -> Iterator[tuple[str, Config, float, int]]:
     """The LR sweep at the first seed, in the order that makes a cut-off run most useful:
-    every task x configuration at the first LR of ``plan.lrs`` (a complete table), then
-    the other LRs."""
+    every task x configuration at the first LR of ``plan.lrs`` (a complete table; the
+    LoRA configurations, which the paper's SFT findings compare, on every task before the
+    ReFT ones), then the other LRs."""
+    families = ([c for c in plan.configs if c.type == "lora"],
+                [c for c in plan.configs if c.type != "lora"])
     for lr in plan.lrs:
-        for task in plan.tasks:
-            for config in plan.configs:
-                yield task, config, lr, plan.seeds[0]
+        for family in families:
+            for task in plan.tasks:
+                for config in family:
+                    yield task, config, lr, plan.seeds[0]
 
 
 def seed_cells(plan: Plan, val_loss: dict[str, float]

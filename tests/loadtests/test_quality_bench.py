@@ -146,3 +146,5 @@ def test_the_sweep_completes_a_first_pass_before_other_lrs() -> None:
     assert {(t, c.name) for t, c, _, _ in first} == {
         (t, c.name) for t in plan.tasks for c in quality_bench.FULL_CONFIGS}
     assert len(cells) == len(set(cells)) == 2 * len(quality_bench.FULL_CONFIGS) * 3
+    lora = sum(c.type == "lora" for c in quality_bench.FULL_CONFIGS)
+    assert {c.type for _, c, _, _ in first[: 2 * lora]} == {"lora"}  # the findings' cells
