@@ -48,7 +48,7 @@ VAR = Path("var/bench")
 ADAPTER_PREFIX = {"stock-lora": "all", "all-lora": "all", "preft-lora": "prefill",
                   "preft-direft": "direft", "preft-loreft": "loreft"}
 LORA_MODES = ("stock-lora", "all-lora", "preft-lora")
-REFT_RANK, REFT_POSITIONS = 8, "f7+l7"
+REFT_RANK, REFT_POSITIONS = 8, "f7+l7"  # ReFT rank by default (--reft-rank)
 BLOCK = 32
 
 
@@ -135,7 +135,8 @@ def pack(group: list[Run], shape: Shape, common: dict, budget: int) -> list[list
 # -- adapters ---------------------------------------------------------------------------
 
 
-def prepare_adapters(model: Path, root: Path, count: int, rank: int) -> None:
+def prepare_adapters(model: Path, root: Path, count: int, rank: int,
+                     reft_rank: int = REFT_RANK) -> None:
     """LoRA (prefill and all-token versions of the same weights, one file hard-linked) and
     ReFT adapters on every layer (cached across runs)."""
     from preft_serve.common.adapter_format import (
@@ -164,7 +165,7 @@ def prepare_adapters(model: Path, root: Path, count: int, rank: int) -> None:
             out = root / f"{kind.value}-{i}"
             if not (out / WEIGHTS_FILE).exists():
                 make_reft_adapter(model, out, seed=20_000 + i, spec=ReftSpec(
-                    kind, rank=REFT_RANK, layers=layers, positions=REFT_POSITIONS, std=0.02))
+                    kind, rank=reft_rank, layers=layers, positions=REFT_POSITIONS, std=0.02))
         if (i + 1) % 64 == 0:
             print(f"  adapters ready: {i + 1}/{count}", flush=True)
 
@@ -424,14 +425,16 @@ def batch_tokens(args: argparse.Namespace, w: dict) -> int:
 
 def setup(args: argparse.Namespace, w: dict, model: Path, name: str, shape: Shape) -> dict:
     """Adapters on disk; the settings every engine of the run shares."""
-    adapter_root = args.var / f"{name}-r{args.rank}-adapters"
+    reft = "" if args.reft_rank == REFT_RANK else f"-reft{args.reft_rank}"
+    adapter_root = args.var / f"{name}-r{args.rank}{reft}-adapters"
     print(f"model {model}; preparing {max(w['counts'])} adapters under {adapter_root} ...",
           flush=True)
-    prepare_adapters(model, adapter_root, max(w["counts"]), args.rank)
+    prepare_adapters(model, adapter_root, max(w["counts"]), args.rank, args.reft_rank)
     seq_tokens = math.ceil((w["prompt_len"] + w["output_len"] + 16) / BLOCK) * BLOCK
     return {
         "model": str(model), "adapter_root": str(adapter_root), "rank": args.rank,
-        "vocab": shape.vocab, "requests": w["requests"], "prompt_len": w["prompt_len"],
+        "reft_rank": args.reft_rank, "vocab": shape.vocab, "requests": w["requests"],
+        "prompt_len": w["prompt_len"],
         "output_len": w["output_len"], "max_num_seqs": args.max_num_seqs,
         "batch_tokens": batch_tokens(args, w), "max_loras": args.max_loras,
         "threads": args.threads, "warmup_requests": w["warmup_requests"],
@@ -476,7 +479,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-loras", type=int, default=8, help="slots for the equal table")
     p.add_argument("--sweep", type=int, nargs="*",
                    help="other max_loras for every mode at the top adapter count")
-    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rank", type=int, default=16, help="LoRA rank (q,k,v,o)")
+    p.add_argument("--reft-rank", type=int, default=REFT_RANK,
+                   help=f"DiReFT/LoReFT rank (every layer, {REFT_POSITIONS})")
     p.add_argument("--modes", nargs="+", choices=ADAPTER_MODES, default=list(ADAPTER_MODES),
                    help="adapter modes to run (base always runs)")
     p.add_argument("--rounds", type=int, help="interleaved timed rounds per group")
@@ -530,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     raw, engines = measure(groups, common, rounds, args.var / "logs" / name)
     rows = engine_report.aggregate(raw, engines, args.basis)
     meta = {
-        "model": str(model), "model_name": name, "rank": args.rank, "quick": quick,
+        "model": str(model), "model_name": name, "rank": args.rank,
+        "reft_rank": args.reft_rank, "quick": quick,
         "rounds": rounds, "basis": args.basis, "max_loras": args.max_loras, "sweep": sweep,
         "adapter_counts": counts,
         "groups": [[dataclasses.asdict(r) for r in g] for g in groups],

@@ -224,26 +224,57 @@ def score(engine: QualityEngine, task: Task, adapter: Path | None) -> dict[str, 
 # -- throughput from the engine benchmark -----------------------------------------------
 
 
-def engine_throughput(results_dir: Path = RESULTS) -> dict[str, Any]:
-    """mode -> {x_base, source}: each adapter mode's output throughput over the base
-    model's, at the largest adapter count measured (full run preferred over quick)."""
-    for name in ("engine_bench.json", "engine_bench_quick.json"):
-        path = results_dir / name
-        if not path.exists():
-            continue
-        runs = json.loads(path.read_text()).get("runs", [])
+def measured_throughput(results_dir: Path = RESULTS) -> list[dict[str, Any]]:
+    """Every adapter mode's output throughput over its base model's, from every engine
+    benchmark result in ``results_dir`` (rows at the run's equal ``max_loras`` only)."""
+    rows: list[dict[str, Any]] = []
+    for path in sorted(results_dir.glob("engine_bench*.json")):
+        data = json.loads(path.read_text())
+        meta = data.get("meta", {})
+        equal = meta.get("max_loras")
+        runs = data.get("runs", [])
         base = next((r for r in runs if r["mode"] == "base"), None)
-        top = max((r["adapters"] for r in runs), default=0)
-        out: dict[str, Any] = {}
         for r in runs:
-            if r["adapters"] != top or r["mode"] in out or base is None:
+            if base is None or r["mode"] == "base" or (
+                    equal is not None and r.get("max_loras") != equal):
                 continue
-            ratio = r.get("x_base") or r["output_tokens_per_s"] / base["output_tokens_per_s"]
-            out[r["mode"]] = {"x_base": round(ratio, 3), "adapters": top,
-                              "source": f"loadtests/results/{name}"}
-        out["base"] = {"x_base": 1.0, "adapters": 0, "source": f"loadtests/results/{name}"}
-        return out
-    return {}
+            reft = r["mode"] in ("preft-direft", "preft-loreft")
+            rows.append({
+                "model": meta.get("model_name", "bench-llama"), "mode": r["mode"],
+                "rank": meta.get("reft_rank", 8) if reft else meta.get("rank", 16),
+                "adapters": r["adapters"], "quick": bool(meta.get("quick")),
+                "x_base": round(r.get("x_base") or r["output_tokens_per_s"]
+                                / base["output_tokens_per_s"], 3),
+                "source": f"loadtests/results/{path.name}"})
+    return rows
+
+
+def config_throughput(config: Config, model_name: str, measured: list[dict[str, Any]]
+                      ) -> dict[str, Any] | None:
+    """The measurement closest to this configuration: its engine mode on the same model at
+    the same rank if there is one, else the same model at another rank, else another
+    model; a full run over a quick one, then the most adapters."""
+    candidates = [r for r in measured if r["mode"] == config.engine_mode]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda r: (r["model"] == model_name, r["rank"] == config.rank,
+                                          not r["quick"], r["adapters"]))
+
+
+CONFIGS = {c.name: c for c in FULL_CONFIGS + QUICK_CONFIGS}
+
+
+def attach_throughput(rows: list[dict[str, Any]], model_name: str,
+                      measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's ``x_base`` and where it came from, looked up when the report is made
+    (so a later engine benchmark run updates the whole table)."""
+    for row in rows:
+        if row["config"] == "base":
+            row.update(x_base=1.0, x_from=None)
+            continue
+        got = config_throughput(CONFIGS[row["config"]], model_name, measured)
+        row.update(x_base=got and got["x_base"], x_from=got)
+    return rows
 
 
 # -- report -----------------------------------------------------------------------------
@@ -262,7 +293,7 @@ def summarise(results: dict[str, Any]) -> list[dict[str, Any]]:
             c = group[0]
             rows.append({"task": task, "config": "base", "lr": None, "seeds": 0,
                          "test_loss": None, "test_acc": c["test_acc"],
-                         "val_acc": c["validation_acc"], "x_base": c.get("x_base")})
+                         "val_acc": c["validation_acc"]})
             continue
         seed0 = [c for c in group if c["seed"] == min(x["seed"] for x in group)]
         best = min(seed0, key=lambda c: c["val_loss"] if math.isfinite(c["val_loss"])
@@ -274,27 +305,42 @@ def summarise(results: dict[str, Any]) -> list[dict[str, Any]]:
             "task": task, "config": config, "lr": best["lr"], "seeds": len(at_lr),
             "test_loss": statistics.mean(losses),
             "test_loss_sd": statistics.stdev(losses) if len(losses) > 1 else None,
-            "test_acc": statistics.mean(accs), "val_acc": best["validation_acc"],
-            "x_base": best.get("x_base"),
+            "test_acc": statistics.mean(accs),
+            "test_acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
+            "val_acc": best["validation_acc"], "val_loss": best["val_loss"],
         })
     return rows
 
 
-def table(rows: list[dict[str, Any]], throughput: dict[str, Any]) -> str:
-    source = next(iter(throughput.values()))["source"] if throughput else None
-    lines = [("| task | configuration | LR (picked on val loss) | seeds | test loss | "
+def table(rows: list[dict[str, Any]], model_name: str) -> str:
+    lines = [("| task | configuration | LR (picked on val loss) | seeds | val loss | test loss | "
               "test accuracy | val accuracy | throughput x base |"),
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
+    sources: set[str] = set()
     for r in rows:
+        val = "—" if r.get("val_loss") is None else f"{r['val_loss']:.3f}"
         loss = "—" if r["test_loss"] is None else f"{r['test_loss']:.3f}"
         if r.get("test_loss_sd") is not None:
             loss += f" ± {r['test_loss_sd']:.3f}"
-        tput = "not measured" if r["x_base"] is None else f"{r['x_base']:.2f}"
+        acc = f"{r['test_acc']:.0%}"
+        if r.get("test_acc_sd") is not None:
+            acc += f" ± {r['test_acc_sd']:.0%}"
+        got = r.get("x_from")
+        if r["x_base"] is None:
+            tput = "not measured"
+        else:
+            tput = f"{r['x_base']:.2f}"
+        if got:
+            sources.add(got["source"])
+            if got["model"] != model_name or got["rank"] != CONFIGS[r["config"]].rank:
+                tput += f" ({got['model']}, r{got['rank']})"
         lines.append(f"| {r['task']} | {r['config']} | {r['lr'] or '—'} | {r['seeds']} | "
-                     f"{loss} | {r['test_acc']:.0%} | {r['val_acc']:.0%} | {tput} |")
-    note = (f"\nThroughput: output tokens/s over the base model's, from `{source}` at its "
-            "largest adapter count (that benchmark's model and rank, not this run's)."
-            if source else "\nThroughput: not measured (no loadtests/results/engine_bench*.json).")
+                     f"{val} | {loss} | {acc} | {r['val_acc']:.0%} | {tput} |")
+    note = ("\nThroughput: output tokens/s over the base model's in the same engine-benchmark "
+            f"run, at the largest adapter count and equal slots, on {model_name} at the "
+            "configuration's rank unless the cell names another model or rank; from "
+            + ", ".join(f"`{s}`" for s in sorted(sources)) + "."
+            if sources else "\nThroughput: not measured (no loadtests/results/engine_bench*.json).")
     return "\n".join(lines) + "\n" + note + "\n"
 
 
@@ -310,28 +356,50 @@ def write_doc(text: str, doc: Path) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """The Pareto picture: one point per configuration (mean over the tasks it ran on)
+    at its serving throughput, each task's own value as a faint mark behind it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(12, 4.6))
+    by_config: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        x = r["x_base"] if r["x_base"] is not None else float("nan")
-        label = f"{r['task']}:{r['config']}"
-        acc_ax.scatter(x, r["test_acc"])
-        acc_ax.annotate(label, (x, r["test_acc"]), fontsize=7)
-        if r["test_loss"] is not None:
-            loss_ax.scatter(x, r["test_loss"])
-            loss_ax.annotate(label, (x, r["test_loss"]), fontsize=7)
-    acc_ax.set(xlabel="throughput (x base, engine benchmark)", ylabel="test accuracy (greedy)",
-               title="accuracy vs throughput")
-    loss_ax.set(xlabel="throughput (x base, engine benchmark)",
+        by_config.setdefault(r["config"], []).append(r)
+    for i, (config, group) in enumerate(by_config.items()):
+        x = group[0]["x_base"] if group[0]["x_base"] is not None else float("nan")
+        colour = f"C{i % 10}"
+        for ax, key in ((acc_ax, "test_acc"), (loss_ax, "test_loss")):
+            values = [r[key] for r in group if r[key] is not None]
+            if not values:
+                continue
+            ax.scatter([x] * len(values), values, color=colour, alpha=0.25, s=14)
+            mean = statistics.mean(values)
+            ax.scatter([x], [mean], color=colour, s=46, label=config)
+            ax.annotate(config, (x, mean), fontsize=7, xytext=(4, 2),
+                        textcoords="offset points")
+    acc_ax.set(xlabel="serving throughput (x base model, engine benchmark)",
+               ylabel="test accuracy (greedy, served)", title="accuracy vs throughput")
+    loss_ax.set(xlabel="serving throughput (x base model, engine benchmark)",
                 ylabel="test loss (assistant tokens)", title="eval loss vs throughput")
+    acc_ax.legend(fontsize=7, loc="best")
+    fig.suptitle("one point per configuration: mean over tasks (faint: each task)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def report(results: dict[str, Any], model_name: str, out: Path, doc: Path | None,
+           say: Any = print) -> None:
+    """Table (printed, and into ``doc`` between its markers) and plot from the results."""
+    rows = attach_throughput(summarise(results), model_name, measured_throughput())
+    text = table(rows, model_name)
+    say("\n" + text)
+    if doc is not None:
+        write_doc(text, doc)
+    plot(rows, out.with_suffix(".png"))
 
 
 # -- run --------------------------------------------------------------------------------
@@ -419,7 +487,6 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
         "tasks": plan.tasks, "configs": [c.name for c in plan.configs], "lrs": plan.lrs,
         "seeds": plan.seeds, "steps": plan.steps, "batch_size": plan.batch_size},
         "machine": f"{os.cpu_count()} CPUs"})
-    throughput = engine_throughput()
     done = {c["key"] for c in results["cells"]}
     val_loss = {c["key"]: c["val_loss"] for c in results["cells"] if "val_loss" in c}
     finished_now = 0
@@ -451,7 +518,6 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
         t0 = time.monotonic()
         cell = {"key": key, "task": task, "config": "base", "lr": 0, "seed": 0,
                 **score(get_engine(), tasks[task], None),
-                "x_base": throughput.get("base", {}).get("x_base"),
                 "eval_s": round(time.monotonic() - t0, 1)}
         finish(cell)
         say(f"[base] {task}: test acc {cell['test_acc']:.0%}, val acc "
@@ -475,7 +541,6 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
             cell = {"key": key, "task": task, "config": config.name, "type": config.type,
                     "mode": config.mode, "rank": config.rank, "lr": lr, "seed": seed,
                     "steps": plan.steps, **record, **scored,
-                    "x_base": throughput.get(config.engine_mode, {}).get("x_base"),
                     "eval_s": round(time.monotonic() - t0, 1)}
             finish(cell)
             val_loss[key] = record["val_loss"]
@@ -488,12 +553,7 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
     results["meta"]["last_run_s"] = round(time.monotonic() - started, 1)
     results["meta"]["last_run_cells"] = finished_now
     save_results(out, results)
-    rows = summarise(results)
-    text = table(rows, throughput)
-    say("\n" + text)
-    if doc is not None:
-        write_doc(text, doc)
-    plot(rows, out.with_suffix(".png"))
+    report(results, model.name, out, doc, say)
     say(f"results: {out}, plot: {out.with_suffix('.png')}, "
         f"wall {time.monotonic() - started:.0f} s")
     return results
@@ -514,6 +574,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None,
                    help="results JSON (default loadtests/results/quality_bench[_quick].json)")
     p.add_argument("--work", type=Path, default=WORK, help="where adapters are trained")
+    p.add_argument("--report", action="store_true",
+                   help="only rewrite the table and plot from the results JSON (no training)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for training (default: every CPU; 1 beside another "
                         "benchmark)")
@@ -542,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
                 steps=args.steps or (16 if args.quick else 40), batch_size=args.batch_size)
     out = args.out or RESULTS / ("quality_bench_quick.json" if args.quick
                                  else "quality_bench.json")
+    if args.report:
+        report(load_results(out), model.name, out, None if str(args.doc) == "-" else args.doc)
+        return 0
     run(plan, model, out, args.work, None if str(args.doc) == "-" else args.doc,
         args.threads)
     return 0

@@ -124,15 +124,41 @@ def test_lr_is_picked_on_validation_loss_and_seeds_are_averaged() -> None:
     assert row["test_loss"] == pytest.approx(1.3)
 
 
-def test_throughput_comes_from_the_engine_benchmark(tmp_path: Path) -> None:
-    assert quality_bench.engine_throughput(tmp_path) == {}
-    runs = [{"mode": "base", "adapters": 0, "output_tokens_per_s": 100.0},
-            {"mode": "preft-lora", "adapters": 8, "output_tokens_per_s": 50.0},
-            {"mode": "preft-lora", "adapters": 64, "output_tokens_per_s": 90.0},
-            {"mode": "all-lora", "adapters": 64, "output_tokens_per_s": 30.0}]
-    (tmp_path / "engine_bench_quick.json").write_text(json.dumps({"runs": runs}))
-    got = quality_bench.engine_throughput(tmp_path)
-    assert got["preft-lora"]["x_base"] == 0.9 and got["all-lora"]["x_base"] == 0.3
+def test_throughput_is_each_configurations_closest_engine_measurement(tmp_path: Path) -> None:
+    assert quality_bench.measured_throughput(tmp_path) == []
+
+    def result(name: str, rank: int, quick: bool, runs: list) -> None:
+        meta = {"model_name": name, "rank": rank, "reft_rank": rank, "quick": quick,
+                "max_loras": 8}
+        (tmp_path / f"engine_bench_{name}_{rank}_{quick}.json").write_text(
+            json.dumps({"meta": meta, "runs": runs}))
+
+    def row(mode: str, adapters: int, tps: float, max_loras: int = 8) -> dict:
+        return {"mode": mode, "adapters": adapters, "max_loras": max_loras,
+                "output_tokens_per_s": tps}
+
+    result("bench-llama", 16, False, [row("base", 0, 100.0), row("preft-lora", 512, 80.0),
+                                      row("all-lora", 512, 20.0)])
+    result("smol", 16, False, [row("base", 0, 10.0), row("preft-lora", 64, 9.0),
+                               row("preft-lora", 512, 9.5), row("preft-lora", 512, 3.0, 32)])
+    result("smol", 64, True, [row("base", 0, 10.0), row("preft-lora", 64, 8.0)])
+    measured = quality_bench.measured_throughput(tmp_path)
+    assert all(r["x_base"] != 0.3 for r in measured)  # the 32-slot sweep row is left out
+    lora = quality_bench.CONFIGS
+
+    def pick(name: str) -> tuple:
+        got = quality_bench.config_throughput(lora[name], "smol", measured)
+        return None if got is None else (got["model"], got["rank"], got["x_base"])
+
+    assert pick("preft-lora-r16") == ("smol", 16, 0.95)  # same model and rank, most adapters
+    assert pick("preft-lora-r64") == ("smol", 64, 0.8)  # same rank (quick) beats another rank
+    assert pick("preft-lora-r4") == ("smol", 16, 0.95)  # same model, nearest full run
+    assert pick("all-lora-r16") == ("bench-llama", 16, 0.2)  # only another model has it
+    assert pick("preft-direft-r4") is None
+    rows = quality_bench.attach_throughput(
+        [{"config": "base"}, {"config": "all-lora-r16"}, {"config": "preft-direft-r4"}],
+        "smol", measured)
+    assert [r["x_base"] for r in rows] == [1.0, 0.2, None]
 
 
 def test_the_sweep_completes_a_first_pass_before_other_lrs() -> None:
