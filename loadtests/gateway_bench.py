@@ -58,6 +58,7 @@ from loadtests.stack_setup import (
     seed_tenants,
     stack_main,
     start_fake_upstream,
+    start_floor_proxy,
     write_results,
 )
 
@@ -367,12 +368,17 @@ def _real_worker_parts(args: argparse.Namespace, stack: LocalStack, config: Stac
 
 
 
+FLOOR = "fake upstream, minimal proxy (floor)"
+
+
 def verdict(parts: dict[str, Any]) -> dict[str, dict[str, bool]]:
     """Each target, met or not: throughput against real workers; the gateway's own CPU and
     added latency against the instant upstream (with a model behind it, the added latency
     is mostly waiting for a CPU the model holds, see docs/benchmarks.md)."""
     out = {}
     for name, part in parts.items():
+        if name == FLOOR:
+            continue  # a reference, not the gateway
         if name == "fake upstream":
             out[name] = {
                 "gateway_cpu_met": part["throughput"]["gateway_cpu_ms_per_request"]
@@ -425,6 +431,14 @@ def main(argv: list[str] | None = None) -> int:
                 gateway_target(f"http://127.0.0.1:{fake_gw_port}", config.base_model_name),
                 fake_reqs, args.rounds, args.concurrency, args.fake_pairs,
                 {"gateway": [fake_gateway.pid], "upstream": [fake.pid]}))
+            floor = start_floor_proxy(stack, fake_url)
+            print("[+] the same upstream behind a minimal proxy (the CPU floor of any "
+                  "Python proxy here: loadtests/floor_proxy.py)", flush=True)
+            results["parts"][FLOOR] = asyncio.run(measure(
+                direct_target(fake_url),
+                dataclasses.replace(direct_target(floor.url), label="gateway"),
+                fake_reqs, args.rounds, args.concurrency, args.fake_pairs,
+                {"gateway": [floor.pid], "upstream": [fake.pid]}))
         results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
         print(table(results))
         results["verdict"] = verdict(results["parts"])

@@ -200,13 +200,30 @@ class FakeUpstream:
     pid: int
 
 
+def _start_asgi(stack: LocalStack, name: str, app: str, ready: Callable[[str], bool],
+                env: dict[str, str] | None = None) -> FakeUpstream:
+    """A raw ASGI app of ``loadtests`` under uvicorn (uvloop and httptools, as the gateway's
+    uvicorn picks them) as a part of ``stack``."""
+    port = free_port()
+    child = stack.start(name, [
+        sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
+        "--port", str(port), "--no-access-log", "--log-level", "warning",
+        "--app-dir", str(Path(__file__).resolve().parent.parent)], env=env)
+    url = f"http://127.0.0.1:{port}"
+    child.wait_ready(lambda: ready(url), 60)
+    return FakeUpstream(url, child.pid)
+
+
 def start_fake_upstream(stack: LocalStack) -> FakeUpstream:
     """``loadtests/fake_worker.py`` (answers like vLLM, at once) as a part of ``stack``."""
-    port = free_port()
-    child = stack.start("fake-worker", [
-        sys.executable, "-m", "uvicorn", "loadtests.fake_worker:app", "--host", "127.0.0.1",
-        "--port", str(port), "--no-access-log", "--log-level", "warning",
-        "--app-dir", str(Path(__file__).resolve().parent.parent)])
-    url = f"http://127.0.0.1:{port}"
-    child.wait_ready(lambda: httpx.get(f"{url}/health").status_code == 200, 60)
-    return FakeUpstream(url, child.pid)
+    return _start_asgi(stack, "fake-worker", "loadtests.fake_worker:app",
+                       lambda url: httpx.get(f"{url}/health").status_code == 200)
+
+
+def start_floor_proxy(stack: LocalStack, upstream: str) -> FakeUpstream:
+    """``loadtests/floor_proxy.py`` in front of ``upstream``: what a server plus a client
+    cost here with no gateway logic."""
+    return _start_asgi(stack, "floor-proxy", "loadtests.floor_proxy:app",
+                       lambda url: httpx.post(f"{url}/v1/completions", json={
+                           "model": "x", "prompt": "x", "max_tokens": 1}).status_code == 200,
+                       env={"PREFT_FLOOR_UPSTREAM": upstream})
