@@ -12,6 +12,9 @@ requests (``--rate`` per second) name an adapter, phase by phase:
                   than ``--max-cpu-loras``) but still on the worker's disk;
 * ``warm`` again, so drift on a shared machine shows.
 
+The long streams restart at each phase start, so each phase's gaps come from the same
+context lengths.
+
 Reported per phase: the long streams' inter-token gap p50 / p99 / max, steps slower than
 2x the warm median, completions per second and the short requests' latency; ratios are
 against the warm phases of the same run. JSON + a timeline plot go to loadtests/results/.
@@ -47,6 +50,7 @@ class Timeline:
     gaps: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     done: list[tuple[float, float, str]] = dataclasses.field(default_factory=list)  # t, s, ok
     phases: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)
+    epoch: int = 0  # bumped at each phase start: the long streams restart with it
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -74,14 +78,21 @@ def _adapters(model: Path, root: Path, count: int) -> list[str]:
 
 
 def _long_stream(url: str, prompt: list[int], stop: threading.Event, line: Timeline) -> None:
+    """One long base-model stream after another; each is dropped and started afresh when a
+    phase starts, so every phase sees the same context lengths (a stream that ran through
+    the whole run would make each phase's steps slower than the last's: attention grows
+    with the context)."""
     body = {"model": "base", "prompt": prompt, "max_tokens": 3500, "temperature": 0,
             "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=120) as client:
         while not stop.is_set():
             last = None
+            epoch = line.epoch
             try:
                 with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
                     for raw in reply.iter_lines():
+                        if line.epoch != epoch:
+                            break
                         if not raw.startswith("data: {"):
                             continue
                         now = time.monotonic()
@@ -114,6 +125,8 @@ def _short(url: str, sha: str, prompt: list[int], line: Timeline) -> None:
 
 def _phase(name: str, url: str, shas: list[str], seconds: float, rate: float,
            prompt_len: int, rng: random.Random, line: Timeline) -> None:
+    with line.lock:
+        line.epoch += 1
     start = time.monotonic()
     threads = []
     for i in range(int(seconds * rate)):
