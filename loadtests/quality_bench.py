@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -448,9 +449,20 @@ def cached_train(model: Path, task: Task, config: Config, lr: float, seed: int, 
 
 def _train_child(model: Path, task: str, config: Config, lr: float, seed: int, plan: Plan,
                  out: Path, threads: int) -> None:
-    """A spawned process's whole job: train one cell (its record lands in cell.json)."""
+    """A spawned process's whole job: train one cell (its record lands in cell.json).
+    It exits when its parent is gone, so a killed run leaves no trainer behind."""
+    import threading
+
     import torch
 
+    parent = os.getppid()
+
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
     torch.set_num_threads(threads)
     cached_train(model, make_tasks()[task], config, lr, seed, plan, out,
                  lambda line: print(line, flush=True))
@@ -467,7 +479,12 @@ def train_isolated(model: Path, task: str, config: Config, lr: float, seed: int,
         child = multiprocessing.get_context("spawn").Process(
             target=_train_child, args=(model, task, config, lr, seed, plan, out, threads))
         child.start()
-        child.join()
+        try:
+            child.join()
+        finally:
+            if child.is_alive():  # interrupted: the trainer goes with the run
+                child.terminate()
+                child.join()
         if child.exitcode != 0 or not record.exists():
             raise RuntimeError(f"training {task}/{config.name} lr={lr:g} seed={seed} failed "
                                f"(exit code {child.exitcode}); its output is above")
@@ -586,6 +603,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up (the trainer) on kill
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TQDM_DISABLE", "1")
     model = Path(args.model) if args.model else DEFAULT_MODEL

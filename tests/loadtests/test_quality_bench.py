@@ -174,3 +174,36 @@ def test_the_sweep_completes_a_first_pass_before_other_lrs() -> None:
     assert len(cells) == len(set(cells)) == 2 * len(quality_bench.FULL_CONFIGS) * 3
     lora = sum(c.type == "lora" for c in quality_bench.FULL_CONFIGS)
     assert {c.type for _, c, _, _ in first[: 2 * lora]} == {"lora"}  # the findings' cells
+
+
+def test_a_killed_run_leaves_no_trainer_behind(tmp_path: Path) -> None:
+    """Each cell trains in a child process; stopping the run (SIGTERM) must stop it too."""
+    import signal
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "loadtests.quality_bench", "--quick", "--model", "tiny-llama",
+           "--steps", "100000", "--out", str(tmp_path / "q.json"), "--work",
+           str(tmp_path / "work"), "--doc", "-"]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # base cells are scored first, then the first cell trains
+            if line.startswith("[train]"):
+                break
+        deadline = time.monotonic() + 60
+        while not (trainers := psutil.Process(proc.pid).children(recursive=True)):
+            assert time.monotonic() < deadline, "the cell should train in a child process"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        deadline = time.monotonic() + 30
+        while any(t.is_running() and t.status() != psutil.STATUS_ZOMBIE for t in trainers):
+            assert time.monotonic() < deadline, "the trainer outlived the run"
+            time.sleep(0.5)
+    finally:
+        proc.kill()
+        proc.wait()
