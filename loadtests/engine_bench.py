@@ -203,8 +203,11 @@ class BenchEngine:
             "max_model_len": cfg["prompt_len"] + cfg["output_len"] + 16,
         }
         if mode != "base":
+            from preft_serve.worker.vllm_compat import engine_max_lora_rank  # no install()
+
             kwargs.update(enable_lora=True, max_loras=cfg["max_loras"],
-                          max_lora_rank=cfg["rank"], max_cpu_loras=max(adapters, cfg["max_loras"]))
+                          max_lora_rank=engine_max_lora_rank(cfg["rank"]),
+                          max_cpu_loras=max(adapters, cfg["max_loras"]))
         if mode not in ("base", "stock-lora"):
             kwargs.update(preft_engine_kwargs())
         t0 = time.perf_counter()

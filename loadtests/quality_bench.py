@@ -44,7 +44,6 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "quality.md"
 DEFAULT_MODEL = Path("var/models/smollm2-135m-instruct")
 WORK = Path("var/quality")
 TABLE_START, TABLE_END = "<!-- quality-table:start -->", "<!-- quality-table:end -->"
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted max_lora_rank values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,11 +173,12 @@ class QualityEngine:
     def __init__(self, model: Path, max_rank: int, max_adapters: int) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from preft_serve.worker.engine_config import preft_engine_kwargs
+        from preft_serve.worker.vllm_compat import engine_max_lora_rank
         from transformers import AutoTokenizer
         from vllm import LLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model))
-        rank = next(r for r in VLLM_RANKS if r >= max_rank)
+        rank = engine_max_lora_rank(max_rank)
         t0 = time.perf_counter()
         self.llm = LLM(model=str(model), dtype="float32", enforce_eager=True, seed=0,
                        kv_cache_memory_bytes=256 << 20, block_size=32, max_model_len=512,

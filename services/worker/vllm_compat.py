@@ -45,6 +45,8 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    exceptions, which reach the app's handlers; a :class:`vllm.exceptions.GracefulHTTPError`
    becomes an OpenAI error body with its own status. ``AdapterStoreUnavailable`` uses that
    for a 503 when the object store is down.
+6. Engine arguments (``vllm/config/lora.py::MaxLoRARanks``): ``max_lora_rank`` must be one
+   of a fixed set of values; :func:`engine_max_lora_rank` rounds an adapter rank up to it.
 """
 
 from __future__ import annotations
@@ -718,6 +720,22 @@ class AdapterStoreUnavailable(GracefulHTTPError):
 
     def __init__(self) -> None:
         super().__init__(self.MESSAGE, HTTPStatus.SERVICE_UNAVAILABLE)
+
+
+# -- 6. engine arguments ---------------------------------------------------------------
+
+
+def engine_max_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that serves adapters of ``rank``."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    accepted = sorted(int(r) for r in get_args(MaxLoRARanks))
+    for value in accepted:
+        if value >= rank:
+            return value
+    raise ValueError(f"rank {rank} is above vLLM's largest max_lora_rank ({accepted[-1]})")
 
 
 # -- installation ----------------------------------------------------------------------
