@@ -585,6 +585,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"model directory (default {DEFAULT_MODEL}); 'tiny-llama' generates "
                         "the toy model")
     p.add_argument("--tasks", default=None, help="comma list of tasks (default: all; quick: facts)")
+    p.add_argument("--configs", default=None,
+                   help="comma list of configurations (default: all nine; quick: two), e.g. "
+                        "preft-loreft-r4,preft-loreft-r16 to run a part of the grid first")
+    p.add_argument("--lrs", default=None,
+                   help="comma list of learning rates (default 5e-3,1e-2,2e-3; quick 5e-3); "
+                        "cells are keyed by LR, so a partial run's cells count in the full one")
     p.add_argument("--steps", type=int, default=None, help="training steps (quick 16, full 40)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seeds", type=int, default=None, help="seeds for headline cells (full 2)")
@@ -617,8 +623,18 @@ def main(argv: list[str] | None = None) -> int:
     tasks = tuple(args.tasks.split(",")) if args.tasks else (
         ("facts",) if args.quick else tuple(make_tasks()))
     seeds = args.seeds or (1 if args.quick else 2)
-    plan = Plan(tasks=tasks, configs=QUICK_CONFIGS if args.quick else FULL_CONFIGS,
-                lrs=QUICK_LRS if args.quick else FULL_LRS, seeds=tuple(range(seeds)),
+    configs = QUICK_CONFIGS if args.quick else FULL_CONFIGS
+    if args.configs:
+        wanted = args.configs.split(",")
+        unknown = [c for c in wanted if c not in CONFIGS]
+        if unknown:
+            print(f"error: unknown configuration(s) {', '.join(unknown)}; known: "
+                  f"{', '.join(CONFIGS)}", file=sys.stderr)
+            return 2
+        configs = tuple(CONFIGS[c] for c in wanted)
+    lrs = tuple(float(x) for x in args.lrs.split(",")) if args.lrs else (
+        QUICK_LRS if args.quick else FULL_LRS)
+    plan = Plan(tasks=tasks, configs=configs, lrs=lrs, seeds=tuple(range(seeds)),
                 steps=args.steps or (16 if args.quick else 40), batch_size=args.batch_size)
     out = args.out or RESULTS / ("quality_bench_quick.json" if args.quick
                                  else "quality_bench.json")

@@ -207,3 +207,14 @@ def test_a_killed_run_leaves_no_trainer_behind(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_unknown_configuration_is_refused_with_the_known_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a model directory, never loaded
+    code = quality_bench.main(["--configs", "preft-lora-r16,preft-lora-r99", "--model",
+                               str(tmp_path), "--out", str(tmp_path / "q.json"), "--doc", "-"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "unknown configuration(s) preft-lora-r99" in err and "preft-loreft-r16" in err
+    assert not (tmp_path / "q.json").exists()
