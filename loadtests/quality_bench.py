@@ -244,6 +244,7 @@ def measured_throughput(results_dir: Path = RESULTS) -> list[dict[str, Any]]:
                 "model": meta.get("model_name", "bench-llama"), "mode": r["mode"],
                 "rank": meta.get("reft_rank", 8) if reft else meta.get("rank", 16),
                 "adapters": r["adapters"], "quick": bool(meta.get("quick")),
+                "started": str(meta.get("started", "")),
                 "x_base": round(r.get("x_base") or r["output_tokens_per_s"]
                                 / base["output_tokens_per_s"], 3),
                 "source": f"loadtests/results/{path.name}"})
@@ -254,12 +255,12 @@ def config_throughput(config: Config, model_name: str, measured: list[dict[str, 
                       ) -> dict[str, Any] | None:
     """The measurement closest to this configuration: its engine mode on the same model at
     the same rank if there is one, else the same model at another rank, else another
-    model; a full run over a quick one, then the most adapters."""
+    model; a full run over a quick one, then the most adapters, then the newest run."""
     candidates = [r for r in measured if r["mode"] == config.engine_mode]
     if not candidates:
         return None
     return max(candidates, key=lambda r: (r["model"] == model_name, r["rank"] == config.rank,
-                                          not r["quick"], r["adapters"]))
+                                          not r["quick"], r["adapters"], r["started"]))
 
 
 CONFIGS = {c.name: c for c in FULL_CONFIGS + QUICK_CONFIGS}

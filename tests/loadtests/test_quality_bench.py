@@ -127,21 +127,24 @@ def test_lr_is_picked_on_validation_loss_and_seeds_are_averaged() -> None:
 def test_throughput_is_each_configurations_closest_engine_measurement(tmp_path: Path) -> None:
     assert quality_bench.measured_throughput(tmp_path) == []
 
-    def result(name: str, rank: int, quick: bool, runs: list) -> None:
+    def result(name: str, rank: int, quick: bool, runs: list, started: str = "") -> None:
         meta = {"model_name": name, "rank": rank, "reft_rank": rank, "quick": quick,
-                "max_loras": 8}
-        (tmp_path / f"engine_bench_{name}_{rank}_{quick}.json").write_text(
+                "max_loras": 8, "started": started}
+        (tmp_path / f"engine_bench_{name}_{rank}_{quick}{started}.json").write_text(
             json.dumps({"meta": meta, "runs": runs}))
 
     def row(mode: str, adapters: int, tps: float, max_loras: int = 8) -> dict:
         return {"mode": mode, "adapters": adapters, "max_loras": max_loras,
                 "output_tokens_per_s": tps}
 
-    result("bench-llama", 16, False, [row("base", 0, 100.0), row("preft-lora", 512, 80.0),
-                                      row("all-lora", 512, 20.0)])
+    result("bench-llama", 16, False, [row("base", 0, 100.0), row("preft-lora", 512, 80.0)])
     result("smol", 16, False, [row("base", 0, 10.0), row("preft-lora", 64, 9.0),
                                row("preft-lora", 512, 9.5), row("preft-lora", 512, 3.0, 32)])
     result("smol", 64, True, [row("base", 0, 10.0), row("preft-lora", 64, 8.0)])
+    result("bench-llama", 16, False, [row("base", 0, 100.0), row("all-lora", 512, 25.0)],
+           started="2026-01-01")  # an older run of the same: the newer one counts
+    result("bench-llama", 16, False, [row("base", 0, 100.0), row("all-lora", 512, 20.0)],
+           started="2026-02-01")
     measured = quality_bench.measured_throughput(tmp_path)
     assert all(r["x_base"] != 0.3 for r in measured)  # the 32-slot sweep row is left out
     lora = quality_bench.CONFIGS
