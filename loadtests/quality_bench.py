@@ -436,18 +436,6 @@ def seed_cells(plan: Plan, val_loss: dict[str, float]
                 yield task, config, best, seed
 
 
-def cached_train(model: Path, task: Task, config: Config, lr: float, seed: int, plan: Plan,
-                 out: Path, say: Any) -> dict[str, Any]:
-    """``train_cell`` unless this cell's adapter was already trained (a resumed run)."""
-    record = out / "cell.json"
-    if record.exists():
-        say("    adapter already trained, reused")
-        return dict(json.loads(record.read_text()))
-    trained = train_cell(model, task, config, lr, seed, plan, out, say)
-    record.write_text(json.dumps(trained))
-    return trained
-
-
 def _train_child(model: Path, task: str, config: Config, lr: float, seed: int, plan: Plan,
                  out: Path, threads: int) -> None:
     """A spawned process's whole job: train one cell (its record lands in cell.json).
@@ -465,8 +453,9 @@ def _train_child(model: Path, task: str, config: Config, lr: float, seed: int, p
 
     threading.Thread(target=watch_parent, daemon=True).start()
     torch.set_num_threads(threads)
-    cached_train(model, make_tasks()[task], config, lr, seed, plan, out,
-                 lambda line: print(line, flush=True))
+    trained = train_cell(model, make_tasks()[task], config, lr, seed, plan, out,
+                         lambda line: print(line, flush=True))
+    (out / "cell.json").write_text(json.dumps(trained))
 
 
 def train_isolated(model: Path, task: str, config: Config, lr: float, seed: int, plan: Plan,
