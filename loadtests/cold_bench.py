@@ -15,9 +15,14 @@ requests (``--rate`` per second) name an adapter, phase by phase:
 The long streams restart at each phase start, so each phase's gaps come from the same
 context lengths.
 
-Reported per phase: the long streams' inter-token gap p50 / p99 / max, steps slower than
-2x the warm median, completions per second and the short requests' latency; ratios are
-against the warm phases of the same run. JSON + a timeline plot go to loadtests/results/.
+Reported per phase: the long streams' inter-token gap p50 / p99 / max, gaps over 2x the
+warm median, completions per second and the short requests' latency; and the engine's own
+steps (``PREFT_STEP_TRACE``, see ``preft_serve.worker.step_trace``): step p50 / p99 / max,
+steps over 2x the warm phases' median step, decode-only steps apart from steps with prompt
+tokens (a step that prefills is longer whatever the adapter's temperature). Client gaps
+cannot show single steps (vLLM merges a lagging stream's outputs); the trace can. Ratios
+are against the warm phases of the same run. JSON + a timeline plot go to
+loadtests/results/.
 
     python -m loadtests.cold_bench                    # bench-llama, ~3 minutes
     python -m loadtests.cold_bench --model var/models/smollm2-135m-instruct
@@ -37,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
+from preft_serve.worker.step_trace import Step, read_steps
 
 RESULTS = Path(__file__).parent / "results"
 PHASES = ("warm", "store-cold", "disk-cold", "warm-again")
@@ -148,6 +155,42 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _step_row(steps: list[Step], warm_median: float) -> dict[str, Any]:
+    seconds = [s.seconds for s in steps]
+    decode = [s.seconds for s in steps if s.decode_only]
+    prefill = [s.seconds for s in steps if not s.decode_only]
+    return {
+        "steps": len(steps),
+        "step_p50_ms": round(1000 * _pct(seconds, 0.5), 2),
+        "step_p99_ms": round(1000 * _pct(seconds, 0.99), 2),
+        "step_max_ms": round(1000 * max(seconds, default=float("nan")), 2),
+        "step_max_vs_warm_median": round(max(seconds, default=float("nan")) / warm_median, 2),
+        "steps_over_2x_warm_median": sum(1 for x in seconds if x > 2 * warm_median),
+        "decode_steps": len(decode),
+        "decode_step_p50_ms": round(1000 * _pct(decode, 0.5), 2),
+        "decode_step_max_ms": round(1000 * max(decode, default=float("nan")), 2),
+        "decode_steps_over_2x_warm_median": sum(1 for x in decode if x > 2 * warm_median),
+        "prefill_steps": len(prefill),
+        "prefill_step_p50_ms": round(1000 * _pct(prefill, 0.5), 2),
+        "prefill_step_max_ms": round(1000 * max(prefill, default=float("nan")), 2),
+    }
+
+
+def summarise_steps(line: Timeline, steps: list[Step]) -> dict[str, Any]:
+    """The engine's steps per phase (by start time), against the warm phases' median."""
+    def within(a: float, b: float) -> list[Step]:
+        return [s for s in steps if a <= s.start <= b]
+
+    warm = [s.seconds for name, a, b in line.phases if name.startswith("warm")
+            for s in within(a, b)]
+    if not warm:
+        return {}
+    warm_median = statistics.median(warm)
+    return {"warm_step_median_ms": round(1000 * warm_median, 2),
+            "phases": {name: _step_row(within(a, b), warm_median)
+                       for name, a, b in line.phases}}
+
+
 def summarise(line: Timeline) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     warm_gaps = [g for name, a, b in line.phases if name.startswith("warm")
@@ -179,14 +222,22 @@ def summarise(line: Timeline) -> dict[str, Any]:
     return {"warm_gap_median_ms": round(1000 * warm_median, 1), "phases": rows}
 
 
-def plot(line: Timeline, summary: dict[str, Any], path: Path) -> None:
+def plot(line: Timeline, summary: dict[str, Any], path: Path, steps: list[Step]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t0 = line.phases[0][1]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    fig, (engine, top, bottom) = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
+    for decode, colour, label in ((True, "tab:blue", "decode only"),
+                                  (False, "tab:orange", "with prompt tokens")):
+        chosen = [s for s in steps if s.decode_only == decode and s.start >= t0]
+        engine.scatter([s.start - t0 for s in chosen], [1000 * s.seconds for s in chosen],
+                       s=3, color=colour, label=label)
+    engine.set_ylabel("engine step (ms)")
+    engine.set_yscale("log")
+    engine.legend(fontsize=7, loc="upper right")
     top.scatter([t - t0 for t, _ in line.gaps], [1000 * g for _, g in line.gaps], s=3)
     top.set_ylabel("inter-token gap of\nrunning streams (ms)")
     top.set_yscale("log")
@@ -198,9 +249,9 @@ def plot(line: Timeline, summary: dict[str, Any], path: Path) -> None:
     bottom.set_xlabel("seconds")
     colours = {"warm": "#dfd", "store-cold": "#fdd", "disk-cold": "#ffd", "warm-again": "#dfd"}
     for name, a, b in line.phases:
-        for ax in (top, bottom):
+        for ax in (engine, top, bottom):
             ax.axvspan(a - t0, b - t0, color=colours[name], zorder=0)
-        top.text((a + b) / 2 - t0, top.get_ylim()[1], name, ha="center", va="top")
+        engine.text((a + b) / 2 - t0, engine.get_ylim()[1], name, ha="center", va="top")
     cold = summary["phases"].get("store-cold", {})
     fig.suptitle(f"running streams while cold adapters load: store-cold p99 gap "
                  f"{cold.get('gap_p99_vs_warm')}x warm, stream tokens/s "
@@ -235,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cache = args.var / f"cache-{int(time.time())}"
+    trace = (args.var / f"steps-{int(time.time())}.txt").resolve()
     print("[2/3] worker", flush=True)
     worker = Child("worker", [sys.executable, "-m", "preft_serve.worker.serve", "--model",
                               str(model), "--port", str(port), "--object-store",
@@ -242,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                               str(cache.resolve()), "--max-loras", "8", "--max-cpu-loras",
                               str(args.max_cpu_loras), "--max-model-len", "4096",
                               "--served-model-name", "base", "--kv-cache-gib", "0.5"],
-                   args.var / "worker.log")
+                   args.var / "worker.log", env={STEP_TRACE_ENV: str(trace)})
     rng = random.Random(0)
     line = Timeline()
     stop = threading.Event()
@@ -265,15 +317,28 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         worker.stop()
-    summary = {"config": {k: str(v) for k, v in vars(args).items()}, **summarise(line)}
+    steps = read_steps(trace) if trace.exists() else []
+    summary = {"config": {k: str(v) for k, v in vars(args).items()}, **summarise(line),
+               "engine_steps": summarise_steps(line, steps)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))
-    plot(line, summary, args.out.with_suffix(".png"))
+    plot(line, summary, args.out.with_suffix(".png"), steps)
     cols = ["gap_p50_ms", "gap_p99_ms", "gap_max_ms", "gaps_over_2x_warm_median",
             "stream_tokens_per_s", "completions", "errors", "latency_p99_ms"]
     print(f"\n{'phase':<12}" + "".join(f"{c:>26}" for c in cols))
     for name, row in summary["phases"].items():
         print(f"{name:<12}" + "".join(f"{row[c]:>26}" for c in cols))
+    engine = summary["engine_steps"]
+    if engine:
+        cols = ["steps", "step_p50_ms", "step_p99_ms", "step_max_ms", "step_max_vs_warm_median",
+                "steps_over_2x_warm_median", "decode_step_max_ms",
+                "decode_steps_over_2x_warm_median", "prefill_step_p50_ms"]
+        print(f"\nengine steps (warm median {engine['warm_step_median_ms']} ms)")
+        print(f"{'phase':<12}" + "".join(f"{c:>34}" for c in cols))
+        for name, row in engine["phases"].items():
+            print(f"{name:<12}" + "".join(f"{row[c]:>34}" for c in cols))
+    else:
+        print(f"\nno engine step trace at {trace}")
     for name in ("store-cold", "disk-cold"):
         row = summary["phases"][name]
         print(f"{name}: p99 gap {row['gap_p99_vs_warm']}x warm, stream tokens/s "

@@ -16,6 +16,8 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    and Qwen2). The worker classes below graft this onto vLLM's runner class.
    The V2 model runner (default on GPU when Triton exists) maps tokens elsewhere, so the
    worker launcher sets ``VLLM_USE_V2_MODEL_RUNNER=0``.
+   ``set_active_loras`` runs once per executed step, so it also marks step starts for
+   ``step_trace`` (off unless ``PREFT_STEP_TRACE`` is set).
    Cold adapters: the runner's ``add_lora`` (what the server's ``engine_client.add_lora``
    reaches after a resolver found an adapter, an engine-loop call) checks the config at once
    and hands the weight parse (``LRUCacheWorkerLoRAManager._load_adapter``) to a background
@@ -73,6 +75,7 @@ from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
 from preft_serve.worker.preload import AdapterPreloader
 from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
+from preft_serve.worker.step_trace import StepTrace, step_trace_from_env
 from preft_serve.worker.token_mapping import (
     NO_ADAPTER,
     StepMapping,
@@ -155,9 +158,11 @@ class PreftLoRAMappingMixin:
     attribute read is ``type: ignore[attr-defined]``, for that reason only."""
 
     reft: ReftRuntime
+    step_trace: StepTrace | None = None
 
     def load_model(self, *args: Any, **kwargs: Any) -> Any:
         result = super().load_model(*args, **kwargs)  # type: ignore[misc]
+        self.step_trace = step_trace_from_env()
         hf = self.model_config.hf_config  # type: ignore[attr-defined]
         lora_config = self.lora_config  # type: ignore[attr-defined]
         capacity = lora_config.max_cpu_loras if lora_config else 0
@@ -184,6 +189,8 @@ class PreftLoRAMappingMixin:
         if num_sampled_tokens is None:
             num_sampled_tokens = np.ones_like(num_scheduled_tokens, dtype=np.int32)
         n = input_batch.num_reqs
+        if self.step_trace is not None:  # called once per executed step: its start
+            self.step_trace.mark(int(num_scheduled_tokens[:n].sum()), n)
         adapter_ids = input_batch.request_lora_mapping[:n]
         requests = input_batch.lora_id_to_lora_request
         kinds = {i: _adapter_kinds(r) for i, r in requests.items()}

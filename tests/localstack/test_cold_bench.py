@@ -28,3 +28,32 @@ def test_summary_compares_cold_phases_with_the_warm_ones() -> None:
     assert rows["disk-cold"]["gap_p99_vs_warm"] == pytest.approx(1.0)
     assert rows["store-cold"]["stream_tokens_vs_warm"] < 1.0
     assert all(r["completions"] == 5 and r["errors"] == 0 for r in rows.values())
+
+
+def test_engine_steps_per_phase_against_the_warm_median() -> None:
+    from preft_serve.worker.step_trace import Step
+
+    from loadtests.cold_bench import summarise_steps
+
+    line = Timeline()
+    steps = []
+    for phase, start in (("warm", 0.0), ("store-cold", 10.0), ("warm-again", 20.0)):
+        line.phases.append((phase, start, start + 10))
+        t = start
+        while t < start + 9.5:
+            # 20 ms decode steps; a 60 ms prefill step every second; store-cold has one
+            # 200 ms decode step (an adapter copied into a slot).
+            seconds = 0.06 if round(t % 1.0, 3) == 0.5 else 0.02
+            if phase == "store-cold" and abs(t - 15.0) < 1e-6:
+                seconds = 0.2
+            steps.append(Step(t, seconds, 40 if seconds == 0.06 else 4, 4))
+            t = round(t + 0.5 if seconds == 0.06 else t + 0.25, 6)
+    summary = summarise_steps(line, steps)
+    assert summary["warm_step_median_ms"] == pytest.approx(20)
+    warm, cold = summary["phases"]["warm"], summary["phases"]["store-cold"]
+    assert warm["decode_steps_over_2x_warm_median"] == 0
+    assert warm["steps_over_2x_warm_median"] == warm["prefill_steps"] > 0
+    assert cold["decode_steps_over_2x_warm_median"] == 1
+    assert cold["decode_step_max_ms"] == pytest.approx(200)
+    assert cold["step_max_vs_warm_median"] == pytest.approx(10)
+    assert cold["prefill_step_p50_ms"] == pytest.approx(60)

@@ -1,0 +1,81 @@
+"""Engine step timestamps for benchmarks: what the engine loop itself did, step by step.
+
+Clients cannot see engine steps: vLLM's API server merges a stream's outputs when it lags,
+so inter-token gaps measured by a client hide a long step as often as they show one (see
+docs/benchmarks.md, cold adapters). With ``PREFT_STEP_TRACE=FILE`` in the worker's
+environment, the engine process appends one line per executed step to ``FILE``::
+
+    <time.monotonic() at the step's start, s> <scheduled tokens> <requests>
+
+A step's duration is the time to the next line (its adapter activation, forward pass and
+sampling, and the scheduling of the next step). ``time.monotonic`` is the system-wide
+``CLOCK_MONOTONIC`` on Linux, so a benchmark in another process can place steps on its own
+timeline. Written through a buffer flushed every ``flush_s``: off by default and a few
+microseconds a step when on. The hook is the model runner's per-step adapter mapping
+(``vllm_compat``, seam 2), so only engines with LoRA enabled (every preft worker) trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import TextIO
+
+ENV = "PREFT_STEP_TRACE"
+
+
+class StepTrace:
+    """Appends step lines to a file; flushes at most every ``flush_s`` seconds."""
+
+    def __init__(self, path: Path, flush_s: float = 0.5) -> None:
+        self._file: TextIO = path.open("a", buffering=1 << 16)
+        self._flush_s = flush_s
+        self._next_flush = time.monotonic() + flush_s
+
+    def mark(self, tokens: int, requests: int) -> None:
+        now = time.monotonic()
+        self._file.write(f"{now:.6f} {tokens} {requests}\n")
+        if now >= self._next_flush:
+            self._file.flush()
+            self._next_flush = now + self._flush_s
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def step_trace_from_env() -> StepTrace | None:
+    """The trace named by ``PREFT_STEP_TRACE``, or None (the default: no tracing)."""
+    path = os.environ.get(ENV)
+    return StepTrace(Path(path)) if path else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    start: float  # time.monotonic() at the step's start
+    seconds: float  # to the next step's start
+    tokens: int
+    requests: int
+
+    @property
+    def decode_only(self) -> bool:
+        """One token per request: no prompt tokens (prefill) in the step."""
+        return self.tokens == self.requests
+
+
+def read_steps(path: Path) -> list[Step]:
+    """The steps in a trace file, each with its duration (the last line has none and is
+    dropped; so is a torn last line of a trace still being written)."""
+    marks: list[tuple[float, int, int]] = []
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) != 3:
+            continue
+        try:
+            marks.append((float(fields[0]), int(fields[1]), int(fields[2])))
+        except ValueError:
+            continue
+    return [Step(t, next_t - t, tokens, requests)
+            for (t, tokens, requests), (next_t, _, _) in itertools.pairwise(marks)]
