@@ -136,7 +136,7 @@ def pack(group: list[Run], shape: Shape, common: dict, budget: int) -> list[list
 
 
 def prepare_adapters(model: Path, root: Path, count: int, rank: int,
-                     reft_rank: int = REFT_RANK) -> None:
+                     reft_rank: int = REFT_RANK, reft_positions: str = REFT_POSITIONS) -> None:
     """LoRA (prefill and all-token versions of the same weights, one file hard-linked) and
     ReFT adapters on every layer (cached across runs)."""
     from preft_serve.common.adapter_format import (
@@ -165,7 +165,7 @@ def prepare_adapters(model: Path, root: Path, count: int, rank: int,
             out = root / f"{kind.value}-{i}"
             if not (out / WEIGHTS_FILE).exists():
                 make_reft_adapter(model, out, seed=20_000 + i, spec=ReftSpec(
-                    kind, rank=reft_rank, layers=layers, positions=REFT_POSITIONS, std=0.02))
+                    kind, rank=reft_rank, layers=layers, positions=reft_positions, std=0.02))
         if (i + 1) % 64 == 0:
             print(f"  adapters ready: {i + 1}/{count}", flush=True)
 
@@ -429,14 +429,18 @@ def batch_tokens(args: argparse.Namespace, w: dict) -> int:
 def setup(args: argparse.Namespace, w: dict, model: Path, name: str, shape: Shape) -> dict:
     """Adapters on disk; the settings every engine of the run shares."""
     reft = "" if args.reft_rank == REFT_RANK else f"-reft{args.reft_rank}"
+    if args.reft_positions != REFT_POSITIONS:
+        reft += f"-{args.reft_positions.replace('+', '')}"
     adapter_root = args.var / f"{name}-r{args.rank}{reft}-adapters"
     print(f"model {model}; preparing {max(w['counts'])} adapters under {adapter_root} ...",
           flush=True)
-    prepare_adapters(model, adapter_root, max(w["counts"]), args.rank, args.reft_rank)
+    prepare_adapters(model, adapter_root, max(w["counts"]), args.rank, args.reft_rank,
+                     args.reft_positions)
     seq_tokens = math.ceil((w["prompt_len"] + w["output_len"] + 16) / BLOCK) * BLOCK
     return {
         "model": str(model), "adapter_root": str(adapter_root), "rank": args.rank,
-        "reft_rank": args.reft_rank, "vocab": shape.vocab, "requests": w["requests"],
+        "reft_rank": args.reft_rank, "reft_positions": args.reft_positions,
+        "vocab": shape.vocab, "requests": w["requests"],
         "prompt_len": w["prompt_len"],
         "output_len": w["output_len"], "max_num_seqs": args.max_num_seqs,
         "batch_tokens": batch_tokens(args, w), "max_loras": args.max_loras,
@@ -467,6 +471,17 @@ def workload(args: argparse.Namespace) -> dict:
     return w
 
 
+def _reft_positions(value: str) -> str:
+    from preft_serve.common.adapter_format import AdapterFormatError
+    from preft_serve.common.reft_format import parse_positions
+
+    try:
+        parse_positions(value)
+    except AdapterFormatError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -485,6 +500,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=16, help="LoRA rank (q,k,v,o)")
     p.add_argument("--reft-rank", type=int, default=REFT_RANK,
                    help=f"DiReFT/LoReFT rank (every layer, {REFT_POSITIONS})")
+    p.add_argument("--reft-positions", default=REFT_POSITIONS, type=_reft_positions,
+                   help="DiReFT/LoReFT prompt positions: f<n>+l<n>, f<n>, l<n> or prefill "
+                        "(every prompt token, what `preft train` uses by default); default "
+                        f"{REFT_POSITIONS}")
     p.add_argument("--modes", nargs="+", choices=ADAPTER_MODES, default=list(ADAPTER_MODES),
                    help="adapter modes to run (base always runs)")
     p.add_argument("--rounds", type=int, help="interleaved timed rounds per group")
@@ -539,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = engine_report.aggregate(raw, engines, args.basis)
     meta = {
         "model": str(model), "model_name": name, "rank": args.rank,
-        "reft_rank": args.reft_rank, "quick": quick,
+        "reft_rank": args.reft_rank, "reft_positions": args.reft_positions, "quick": quick,
         "rounds": rounds, "basis": args.basis, "max_loras": args.max_loras, "sweep": sweep,
         "adapter_counts": counts,
         "groups": [[dataclasses.asdict(r) for r in g] for g in groups],

@@ -243,6 +243,8 @@ def measured_throughput(results_dir: Path = RESULTS) -> list[dict[str, Any]]:
             rows.append({
                 "model": meta.get("model_name", "bench-llama"), "mode": r["mode"],
                 "rank": meta.get("reft_rank", 8) if reft else meta.get("rank", 16),
+                # ReFT positions (runs before the flag existed used f7+l7); None for LoRA
+                "positions": meta.get("reft_positions", "f7+l7") if reft else None,
                 "adapters": r["adapters"], "quick": bool(meta.get("quick")),
                 "started": str(meta.get("started", "")),
                 "x_base": round(r.get("x_base") or r["output_tokens_per_s"]
@@ -254,12 +256,15 @@ def measured_throughput(results_dir: Path = RESULTS) -> list[dict[str, Any]]:
 def config_throughput(config: Config, model_name: str, measured: list[dict[str, Any]]
                       ) -> dict[str, Any] | None:
     """The measurement closest to this configuration: its engine mode on the same model at
-    the same rank if there is one, else the same model at another rank, else another
-    model; a full run over a quick one, then the most adapters, then the newest run."""
+    the same rank (and, for ReFT, the same prompt positions) if there is one, else the same
+    model at another rank or positions, else another model; a full run over a quick one,
+    then the most adapters, then the newest run."""
     candidates = [r for r in measured if r["mode"] == config.engine_mode]
     if not candidates:
         return None
+    positions = config.positions if config.type != "lora" else None
     return max(candidates, key=lambda r: (r["model"] == model_name, r["rank"] == config.rank,
+                                          r.get("positions") == positions,
                                           not r["quick"], r["adapters"], r["started"]))
 
 
@@ -334,13 +339,19 @@ def table(rows: list[dict[str, Any]], model_name: str) -> str:
             tput = f"{r['x_base']:.2f}"
         if got:
             sources.add(got["source"])
-            if got["model"] != model_name or got["rank"] != CONFIGS[r["config"]].rank:
-                tput += f" ({got['model']}, r{got['rank']})"
+            config = CONFIGS[r["config"]]
+            differs = [got["model"]] if got["model"] != model_name else []
+            if got["rank"] != config.rank:
+                differs.append(f"r{got['rank']}")
+            if got.get("positions") not in (None, config.positions):
+                differs.append(f"positions {got['positions']}")
+            if differs:
+                tput += f" ({', '.join(differs)})"
         lines.append(f"| {r['task']} | {r['config']} | {r['lr'] or '—'} | {r['seeds']} | "
                      f"{val} | {loss} | {acc} | {r['val_acc']:.0%} | {tput} |")
     note = ("\nThroughput: output tokens/s over the base model's in the same engine-benchmark "
             f"run, at the largest adapter count and equal slots, on {model_name} at the "
-            "configuration's rank unless the cell names another model or rank; from "
+            "configuration's rank (ReFT: at its prompt positions) unless the cell names another model, rank or positions; from "
             + ", ".join(f"`{s}`" for s in sorted(sources)) + "."
             if sources else "\nThroughput: not measured (no loadtests/results/engine_bench*.json).")
     return "\n".join(lines) + "\n" + note + "\n"

@@ -173,3 +173,21 @@ def test_model_option_takes_any_hf_directory(tmp_path: Path) -> None:
         30, 576, 192, 49152, 1024)
     with pytest.raises(SystemExit, match="neither a model directory nor a preset"):
         engine_bench.resolve_model(str(tmp_path / "missing"), tmp_path / "var")
+
+
+def test_reft_positions_option_sets_the_adapters_positions_and_is_checked(
+        tmp_path: Path) -> None:
+    """The quality study's ReFT adapters intervene on every prompt token; the engine
+    benchmark measures those with ``--reft-positions prefill`` (default f7+l7)."""
+    from preft_serve.toymodels import make_model
+
+    with pytest.raises(SystemExit):
+        engine_bench.parser().parse_args(["--reft-positions", "f7-l7"])
+    assert engine_bench.parser().parse_args([]).reft_positions == "f7+l7"
+    args = engine_bench.parser().parse_args(["--reft-positions", "prefill"])
+    model = make_model("tiny-llama", tmp_path / "model")
+    engine_bench.prepare_adapters(model, tmp_path / "adapters", 1, 4, 4, args.reft_positions)
+    for kind in ("direft", "loreft"):
+        config = json.loads((tmp_path / "adapters" / f"{kind}-0" / "adapter_config.json")
+                            .read_text())
+        assert config["positions"] == "prefill", config

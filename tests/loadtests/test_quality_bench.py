@@ -164,6 +164,40 @@ def test_throughput_is_each_configurations_closest_engine_measurement(tmp_path: 
     assert [r["x_base"] for r in rows] == [1.0, 0.2, None]
 
 
+def test_reft_throughput_prefers_a_run_at_the_configurations_positions(
+        tmp_path: Path) -> None:
+    """The study's ReFT adapters intervene on every prompt token ('prefill'); an engine run
+    at f7+l7 (the engine benchmark's default, and every run before the flag) is only a
+    fallback, and the table says so."""
+    def result(name: str, positions: str | None, x_base: float) -> None:
+        meta = {"model_name": "smol", "rank": 16, "reft_rank": 4, "quick": False,
+                "max_loras": 8, "started": "2026-12-02"}
+        if positions is not None:
+            meta["reft_positions"] = positions
+        runs = [{"mode": "base", "adapters": 0, "max_loras": 8, "output_tokens_per_s": 10.0},
+                {"mode": "preft-direft", "adapters": 64, "max_loras": 8,
+                 "output_tokens_per_s": 10.0 * x_base}]
+        (tmp_path / f"engine_bench_{name}.json").write_text(
+            json.dumps({"meta": meta, "runs": runs}))
+
+    result("old", None, 0.97)  # before --reft-positions: f7+l7
+    config = quality_bench.CONFIGS["preft-direft-r4"]
+    assert config.positions == "prefill"
+    got = quality_bench.config_throughput(
+        config, "smol", quality_bench.measured_throughput(tmp_path))
+    assert got is not None and (got["positions"], got["x_base"]) == ("f7+l7", 0.97)
+    rows = quality_bench.attach_throughput([{"config": "preft-direft-r4", "task": "facts",
+                                             "lr": 5e-3, "seeds": 1, "test_loss": 0.1,
+                                             "test_acc": 1.0, "val_acc": 1.0}],
+                                           "smol", quality_bench.measured_throughput(tmp_path))
+    assert "0.97 (positions f7+l7)" in quality_bench.table(rows, "smol")
+
+    result("new", "prefill", 0.91)
+    got = quality_bench.config_throughput(
+        config, "smol", quality_bench.measured_throughput(tmp_path))
+    assert got is not None and (got["positions"], got["x_base"]) == ("prefill", 0.91)
+
+
 def test_the_sweep_completes_a_first_pass_before_other_lrs() -> None:
     """A run cut off after the first |tasks| x |configs| cells still has a full table."""
     plan = quality_bench.Plan(tasks=("facts", "dates"), configs=quality_bench.FULL_CONFIGS,
