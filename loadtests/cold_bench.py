@@ -155,39 +155,33 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _step_row(steps: list[Step], warm_median: float) -> dict[str, Any]:
-    seconds = [s.seconds for s in steps]
-    decode = [s.seconds for s in steps if s.decode_only]
-    prefill = [s.seconds for s in steps if not s.decode_only]
-    return {
-        "steps": len(steps),
-        "step_p50_ms": round(1000 * _pct(seconds, 0.5), 2),
-        "step_p99_ms": round(1000 * _pct(seconds, 0.99), 2),
-        "step_max_ms": round(1000 * max(seconds, default=float("nan")), 2),
-        "step_max_vs_warm_median": round(max(seconds, default=float("nan")) / warm_median, 2),
-        "steps_over_2x_warm_median": sum(1 for x in seconds if x > 2 * warm_median),
-        "decode_steps": len(decode),
-        "decode_step_p50_ms": round(1000 * _pct(decode, 0.5), 2),
-        "decode_step_max_ms": round(1000 * max(decode, default=float("nan")), 2),
-        "decode_steps_over_2x_warm_median": sum(1 for x in decode if x > 2 * warm_median),
-        "prefill_steps": len(prefill),
-        "prefill_step_p50_ms": round(1000 * _pct(prefill, 0.5), 2),
-        "prefill_step_max_ms": round(1000 * max(prefill, default=float("nan")), 2),
-    }
+def _kind_stats(seconds: list[float], warm_median: float) -> dict[str, Any]:
+    longest = max(seconds, default=float("nan"))
+    return {"steps": len(seconds), "p50_ms": round(1000 * _pct(seconds, 0.5), 2),
+            "p99_ms": round(1000 * _pct(seconds, 0.99), 2),
+            "max_ms": round(1000 * longest, 2),
+            "max_vs_warm_median": round(longest / warm_median, 2),
+            "over_2x_warm_median": sum(1 for x in seconds if x > 2 * warm_median)}
 
 
 def summarise_steps(line: Timeline, steps: list[Step]) -> dict[str, Any]:
-    """The engine's steps per phase (by start time), against the warm phases' median."""
+    """The engine's steps per phase (by start time), by kind, each kind against the warm
+    phases' median step of the same kind: decode-only steps (one token per request) and
+    steps with prompt tokens (a cold adapter's slot copy lands in its request's first
+    prefill step, and a prefill step is longer than a decode step in any phase)."""
     def within(a: float, b: float) -> list[Step]:
         return [s for s in steps if a <= s.start <= b]
 
-    warm = [s.seconds for name, a, b in line.phases if name.startswith("warm")
-            for s in within(a, b)]
-    if not warm:
+    kinds = {"decode": lambda s: s.decode_only, "prefill": lambda s: not s.decode_only}
+    warm = [s for name, a, b in line.phases if name.startswith("warm") for s in within(a, b)]
+    medians = {kind: statistics.median([s.seconds for s in warm if of(s)])
+               for kind, of in kinds.items() if any(of(s) for s in warm)}
+    if not medians:
         return {}
-    warm_median = statistics.median(warm)
-    return {"warm_step_median_ms": round(1000 * warm_median, 2),
-            "phases": {name: _step_row(within(a, b), warm_median)
+    return {"warm_median_ms": {k: round(1000 * m, 2) for k, m in medians.items()},
+            "phases": {name: {kind: _kind_stats([s.seconds for s in within(a, b) if of(s)],
+                                                medians[kind])
+                              for kind, of in kinds.items() if kind in medians}
                        for name, a, b in line.phases}}
 
 
@@ -330,13 +324,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<12}" + "".join(f"{row[c]:>26}" for c in cols))
     engine = summary["engine_steps"]
     if engine:
-        cols = ["steps", "step_p50_ms", "step_p99_ms", "step_max_ms", "step_max_vs_warm_median",
-                "steps_over_2x_warm_median", "decode_step_max_ms",
-                "decode_steps_over_2x_warm_median", "prefill_step_p50_ms"]
-        print(f"\nengine steps (warm median {engine['warm_step_median_ms']} ms)")
-        print(f"{'phase':<12}" + "".join(f"{c:>34}" for c in cols))
-        for name, row in engine["phases"].items():
-            print(f"{name:<12}" + "".join(f"{row[c]:>34}" for c in cols))
+        cols = ["steps", "p50_ms", "p99_ms", "max_ms", "max_vs_warm_median",
+                "over_2x_warm_median"]
+        print(f"\nengine steps by kind (warm medians {engine['warm_median_ms']} ms)")
+        print(f"{'phase':<12}{'kind':<9}" + "".join(f"{c:>21}" for c in cols))
+        for name, by_kind in engine["phases"].items():
+            for kind, row in by_kind.items():
+                print(f"{name:<12}{kind:<9}" + "".join(f"{row[c]:>21}" for c in cols))
     else:
         print(f"\nno engine step trace at {trace}")
     for name in ("store-cold", "disk-cold"):
