@@ -64,7 +64,7 @@ soak: $(STAMP)  ## Soak with chaos: whole stack, traffic, kills/pauses, then che
 bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the worker vs through the gateway
 	$(PY) -m loadtests.gateway_bench $(ARGS)
 
-bench-cold: $(STAMP)  ## Running streams' token gaps while requests for cold adapters arrive (store / disk / warm)
+bench-cold: $(STAMP)  ## Engine steps (step trace) and running streams' token gaps while cold adapters arrive (store / disk / warm)
 	$(PY) -m loadtests.cold_bench $(ARGS)
 
 bench-quality: $(STAMP)  ## Accuracy vs throughput: PreFT vs all-token adapters on synthetic SFT tasks, SmolLM2 (ARGS=--quick)
