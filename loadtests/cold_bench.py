@@ -17,11 +17,11 @@ context lengths.
 
 Reported per phase: the long streams' inter-token gap p50 / p99 / max, gaps over 2x the
 warm median, completions per second and the short requests' latency; and the engine's own
-steps (``PREFT_STEP_TRACE``, see ``preft_serve.worker.step_trace``): step p50 / p99 / max,
-steps over 2x the warm phases' median step, decode-only steps apart from steps with prompt
-tokens (a step that prefills is longer whatever the adapter's temperature). Client gaps
-cannot show single steps (vLLM merges a lagging stream's outputs); the trace can. Ratios
-are against the warm phases of the same run. JSON + a timeline plot go to
+steps (``PREFT_STEP_TRACE``, see ``preft_serve.worker.step_trace``) by kind, decode-only
+and with prompt tokens (a step that prefills is longer whatever the adapter's
+temperature): p50 / p99 / max and steps over 2x the warm phases' median of the same kind.
+Client gaps cannot show single steps (vLLM merges a lagging stream's outputs); the trace
+can. Ratios are against the warm phases of the same run. JSON + a timeline plot go to
 loadtests/results/.
 
     python -m loadtests.cold_bench                    # bench-llama, ~3 minutes

@@ -351,7 +351,8 @@ def table(rows: list[dict[str, Any]], model_name: str) -> str:
                      f"{val} | {loss} | {acc} | {r['val_acc']:.0%} | {tput} |")
     note = ("\nThroughput: output tokens/s over the base model's in the same engine-benchmark "
             f"run, at the largest adapter count and equal slots, on {model_name} at the "
-            "configuration's rank (ReFT: at its prompt positions) unless the cell names another model, rank or positions; from "
+            "configuration's rank (ReFT: at its prompt positions) unless the cell names "
+            "another model, rank or positions; from "
             + ", ".join(f"`{s}`" for s in sorted(sources)) + "."
             if sources else "\nThroughput: not measured (no loadtests/results/engine_bench*.json).")
     return "\n".join(lines) + "\n" + note + "\n"
