@@ -57,7 +57,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
             strip_usage = not options.get("include_usage")
             options["include_usage"] = True
             body["stream_options"] = options
-        upstream = await open_upstream(state.http, state.pool, target.routing_key, path, body,
+        upstream = await open_upstream(state.calls, state.pool, target.routing_key, path, body,
                                        request_id_of(request))
     except ServiceError as exc:
         metrics.record_request(tenant_label, label, exc.status_code)

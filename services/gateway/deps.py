@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from preft_serve.common.access_log import access_fields
 from preft_serve.common.errors import Unauthorized
 from preft_serve.common.registry_client import KeyOwner
@@ -32,10 +33,23 @@ async def require_tenant(
     request: Request, state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_tenant_bearer)],
 ) -> KeyOwner:
-    if credentials is None or credentials.scheme.lower() != "bearer":
+    return await _owner(state, request, credentials.credentials if credentials else None)
+
+
+async def authenticate(state: GatewayState, request: Request) -> KeyOwner:
+    """:func:`require_tenant` without FastAPI's dependency solving, for the completion
+    routes (solving their dependencies was ~20% of the gateway's in-process CPU per
+    request). Parses the header with the same helper as ``HTTPBearer``."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
+    valid = scheme.lower() == "bearer" and token
+    return await _owner(state, request, token if valid else None)
+
+
+async def _owner(state: GatewayState, request: Request, api_key: str | None) -> KeyOwner:
+    if api_key is None:
         raise _counted(state, Unauthorized("missing credentials: send 'Authorization: Bearer "
                                            "<tenant API key>'", code="missing_api_key"))
-    owner = await state.registry.authenticate(credentials.credentials)
+    owner = await state.registry.authenticate(api_key)
     if owner is None:
         raise _counted(state, Unauthorized("invalid API key: use a key issued by the registry "
                                            "for your tenant"))

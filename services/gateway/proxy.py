@@ -21,6 +21,7 @@ from preft_serve.common.access_log import REQUEST_ID_HEADER
 from preft_serve.common.error_envelope import error_body
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
 from preft_serve.gateway.routing import RouteResult, WorkerPool
+from preft_serve.gateway.upstream import WorkerCalls
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Upstream:
                 self.pool.release(self.worker)
 
 
-async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, path: str,
+async def open_upstream(calls: WorkerCalls, pool: WorkerPool, key: str, path: str,
                         body: dict[str, Any], request_id: str | None = None) -> Upstream:
     """Send ``body`` to the best worker for ``key``; the response body is not read yet.
     ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it)."""
@@ -64,9 +65,7 @@ async def open_upstream(client: httpx.AsyncClient, pool: WorkerPool, key: str, p
     for worker in choice.order:
         pool.acquire(worker)
         try:
-            request = client.build_request("POST", f"{worker}{path}", content=content,
-                                           headers=headers)
-            response = await client.send(request, stream=True)
+            response = await calls.post(worker, path, content, headers)
         except RETRYABLE as exc:
             pool.release(worker)
             pool.mark_failed(worker)

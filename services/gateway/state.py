@@ -19,7 +19,7 @@ from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.ratelimit import RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
-from preft_serve.gateway.upstream import WorkerTransport
+from preft_serve.gateway.upstream import WorkerCalls, WorkerTransport
 from preft_serve.gateway.usage import UsageRecorder
 from preft_serve.gateway.validation import Caps
 
@@ -41,7 +41,8 @@ class GatewayState:
     # The gateway's own Redis handle (readiness, rate limits; the registry client shares
     # its pool). None only when a test passes a registry without one: no rate limits then.
     redis: aioredis.Redis | None
-    http: httpx.AsyncClient
+    http: httpx.AsyncClient  # health checks
+    calls: WorkerCalls  # completions, on the same transport
     pool: WorkerPool
     monitor: WorkerMonitor
     limiter: RateLimiter
@@ -73,8 +74,8 @@ class GatewayState:
             registry = client
         metrics.watch_registry_cache(registry.cache_sizes)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-        http = httpx.AsyncClient(
-            timeout=timeout, transport=transport or WorkerTransport(1000, WORKER_KEEPALIVE_S))
+        transport = transport or WorkerTransport(1000, WORKER_KEEPALIVE_S)
+        http = httpx.AsyncClient(timeout=timeout, transport=transport)
         if tracer_provider is not None:
             instrument_client(http, tracer_provider)
         pool = WorkerPool(load_factor=settings.load_factor,
@@ -92,8 +93,8 @@ class GatewayState:
                     max_json_depth=settings.max_json_depth)
         usage = UsageRecorder(redis, settings.namespace, metrics, settings.usage_timeout_s)
         await monitor.start()
-        return cls(settings, registry, redis, http, pool, monitor, limiter, metrics, caps,
-                   usage, owns_redis)
+        return cls(settings, registry, redis, http, WorkerCalls(transport, timeout), pool,
+                   monitor, limiter, metrics, caps, usage, owns_redis)
 
     async def aclose(self) -> None:
         await self.usage.drain()

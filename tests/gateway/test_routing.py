@@ -10,6 +10,7 @@ import pytest
 from preft_serve.common.errors import ServiceUnavailable
 from preft_serve.gateway.proxy import open_upstream
 from preft_serve.gateway.routing import RouteResult, WorkerPool, rendezvous_order
+from preft_serve.gateway.upstream import WorkerCalls
 
 WORKERS = [f"http://w{i}:8000" for i in range(4)]
 
@@ -59,13 +60,13 @@ def test_track_releases_on_error() -> None:
 
 def _send(handler: httpx.MockTransport, pool: WorkerPool, key: str) -> httpx.Response:
     async def go() -> httpx.Response:
-        async with httpx.AsyncClient(transport=handler) as client:
-            upstream = await open_upstream(client, pool, key, "/v1/completions", {"x": 1})
-            await upstream.response.aread()
-            assert pool.inflight[upstream.worker] == 1
-            await upstream.aclose()
-            upstream.response.extensions["worker"] = upstream.worker
-            return upstream.response
+        calls = WorkerCalls(handler, httpx.Timeout(5.0))
+        upstream = await open_upstream(calls, pool, key, "/v1/completions", {"x": 1})
+        await upstream.response.aread()
+        assert pool.inflight[upstream.worker] == 1
+        await upstream.aclose()
+        upstream.response.extensions["worker"] = upstream.worker
+        return upstream.response
 
     return asyncio.run(go())
 
