@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import orjson
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from preft_serve.common.access_log import access_fields, request_id_of
 from preft_serve.common.errors import ServiceError
 from preft_serve.gateway.metrics import token_counts
@@ -21,6 +21,7 @@ from preft_serve.gateway.proxy import (
     rewrite_json,
     worker_error,
 )
+from preft_serve.gateway.relay_response import RelayResponse
 from preft_serve.gateway.selection import select_target
 from preft_serve.gateway.state import GatewayState
 from preft_serve.gateway.validation import parse_body, request_user, validate_body
@@ -89,13 +90,13 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
             finally:
                 metrics.latency.labels(label).observe(time.perf_counter() - start)
 
-        return StreamingResponse(body_iter(), status_code=status,
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache",
-                                          **target.response_headers()},
-                                 # Releases the worker slot even if the client left before
-                                 # the first byte (aclose is idempotent).
-                                 background=BackgroundTask(upstream.aclose))
+        return RelayResponse(body_iter(), status_code=status,
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache",
+                                      **target.response_headers()},
+                             # Releases the worker slot even if the client left before
+                             # the first byte (aclose is idempotent).
+                             background=BackgroundTask(upstream.aclose))
     response = await _buffered(upstream, state, on_usage, target.public_name, start, label)
     response.headers.update(target.response_headers())
     return response
