@@ -502,7 +502,10 @@ def run(plan: Plan, model: Path, out: Path, work: Path, doc: Path | None,
     started = time.monotonic()
     tasks = make_tasks()
     results = load_results(out)
-    results["meta"].update({"model": str(model), "plan": {
+    # A resumed study runs in parts (a grid slice, a seed, one LR): the cells say what was
+    # run; the meta keeps this run's plan under a name that says so.
+    results["meta"].pop("plan", None)
+    results["meta"].update({"model": str(model), "last_run_plan": {
         "tasks": plan.tasks, "configs": [c.name for c in plan.configs], "lrs": plan.lrs,
         "seeds": plan.seeds, "steps": plan.steps, "batch_size": plan.batch_size},
         "machine": f"{os.cpu_count()} CPUs"})
