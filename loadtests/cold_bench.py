@@ -155,13 +155,26 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _kind_stats(seconds: list[float], warm_median: float) -> dict[str, Any]:
+def _kind_stats(steps: list[Step], warm_median: float) -> dict[str, Any]:
+    seconds = [s.seconds for s in steps]
     longest = max(seconds, default=float("nan"))
-    return {"steps": len(seconds), "p50_ms": round(1000 * _pct(seconds, 0.5), 2),
-            "p99_ms": round(1000 * _pct(seconds, 0.99), 2),
-            "max_ms": round(1000 * longest, 2),
-            "max_vs_warm_median": round(longest / warm_median, 2),
-            "over_2x_warm_median": sum(1 for x in seconds if x > 2 * warm_median)}
+    stats = {"steps": len(seconds), "p50_ms": round(1000 * _pct(seconds, 0.5), 2),
+             "p99_ms": round(1000 * _pct(seconds, 0.99), 2),
+             "max_ms": round(1000 * longest, 2),
+             "max_vs_warm_median": round(longest / warm_median, 2),
+             "over_2x_warm_median": sum(1 for x in seconds if x > 2 * warm_median)}
+    adapter = [s.adapter_seconds for s in steps if s.adapter_seconds is not None]
+    if adapter and len(adapter) == len(steps):
+        # The adapter-preparation part of the steps (mapping, parse waits, slot copies)
+        # and what is left of the longest step without it.
+        slowest = max(steps, key=lambda s: s.seconds)
+        stats.update({
+            "adapter_p50_ms": round(1000 * _pct(adapter, 0.5), 2),
+            "adapter_p99_ms": round(1000 * _pct(adapter, 0.99), 2),
+            "adapter_max_ms": round(1000 * max(adapter), 2),
+            "adapter_share": round(sum(adapter) / sum(seconds), 3),
+            "longest_step_adapter_ms": round(1000 * (slowest.adapter_seconds or 0.0), 2)})
+    return stats
 
 
 def summarise_steps(line: Timeline, steps: list[Step]) -> dict[str, Any]:
@@ -179,7 +192,7 @@ def summarise_steps(line: Timeline, steps: list[Step]) -> dict[str, Any]:
     if not medians:
         return {}
     return {"warm_median_ms": {k: round(1000 * m, 2) for k, m in medians.items()},
-            "phases": {name: {kind: _kind_stats([s.seconds for s in within(a, b) if of(s)],
+            "phases": {name: {kind: _kind_stats([s for s in within(a, b) if of(s)],
                                                 medians[kind])
                               for kind, of in kinds.items() if kind in medians}
                        for name, a, b in line.phases}}
@@ -325,12 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     engine = summary["engine_steps"]
     if engine:
         cols = ["steps", "p50_ms", "p99_ms", "max_ms", "max_vs_warm_median",
-                "over_2x_warm_median"]
+                "over_2x_warm_median", "adapter_p50_ms", "adapter_max_ms", "adapter_share",
+                "longest_step_adapter_ms"]
         print(f"\nengine steps by kind (warm medians {engine['warm_median_ms']} ms)")
         print(f"{'phase':<12}{'kind':<9}" + "".join(f"{c:>21}" for c in cols))
         for name, by_kind in engine["phases"].items():
             for kind, row in by_kind.items():
-                print(f"{name:<12}{kind:<9}" + "".join(f"{row[c]:>21}" for c in cols))
+                print(f"{name:<12}{kind:<9}"
+                      + "".join(f"{row.get(c, '-'):>21}" for c in cols))
     else:
         print(f"\nno engine step trace at {trace}")
     for name in ("store-cold", "disk-cold"):

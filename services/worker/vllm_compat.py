@@ -17,7 +17,8 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    The V2 model runner (default on GPU when Triton exists) maps tokens elsewhere, so the
    worker launcher sets ``VLLM_USE_V2_MODEL_RUNNER=0``.
    ``set_active_loras`` runs once per executed step, so it also marks step starts for
-   ``step_trace`` (off unless ``PREFT_STEP_TRACE`` is set).
+   ``step_trace`` (off unless ``PREFT_STEP_TRACE`` is set), with the time the step spent
+   in it preparing adapters (mapping, parse waits, slot copies).
    Cold adapters: the runner's ``add_lora`` (what the server's ``engine_client.add_lora``
    reaches after a resolver found an adapter, an engine-loop call) checks the config at once
    and hands the weight parse (``LRUCacheWorkerLoRAManager._load_adapter``) to a background
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
@@ -186,11 +188,10 @@ class PreftLoRAMappingMixin:
     ) -> None:
         from vllm.lora.layers import LoRAMappingType
 
+        started = time.monotonic()  # called once per executed step: its start
         if num_sampled_tokens is None:
             num_sampled_tokens = np.ones_like(num_scheduled_tokens, dtype=np.int32)
         n = input_batch.num_reqs
-        if self.step_trace is not None:  # called once per executed step: its start
-            self.step_trace.mark(int(num_scheduled_tokens[:n].sum()), n)
         adapter_ids = input_batch.request_lora_mapping[:n]
         requests = input_batch.lora_id_to_lora_request
         kinds = {i: _adapter_kinds(r) for i, r in requests.items()}
@@ -228,6 +229,9 @@ class PreftLoRAMappingMixin:
             {i: requests[i].lora_path for i in reft_ids},
             num_computed, num_prompt, num_scheduled_tokens[:n],
         )
+        if self.step_trace is not None:
+            self.step_trace.mark(int(num_scheduled_tokens[:n].sum()), n,
+                                 adapter_s=time.monotonic() - started, start=started)
 
     def add_lora(self, lora_request: Any) -> bool:
         """Register an adapter without parsing its weights in the engine loop (see

@@ -44,9 +44,10 @@ def test_engine_steps_per_phase_against_the_warm_median() -> None:
             # 20 ms decode steps; a 60 ms prefill step every second; store-cold has one
             # 200 ms decode step (an adapter copied into a slot).
             seconds = 0.06 if round(t % 1.0, 3) == 0.5 else 0.02
+            adapter = 0.001
             if phase == "store-cold" and abs(t - 15.0) < 1e-6:
-                seconds = 0.2
-            steps.append(Step(t, seconds, 40 if seconds == 0.06 else 4, 4))
+                seconds, adapter = 0.2, 0.15  # most of it the adapter's slot copy
+            steps.append(Step(t, seconds, 40 if seconds == 0.06 else 4, 4, adapter))
             t = round(t + 0.5 if seconds == 0.06 else t + 0.25, 6)
     summary = summarise_steps(line, steps)
     assert summary["warm_median_ms"] == {"decode": pytest.approx(20), "prefill": pytest.approx(60)}
@@ -58,3 +59,13 @@ def test_engine_steps_per_phase_against_the_warm_median() -> None:
     assert cold["decode"]["max_vs_warm_median"] == pytest.approx(10)
     assert cold["prefill"]["p50_ms"] == pytest.approx(60)
     assert cold["prefill"]["max_vs_warm_median"] == pytest.approx(1)
+    # The trace's adapter column says the long step was adapter work, not the forward.
+    assert cold["decode"]["longest_step_adapter_ms"] == cold["decode"]["adapter_max_ms"] == 150
+    assert warm["decode"]["adapter_p50_ms"] == warm["decode"]["adapter_max_ms"] == 1
+    decode_cold = [s for s in steps if 10 <= s.start <= 20 and s.decode_only]
+    assert cold["decode"]["adapter_share"] == pytest.approx(
+        sum(s.adapter_seconds or 0 for s in decode_cold) / sum(s.seconds for s in decode_cold),
+        abs=1e-3)
+    # A trace without the column (older workers) has no adapter figures.
+    old = summarise_steps(line, [Step(s.start, s.seconds, s.tokens, s.requests) for s in steps])
+    assert "adapter_p50_ms" not in old["phases"]["warm"]["decode"]
