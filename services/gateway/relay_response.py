@@ -39,7 +39,8 @@ class RelayResponse(StreamingResponse):
             relay.cancel()
             watcher.cancel()
             await asyncio.wait((relay, watcher))
-        if not relay.cancelled() and (error := relay.exception()) is not None:
-            raise error
+        for task in (relay, watcher):  # the relay's error first, as Starlette's would
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
         if self.background is not None:
             await self.background()
