@@ -14,9 +14,10 @@ from fastapi.responses import JSONResponse
 from preft_serve import __version__
 from preft_serve.common.access_log import AccessLogMiddleware
 from preft_serve.common.bodylimit import BodySizeLimitMiddleware
-from preft_serve.common.errors import error_response, install_error_handlers
+from preft_serve.common.errors import install_error_handlers
 from preft_serve.common.registry_client import AsyncRegistryReader
 from preft_serve.common.tracing import instrument_app
+from preft_serve.gateway.fast_path import CompletionFastPath, redis_unavailable
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.routers import completions, health, models
 from preft_serve.gateway.settings import GatewaySettings
@@ -36,9 +37,7 @@ Every answer carries `x-request-id` (the client's `X-Request-Id` when sane, else
 
 
 async def _redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
-    logger.error("Redis unavailable: %s", exc)
-    return error_response(503, "service_unavailable",
-                          "the registry's Redis is unavailable; retry shortly")
+    return redis_unavailable(exc)
 
 
 def create_app(settings: GatewaySettings | None = None,
@@ -67,6 +66,8 @@ def create_app(settings: GatewaySettings | None = None,
     app.state.metrics = metrics
     install_error_handlers(app)
     app.add_exception_handler(redis.RedisError, _redis_unavailable)
+    # Innermost of the middlewares: completions skip FastAPI's router (see fast_path).
+    app.add_middleware(CompletionFastPath)
     app.add_middleware(
         BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
         message=f"request body exceeds this gateway's {settings.max_body_bytes}-byte limit; "

@@ -20,7 +20,9 @@ RESPONSES = {**OK_RESPONSE, **error_responses(400, 401, 404, 413, 429, 502, 503)
 SECURITY: dict[str, Any] = {"security": [{"TenantApiKey": []}]}
 
 
-async def _serve(request: Request, path: str, chat: bool) -> Response:
+async def serve(request: Request, path: str, chat: bool) -> Response:
+    """One completion: authenticate, then ``gateway.completions.handle`` (also what
+    ``gateway.fast_path`` calls for these routes)."""
     state = request.app.state.gateway
     owner = await authenticate(state, request)
     return await completions.handle(state, owner.tenant, request, path, chat=chat)
@@ -29,11 +31,11 @@ async def _serve(request: Request, path: str, chat: bool) -> Response:
 @router.post("/chat/completions", responses=RESPONSES, openapi_extra={**CHAT_BODY, **SECURITY})
 async def chat_completions(request: Request) -> Response:
     """Chat completion with the adapter named by ``model`` or bound to ``user``."""
-    return await _serve(request, "/v1/chat/completions", chat=True)
+    return await serve(request, "/v1/chat/completions", chat=True)
 
 
 @router.post("/completions", responses=RESPONSES,
              openapi_extra={**COMPLETION_BODY, **SECURITY})
 async def text_completions(request: Request) -> Response:
     """Text completion with the adapter named by ``model`` or bound to ``user``."""
-    return await _serve(request, "/v1/completions", chat=False)
+    return await serve(request, "/v1/completions", chat=False)
