@@ -2,7 +2,8 @@
 
 Every completion is a POST to one of two fixed paths, and FastAPI's layers around its
 handler — exception middleware, exit stack, route matching, ``request_response``,
-dependency solving — were ~28% of the gateway's in-process CPU per completion. This
+dependency solving — were ~28% of the gateway's in-process CPU per completion (behind a
+real server, 0.94x CPU per request: docs/benchmarks.md). This
 middleware serves exactly ``POST /v1/chat/completions`` and ``POST /v1/completions`` with
 the same handler (``routers.completions.serve``) and the same error envelope; everything
 else (other methods and paths, ``/docs``) goes to FastAPI as before. The FastAPI routes
