@@ -3,10 +3,10 @@
 Every completion is a POST to one of two fixed paths, and FastAPI's layers around its
 handler — exception middleware, exit stack, route matching, ``request_response``,
 dependency solving — were ~28% of the gateway's in-process CPU per completion (behind a
-real server, 0.94x CPU per request: docs/benchmarks.md). This
-middleware serves exactly ``POST /v1/chat/completions`` and ``POST /v1/completions`` with
-the same handler (``routers.completions.serve``) and the same error envelope; everything
-else (other methods and paths, ``/docs``) goes to FastAPI as before. The FastAPI routes
+real server, skipping them is 0.94x CPU per request: docs/benchmarks.md). This middleware
+serves exactly ``POST /v1/chat/completions`` and ``POST /v1/completions`` with the same
+handler (``routers.completions.serve``) and the same error envelope; everything else
+(other methods and paths, ``/docs``) goes to FastAPI as before. The FastAPI routes
 stay: they are the OpenAPI document's definitions, and run the same handler when this
 middleware is not installed.
 
@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
+
 
 def redis_unavailable(exc: Exception) -> JSONResponse:
     """The 503 for a Redis outage (the app's handler for ``redis.RedisError`` too)."""
@@ -70,4 +71,3 @@ class CompletionFastPath:
                     route = self._routes[path] = candidate
                     break
         return route
-
