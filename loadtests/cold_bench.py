@@ -165,8 +165,8 @@ def _kind_stats(steps: list[Step], warm_median: float) -> dict[str, Any]:
              "over_2x_warm_median": sum(1 for x in seconds if x > 2 * warm_median)}
     adapter = [s.adapter_seconds for s in steps if s.adapter_seconds is not None]
     if adapter and len(adapter) == len(steps):
-        # The adapter-preparation part of the steps (mapping, parse waits, slot copies)
-        # and what is left of the longest step without it.
+        # The adapter-preparation part of the steps (mapping, parse waits, slot copies),
+        # and how much of the longest step it was.
         slowest = max(steps, key=lambda s: s.seconds)
         stats.update({
             "adapter_p50_ms": round(1000 * _pct(adapter, 0.5), 2),
