@@ -14,8 +14,9 @@ parse still running in the background, copying adapters into slots. It says whet
 step was adapter work or the forward pass (a busy CPU); traces of older versions lack it.
 ``time.monotonic`` is the system-wide ``CLOCK_MONOTONIC`` on Linux, so a benchmark in
 another process can place steps on its own timeline. Written through a buffer flushed
-every ``flush_s``: off by default and a few microseconds a step when on. The hook is the model runner's per-step adapter mapping
-(``vllm_compat``, seam 2), so only engines with LoRA enabled (every preft worker) trace.
+every ``flush_s``: off by default and a few microseconds a step when on. The hook is the
+model runner's per-step adapter mapping (``vllm_compat``, seam 2), so only engines with
+LoRA enabled (every preft worker) trace.
 """
 
 from __future__ import annotations
