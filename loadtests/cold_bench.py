@@ -24,6 +24,15 @@ Client gaps cannot show single steps (vLLM merges a lagging stream's outputs); t
 can. Ratios are against the warm phases of the same run. JSON + a timeline plot go to
 loadtests/results/.
 
+``--isolate`` leaves the model's compute CPU to the model thread once the worker is up (as
+``make bench-gateway`` does): vLLM binds its OpenMP thread to one CPU, and every other
+thread — the worker's API server and engine loop, this client — is moved to the others, so
+no neighbour takes the step's core. Threads the compute thread starts later inherit its
+CPU unless they move themselves (the adapter-parse threads do:
+``preft_serve.worker.preload``). On 2 cores that leaves the API server, the engine loop and
+the clients one core between them, which then delivers tokens late (client-side gaps of
+seconds in every phase): use it to read engine steps, not client gaps.
+
     python -m loadtests.cold_bench                    # bench-llama, ~3 minutes
     python -m loadtests.cold_bench --model var/models/smollm2-135m-instruct
 """
@@ -280,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-cpu-loras", type=int, default=16)
     p.add_argument("--var", type=Path, default=Path("var/bench/cold"))
     p.add_argument("--out", type=Path, default=RESULTS / "cold_bench.json")
+    p.add_argument("--isolate", action="store_true",
+                   help="leave the model's compute CPU to the model thread alone")
     args = p.parse_args(argv)
 
     from preft_serve.localstack import Child, free_port
@@ -305,9 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(0)
     line = Timeline()
     stop = threading.Event()
+    isolation: dict[str, Any] = {"model_cpus": [], "moved_threads": 0}
     try:
         worker.wait_ready(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,
                           600, 0.5)
+        if args.isolate:
+            from loadtests.stack_setup import group_pids, isolate_model_cpus
+
+            model_cpus, moved = isolate_model_cpus(group_pids(worker.pid))
+            isolation = {"model_cpus": sorted(model_cpus), "moved_threads": len(moved)}
+            print(f"  model CPU(s) {sorted(model_cpus)} left to the model thread; "
+                  f"{len(moved)} other threads moved", flush=True)
         for sha in warm:  # untimed: the warm set is resident before timing starts
             _short(url, sha, [1, 2, 3], Timeline())
         streams = [threading.Thread(target=_long_stream, daemon=True, args=(
@@ -325,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         worker.stop()
     steps = read_steps(trace) if trace.exists() else []
-    summary = {"config": {k: str(v) for k, v in vars(args).items()}, **summarise(line),
-               "engine_steps": summarise_steps(line, steps)}
+    summary = {"config": {k: str(v) for k, v in vars(args).items()}, "isolation": isolation,
+               **summarise(line), "engine_steps": summarise_steps(line, steps)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))
     plot(line, summary, args.out.with_suffix(".png"), steps)

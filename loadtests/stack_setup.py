@@ -19,6 +19,7 @@ from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, Adapter
 from preft_serve.localstack import free_port
 from preft_serve.localstack.seed import TenantSession, create_tenant
 from preft_serve.localstack.stack import LocalStack, StackError
+from preft_serve.worker.preload import THREAD_NAME as PRELOAD_THREAD
 from prometheus_client.parser import text_string_to_metric_families
 
 SEED_BASE = 10_000  # adapter i uses seed SEED_BASE + i: distinct content, distinct sha256
@@ -134,10 +135,19 @@ def _tasks(pid: int) -> list[int]:
         return []
 
 
+def _is_preload(tid: int) -> bool:
+    try:
+        return Path(f"/proc/{tid}/comm").read_text().strip() == PRELOAD_THREAD
+    except OSError:
+        return False
+
+
 def isolate_model_cpus(pids: Iterable[int]) -> tuple[set[int], list[int]]:
     """Leave the CPUs vLLM bound its compute threads to (threads whose affinity is narrower
     than the whole machine) to those threads alone: move every other thread of ``pids`` and
-    of this process to the remaining CPUs. Returns (model CPUs, moved thread ids).
+    of this process to the remaining CPUs. Returns (model CPUs, moved thread ids). The
+    worker's adapter-parse threads (``preft-preload``) bind themselves to the CPUs the
+    compute threads leave free: they are not model threads.
 
     On a small machine this keeps the gateway, the API servers and the load generator from
     preempting the model's OpenMP thread, which stalls every request in the batch at once.
@@ -147,7 +157,7 @@ def isolate_model_cpus(pids: Iterable[int]) -> tuple[set[int], list[int]]:
     model: set[int] = set()
     for t in threads:
         with contextlib.suppress(OSError):
-            if (cpus := os.sched_getaffinity(t)) != everything:
+            if (cpus := os.sched_getaffinity(t)) != everything and not _is_preload(t):
                 model |= cpus
     rest = everything - model
     moved = []

@@ -10,12 +10,20 @@ Bounded: ``threads`` parses at a time, and at most ``capacity`` parsed adapters 
 their first step (the oldest is dropped; its request then loads as stock vLLM would).
 A parse that failed is not an answer: the step loads the adapter itself and raises there
 exactly as stock vLLM would for an adapter loaded at schedule time.
+
+Where the parse runs: vLLM's CPU worker binds its main thread (the OpenMP master) to the
+compute CPUs, and every thread it starts later inherits that binding, so a plain
+background thread would parse on the very core the model step runs on, stretching the step
+it overlaps. Pool threads move themselves to the CPUs the process may use (its parent's)
+that no compute thread holds (vLLM leaves such CPUs for the API server and engine loop:
+``VLLM_CPU_NUM_OF_RESERVED_CPU``), when there are any (:func:`leave_compute_cpus`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import logging
 import os
 import threading
@@ -31,6 +39,42 @@ host they yield the CPU to the engine's step threads instead of stretching every
 request's step. Nothing the engine waits for runs at this priority."""
 
 
+def _process_cpus() -> frozenset[int]:
+    """The CPUs this process may use, compute threads' binding aside: the parent's (vLLM's
+    engine-core process, which binds nothing) and this thread's at import. The worker's own
+    threads cannot say: vLLM binds them through ``OMP_PLACES``, which the OpenMP runtime
+    applies to the main thread when it loads, before any plugin is imported."""
+    cpus = set(os.sched_getaffinity(0))
+    with contextlib.suppress(OSError):
+        cpus |= os.sched_getaffinity(os.getppid())
+    return frozenset(cpus)
+
+
+_PROCESS_CPUS = _process_cpus()
+
+
+THREAD_NAME = "preft-preload"
+"""The pool threads' OS-level name (``top -H``, ``/proc/<pid>/task/*/comm``): lets tools
+(the benchmarks' CPU isolation) tell them from the compute threads."""
+
+
+def leave_compute_cpus(name: str = THREAD_NAME) -> set[int] | None:
+    """Move the calling thread off the CPUs it inherited from the compute threads' binding,
+    onto the process's other CPUs; returns the new set (None: nothing to move to, it stays).
+    Also names the thread ``name`` for the OS. Best effort: never raises."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME: this thread only
+    try:
+        spare = set(_PROCESS_CPUS - os.sched_getaffinity(0))
+        if not spare:
+            return None
+        os.sched_setaffinity(0, spare)  # pid 0: the calling thread (Linux)
+        return spare
+    except (OSError, AttributeError):
+        return None
+
+
 def lower_thread_priority(nice: int = BACKGROUND_NICE) -> None:
     """Make the calling thread (only it: Linux schedules threads) nicer; best effort."""
     with contextlib.suppress(AttributeError, OSError):
@@ -41,15 +85,18 @@ def lower_thread_priority(nice: int = BACKGROUND_NICE) -> None:
 class AdapterPreloader:
     """Background ``load(request)`` calls keyed by adapter id, taken once by the step."""
 
-    def __init__(self, load: Callable[[Any], Any], threads: int = 1,
-                 capacity: int = 64) -> None:
+    def __init__(self, load: Callable[[Any], Any], threads: int = 1, capacity: int = 64,
+                 place_thread: Callable[[], object] | None = leave_compute_cpus) -> None:
+        """``place_thread`` runs first in each pool thread (None: threads stay where they
+        start, on the compute CPUs when started from a bound thread)."""
         if threads < 1 or capacity < 1:
             raise ValueError("threads and capacity must be positive")
         self._load = load
         self._capacity = capacity
         # Normal priority: a step that needs the adapter waits for this thread, so a nicer
         # thread would be a priority inversion on a busy host.
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="preft-preload")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_NAME,
+                                        initializer=place_thread)
         self._lock = threading.Lock()
         self._pending: collections.OrderedDict[int, Future[Any]] = collections.OrderedDict()
 

@@ -19,6 +19,9 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    ``set_active_loras`` runs once per executed step, so it also marks step starts for
    ``step_trace`` (off unless ``PREFT_STEP_TRACE`` is set), with the time the step spent
    in it preparing adapters (mapping, parse waits, slot copies).
+   GC: ``CPUWorker.compile_or_warm_up_model`` does not freeze the GC heap after warm-up
+   (``GPUWorker``'s does, ``vllm.utils.gc_utils.freeze_gc_heap``); ``PreftCPUWorker``
+   does, so full collections skip the static objects.
    Cold adapters: the runner's ``add_lora`` (what the server's ``engine_client.add_lora``
    reaches after a resolver found an adapter, an engine-loop call) checks the config at once
    and hands the weight parse (``LRUCacheWorkerLoRAManager._load_adapter``) to a background
@@ -87,6 +90,7 @@ from preft_serve.worker.token_mapping import (
 from vllm.exceptions import GracefulHTTPError, LoRAAdapterNotFoundError
 from vllm.lora.peft_helper import PEFTHelper
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+from vllm.utils.gc_utils import freeze_gc_heap, maybe_attach_gc_debug_callback
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.worker.cpu_worker import CPUWorker
@@ -340,6 +344,16 @@ class PreftCPUWorker(CPUWorker):
     def init_device(self) -> None:
         super().init_device()
         _graft_preft_runner(self)
+
+    def compile_or_warm_up_model(self) -> Any:
+        """As vLLM's, then the GC heap frozen, as vLLM's GPU worker does after its warm-up
+        (the CPU worker of 0.32 does not): otherwise every full collection walks the
+        model's and vLLM's static objects, a pause of tens to hundreds of ms in the middle
+        of a step, and parsing adapters (hundreds of tensors each) triggers them."""
+        result = super().compile_or_warm_up_model()
+        freeze_gc_heap()
+        maybe_attach_gc_debug_callback()  # VLLM_GC_DEBUG=1 logs each collection's time
+        return result
 
 
 class PreftGPUWorker(GPUWorker):

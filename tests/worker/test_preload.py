@@ -5,6 +5,7 @@ stood in for by a recorder; the real engine path runs in test_resolver's server 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -132,3 +133,48 @@ def test_engine_paths_are_untouched_for_relative_paths(tmp_path: Path,
     assert not preload_lora(manager, relative)
     assert preload_lora(manager, request)
     manager.release.set()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_parse_threads_leave_the_compute_cpu_their_creator_was_bound_to() -> None:
+    """vLLM binds the worker's main thread to the compute CPUs and threads it starts
+    inherit that; the parse must not run on the core the model step runs on."""
+    everything = os.sched_getaffinity(0)
+    compute = {min(everything)}
+    seen: dict[str, object] = {}
+    parsed = threading.Event()
+
+    def parse(request: object) -> str:
+        seen["cpus"] = os.sched_getaffinity(0)
+        tid = threading.get_native_id()
+        seen["name"] = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        parsed.set()
+        return "parsed"
+
+    os.sched_setaffinity(0, compute)  # as vLLM's init_device binds the main thread
+    try:
+        preloader = AdapterPreloader(parse)
+        preloader.submit(1, "request")  # the pool's thread starts here, bound like us
+        assert parsed.wait(10)  # in the background, not in load() below
+        assert preloader.load(1, "request") == "parsed"
+        preloader.close()
+    finally:
+        os.sched_setaffinity(0, everything)
+    assert seen["cpus"] == everything - compute
+    assert seen["name"] == "preft-preload"
+
+
+def test_an_unbound_creator_leaves_the_thread_where_it_is() -> None:
+    seen: list[set[int]] = []
+    parsed = threading.Event()
+
+    def parse(request: object) -> None:
+        seen.append(os.sched_getaffinity(0))
+        parsed.set()
+
+    preloader = AdapterPreloader(parse)
+    preloader.submit(1, "request")
+    assert parsed.wait(10)
+    preloader.load(1, "request")
+    preloader.close()
+    assert seen == [os.sched_getaffinity(0)]
