@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     os.sched_setaffinity(0, {cpus[0]})  # this thread: the "compute CPU", as vLLM binds it
     step = _step_workload(args.step_ms)
+    from vllm.utils.gc_utils import freeze_gc_heap
+
+    freeze_gc_heap()  # as the worker does after warm-up: no full collection over vLLM's heap
     print(f"{len(folders)} adapters of {model.name}; steps of ~{args.step_ms:g} ms on CPU "
           f"{cpus[0]}, {args.rounds} rounds", flush=True)
     rounds = []
