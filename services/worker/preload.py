@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -58,13 +59,17 @@ THREAD_NAME = "preft-preload"
 (the benchmarks' CPU isolation) tell them from the compute threads."""
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def leave_compute_cpus(name: str = THREAD_NAME) -> set[int] | None:
     """Move the calling thread off the CPUs it inherited from the compute threads' binding,
     onto the process's other CPUs; returns the new set (None: nothing to move to, it stays).
     Also names the thread ``name`` for the OS. Best effort: never raises."""
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME: this thread only
+        _libc().prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME: this thread only
     try:
         spare = set(_PROCESS_CPUS - os.sched_getaffinity(0))
         if not spare:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,14 @@ class RecordingManager:
         return set(self.loaded)
 
 
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll until ``condition()`` (the pool thread starts work after its placement)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.005)
+
+
 def adapter(tmp_path: Path, name: str, rank: int = 8) -> LoRARequest:
     folder = tmp_path / name
     folder.mkdir()
@@ -57,6 +67,7 @@ def test_add_lora_answers_before_the_parse_and_the_step_takes_the_parsed_weights
 
     assert preload_lora(manager, request)  # returns while the parse is still blocked
     assert not manager.release.is_set()
+    wait_until(lambda: len(manager.parses) == 1)  # the pool thread has started it
     manager.release.set()
     assert manager._load_adapter(request) == "parsed-4"  # what the step calls
     assert len(manager.parses) == 1  # parsed once, in the background, not in the step
@@ -93,10 +104,12 @@ def test_a_failed_background_parse_is_retried_in_the_step(tmp_path: Path) -> Non
     manager.fail_next = 1
     manager.release.set()
     assert preload_lora(manager, request)
+    wait_until(lambda: len(manager.parses) == 1)  # the background parse ran (and failed)
     assert manager._load_adapter(request) == "parsed-5"
     assert len(manager.parses) == 2
     manager.fail_next = 2
     assert preload_lora(manager, request)
+    wait_until(lambda: len(manager.parses) == 3)
     with pytest.raises(RuntimeError, match="bad tensors"):  # as stock vLLM would raise
         manager._load_adapter(request)
 
@@ -111,7 +124,9 @@ def test_preloader_is_bounded() -> None:
         return n * 10
 
     preloader = AdapterPreloader(parse, threads=1, capacity=2)
-    for n in (1, 2, 3):
+    preloader.submit(1, 1)
+    wait_until(lambda: running == [1])  # running in the pool thread, so it cannot be cancelled
+    for n in (2, 3):
         preloader.submit(n, n)
     preloader.submit(3, 3)  # already started: no second parse
     assert preloader.pending_ids() == {2, 3}  # the oldest was dropped
