@@ -34,7 +34,6 @@ import argparse
 import datetime as dt
 import os
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -81,31 +80,30 @@ def _round(placement: str, parse: Any, folders: list[Path], step: Any,
     before, with no parse): (start, seconds, parsing) per step."""
     from preft_serve.worker.preload import AdapterPreloader, leave_compute_cpus
 
-    busy = threading.Event()
     windows: list[tuple[float, float]] = []
 
     def timed_parse(folder: Path) -> Any:
-        busy.set()
         start = time.monotonic()
         try:
             return parse(folder)
         finally:
             windows.append((start, time.monotonic()))
-            busy.clear()
+
+    steps: list[tuple[float, float]] = []
+
+    def timed_step() -> None:
+        t0 = time.monotonic()
+        step()
+        steps.append((t0, time.monotonic() - t0))
 
     preloader = AdapterPreloader(timed_parse, capacity=len(folders) + 1, place_thread=(
         leave_compute_cpus if placement == "spare" else None))
-    steps: list[tuple[float, float]] = []
     for _ in range(idle_steps):
-        t0 = time.monotonic()
-        step()
-        steps.append((t0, time.monotonic() - t0))
+        timed_step()
     for i, folder in enumerate(folders):  # submitted from this (bound) thread, as in vLLM
         preloader.submit(i, folder)
     while len(windows) < len(folders):
-        t0 = time.monotonic()
-        step()
-        steps.append((t0, time.monotonic() - t0))
+        timed_step()
     for i in range(len(folders)):
         preloader.discard(i)
     preloader.close()
@@ -141,12 +139,13 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def plot(rounds: list[dict[str, Any]], path: Path) -> None:
+def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rounds = result["rounds"]
     fig, axes = plt.subplots(1, len(PLACEMENTS), figsize=(11, 4), sharey=True)
     for ax, placement in zip(axes, PLACEMENTS):
         for r in (r for r in rounds if r["placement"] == placement):
@@ -186,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from preft_serve.toymodels import PRESETS, LoraSpec, make_lora_adapter, make_model
 
+    from loadtests.stack_setup import write_results
+
     model = (make_model(args.model, args.var / args.model) if args.model in PRESETS
              else Path(args.model))
     spec = LoraSpec(rank=16, std=0.05, target_modules=PROJECTIONS)
@@ -222,12 +223,7 @@ def main(argv: list[str] | None = None) -> int:
               "summary": summary,
               "rounds": [{**r, "steps": [[round(t, 6), round(s, 6), d] for t, s, d in r["steps"]]}
                          for r in rounds]}
-    import json
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(rounds, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    write_results(args.out, result, plot)
     return 0
 
 
