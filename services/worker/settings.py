@@ -14,6 +14,7 @@ from pathlib import Path
 
 from preft_serve.common.objectstore import ObjectStore, create_object_store, parse_store_url
 from preft_serve.common.service_settings import NAMESPACE_PATTERN
+from preft_serve.worker.preload import GilYield
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -39,6 +40,13 @@ class WorkerSettings(BaseSettings):
     registry_namespace: str = Field("preft", pattern=NAMESPACE_PATTERN)
     resolver_threads: int = Field(2, ge=1, le=64, description="Adapters downloaded and "
                                   "verified at once (low-priority threads, off the event loop)")
+    preload_pause_us: int = Field(
+        200, ge=0, le=10_000, description="How long a background adapter parse hands the "
+        "GIL back to the model step, every few hundred interpreter events (see "
+        "preft_serve.worker.preload.GilYield); 0 = it holds the GIL as long as CPython lets it")
+
+    def preload_share_gil(self) -> GilYield | None:
+        return GilYield(pause_s=self.preload_pause_us / 1e6) if self.preload_pause_us else None
 
     @field_validator("object_store_url")
     @classmethod

@@ -77,9 +77,10 @@ from preft_kernels.lora_grouped import (
 )
 from preft_serve.common.families import Runtime
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
-from preft_serve.worker.preload import AdapterPreloader
+from preft_serve.worker.preload import AdapterPreloader, GilYield
 from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
+from preft_serve.worker.settings import WorkerSettings
 from preft_serve.worker.step_trace import StepTrace, step_trace_from_env
 from preft_serve.worker.token_mapping import (
     NO_ADAPTER,
@@ -178,7 +179,7 @@ class PreftLoRAMappingMixin:
         self.reft.install(_decoder_layers(self.get_model()))  # type: ignore[attr-defined]
         manager = getattr(self, "lora_manager", None)
         if manager is not None:
-            install_preloader(manager)
+            install_preloader(manager, share_gil=WorkerSettings().preload_share_gil())
             self.slot_router = SlotRouter.install(
                 manager, bypass=_runs_eagerly(self.vllm_config))  # type: ignore[attr-defined]
         return result
@@ -265,7 +266,8 @@ class PreftLoRAMappingMixin:
 _PRELOADER_ATTR = "_preft_preloader"
 
 
-def install_preloader(manager: Any, threads: int = 1) -> AdapterPreloader:
+def install_preloader(manager: Any, threads: int = 1,
+                      share_gil: GilYield | None = GilYield()) -> AdapterPreloader:
     """Route ``manager._load_adapter`` (vLLM's ``WorkerLoRAManager``: parse an adapter's
     directory into a ``LoRAModel`` on the host) through a background preloader."""
     existing = _preloader_of(manager)
@@ -273,7 +275,7 @@ def install_preloader(manager: Any, threads: int = 1) -> AdapterPreloader:
         return existing
     stock = manager._load_adapter
     capacity = max(int(getattr(manager.lora_config, "max_cpu_loras", 0) or 0), 1)
-    preloader = AdapterPreloader(stock, threads=threads, capacity=capacity)
+    preloader = AdapterPreloader(stock, threads=threads, capacity=capacity, share_gil=share_gil)
 
     def load_adapter(lora_request: Any) -> Any:
         return preloader.load(lora_request.lora_int_id, lora_request)

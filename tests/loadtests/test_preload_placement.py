@@ -20,8 +20,16 @@ def test_summary_splits_steps_by_overlap_and_counts_the_time_parses_cost() -> No
                [0.020, 0.015]),
         # spare: idle 10 ms; one parse overlapping one 12 ms step
         _round("spare", [(0.010, False), (0.012, True), (0.010, False)], [0.008]),
+        # spare+paced: idle 10 ms; one long parse overlapping three steps of 11 ms
+        _round("spare+paced", [(0.010, False), (0.011, True), (0.011, True), (0.011, True)],
+               [0.040]),
     ]
     summary = summarise(rounds)
+    paced = summary["spare+paced"]
+    assert paced["during_vs_no_parse_p50"] == pytest.approx(1.1)
+    assert paced["during_parse_over_2x"] == 0
+    assert paced["lost_step_ms_per_parse"] == pytest.approx(3.0)
+    assert paced["parse_ms_p50"] == 40.0
     inherit, spare = summary["inherit"], summary["spare"]
     assert inherit["no_parse_p50_ms"] == 10.0
     assert inherit["steps_during_parse"] == 2
@@ -30,3 +38,8 @@ def test_summary_splits_steps_by_overlap_and_counts_the_time_parses_cost() -> No
     assert inherit["during_vs_no_parse_p50"] == pytest.approx(2.5)
     assert spare["lost_step_ms_per_parse"] == pytest.approx(2.0)
     assert spare["parse_ms_p50"] == 8.0
+
+
+def test_a_placement_without_rounds_is_left_out() -> None:
+    summary = summarise([_round("spare", [(0.010, False), (0.012, True)], [0.008])])
+    assert set(summary) == {"spare"}
