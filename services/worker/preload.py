@@ -141,12 +141,15 @@ class GilYield:
             sys.setprofile(None)
 
 
+DEFAULT_GIL_YIELD = GilYield()
+
+
 class AdapterPreloader:
     """Background ``load(request)`` calls keyed by adapter id, taken once by the step."""
 
     def __init__(self, load: Callable[[Any], Any], threads: int = 1, capacity: int = 64,
                  place_thread: Callable[[], object] | None = leave_compute_cpus,
-                 share_gil: GilYield | None = GilYield()) -> None:
+                 share_gil: GilYield | None = DEFAULT_GIL_YIELD) -> None:
         """``place_thread`` runs first in each pool thread (None: threads stay where they
         start, on the compute CPUs when started from a bound thread); ``share_gil`` paces
         background parses (None: they hold the GIL as long as CPython lets them)."""

@@ -77,7 +77,7 @@ from preft_kernels.lora_grouped import (
 )
 from preft_serve.common.families import Runtime
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
-from preft_serve.worker.preload import AdapterPreloader, GilYield
+from preft_serve.worker.preload import DEFAULT_GIL_YIELD, AdapterPreloader, GilYield
 from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.settings import WorkerSettings
@@ -267,7 +267,7 @@ _PRELOADER_ATTR = "_preft_preloader"
 
 
 def install_preloader(manager: Any, threads: int = 1,
-                      share_gil: GilYield | None = GilYield()) -> AdapterPreloader:
+                      share_gil: GilYield | None = DEFAULT_GIL_YIELD) -> AdapterPreloader:
     """Route ``manager._load_adapter`` (vLLM's ``WorkerLoRAManager``: parse an adapter's
     directory into a ``LoRAModel`` on the host) through a background preloader."""
     existing = _preloader_of(manager)
