@@ -31,6 +31,7 @@ pauses stop and it finishes at full speed.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
@@ -158,6 +159,9 @@ class AdapterPreloader:
         self._load = load
         self._share_gil = share_gil
         self._capacity = capacity
+        # How the step's loads went: "ready" (parse done), "waited" (parse still
+        # running), "inline" (never parsed ahead, or failed: parsed in the step).
+        self.outcomes: collections.Counter[str] = collections.Counter()
         # Normal priority: a step that needs the adapter waits for this thread, so a nicer
         # thread would be a priority inversion on a busy host.
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_NAME,
@@ -190,6 +194,25 @@ class AdapterPreloader:
         with self._lock:
             return set(self._pending)
 
+    def settled_ids(self) -> set[int]:
+        """Adapters whose background parse has ended (taking one costs the step no parse
+        wait; a failed one is parsed again there and raises as stock vLLM would)."""
+        with self._lock:
+            return {i for i, (future, _) in self._pending.items() if future.done()}
+
+    def hurry(self, timeout_s: float) -> None:
+        """No step to protect (the engine has nothing to run): let every pending parse
+        run at full speed and wait up to ``timeout_s`` for one to end, so an engine loop
+        that only waits for adapters does not spin."""
+        with self._lock:
+            running = [(future, urgent) for future, urgent in self._pending.values()
+                       if not future.done()]
+        for _, urgent in running:
+            urgent.set()
+        if running:
+            concurrent.futures.wait([f for f, _ in running], timeout=timeout_s,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+
     def load(self, adapter_id: int, request: Any) -> Any:
         """The parsed adapter (waiting for its parse if still running), else parse now."""
         with self._lock:
@@ -198,12 +221,14 @@ class AdapterPreloader:
             future = None  # still queued behind other parses: parse it here, now
         if future is not None:
             assert urgent is not None
+            self.outcomes["ready" if future.done() else "waited"] += 1
             urgent.set()
             try:
                 return future.result()
             except Exception:
                 logger.warning("adapter %d: background parse failed; loading in the step",
                                adapter_id, exc_info=True)
+        self.outcomes["inline"] += 1
         return self._load(request)
 
     def discard(self, adapter_id: int) -> None:

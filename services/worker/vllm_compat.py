@@ -57,6 +57,7 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -76,6 +77,7 @@ from preft_kernels.lora_grouped import (
     grouped_lora_shrink,
 )
 from preft_serve.common.families import Runtime
+from preft_serve.worker.adapter_gate import AdapterGate, SettledReport
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
 from preft_serve.worker.preload import DEFAULT_GIL_YIELD, AdapterPreloader, GilYield
 from preft_serve.worker.reft.kernels import reft_kernel_for
@@ -94,6 +96,7 @@ from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 from vllm.utils.gc_utils import freeze_gc_heap, maybe_attach_gc_debug_callback
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker as GPUWorker
 
@@ -125,15 +128,49 @@ def _adapter_kinds(lora_request: Any) -> tuple[bool, bool]:
 # -- 1. scheduler ----------------------------------------------------------------------
 
 
+ANNOUNCE_ATTR = "preft_announce"
+"""Attribute of a ``SchedulerOutput``: the ``LoRARequest`` objects to parse ahead."""
+REPORT_ATTR = "preft_adapter_report"
+"""Attribute of a ``ModelRunnerOutput``: the worker's ``adapter_gate.Report``."""
+
+
 class PreftSchedulerMixin:
-    """Frees a prefill-only adapter's slot once its request's prompt is computed."""
+    """Frees a prefill-only adapter's slot once its request's prompt is computed, and
+    holds a waiting request back while its adapter is parsed (``adapter_gate.py``)."""
 
     lora_config: Any
     running: list[Any]
+    adapter_gate: AdapterGate
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.adapter_gate = AdapterGate(hold_s=WorkerSettings().adapter_hold_ms / 1000)
+
+    def _handle_blocked_waiting_request(self, request: Any) -> bool:
+        """vLLM skips a waiting request for this step when this says False (it does so for
+        requests waiting for a grammar or remote KV blocks)."""
+        if not super()._handle_blocked_waiting_request(request):  # type: ignore[misc]
+            return False
+        lora = request.lora_request
+        if lora is None or not self.lora_config or _adapter_kinds(lora)[0]:
+            return True  # ReFT adapters load in their runtime, not the LoRA manager
+        return self.adapter_gate.admit(lora.lora_int_id, lora)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        self.adapter_gate.on_step(getattr(model_runner_output, REPORT_ATTR, None))
+        return super().update_from_output(  # type: ignore[misc]
+            scheduler_output, model_runner_output)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self.lora_config:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        output = self._schedule_with_prefill_slots_freed(*args, **kwargs)
+        announce = self.adapter_gate.take_announcements()
+        if announce:
+            setattr(output, ANNOUNCE_ATTR, announce)
+        return output
+
+    def _schedule_with_prefill_slots_freed(self, *args: Any, **kwargs: Any) -> Any:
         hidden = [
             (request, request.lora_request)
             for request in self.running
@@ -262,6 +299,52 @@ class PreftLoRAMappingMixin:
         pending = preloader.pending_ids() if preloader is not None else set()
         return super().list_loras() | self.reft.loaded_ids() | pending  # type: ignore[misc]
 
+    # The scheduler's adapter gate (seam 1): it announces adapters whose requests it
+    # holds back; the worker parses them ahead and reports what it can run unparsed.
+
+    _settled_report: SettledReport | None = None
+
+    def prefetch_loras(self, lora_requests: list[Any]) -> None:
+        """Start background parses of announced adapters (config errors surface when the
+        request is scheduled, exactly as stock vLLM raises them there)."""
+        manager: Any = getattr(self, "lora_manager", None)
+        preloader = _preloader_of(manager)
+        if preloader is None:
+            return
+        report = self._report_state()
+        for lora_request in lora_requests:
+            lora_id = lora_request.lora_int_id
+            if preloader.pending(lora_id):
+                continue
+            try:
+                started = preload_lora(manager, lora_request)
+            except Exception:  # noqa: BLE001 - raised again by the step's own load
+                started = False
+            if not started and lora_id not in manager.list_adapters():
+                report.give_up(lora_id)
+
+    def adapter_report(self) -> Any:
+        """What the gate needs after this step (None: nothing changed): adapters in host
+        memory or parsed ahead, and announced ones that will not be parsed ahead."""
+        manager: Any = getattr(self, "lora_manager", None)
+        preloader = _preloader_of(manager)
+        if preloader is None:
+            return None
+        settled = frozenset(manager.list_adapters()) | preloader.settled_ids()
+        return self._report_state().next(settled)
+
+    def wait_for_parses(self, timeout_s: float = 0.02) -> None:
+        """A step with nothing to run (every waiting request held for its adapter): the
+        parses need not yield to a step, and the engine loop should not spin."""
+        preloader = _preloader_of(getattr(self, "lora_manager", None))
+        if preloader is not None:
+            preloader.hurry(timeout_s)
+
+    def _report_state(self) -> SettledReport:
+        if self._settled_report is None:
+            self._settled_report = SettledReport()
+        return self._settled_report
+
 
 _PRELOADER_ATTR = "_preft_preloader"
 
@@ -340,12 +423,44 @@ def _graft_preft_runner(worker: Any) -> None:
     runner.__class__ = _RUNNER_CLASSES[base]
 
 
-class PreftCPUWorker(CPUWorker):
-    """vLLM's CPU worker whose model runner maps tokens to adapters per PreFT."""
+class PreftWorkerMixin:
+    """The PreFT runner grafted in, and the adapter gate's messages passed through: the
+    scheduler output's announcements to the runner, the runner's report onto the output
+    that goes back to the scheduler (both travel pickled: extra attributes survive)."""
+
+    model_runner: Any
 
     def init_device(self) -> None:
-        super().init_device()
+        super().init_device()  # type: ignore[misc]
         _graft_preft_runner(self)
+
+    def execute_model(self, scheduler_output: Any) -> Any:
+        announced = getattr(scheduler_output, ANNOUNCE_ATTR, None)
+        runner = self.model_runner
+        if announced:
+            runner.prefetch_loras(announced)
+        if not scheduler_output.total_num_scheduled_tokens:
+            runner.wait_for_parses()
+        return self._with_adapter_report(
+            super().execute_model(scheduler_output))  # type: ignore[misc]
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        return self._with_adapter_report(
+            super().sample_tokens(grammar_output))  # type: ignore[misc]
+
+    def _with_adapter_report(self, output: Any) -> Any:
+        if not isinstance(output, ModelRunnerOutput):
+            return output  # None (sample_tokens follows) or an async handle
+        report = self.model_runner.adapter_report()
+        if report is None:
+            return output
+        output = copy.copy(output)  # may be vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT
+        setattr(output, REPORT_ATTR, report)
+        return output
+
+
+class PreftCPUWorker(PreftWorkerMixin, CPUWorker):
+    """vLLM's CPU worker whose model runner maps tokens to adapters per PreFT."""
 
     def compile_or_warm_up_model(self) -> Any:
         """As vLLM's, then the GC heap frozen, as vLLM's GPU worker does after its warm-up
@@ -358,12 +473,8 @@ class PreftCPUWorker(CPUWorker):
         return result
 
 
-class PreftGPUWorker(GPUWorker):
+class PreftGPUWorker(PreftWorkerMixin, GPUWorker):
     """vLLM's GPU worker whose model runner maps tokens to adapters per PreFT."""
-
-    def init_device(self) -> None:
-        super().init_device()
-        _graft_preft_runner(self)
 
 
 # -- 2b. adapter slots: writes and per-step routing -------------------------------------

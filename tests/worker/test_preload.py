@@ -293,3 +293,54 @@ def test_worker_settings_choose_the_gil_pacing(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("PREFT_WORKER_PRELOAD_PAUSE_US", "50000")
     with pytest.raises(ValueError, match="less than or equal to 10000"):
         WorkerSettings()
+
+
+def test_settled_ids_are_the_parses_that_ended_and_hurry_unpaces_them() -> None:
+    release = threading.Event()
+
+    def parse(n: int) -> int:
+        if n == 1:
+            release.wait(10)
+        return busy_python(20_000)
+
+    # Paced so hard (10 ms every event) that only hurry() can finish parse 2 in time.
+    preloader = AdapterPreloader(parse, threads=2, place_thread=None,
+                                 share_gil=GilYield(every=1, pause_s=0.01))
+    preloader.submit(1, 1)
+    preloader.submit(2, 2)
+    assert preloader.settled_ids() == set()
+    t0 = time.monotonic()
+    preloader.hurry(timeout_s=10)  # returns once one parse ended: 2 (1 waits for release)
+    assert time.monotonic() - t0 < 5
+    assert preloader.settled_ids() == {2}
+    release.set()
+    wait_until(lambda: preloader.settled_ids() == {1, 2})
+    assert preloader.load(2, 2) == busy_python(20_000)
+    assert preloader.outcomes["ready"] == 1
+    preloader.close()
+
+
+def test_announced_adapters_are_parsed_ahead_and_reported_settled(tmp_path: Path) -> None:
+    """The runner's side of the scheduler's adapter gate."""
+    from preft_serve.worker.vllm_compat import PreftLoRAMappingMixin
+
+    runner = PreftLoRAMappingMixin()
+    manager = RecordingManager()
+    manager.loaded = {40}
+    runner.lora_manager = manager  # type: ignore[attr-defined]
+    install_preloader(manager)
+    assert runner.adapter_report() == (frozenset({40}), ())
+    assert runner.adapter_report() is None  # nothing changed
+
+    on_disk = adapter(tmp_path, "evicted")  # id 7
+    relative = LoRARequest(lora_name="hub", lora_int_id=8, lora_path="org/hub-adapter")
+    runner.prefetch_loras([on_disk, relative])
+    wait_until(lambda: len(manager.parses) == 1)  # the background parse of 7 started
+    assert manager.parses[0][1].startswith("preft-preload")
+    # 8 is left to stock vLLM (it may fetch it from a hub): its requests go at once.
+    assert runner.adapter_report() == (None, (8,))
+    manager.release.set()
+    wait_until(lambda: runner.adapter_report() == (frozenset({40, 7}), ()))
+    runner.prefetch_loras([on_disk])  # announced again: the parse is not repeated
+    assert manager._load_adapter(on_disk) == "parsed-7"
+    assert len(manager.parses) == 1
