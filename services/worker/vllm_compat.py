@@ -8,6 +8,13 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    prefill-only adapter whose prompt is fully computed no longer needs a slot, so during
    ``schedule()`` its ``lora_request`` is hidden from that count and restored afterwards.
    Only the running loop reads it there; block hashes are computed outside ``schedule()``.
+   Adapter gate (``Scheduler._handle_blocked_waiting_request``, the hook vLLM uses to skip
+   a waiting request for a step, and ``update_from_output``): a waiting request whose
+   adapter the worker cannot run unparsed is skipped while the worker parses it ahead
+   (``adapter_gate.py``); the adapters to parse travel as an extra attribute of the
+   ``SchedulerOutput`` and the worker's report as one of the ``ModelRunnerOutput`` (both
+   pickled between processes, so extra attributes survive), through ``PreftWorkerMixin``'s
+   ``execute_model`` / ``sample_tokens``.
 2. Model runner (``LoRAModelRunnerMixin.set_active_loras`` / ``add_lora`` / ``remove_lora`` /
    ``list_loras`` and ``GPUModelRunner.load_model``, V1 runner): token→adapter mapping per
    PreFT semantics (see ``token_mapping.py``); adapters without tokens in the step are not
