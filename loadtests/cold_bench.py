@@ -119,8 +119,14 @@ def _long_stream(url: str, prompt: list[int], stop: threading.Event, line: Timel
                         last = now
                         if stop.is_set():
                             return
-            except httpx.HTTPError:
+            except httpx.RemoteProtocolError:
                 if stop.is_set():  # the worker is going away at the end of the run
+                    return
+                # A pooled connection the server closed as the stream reused it (seen once
+                # in a run of four, each stream restarting at every phase): open another.
+                continue
+            except httpx.HTTPError:
+                if stop.is_set():
                     return
                 raise
 
