@@ -16,6 +16,7 @@ applies in each of its processes and hands to uvicorn as its log config.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import logging
 import re
@@ -67,9 +68,20 @@ def redact(text: str) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)
+def _sensitive_name(name: str) -> bool:
+    """Whether a field called ``name`` holds a secret whatever its value says. Field names
+    come from code (``extra=`` keys), so the cache stays small; it saves a regex search
+    per field per record (the access log has ~13 fields a line)."""
+    return _SENSITIVE_NAMES.search(name) is not None
+
+
 def _redact_value(name: str, value: Any) -> Any:
-    # A number is a count, not a credential ("prompt_tokens": 5 stays readable).
-    if _SENSITIVE_NAMES.search(name) and not isinstance(value, int | float):
+    # A number is a count, not a credential ("prompt_tokens": 5 stays readable); None and
+    # booleans say nothing either.
+    if value is None or isinstance(value, int | float):
+        return value
+    if _sensitive_name(name):
         return REDACTED
     if isinstance(value, str):
         return redact(value)
@@ -86,11 +98,27 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # noqa: BLE001  (a broken format string must not lose the record)
             message = str(record.msg)
-        record.msg = redact(message)
         record.args = None
-        for key, value in list(vars(record).items()):
-            if key not in _STANDARD_ATTRS:
-                setattr(record, key, _redact_value(key, value))
+        extras = [(key, value) for key, value in vars(record).items()
+                  if key not in _STANDARD_ATTRS]
+        # One search over the message and every text field rules out most records (an
+        # access line has ~10 of them); none of the words spans a newline, so a hit in the
+        # joined text is a hit in one part. Fields are redacted one by one only then, or
+        # when a field is not plain text or its name says it holds a secret.
+        texts = [message]
+        plain = True
+        for key, value in extras:
+            if isinstance(value, str):
+                texts.append(value)
+            if not (value is None or isinstance(value, str | int | float)) or (
+                    isinstance(value, str) and _sensitive_name(key)):
+                plain = False
+        if plain and not _MAY_HOLD_SECRET.search("\n".join(texts)):
+            record.msg = message
+            return True
+        record.msg = redact(message)
+        for key, value in extras:
+            setattr(record, key, _redact_value(key, value))
         return True
 
 

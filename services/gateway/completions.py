@@ -64,7 +64,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         metrics.record_request(tenant_label, label, exc.status_code)
         metrics.errors.labels(exc.code).inc()
         raise
-    metrics.routing.labels(upstream.result.value).inc()
+    metrics.routing_of(upstream.result.value).inc()
     log["worker"] = upstream.worker
     status = upstream.response.status_code
     metrics.record_request(tenant_label, label, status)
@@ -80,7 +80,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
 
     if stream and status == 200:
         def first_token() -> None:
-            metrics.ttft.labels(label).observe(time.perf_counter() - start)
+            metrics.ttft_of(label).observe(time.perf_counter() - start)
 
         async def body_iter() -> Any:
             try:
@@ -88,7 +88,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
                                              strip_usage, on_usage, first_token):
                     yield piece
             finally:
-                metrics.latency.labels(label).observe(time.perf_counter() - start)
+                metrics.latency_of(label).observe(time.perf_counter() - start)
 
         return RelayResponse(body_iter(), status_code=status,
                              media_type="text/event-stream",
@@ -121,7 +121,7 @@ async def _buffered(upstream: Upstream, state: GatewayState, on_usage: Callable[
                          f"{exc.__class__.__name__}") from None
     finally:
         await upstream.aclose()
-    state.metrics.latency.labels(label).observe(time.perf_counter() - start)
+    state.metrics.latency_of(label).observe(time.perf_counter() - start)
     status = upstream.response.status_code
     media_type = upstream.response.headers.get("content-type", "application/json")
     try:

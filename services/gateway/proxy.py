@@ -21,7 +21,7 @@ from preft_serve.common.access_log import REQUEST_ID_HEADER
 from preft_serve.common.error_envelope import error_body
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
 from preft_serve.gateway.routing import RouteResult, WorkerPool
-from preft_serve.gateway.upstream import WorkerCalls
+from preft_serve.gateway.upstream import Calls, WorkerAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Upstream:
     """An open worker response; ``aclose`` releases the worker's in-flight slot."""
 
     worker: str
-    response: httpx.Response
+    response: WorkerAnswer
     pool: WorkerPool
     result: RouteResult
     _closed: bool = False
@@ -52,7 +52,7 @@ class Upstream:
                 self.pool.release(self.worker)
 
 
-async def open_upstream(calls: WorkerCalls, pool: WorkerPool, key: str, path: str,
+async def open_upstream(calls: Calls, pool: WorkerPool, key: str, path: str,
                         body: dict[str, Any], request_id: str | None = None) -> Upstream:
     """Send ``body`` to the best worker for ``key``; the response body is not read yet.
     ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it)."""

@@ -19,7 +19,7 @@ from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.ratelimit import RateLimiter
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
-from preft_serve.gateway.upstream import WorkerCalls, WorkerTransport
+from preft_serve.gateway.upstream import Calls, WorkerTransport, worker_calls
 from preft_serve.gateway.usage import UsageRecorder
 from preft_serve.gateway.validation import Caps
 
@@ -42,7 +42,7 @@ class GatewayState:
     # its pool). None only when a test passes a registry without one: no rate limits then.
     redis: aioredis.Redis | None
     http: httpx.AsyncClient  # health checks
-    calls: WorkerCalls  # completions, on the same transport
+    calls: Calls  # completions, on the same transport (without httpx where it can)
     pool: WorkerPool
     monitor: WorkerMonitor
     limiter: RateLimiter
@@ -93,7 +93,8 @@ class GatewayState:
                     max_json_depth=settings.max_json_depth)
         usage = UsageRecorder(redis, settings.namespace, metrics, settings.usage_timeout_s)
         await monitor.start()
-        return cls(settings, registry, redis, http, WorkerCalls(transport, timeout), pool,
+        calls = worker_calls(transport, timeout, traced=tracer_provider is not None)
+        return cls(settings, registry, redis, http, calls, pool,
                    monitor, limiter, metrics, caps, usage, owns_redis)
 
     async def aclose(self) -> None:

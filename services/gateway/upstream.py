@@ -16,14 +16,23 @@ only failures to connect stay connect errors here.
 Completion requests skip httpx's client layer (:class:`WorkerCalls`): ``AsyncClient.send``
 merges URLs, runs auth and redirect handling and extracts cookies on every call, a third
 of the gateway's in-process CPU per request, for features calls to workers never use.
+On the deployed transport they skip httpx altogether (:class:`DirectWorkerCalls`): the
+``httpx.Request``, ``httpx.Response`` and the stream wrappers between the two libraries
+cost ~0.1 ms of CPU per request more than aiohttp alone (docs/benchmarks.md). Tests with
+a mock transport, and tracing (whose httpx instrumentation makes the client span), keep
+the httpx path; both raise httpx's exceptions, so the proxy's retry rule is one.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
 from functools import lru_cache
+from typing import Protocol
 
 import aiohttp
 import httpx
+import yarl
 from httpx_aiohttp import AiohttpTransport
 
 
@@ -54,6 +63,11 @@ def _url(worker: str, path: str) -> httpx.URL:
     return httpx.URL(worker + path)
 
 
+@lru_cache(maxsize=4096)
+def _aiohttp_url(worker: str, path: str) -> yarl.URL:
+    return yarl.URL(worker + path)
+
+
 class WorkerCalls:
     """Completion requests to workers, sent straight to the client's transport.
 
@@ -72,3 +86,104 @@ class WorkerCalls:
         request = httpx.Request("POST", _url(worker, path), content=content, headers=headers,
                                 extensions={"timeout": self._timeout})
         return await self._transport.handle_async_request(request)
+
+
+class WorkerAnswer(Protocol):
+    """What the proxy reads of a worker's answer: ``httpx.Response`` has it, and so does
+    :class:`DirectAnswer`."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Calls(Protocol):
+    async def post(self, worker: str, path: str, content: bytes,
+                   headers: dict[str, str]) -> WorkerAnswer: ...
+
+
+@contextlib.contextmanager
+def httpx_errors() -> Iterator[None]:
+    """aiohttp's errors as the httpx ones :class:`WorkerTransport` raises: connect errors
+    only for failures to connect (nothing was sent), timeouts as timeouts, anything else
+    on an open connection a protocol or read error (the worker may have the request)."""
+    try:
+        yield
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise httpx.ConnectTimeout(str(exc)) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise httpx.ConnectError(str(exc)) from exc
+    except (aiohttp.ServerTimeoutError, TimeoutError) as exc:
+        raise httpx.ReadTimeout(str(exc)) from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise httpx.ReadError(str(exc)) from exc
+    except aiohttp.ClientError as exc:
+        raise httpx.RemoteProtocolError(str(exc)) from exc
+
+
+class DirectAnswer:
+    """A worker's answer read straight from aiohttp (see :class:`WorkerAnswer`)."""
+
+    __slots__ = ("_response", "headers", "status_code")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status_code: int = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    async def aread(self) -> bytes:
+        with httpx_errors():
+            return await self._response.read()
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        with httpx_errors():
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def aclose(self) -> None:
+        """Back to the pool when read to the end; an unfinished answer closes its
+        connection, which is how the worker learns to abort the request."""
+        self._response.release()
+        with httpx_errors():
+            await self._response.wait_for_close()
+
+
+class DirectWorkerCalls:
+    """Completion requests on :class:`WorkerTransport`'s aiohttp session, without httpx
+    (the same connection pool as the health checks; the client's timeouts)."""
+
+    def __init__(self, transport: WorkerTransport, timeout: httpx.Timeout) -> None:
+        self._transport = transport
+        self._timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect,
+                                              sock_read=timeout.read, connect=timeout.pool)
+
+    def _session(self) -> aiohttp.ClientSession:
+        client = self._transport.client
+        if not isinstance(client, aiohttp.ClientSession):  # first call: made in the loop
+            client = self._transport.client = self._transport.get_client()
+        return client
+
+    async def post(self, worker: str, path: str, content: bytes,
+                   headers: dict[str, str]) -> DirectAnswer:
+        with httpx_errors():
+            response = await self._session().request(
+                "POST", _aiohttp_url(worker, path),
+                data=content, headers=headers, allow_redirects=False, auto_decompress=False,
+                compress=False, timeout=self._timeout)
+        return DirectAnswer(response)
+
+
+def worker_calls(transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout,
+                 traced: bool) -> Calls:
+    """The direct path on the deployed transport unless tracing wraps it."""
+    if type(transport) is WorkerTransport and not traced:
+        return DirectWorkerCalls(transport, timeout)
+    return WorkerCalls(transport, timeout)

@@ -89,3 +89,33 @@ def test_setup_is_idempotent(capture):
     ours = [h for h in logging.getLogger().handlers if getattr(h, "_preft_handler", False)]
     assert len(ours) == 1
     assert logging.getLogger("uvicorn.access").propagate
+
+
+@pytest.mark.parametrize("fields", [
+    {"user": f"me {KEY}", "route": "/v1/chat/completions", "status": 200},  # secret last
+    {"model": "Bearer sk-live-9", "user": "u1", "latency_ms": 1.5},  # secret first
+    {"worker": "http://w1", "adapter": None, "note": "password=hunter2"},
+])
+def test_access_line_fields_are_redacted_wherever_the_secret_is(capture, fields):
+    """The filter rules a line out with one search over all its text fields; a secret in
+    any one of them must still be caught, and the clean fields left as they were."""
+    stream = capture(json_output=True)
+    logging.getLogger("preft_serve.test").info("POST /v1/chat/completions 200",
+                                               extra=fields)
+    entry = json.loads(stream.getvalue().strip())
+    out = json.dumps(entry)
+    assert "sk-live-9" not in out and "hunter2" not in out and KEY not in out
+    for key, value in fields.items():
+        if not isinstance(value, str) or value in ("u1", "/v1/chat/completions", "http://w1"):
+            assert entry[key] == value
+
+
+def test_a_clean_access_line_is_left_alone(capture):
+    stream = capture(json_output=True)
+    fields = {"request_id": "r-1", "tenant": "acme", "user": "u1", "model": "bot",
+              "adapter": "bot", "adapter_version": 3, "worker": "http://w1:8000",
+              "prompt_tokens": 5, "latency_ms": 1.2, "api_key_id": None}
+    logging.getLogger("preft_serve.test").info("POST /v1/completions 200", extra=fields)
+    entry = json.loads(stream.getvalue().strip())
+    assert {k: entry[k] for k in fields} == fields
+    assert entry["message"] == "POST /v1/completions 200"

@@ -16,7 +16,7 @@ from preft_serve.common.registry_client import USAGE_TTL_S, RegistryKeys, parse_
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.settings import GatewaySettings
-from preft_serve.gateway.usage import utc_day
+from preft_serve.gateway.usage import UtcToday, utc_day
 
 from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers
 from tests.support.ports import free_port
@@ -130,3 +130,18 @@ def test_counts_are_batched_and_the_rest_written_at_shutdown(redis_server: str) 
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_today_turns_at_utc_midnight_and_follows_a_clock_stepped_back() -> None:
+    midnight = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    now = [midnight - 0.001]
+    today = UtcToday(clock=lambda: now[0])
+    assert today() == "20251231"
+    now[0] = midnight
+    assert today() == "20260101"
+    now[0] = midnight + 86_399.999
+    assert today() == "20260101"
+    now[0] = midnight + 86_400
+    assert today() == "20260102"
+    now[0] = midnight - 3600  # an NTP step back over midnight
+    assert today() == "20251231"
