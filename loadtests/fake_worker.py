@@ -3,7 +3,11 @@
 Raw ASGI (no framework) under uvicorn: ``/health``, ``/v1/models`` (nothing resident) and
 the two completion endpoints, which return ``max_tokens`` one-character tokens at once, as
 one JSON body or as one SSE event per token plus vLLM's usage chunk. With an upstream this
-cheap, the time a request spends in the gateway is most of what is left.
+cheap, the time a request spends in the gateway is most of what is left. JSON is compact,
+as vLLM writes it (pydantic's ``model_dump_json`` for stream chunks, Starlette's
+``JSONResponse`` for whole answers): the gateway rewrites ``model`` in such SSE events as
+bytes and parses only the events that need it, so spaced JSON would make every event look
+unusual and cost a parse (until 2026-12-03 it did, overstating the gateway's CPU).
 
     python -m uvicorn loadtests.fake_worker:app --port 9001 --no-access-log
 """
@@ -18,6 +22,10 @@ from typing import Any
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -60,7 +68,7 @@ def _completion(request: dict[str, Any], chat: bool) -> tuple[dict[str, Any], li
     if (request.get("stream_options") or {}).get("include_usage"):
         events.append({"id": "cmpl-fake", "object": f"{kind}.chunk", "created": created,
                        "model": model, "choices": [], "usage": usage})
-    sse = [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events]
+    sse = [b"data: " + _json(e) + b"\n\n" for e in events]
     return whole, [*sse, b"data: [DONE]\n\n"]
 
 
@@ -79,7 +87,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         request = json.loads(await _read_body(receive))
         whole, events = _completion(request, chat=path.endswith("chat/completions"))
         if not request.get("stream"):
-            await _respond(send, 200, json.dumps(whole).encode())
+            await _respond(send, 200, _json(whole))
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})

@@ -10,6 +10,7 @@ import json
 
 import httpx
 from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.gateway.proxy import EventRewriter
 
 from loadtests.fake_worker import app as fake_worker
 from loadtests.loadtest import summarize
@@ -84,3 +85,28 @@ def test_fake_worker_answers_like_vllm() -> None:
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert "".join(c["choices"][0]["delta"]["content"] for c in chunks[:-1]) == "xxx"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_fake_worker_events_are_compact_like_vllms_and_take_the_byte_level_rewrite() -> None:
+    """vLLM writes compact JSON; the gateway rewrites ``model`` in such events as bytes and
+    parses only the first text event and the usage chunk. A fake that wrote spaced JSON
+    made the gateway parse every event, overstating its CPU in the benchmarks."""
+    model = "sha256:" + "ab" * 32
+    stream = _post({"model": model, "max_tokens": 6, "stream": True, "messages": [],
+                    "stream_options": {"include_usage": True}})
+    events = [e.encode() for e in stream.text.split("\n\n") if e]
+    parsed: list[bytes] = []
+    rewriter = EventRewriter(model, "my-bot", strip_usage=False, on_usage=lambda _: None)
+    parse = rewriter._parsed
+
+    def spy(event: bytes) -> tuple[bytes | None, bool]:
+        parsed.append(event)
+        return parse(event)
+
+    rewriter._parsed = spy  # type: ignore[method-assign]
+    out = [rewriter.rewrite(event)[0] for event in events]
+    assert len(parsed) == 2 and b'"usage"' in parsed[1]  # first text event, usage chunk
+    assert all(b"my-bot" in e for e in out[:-1] if e) and model.encode() not in b"".join(
+        e for e in out if e)
+    whole = _post({"model": model, "max_tokens": 2, "messages": []})
+    assert whole.content.startswith(b'{"id":"cmpl-fake","object":"chat.completion"')
