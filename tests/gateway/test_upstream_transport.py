@@ -1,5 +1,7 @@
-"""The gateway's aiohttp transport keeps the proxy's retry rule: only a failure to connect
-is a connect error (retried on the next worker, nothing was sent); a worker that took the
+"""The gateway's two ways to send a completion — straight on aiohttp (deployed) and
+through httpx's API on the same aiohttp transport (tests, tracing) — behave alike against
+a raw server, and both keep the proxy's retry rule: only a failure to connect is a
+connect error (retried on the next worker, nothing was sent); a worker that took the
 request and then dropped the connection is not (it may have started generating)."""
 
 from __future__ import annotations
@@ -41,67 +43,6 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-def _client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=WorkerTransport(10, 2.0), timeout=5)
-
-
-def test_refused_connection_is_a_retryable_connect_error() -> None:
-    async def main() -> None:
-        async with _client() as client:
-            with pytest.raises(httpx.ConnectError) as info:
-                await client.post(f"http://127.0.0.1:{free_port()}/v1/completions", json={})
-            assert isinstance(info.value, RETRYABLE)
-
-    asyncio.run(main())
-
-
-def test_a_drop_after_the_request_was_sent_is_not_retryable() -> None:
-    received: list[bytes] = []
-
-    async def take_and_drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.append(await _read_request(reader))
-        writer.close()
-
-    async def body(url: str) -> None:
-        async with _client() as client:
-            with pytest.raises(httpx.HTTPError) as info:
-                await client.post(f"{url}/v1/completions", json={"prompt": "hi"})
-            assert not isinstance(info.value, RETRYABLE), repr(info.value)
-
-    asyncio.run(_with_server(take_and_drop, body))
-    assert received and received[0].endswith(b'{"prompt":"hi"}')
-
-
-def test_streams_and_headers_pass_through() -> None:
-    events = [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b"data: [DONE]\n\n"]
-
-    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await _read_request(reader)
-        assert b"x-request-id: r-1" in request.lower()
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\nx-worker: w1\r\n\r\n")
-        for event in events:
-            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-            await writer.drain()
-            await asyncio.sleep(0.01)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    async def body(url: str) -> None:
-        async with _client() as client:
-            request = client.build_request("POST", f"{url}/v1/completions", json={},
-                                           headers={"X-Request-Id": "r-1"})
-            response = await client.send(request, stream=True)
-            got = b"".join([chunk async for chunk in response.aiter_bytes()])
-            await response.aclose()
-            assert response.status_code == 200 and response.headers["x-worker"] == "w1"
-            assert got == b"".join(events)
-
-    asyncio.run(_with_server(stream, body))
-
-
-# --- The direct path: completions on the transport's aiohttp session, without httpx ---
 
 Post = Callable[[str, bytes, dict[str, str]], Awaitable[WorkerAnswer]]
 
@@ -196,14 +137,22 @@ def test_both_paths_pass_streams_headers_and_bodies_through(direct: bool) -> Non
     assert len(connections) == 1  # the finished stream's connection was reused
 
 
+FIRST_EVENT = b'data: {"n":1}\n\n'
+
+
+async def _start_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Take a request, answer with a chunked event stream and its first event."""
+    await _read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                 b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n"
+                 % (len(FIRST_EVENT), FIRST_EVENT))
+    await writer.drain()
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "httpx"])
 def test_both_paths_raise_an_httpx_error_when_a_stream_breaks(direct: bool) -> None:
     async def break_off(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        event = b'data: {"n":1}\n\n'
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event))
-        await writer.drain()
+        await _start_stream(reader, writer)
         writer.close()  # no final chunk: the stream broke
 
     async def body(url: str) -> None:
@@ -214,7 +163,7 @@ def test_both_paths_raise_an_httpx_error_when_a_stream_breaks(direct: bool) -> N
                 async for chunk in answer.aiter_bytes():
                     got.append(chunk)
             await answer.aclose()
-            assert b"".join(got) == b'data: {"n":1}\n\n'
+            assert b"".join(got) == FIRST_EVENT
 
     asyncio.run(_with_server(break_off, body))
 
@@ -225,11 +174,7 @@ def test_both_paths_close_the_connection_of_an_unfinished_stream(direct: bool) -
     closed = asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        event = b'data: {"n":1}\n\n'
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event))
-        await writer.drain()
+        await _start_stream(reader, writer)
         await reader.read()  # the stream never ends on its own: wait for the client's EOF
         closed.set()
 
