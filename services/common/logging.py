@@ -87,6 +87,15 @@ def _redact_value(name: str, value: Any) -> Any:
         return redact(value)
     if isinstance(value, dict):
         return {k: _redact_value(str(k), v) for k, v in value.items()}
+    if isinstance(value, list | tuple):  # e.g. header pairs: ("authorization", "Bearer x")
+        first = value[0] if value else None
+        if isinstance(first, bytes):
+            first = first.decode("latin-1")
+        items = ([value[0], REDACTED] if len(value) == 2 and isinstance(first, str)
+                 and _sensitive_name(first) else [_redact_value(name, v) for v in value])
+        return tuple(items) if isinstance(value, tuple) else items
+    if isinstance(value, bytes | bytearray):
+        return redact(value.decode("utf-8", "replace"))
     return value
 
 

@@ -58,7 +58,9 @@ async def open_upstream(calls: Calls, pool: WorkerPool, key: str, path: str,
     ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it)."""
     choice = pool.choose(key)
     failures: list[str] = []
-    headers = {"Content-Type": "application/json"}
+    # identity: the answer is relayed and parsed as bytes; aiohttp would otherwise offer
+    # gzip/br, which the direct path does not decode (httpx's response did).
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
     content = orjson.dumps(body)

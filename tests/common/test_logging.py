@@ -119,3 +119,15 @@ def test_a_clean_access_line_is_left_alone(capture):
     entry = json.loads(stream.getvalue().strip())
     assert {k: entry[k] for k in fields} == fields
     assert entry["message"] == "POST /v1/completions 200"
+
+
+def test_secrets_inside_lists_tuples_and_bytes_are_redacted(capture):
+    stream = capture(json_output=True)
+    logging.getLogger("preft_serve.test").info("forwarding", extra={
+        "headers": [("authorization", "Bearer abc123"), ("x-request-id", "r-1")],
+        "raw": b"Authorization: Bearer abc123", "notes": ["key " + KEY, 5]})
+    entry = json.loads(stream.getvalue().strip())
+    out = json.dumps(entry)
+    assert "abc123" not in out and KEY not in out
+    assert entry["headers"] == [["authorization", "***"], ["x-request-id", "r-1"]]
+    assert entry["notes"][1] == 5

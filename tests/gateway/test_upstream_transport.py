@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
-from preft_serve.gateway.proxy import RETRYABLE
+from preft_serve.gateway.proxy import RETRYABLE, open_upstream
+from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.upstream import (
     DirectWorkerCalls,
     WorkerAnswer,
@@ -187,3 +189,40 @@ def test_both_paths_close_the_connection_of_an_unfinished_stream(direct: bool) -
             await asyncio.wait_for(closed.wait(), 5)
 
     asyncio.run(_with_server(endless, body))
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "httpx"])
+def test_the_proxy_asks_workers_for_uncompressed_answers(direct: bool) -> None:
+    """The answer is relayed and parsed as bytes, so the proxy must not be sent gzip: a
+    worker (or a proxy in front of one) that compresses when offered it answers plain."""
+    seen: list[bytes] = []
+
+    async def compress_if_offered(reader: asyncio.StreamReader,
+                                  writer: asyncio.StreamWriter) -> None:
+        request = await _read_request(reader)
+        seen.append(request)
+        head = request.split(b"\r\n\r\n")[0].lower()
+        offered = next((line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                        if line.startswith(b"accept-encoding:")), b"")
+        body, extra = b'{"ok":true}', b""
+        if b"gzip" in offered:
+            body, extra = gzip.compress(body), b"content-encoding: gzip\r\n"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + extra
+                     + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    async def body(url: str) -> None:
+        transport = WorkerTransport(10, 2.0)
+        try:
+            calls = worker_calls(transport, httpx.Timeout(5.0), traced=not direct)
+            pool = WorkerPool()
+            pool.set_workers([url])
+            upstream = await open_upstream(calls, pool, "key", "/v1/completions", {"a": 1})
+            assert await upstream.response.aread() == b'{"ok":true}'
+            await upstream.aclose()
+        finally:
+            await transport.aclose()
+
+    asyncio.run(_with_server(compress_if_offered, body))
+    assert b"accept-encoding: identity" in seen[0].lower()
