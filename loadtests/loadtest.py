@@ -7,7 +7,13 @@ and binds one user per adapter, then runs locust headless (``loadtests/locustfil
 ``--users`` concurrent clients, each sending chat completions back to back for random
 users, ``--stream-fraction`` of them streamed. Writes ``<out>_summary.json`` (throughput
 in requests/s and completion tokens/s, TTFT and latency percentiles, errors by type,
-worker adapter loads, gateway routing), ``<out>_summary.png`` and locust's CSVs.
+worker adapter loads, gateway routing, and the engine's own steps from its step trace),
+``<out>_summary.png`` and locust's CSVs.
+
+The engine part says whether a dip in completions happened in the engine or before it: a
+long step stalls every running request; a second of many small steps with few scheduled
+tokens ("starved") means requests were not reaching the scheduler (docs/benchmarks.md,
+"Where the stalls are not").
 
     python -m loadtests.loadtest --adapters 2000 --users 50 --duration 60s
     python -m loadtests.loadtest --quick          # 200 adapters, 10 users, 20 s
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shlex
@@ -30,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from preft_serve.localstack import LocalStack, StackConfig, StackError, free_port
+from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
+from preft_serve.worker.step_trace import Step, read_steps
 
 from loadtests.stack_setup import make_adapters, percentile, scrape, seed_tenants
 
@@ -106,15 +115,63 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+STARVED = 0.5
+"""A second whose scheduled tokens are under this share of the median second's."""
+
+
+def engine_seconds(steps: list[Step], start: float, seconds: int) -> list[dict[str, float]]:
+    """Per second from ``start`` (monotonic): steps begun, tokens they scheduled, and the
+    share of the second the engine was busy in them."""
+    out = [{"steps": 0, "tokens": 0, "busy": 0.0} for _ in range(seconds)]
+    for step in steps:
+        second = math.floor(step.start - start)  # int() would put -0.5 in second 0
+        if 0 <= second < seconds:
+            out[second]["steps"] += 1
+            out[second]["tokens"] += step.tokens
+            out[second]["busy"] += step.seconds
+    return [{**o, "busy": round(o["busy"], 3)} for o in out]
+
+
+def engine_summary(steps: list[Step], start: float, seconds: int,
+                   steady: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The engine's steps during the run: step times, and the seconds it was starved.
+
+    ``steady``: the seconds ``[first, last)`` with every client running (not the ramp-up
+    while locust spawns users, nor the last, partial seconds); token rates and starved
+    seconds are taken there only."""
+    steps = [s for s in steps if start <= s.start < start + seconds]
+    if not steps:
+        return {"steps": 0}
+    per_second = engine_seconds(steps, start, seconds)
+    first, last = steady or (0, seconds)
+    window = range(max(first, 0), min(last, seconds))
+    if not window:
+        window = range(seconds)
+    tokens = sorted(per_second[i]["tokens"] for i in window)
+    median_tokens = tokens[len(tokens) // 2]
+    durations = sorted(s.seconds for s in steps)
+    return {
+        "steps": len(steps),
+        "median_step_ms": round(1000 * durations[len(durations) // 2], 1),
+        "longest_step_ms": round(1000 * durations[-1], 1),
+        "busy_share": round(sum(durations) / seconds, 3),
+        "scheduled_tokens_per_s": {"median": median_tokens, "lowest": tokens[0]},
+        "steady_seconds": [window.start, window.stop],
+        "starved_seconds": [i for i in window
+                            if per_second[i]["tokens"] < STARVED * median_tokens],
+        "per_second": per_second,
+    }
+
+
 def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: Path,
-         title: str) -> None:
+         title: str, engine: dict[str, Any] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     start = min(s["t"] for s in samples)
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, (ax1, ax4, ax2, ax3) = plt.subplots(1, 4, figsize=(21, 4.5))
     seconds = int(summary["duration_s"]) + 1
     done = [0] * seconds
     toks = [0] * seconds
@@ -128,6 +185,16 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: Path,
     ax1b.plot(range(seconds), toks, color="tab:orange", alpha=0.6, label="tokens/s")
     ax1.set(xlabel="time (s)", ylabel="completed requests / s", title="throughput")
     ax1b.set_ylabel("completion tokens / s")
+    per_second = (engine or {}).get("per_second") or []
+    ax4.plot(range(len(per_second)), [s["tokens"] for s in per_second], label="tokens")
+    ax4b = ax4.twinx()
+    ax4b.plot(range(len(per_second)), [s["steps"] for s in per_second], color="tab:green",
+              alpha=0.6, label="steps")
+    for second in (engine or {}).get("starved_seconds", []):
+        ax4.axvspan(second, second + 1, color="tab:red", alpha=0.15)
+    ax4.set(xlabel="time (s)", ylabel="scheduled tokens / s",
+            title="engine (red: starved seconds)")
+    ax4b.set_ylabel("engine steps / s")
     ok_stream = [s for s in samples
                  if s["error"] is None and s["stream"] and s["ttft_s"] is not None]
     ax2.scatter([s["t"] - start for s in ok_stream], [s["ttft_s"] * 1000 for s in ok_stream],
@@ -168,9 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     var = args.var.resolve()
+    trace = var / "steps.txt"
     config = StackConfig(var=var, redis_port=free_port(), registry_port=free_port(),
                          worker_port=free_port(), gateway_port=free_port(),
-                         worker_args=shlex.split(args.worker_args))
+                         worker_args=shlex.split(args.worker_args),
+                         worker_env={STEP_TRACE_ENV: str(trace)})
     stack = LocalStack(config, say)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  {len(adapters)} adapters ready in {time.monotonic() - t0:.0f} s")
         # Every run starts with a cold worker cache (hashes repeat between runs).
         shutil.rmtree(config.run_dir / "adapter-cache", ignore_errors=True)
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        trace.unlink(missing_ok=True)
         say("[2/5] stack: worker (background), redis, registry")
         stack.start_worker(model)
         stack.start_redis()
@@ -205,6 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         samples = [json.loads(line) for line in samples_path.read_text().splitlines()]
         say("[5/5] summary")
         summary = summarize(samples)
+        engine: dict[str, Any] = {"steps": 0}
+        if samples and trace.exists():
+            # Samples carry wall-clock times, the trace the system-wide monotonic clock.
+            wall_minus_mono = time.time() - time.monotonic()
+            first = min(s["t"] for s in samples) - wall_minus_mono
+            seconds = int(summary["duration_s"]) + 1
+            ramp_s = math.ceil(args.users / args.spawn_rate)
+            engine = engine_summary(read_steps(trace), first, seconds,
+                                    steady=(ramp_s, seconds - 2))
         result = {
             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
@@ -219,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                       "locust_exit_code": code},
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
             "summary": summary,
+            "engine": engine,
             "worker_metrics": scrape(stack.worker_url, WORKER_METRICS),
             "gateway_metrics": scrape(stack.gateway_url, GATEWAY_METRICS),
         }
@@ -226,12 +307,19 @@ def main(argv: list[str] | None = None) -> int:
         if samples:
             plot(samples, summary, out.with_name(out.name + "_summary.png"),
                  f"{args.users} locust users, {args.adapters} adapters, "
-                 f"{args.stream_fraction:.0%} streamed ({summary['throughput_rps']} req/s)")
+                 f"{args.stream_fraction:.0%} streamed ({summary['throughput_rps']} req/s)",
+                 engine)
         samples_path.unlink(missing_ok=True)
         for extra in ("_stats_history.csv", "_exceptions.csv"):  # bulky / empty: keep stats
             out.with_name(out.name + extra).unlink(missing_ok=True)
         plan_path.unlink(missing_ok=True)  # holds API keys of a throwaway stack
         print(json.dumps(summary, indent=2))
+        if engine["steps"]:
+            say(f"  engine: {engine['steps']} steps, median {engine['median_step_ms']} ms, "
+                f"longest {engine['longest_step_ms']} ms; scheduled tokens/s median "
+                f"{engine['scheduled_tokens_per_s']['median']}, lowest "
+                f"{engine['scheduled_tokens_per_s']['lowest']}; starved seconds "
+                f"{engine['starved_seconds'] or 'none'}")
         say(f"wrote {out}_summary.json, {out}_summary.png, {out}_stats.csv")
         return 0
     except StackError as exc:

@@ -42,6 +42,7 @@ class StackConfig:
     max_lora_rank: int = SERVING_LIMITS.max_lora_rank  # given to the registry and the worker
     worker_args: list[str] = dataclasses.field(default_factory=list)
     gateway_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    worker_env: dict[str, str] = dataclasses.field(default_factory=dict)  # e.g. step trace
     worker_timeout_s: float = 600.0
     service_timeout_s: float = 60.0
     stop_timeout_s: float = 30.0
@@ -167,7 +168,7 @@ class LocalStack:
     def start_worker(self, model: Path) -> Child:
         """Start the worker without waiting: vLLM takes a while, other parts start meanwhile."""
         self.model = model
-        return self.start("worker", self.worker_command(model))
+        return self.start("worker", self.worker_command(model), self.config.worker_env or None)
 
     def wait_worker(self) -> float:
         worker = next(c for c in self.children if c.name == "worker")

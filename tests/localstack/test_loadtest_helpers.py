@@ -11,9 +11,10 @@ import json
 import httpx
 from preft_serve.common.adapter_format import AdapterMode
 from preft_serve.gateway.proxy import EventRewriter
+from preft_serve.worker.step_trace import Step
 
 from loadtests.fake_worker import app as fake_worker
-from loadtests.loadtest import summarize
+from loadtests.loadtest import engine_seconds, engine_summary, summarize
 from loadtests.stack_setup import adapter_mode, percentile
 
 
@@ -110,3 +111,38 @@ def test_fake_worker_events_are_compact_like_vllms_and_take_the_byte_level_rewri
         e for e in out if e)
     whole = _post({"model": model, "max_tokens": 2, "messages": []})
     assert whole.content.startswith(b'{"id":"cmpl-fake","object":"chat.completion"')
+
+
+def _steps(start: float, per_second: list[list[tuple[float, int]]]) -> list[Step]:
+    """Steps laid out second by second: each (seconds, tokens), back to back."""
+    steps = []
+    for second, plan in enumerate(per_second):
+        t = start + second
+        for seconds, tokens in plan:
+            steps.append(Step(t, seconds, tokens, requests=4))
+            t += seconds
+    return steps
+
+
+def test_engine_seconds_split_steps_by_the_second_they_start_in() -> None:
+    steps = _steps(100.0, [[(0.5, 800), (0.5, 200)], [(0.25, 40)] * 4])
+    assert engine_seconds(steps, 100.0, 2) == [
+        {"steps": 2, "tokens": 1000, "busy": 1.0},
+        {"steps": 4, "tokens": 160, "busy": 1.0}]
+    # Steps before the start or after the last second are not counted.
+    assert engine_seconds(steps, 101.0, 1) == [{"steps": 4, "tokens": 160, "busy": 1.0}]
+
+
+def test_engine_summary_finds_the_starved_second_but_not_the_ramp_or_the_tail() -> None:
+    busy = [(0.5, 4000), (0.5, 4000)]  # 8,000 tokens a second
+    starved = [(0.1, 200)] * 10  # ten small steps: 2,000 tokens
+    plan = [starved, busy, busy, starved, busy, busy, busy, starved]
+    summary = engine_summary(_steps(0.0, plan), 0.0, len(plan), steady=(1, 7))
+    assert summary["steps"] == 2 * 5 + 10 * 3
+    assert summary["median_step_ms"] == 100.0  # 30 steps of 0.1 s, 10 of 0.5 s
+    assert summary["longest_step_ms"] == 500.0
+    assert summary["busy_share"] == 1.0
+    # Seconds 1-6: 8,000 x 5 and 2,000 once; the median is 8,000, the lowest 2,000.
+    assert summary["scheduled_tokens_per_s"] == {"median": 8000, "lowest": 2000}
+    assert summary["starved_seconds"] == [3]  # not 0 (ramp-up) nor 7 (the tail)
+    assert summary["steady_seconds"] == [1, 7]
