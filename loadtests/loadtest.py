@@ -147,15 +147,15 @@ def engine_summary(steps: list[Step], start: float, seconds: int,
     window = range(max(first, 0), min(last, seconds))
     if not window:
         window = range(seconds)
-    tokens = sorted(per_second[i]["tokens"] for i in window)
-    median_tokens = tokens[len(tokens) // 2]
-    durations = sorted(s.seconds for s in steps)
+    tokens = [per_second[i]["tokens"] for i in window]
+    median_tokens = percentile(tokens, 50) or 0
+    durations = [s.seconds for s in steps]
     return {
         "steps": len(steps),
-        "median_step_ms": round(1000 * durations[len(durations) // 2], 1),
-        "longest_step_ms": round(1000 * durations[-1], 1),
+        "median_step_ms": round(1000 * (percentile(durations, 50) or 0), 1),
+        "longest_step_ms": round(1000 * max(durations), 1),
         "busy_share": round(sum(durations) / seconds, 3),
-        "scheduled_tokens_per_s": {"median": median_tokens, "lowest": tokens[0]},
+        "scheduled_tokens_per_s": {"median": median_tokens, "lowest": min(tokens)},
         "steady_seconds": [window.start, window.stop],
         "starved_seconds": [i for i in window
                             if per_second[i]["tokens"] < STARVED * median_tokens],

@@ -44,6 +44,13 @@ class WorkerTransport(AiohttpTransport):
                                              keepalive_expiry=keepalive_s),
                          trust_env=False)
 
+    def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session under this transport (created on first use, in the running
+        loop, as the base class does), for callers that skip httpx."""
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
+        return self.client
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return await super().handle_async_request(request)
@@ -165,16 +172,10 @@ class DirectWorkerCalls:
         self._timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect,
                                               sock_read=timeout.read, connect=timeout.pool)
 
-    def _session(self) -> aiohttp.ClientSession:
-        client = self._transport.client
-        if not isinstance(client, aiohttp.ClientSession):  # first call: made in the loop
-            client = self._transport.client = self._transport.get_client()
-        return client
-
     async def post(self, worker: str, path: str, content: bytes,
                    headers: dict[str, str]) -> DirectAnswer:
         with httpx_errors():
-            response = await self._session().request(
+            response = await self._transport.session().request(
                 "POST", _aiohttp_url(worker, path),
                 data=content, headers=headers, allow_redirects=False, auto_decompress=False,
                 compress=False, timeout=self._timeout)
