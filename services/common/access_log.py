@@ -97,10 +97,17 @@ class AccessLogMiddleware:
 
     def _log(self, scope: Scope, request_id: str, status: int, start: float,
              fields: dict[str, Any]) -> None:
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         latency_ms = round((time.perf_counter() - start) * 1000, 1)
-        # status 0: the client went away before any response was started.
-        self.logger.info("%s %s %d %.1fms", scope["method"], route, status, latency_ms,
-                         extra={"request_id": request_id, "method": scope["method"],
-                                "route": route, "status": status, "latency_ms": latency_ms,
-                                **fields})
+        method = scope["method"]
+        # status 0: the client went away before any response was started. The record is
+        # made here rather than by ``logger.info``, which would walk the stack for the
+        # caller's file and line (no format shows them; ~5 us of a ~25 us line).
+        record = self.logger.makeRecord(
+            self.logger.name, logging.INFO, __file__, 0, "%s %s %d %.1fms",
+            (method, route, status, latency_ms), None, "_log",
+            extra={"request_id": request_id, "method": method, "route": route,
+                   "status": status, "latency_ms": latency_ms, **fields})
+        self.logger.handle(record)

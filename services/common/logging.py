@@ -23,6 +23,8 @@ import re
 import sys
 from typing import IO, Any
 
+import orjson
+
 REDACTED = "***"
 _HANDLER_MARK = "_preft_handler"
 
@@ -53,15 +55,21 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 # Every pattern above needs one of these words: one search rules out most text (an access
-# log line, say) without running the four substitutions.
+# log line, say) without running the four substitutions. It runs on case-folded text:
+# a case-insensitive search of the same words took ~15 us on an access line, this ~3.
 _MAY_HOLD_SECRET = re.compile(
-    r"(?i)pft_|authorization|bearer|api[_-]?key|access[_-]?token|secret|admin[_-]?token|"
+    r"pft_|authorization|bearer|api[_-]?key|access[_-]?token|secret|admin[_-]?token|"
     r"password")
+
+
+def may_hold_secret(text: str) -> bool:
+    """Whether ``text`` has a word that any redaction pattern needs (false: leave it be)."""
+    return _MAY_HOLD_SECRET.search(text.casefold()) is not None
 
 
 def redact(text: str) -> str:
     """Scrub tokens and keys out of free text."""
-    if not _MAY_HOLD_SECRET.search(text):
+    if not may_hold_secret(text):
         return text
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
@@ -108,21 +116,23 @@ class RedactingFilter(logging.Filter):
         except Exception:  # noqa: BLE001  (a broken format string must not lose the record)
             message = str(record.msg)
         record.args = None
-        extras = [(key, value) for key, value in vars(record).items()
-                  if key not in _STANDARD_ATTRS]
+        fields = record.__dict__
+        extras = [(key, fields[key]) for key in fields.keys() - _STANDARD_ATTRS]
         # One search over the message and every text field rules out most records (an
         # access line has ~10 of them); none of the words spans a newline, so a hit in the
         # joined text is a hit in one part. Fields are redacted one by one only then, or
-        # when a field is not plain text or its name says it holds a secret.
+        # when a field is not plain text (exact types: a str or int subclass takes the
+        # slow path) or its name says it holds a secret.
         texts = [message]
         plain = True
         for key, value in extras:
-            if isinstance(value, str):
+            kind = type(value)
+            if kind is str:
                 texts.append(value)
-            if not (value is None or isinstance(value, str | int | float)) or (
-                    isinstance(value, str) and _sensitive_name(key)):
+                plain = plain and not _sensitive_name(key)
+            elif not (value is None or kind is int or kind is float or kind is bool):
                 plain = False
-        if plain and not _MAY_HOLD_SECRET.search("\n".join(texts)):
+        if plain and not may_hold_secret("\n".join(texts)):
             record.msg = message
             return True
         record.msg = redact(message)
@@ -163,14 +173,17 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in vars(record).items():
+        for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
             entry["exc_info"] = redact(self.formatException(record.exc_info))
         if record.stack_info:
             entry["stack_info"] = redact(record.stack_info)
-        return json.dumps(entry, default=str)
+        try:  # orjson: ~5x faster than json on an access line
+            return orjson.dumps(entry, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # what orjson refuses (an int over 64 bits, say) json writes
+            return json.dumps(entry, default=str)
 
 
 class _TextFormatter(logging.Formatter):

@@ -131,3 +131,49 @@ def test_secrets_inside_lists_tuples_and_bytes_are_redacted(capture):
     assert "abc123" not in out and KEY not in out
     assert entry["headers"] == [["authorization", "***"], ["x-request-id", "r-1"]]
     assert entry["notes"][1] == 5
+
+
+@pytest.mark.parametrize("text", [
+    "AUTHORIZATION: BEARER sk-live-9", "Api-Key=sk-live-9", "x-API_KEY: sk-live-9",
+    "PassWord=sk-live-9"])
+def test_the_screen_is_case_insensitive(text):
+    """The one search that rules text out runs on case-folded text: any case still gets
+    to the (case-insensitive) substitutions."""
+    assert "sk-live-9" not in redact(text)
+
+
+def test_a_str_subclass_field_is_still_redacted(capture):
+    """Fields of exact types take the one-search path; anything else (a str enum, say) is
+    redacted field by field."""
+    class Note(str):
+        pass
+
+    stream = capture(json_output=True)
+    logging.getLogger("preft_serve.test").info("x", extra={"note": Note(f"key {KEY}")})
+    entry = json.loads(stream.getvalue().strip())
+    assert entry["note"] == "key pft_0a1b2c3d4e5f.***"
+
+
+def test_json_lines_keep_what_orjson_refuses(capture):
+    """Ints over 64 bits, non-string keys and unknown objects still make a JSON line."""
+    class Thing:
+        def __str__(self) -> str:
+            return "thing-1"
+
+    stream = capture(json_output=True)
+    logging.getLogger("preft_serve.test").info("x", extra={
+        "big": 2**70, "by_id": {7: "seven"}, "thing": Thing()})
+    entry = json.loads(stream.getvalue().strip())
+    assert entry["big"] == 2**70
+    assert entry["by_id"] == {"7": "seven"} and entry["thing"] == "thing-1"
+    logging.getLogger("preft_serve.test").info("y", extra={"by_id": {7: "seven"},
+                                                          "thing": Thing()})
+    entry = json.loads(stream.getvalue().strip().splitlines()[-1])
+    assert entry["by_id"] == {"7": "seven"} and entry["thing"] == "thing-1"
+
+
+def test_non_ascii_text_survives_a_json_line(capture):
+    stream = capture(json_output=True)
+    logging.getLogger("preft_serve.test").info("grüße %s", "日本", extra={"user": "zoë"})
+    entry = json.loads(stream.getvalue().strip())
+    assert entry["message"] == "grüße 日本" and entry["user"] == "zoë"
