@@ -15,6 +15,7 @@ Workers failing health checks get no new requests until they pass again.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import math
 from collections.abc import Iterator, Sequence
@@ -31,6 +32,13 @@ def rendezvous_order(key: str, workers: Sequence[str]) -> list[str]:
         return hashlib.blake2b(f"{key}\0{worker}".encode(), digest_size=8).digest()
 
     return sorted(workers, key=weight, reverse=True)
+
+
+@functools.lru_cache(maxsize=16384)
+def _cached_order(key: str, workers: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`rendezvous_order` once per key and membership: it hashes every worker (~1 us
+    each), per request otherwise. Keys are adapter shas, so the cache holds the hot set."""
+    return tuple(rendezvous_order(key, workers))
 
 
 class RouteResult(str, enum.Enum):
@@ -114,7 +122,7 @@ class WorkerPool:
             raise ServiceUnavailable("no worker is registered yet (discovery found none); "
                                      "retry shortly")
         healthy = self.healthy()
-        ranked = rendezvous_order(key, self.workers)  # hashed once; filtering keeps order
+        ranked = _cached_order(key, tuple(self.status))  # filtering keeps its order
         up = set(healthy)
         order = [w for w in ranked if w in up]
         cap = self.cap(healthy)

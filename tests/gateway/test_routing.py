@@ -173,3 +173,17 @@ def test_connect_failures_mark_the_worker_unhealthy() -> None:
     assert pool.is_healthy(order[0])
     _send(httpx.MockTransport(handler), pool, key)
     assert not pool.is_healthy(order[0]) and pool.choose(key).order[0] == order[1]
+
+
+def test_choice_follows_membership_changes_for_a_key_seen_before() -> None:
+    """The rendezvous order is remembered per key and membership: a worker that joins or
+    leaves changes the order at once."""
+    key = "ab" * 32
+    pool = WorkerPool(WORKERS[:2])
+    assert pool.choose(key).order == rendezvous_order(key, WORKERS[:2])
+    pool.set_workers(WORKERS)
+    assert pool.choose(key).order == rendezvous_order(key, WORKERS)
+    favourite = rendezvous_order(key, WORKERS)[0]
+    rest = [w for w in WORKERS if w != favourite]
+    pool.set_workers(rest)
+    assert pool.choose(key).order == rendezvous_order(key, rest)
