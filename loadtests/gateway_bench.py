@@ -163,29 +163,50 @@ async def run_batch(client: httpx.AsyncClient, target: Target, reqs: list[Req],
 
 
 async def throughput(direct: Target, gateway: Target, reqs: list[Req], rounds: int,
-                     concurrency: int, cpu: dict[str, list[int]]) -> dict[str, Any]:
+                     concurrency: int, cpu: dict[str, list[int]],
+                     floor: Target | None = None) -> dict[str, Any]:
+    """Alternating rounds of direct and gateway; with ``floor`` (the minimal proxy, its
+    processes under ``cpu["floor"]``) a third side in the same rotation, so the gateway's
+    CPU can be read against the floor's round by round (the machine's speed drifts by
+    ~1.5x between minutes: a floor measured after the gateway is not comparable)."""
     limits = httpx.Limits(max_connections=concurrency * 2,
                           max_keepalive_connections=concurrency * 2)
     per_round = []
+    sides = [direct, gateway] + ([floor] if floor is not None else [])
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         for r in range(rounds):
-            order = (direct, gateway) if r % 2 == 0 else (gateway, direct)
+            first = r % len(sides)
+            order = sides[first:] + sides[:first]
             got = {t.label: await run_batch(client, t, reqs, concurrency, cpu) for t in order}
             row: dict[str, Any] = {"first": order[0].label}
             for label, m in got.items():
                 row |= {f"{label}_{k}": round(v, 2) for k, v in m.items()}
             row["ratio"] = round(got["gateway"]["rps"] / got["direct"]["rps"], 4)
+            floor_note = ""
+            if floor is not None:
+                row["gateway_to_floor_cpu"] = round(
+                    row["gateway_gateway_cpu_ms"] / row["floor_floor_cpu_ms"], 4)
+                floor_note = (f", floor {row['floor_floor_cpu_ms']:.2f} ms/req "
+                              f"({row['gateway_to_floor_cpu']:.2f}x)")
             per_round.append(row)
             print(f"    round {r + 1}/{rounds}: direct {row['direct_rps']:.1f} req/s, gateway "
                   f"{row['gateway_rps']:.1f} req/s ({row['ratio']:.3f}x); gateway CPU "
-                  f"{row['gateway_gateway_cpu_ms']:.2f} ms/req", flush=True)
+                  f"{row['gateway_gateway_cpu_ms']:.2f} ms/req{floor_note}", flush=True)
     # Overall: all requests of one side over all of that side's time.
     total = {k: len(reqs) * rounds / sum(len(reqs) / row[f"{k}_rps"] for row in per_round)
              for k in ("direct", "gateway")}
     med = statistics.median
     gateway_cpu = med(row["gateway_gateway_cpu_ms"] for row in per_round)
     upstream_cpu = med(row["direct_upstream_cpu_ms"] for row in per_round)
+    same_rounds = {}
+    if floor is not None:
+        ratios = [row["gateway_to_floor_cpu"] for row in per_round]
+        same_rounds = {
+            "floor_cpu_ms_per_request": round(med(r["floor_floor_cpu_ms"] for r in per_round), 3),
+            "gateway_to_floor_cpu_median_of_rounds": round(med(ratios), 4),
+            "gateway_to_floor_cpu_min_max": [min(ratios), max(ratios)]}
     return {"requests_per_round": len(reqs), "concurrency": concurrency, "rounds": per_round,
+            **same_rounds,
             "direct_rps": round(total["direct"], 2), "gateway_rps": round(total["gateway"], 2),
             "ratio": round(total["gateway"] / total["direct"], 4),
             "ratio_median_of_rounds": round(med(row["ratio"] for row in per_round), 4),
@@ -315,14 +336,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 async def measure(direct: Target, gateway: Target, reqs: list[Req], rounds: int,
-                  concurrency: int, pairs: int, cpu: dict[str, list[int]]) -> dict[str, Any]:
+                  concurrency: int, pairs: int, cpu: dict[str, list[int]],
+                  floor: Target | None = None) -> dict[str, Any]:
     # Warm-up: every adapter loaded in the worker, every user and key cached in the gateway.
     async with httpx.AsyncClient(timeout=300) as client:
         for req in reqs[: 2 * len({r.user.user for r in reqs})]:
-            for target in (direct, gateway):
+            for target in (direct, gateway, *([floor] if floor else [])):
                 await send(client, target, req, req.user.api_key)
     print("  throughput rounds", flush=True)
-    tp = await throughput(direct, gateway, reqs, rounds, concurrency, cpu)
+    tp = await throughput(direct, gateway, reqs, rounds, concurrency, cpu, floor)
     print("  serial latency pairs", flush=True)
     lat = await added_latency(direct, gateway, reqs, pairs)
     kinds = lat["added_ms_by_kind"]
@@ -426,14 +448,17 @@ def main(argv: list[str] | None = None) -> int:
             fake_gateway = stack.start_gateway(model, [fake_url], port=fake_gw_port,
                                                name="gateway-fake")
             fake_reqs = request_mix(users, args.fake_requests, args.max_tokens, seed=1)
+            floor = start_floor_proxy(stack, fake_url)
+            print("    (the minimal proxy, loadtests/floor_proxy.py, takes a third turn in "
+                  "the same rounds: the CPU floor of any Python proxy here)", flush=True)
             results["parts"]["fake upstream"] = asyncio.run(measure(
                 direct_target(fake_url),
                 gateway_target(f"http://127.0.0.1:{fake_gw_port}", config.base_model_name),
                 fake_reqs, args.rounds, args.concurrency, args.fake_pairs,
-                {"gateway": [fake_gateway.pid], "upstream": [fake.pid]}))
-            floor = start_floor_proxy(stack, fake_url)
-            print("[+] the same upstream behind a minimal proxy (the CPU floor of any "
-                  "Python proxy here: loadtests/floor_proxy.py)", flush=True)
+                {"gateway": [fake_gateway.pid], "upstream": [fake.pid], "floor": [floor.pid]},
+                floor=dataclasses.replace(direct_target(floor.url), label="floor")))
+            print("[+] the minimal proxy's own latency pairs and ratio to direct",
+                  flush=True)
             results["parts"][FLOOR] = asyncio.run(measure(
                 direct_target(fake_url),
                 dataclasses.replace(direct_target(floor.url), label="gateway"),
@@ -441,6 +466,12 @@ def main(argv: list[str] | None = None) -> int:
                 {"gateway": [floor.pid], "upstream": [fake.pid]}))
         results["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
         print(table(results))
+        if (fake_part := results["parts"].get("fake upstream")) is not None:
+            t = fake_part["throughput"]
+            lo, hi = t["gateway_to_floor_cpu_min_max"]
+            print(f"gateway CPU / minimal proxy CPU, same rounds: "
+                  f"{t['gateway_to_floor_cpu_median_of_rounds']:.2f}x (median of rounds, "
+                  f"{lo:.2f}-{hi:.2f}); floor {t['floor_cpu_ms_per_request']:.2f} ms/req")
         results["verdict"] = verdict(results["parts"])
         print(json.dumps(results["verdict"]))
         write_results(args.out, results, plot)

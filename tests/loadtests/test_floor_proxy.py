@@ -37,3 +37,37 @@ def test_floor_proxy_relays_whole_and_streamed_answers(tmp_path: Path) -> None:
         assert {c["model"] for c in chunks} == {"m1"}
     finally:
         stack.stop()
+
+
+def test_the_floor_takes_its_turn_in_the_gateways_rounds(tmp_path: Path) -> None:
+    """``make bench-gateway`` reads the gateway's CPU against the floor's round by round,
+    the floor a third side in the same rotation. With the same proxy as both "gateway"
+    and "floor", the per-round ratio must come out near 1: the two sides are measured
+    alike."""
+    import asyncio
+    import dataclasses
+
+    from loadtests.gateway_bench import direct_target, request_mix, throughput
+    from loadtests.stack_setup import BoundUser
+
+    stack = LocalStack(StackConfig(var=tmp_path), say=lambda _: None)
+    try:
+        upstream = start_fake_upstream(stack)
+        floor = start_floor_proxy(stack, upstream.url)
+        users = [BoundUser("k", f"u{i}", f"a{i}", f"{i:064x}", "prefill") for i in range(4)]
+        reqs = request_mix(users, 150, (4, 8))
+        proxy = direct_target(floor.url)
+        got = asyncio.run(throughput(
+            direct_target(upstream.url), dataclasses.replace(proxy, label="gateway"), reqs,
+            rounds=3, concurrency=4,
+            cpu={"gateway": [floor.pid], "floor": [floor.pid], "upstream": [upstream.pid]},
+            floor=dataclasses.replace(proxy, label="floor")))
+    finally:
+        stack.stop()
+    assert [row["first"] for row in got["rounds"]] == ["direct", "gateway", "floor"]
+    for row in got["rounds"]:
+        assert row["floor_floor_cpu_ms"] > 0 and row["gateway_gateway_cpu_ms"] > 0
+        # The proxy idles during the direct side's batch.
+        assert row["direct_gateway_cpu_ms"] < 0.5 * row["gateway_gateway_cpu_ms"]
+    assert 0.5 < got["gateway_to_floor_cpu_median_of_rounds"] < 2.0
+    assert got["floor_cpu_ms_per_request"] > 0
