@@ -55,16 +55,22 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 # Every pattern above needs one of these words: one search rules out most text (an access
-# log line, say) without running the four substitutions. It runs on case-folded text:
-# a case-insensitive search of the same words took ~15 us on an access line, this ~3.
-_MAY_HOLD_SECRET = re.compile(
-    r"pft_|authorization|bearer|api[_-]?key|access[_-]?token|secret|admin[_-]?token|"
-    r"password")
+# log line, say) without running the four substitutions. ASCII text is searched
+# case-folded with a plain pattern (~3 us on an access line; the case-insensitive search
+# took ~15): for ASCII the two agree. Other text takes the case-insensitive search, which
+# also matches what case-folding does not map to ASCII letters as the substitutions do
+# ("apı_key", "APİ_KEY").
+_WORDS = (r"pft_|authorization|bearer|api[_-]?key|access[_-]?token|secret|admin[_-]?token|"
+          r"password")
+_MAY_HOLD_SECRET = re.compile(_WORDS)
+_MAY_HOLD_SECRET_ANY_CASE = re.compile("(?i)" + _WORDS)
 
 
 def may_hold_secret(text: str) -> bool:
     """Whether ``text`` has a word that any redaction pattern needs (false: leave it be)."""
-    return _MAY_HOLD_SECRET.search(text.casefold()) is not None
+    if text.isascii():
+        return _MAY_HOLD_SECRET.search(text.lower()) is not None
+    return _MAY_HOLD_SECRET_ANY_CASE.search(text) is not None
 
 
 def redact(text: str) -> str:
@@ -183,7 +189,7 @@ class JsonFormatter(logging.Formatter):
         try:  # orjson: ~5x faster than json on an access line
             return orjson.dumps(entry, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
         except TypeError:  # what orjson refuses (an int over 64 bits, say) json writes
-            return json.dumps(entry, default=str)
+            return json.dumps(entry, default=str, separators=(",", ":"))
 
 
 class _TextFormatter(logging.Formatter):

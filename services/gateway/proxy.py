@@ -152,6 +152,7 @@ async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
                 yield b"".join(out)
         if buffer.strip():
             yield buffer
+        rewriter.finish()
     except httpx.HTTPError as exc:
         # Headers are already sent: the best we can do is end the stream with an error event.
         logger.warning("stream from %s broke: %s", upstream.worker, exc)
@@ -177,8 +178,13 @@ class EventRewriter:
     ``"model":"sha256:<hex>"`` is found and swapped without parsing (an unescaped quote
     cannot occur inside a JSON string, so the match is the key itself). An event is parsed
     only while it matters: until the first one with generated text (time to first token),
-    when it carries ``usage`` (counted; dropped or stripped for clients that did not ask),
-    or when the bytes do not look as expected.
+    when it carries ``usage`` (dropped or stripped for clients that did not ask), or when
+    the bytes do not look as expected.
+
+    Usage is counted once, from the last event that carried it, by :meth:`finish`: with
+    ``stream_options.continuous_usage_stats`` vLLM puts the running totals on every chunk
+    (and the whole request's on its final usage chunk), so counting each one would count
+    a stream's tokens once per chunk.
     """
 
     def __init__(self, worker_model: str, public_name: str, strip_usage: bool,
@@ -189,6 +195,7 @@ class EventRewriter:
         self._strip_usage = strip_usage
         self._on_usage = on_usage
         self._seen_text = False
+        self._usage: Any = None  # the last event's usage, counted by finish()
 
     def rewrite(self, event: bytes) -> tuple[bytes | None, bool]:
         """The event to send on (None: drop it), and whether it is the first with text."""
@@ -197,6 +204,12 @@ class EventRewriter:
         if self._seen_text and b'"usage"' not in event and self._from in event:
             return event.replace(self._from, self._to, 1), False
         return self._parsed(event)
+
+    def finish(self) -> None:
+        """The stream ended: count its usage (the last totals the worker sent), once."""
+        usage, self._usage = self._usage, None
+        if usage is not None:
+            self._on_usage(usage)
 
     def _parsed(self, event: bytes) -> tuple[bytes | None, bool]:
         try:
@@ -209,7 +222,7 @@ class EventRewriter:
             return b"data: " + orjson.dumps(error), False
         usage = payload.get("usage")
         if usage:
-            self._on_usage(usage)
+            self._usage = usage
         if self._strip_usage:
             if usage and not payload.get("choices"):
                 return None, False

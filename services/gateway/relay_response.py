@@ -39,8 +39,12 @@ class RelayResponse(StreamingResponse):
             relay.cancel()
             watcher.cancel()
             await asyncio.wait((relay, watcher))
-        for task in (relay, watcher):  # the relay's error first, as Starlette's would
-            if not task.cancelled() and (error := task.exception()) is not None:
-                raise error
-        if self.background is not None:
-            await self.background()
+        try:
+            for task in (relay, watcher):  # the relay's error first, as Starlette's would
+                if not task.cancelled() and (error := task.exception()) is not None:
+                    raise error
+        finally:
+            # Even when the relay failed before its body iterator began (a send of the
+            # response start that raised): the iterator's own cleanup never ran then.
+            if self.background is not None:
+                await self.background()

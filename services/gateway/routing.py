@@ -75,7 +75,9 @@ class WorkerPool:
     """The current workers with in-flight counts, health and residency (one event loop).
 
     Membership changes come from discovery (``set_workers``); a worker removed while
-    requests are in flight is forgotten, and releasing those requests is a no-op.
+    requests are in flight keeps its status aside until they are released, so a worker
+    that comes back meanwhile (a readiness flap) counts them again instead of starting
+    from zero and going negative when they end.
     """
 
     def __init__(self, workers: Sequence[str] = (), load_factor: float = 1.25,
@@ -83,6 +85,7 @@ class WorkerPool:
         self.load_factor = load_factor
         self.unhealthy_after = unhealthy_after
         self.status: dict[str, WorkerStatus] = {}
+        self._retired: dict[str, WorkerStatus] = {}  # removed, with requests in flight
         self.set_workers(workers)
 
     @property
@@ -98,7 +101,10 @@ class WorkerPool:
         wanted = list(dict.fromkeys(workers))
         added = [w for w in wanted if w not in self.status]
         removed = [w for w in self.status if w not in wanted]
-        self.status = {w: self.status.get(w) or WorkerStatus() for w in wanted}
+        old = self.status
+        self.status = {w: old.get(w) or self._retired.pop(w, None) or WorkerStatus()
+                       for w in wanted}
+        self._retired.update((w, old[w]) for w in removed if old[w].inflight > 0)
         return added, removed
 
     def is_healthy(self, worker: str) -> bool:
@@ -141,8 +147,13 @@ class WorkerPool:
             self.status[worker].inflight += 1
 
     def release(self, worker: str) -> None:
-        if worker in self.status:
-            self.status[worker].inflight -= 1
+        status = self.status.get(worker)
+        if status is not None:
+            status.inflight -= 1
+        elif (retired := self._retired.get(worker)) is not None:
+            retired.inflight -= 1
+            if retired.inflight <= 0:
+                del self._retired[worker]
 
     def mark_ok(self, worker: str) -> None:
         if worker in self.status:

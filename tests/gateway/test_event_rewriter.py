@@ -41,6 +41,7 @@ def relay(public: str, strip_usage: bool) -> tuple[list[bytes], list[Any], list[
             firsts.append(i)
         if rewritten is not None:
             out.append(rewritten)
+    rewriter.finish()
     return out, usages, firsts
 
 
@@ -75,3 +76,20 @@ def test_text_events_after_the_first_pass_through_as_the_worker_wrote_them() -> 
     for got, sent in zip(out[2:4], stream()[2:4], strict=True):
         assert got == sent.replace(f'"model":"{WORKER}"'.encode(), b'"model":"bot"')
     assert b'"model":"x"' in json.loads(out[2][6:])["choices"][0]["delta"]["content"].encode()
+
+
+def test_continuous_usage_stats_count_the_stream_once() -> None:
+    """With ``continuous_usage_stats`` vLLM puts running totals on every chunk: the stream
+    is counted once, with the final totals, not once per chunk."""
+    events = [vllm_chunk(c, usage={"prompt_tokens": 5, "completion_tokens": i + 1,
+                                  "total_tokens": 6 + i}) for i, c in enumerate("abc")]
+    events.append(vllm_chunk(None, usage={"prompt_tokens": 5, "completion_tokens": 3,
+                                          "total_tokens": 8}, choices=False))
+    usages: list[Any] = []
+    rewriter = EventRewriter(WORKER, "bot", False, usages.append)
+    out = [rewriter.rewrite(e)[0] for e in [*events, b"data: [DONE]"]]
+    assert usages == []  # nothing counted before the stream ends
+    rewriter.finish()
+    rewriter.finish()  # idempotent
+    assert usages == [{"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}]
+    assert all(o is not None for o in out)  # the client asked for usage: all passed on

@@ -81,4 +81,24 @@ def test_an_error_in_the_relay_propagates() -> None:
     stream = Stream(1, fail=True)
     with pytest.raises(ValueError, match="worker stream broke"):
         asyncio.run(_serve(stream, leave_after=None))
-    assert stream.finished and stream.background_runs == 0
+    # The background task (releasing the worker: idempotent) runs on errors too.
+    assert stream.finished and stream.background_runs == 1
+
+
+def test_a_send_that_fails_before_the_body_still_runs_the_background_task() -> None:
+    """The body iterator never started, so its own cleanup cannot release the worker:
+    the background task must."""
+    stream = Stream(2)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise OSError("client connection reset")
+
+    response = RelayResponse(stream(), media_type="text/event-stream",
+                             background=BackgroundTask(stream.background))
+    with pytest.raises(OSError, match="connection reset"):
+        asyncio.run(asyncio.wait_for(response(SCOPE, receive, send), 10))
+    assert stream.background_runs == 1

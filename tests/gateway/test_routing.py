@@ -187,3 +187,20 @@ def test_choice_follows_membership_changes_for_a_key_seen_before() -> None:
     rest = [w for w in WORKERS if w != favourite]
     pool.set_workers(rest)
     assert pool.choose(key).order == rendezvous_order(key, rest)
+
+
+def test_a_worker_back_from_removal_still_counts_its_open_requests() -> None:
+    """Discovery drops a worker (a readiness flap) and brings it back while two of its
+    requests are open: its count must stay right, never negative, when they end."""
+    pool = WorkerPool(WORKERS[:2])
+    pool.acquire(WORKERS[0])
+    pool.acquire(WORKERS[0])
+    pool.set_workers(WORKERS[1:2])
+    pool.release(WORKERS[0])  # one ends while the worker is out
+    pool.set_workers(WORKERS[:2])
+    assert pool.inflight[WORKERS[0]] == 1
+    pool.release(WORKERS[0])
+    assert pool.inflight == {WORKERS[0]: 0, WORKERS[1]: 0}
+    pool.set_workers(WORKERS[1:2])  # removed with nothing open: forgotten
+    pool.set_workers(WORKERS[:2])
+    assert pool.inflight[WORKERS[0]] == 0
