@@ -18,6 +18,12 @@ dropped parse never holds a request for ever). Running requests keep their steps
 whole time. A worker that never reports (not this project's worker class) turns the gate
 off after two steps; until its first report the gate treats no adapter as settled.
 
+An adapter whose background parse failed (weights vLLM cannot read: a broken safetensors
+file, modules the model lacks...) is reported as failed; its requests are then failed
+(:meth:`AdapterGate.failed`: the scheduler finishes them with an error) rather than
+scheduled, because the step would parse it again and raise inside the engine loop, which
+stops the engine for every tenant.
+
 Pure book-keeping, no vLLM import: ``vllm_compat`` (seams 1 and 2) wires it in.
 """
 
@@ -30,8 +36,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-Report = tuple[frozenset[int] | None, tuple[int, ...]]
-"""What the worker sends after a step: (settled set or None if unchanged, given up)."""
+Report = tuple[frozenset[int] | None, tuple[int, ...], tuple[int, ...]]
+"""What the worker sends after a step: (settled set or None if unchanged, given up,
+failed)."""
 
 HOLD_S = 2.0
 """Longest a request waits for its adapter's background parse before it is scheduled
@@ -52,6 +59,7 @@ class AdapterGate:
         self._silent_steps = 0  # steps without one, before the first
         self.enabled = hold_s > 0
         self._announced: dict[int, float] = {}  # adapter id -> when first announced
+        self._failed: set[int] = set()  # adapters whose parse failed: their requests fail
         self._to_announce: list[Any] = []
         self.held = 0  # scheduler skips so far (each waiting request, each step)
         self.released_unsettled = 0  # requests scheduled when their hold ran out
@@ -72,6 +80,10 @@ class AdapterGate:
         self.held += 1
         return False
 
+    def failed(self, lora_id: int) -> bool:
+        """Must a request for adapter ``lora_id`` be failed (its weights cannot be read)?"""
+        return lora_id in self._failed
+
     def take_announcements(self) -> list[Any]:
         """The adapters to announce with this step's scheduler output (each once)."""
         out, self._to_announce = self._to_announce, []
@@ -91,10 +103,15 @@ class AdapterGate:
                 logger.warning("the worker does not report which adapters it holds; "
                                "requests are no longer held for their adapter's parse")
 
-    def on_report(self, settled: Iterable[int] | None, give_up: Iterable[int] = ()) -> None:
+    def on_report(self, settled: Iterable[int] | None, give_up: Iterable[int] = (),
+                  failed: Iterable[int] = ()) -> None:
         """The worker's report after a step: the settled set (None: unchanged since its
-        last one), and announced adapters it will not parse ahead (a path stock vLLM must
-        resolve itself...): their requests are scheduled at once, to be loaded there."""
+        last one), announced adapters it will not parse ahead (a path stock vLLM must
+        resolve itself...): their requests are scheduled at once, to be loaded there; and
+        adapters whose parse failed: their requests are failed from now on."""
+        for lora_id in failed:
+            self._failed.add(lora_id)
+            self._announced.pop(lora_id, None)
         if settled is not None:
             self._settled = frozenset(settled)
             for lora_id in self._settled.intersection(self._announced):
@@ -111,14 +128,25 @@ class SettledReport:
     def __init__(self) -> None:
         self._last: frozenset[int] | None = None
         self._give_up: list[int] = []
+        self._failed: list[int] = []
+        self._failed_sent: set[int] = set()
 
     def give_up(self, lora_id: int) -> None:
         self._give_up.append(lora_id)
 
+    def fail(self, lora_id: int) -> bool:
+        """Report ``lora_id``'s failed parse (once: True the first time)."""
+        if lora_id in self._failed_sent:
+            return False
+        self._failed_sent.add(lora_id)
+        self._failed.append(lora_id)
+        return True
+
     def next(self, settled: frozenset[int]) -> Report | None:
         changed = settled != self._last
-        if not changed and not self._give_up:
+        if not changed and not self._give_up and not self._failed:
             return None
         self._last = settled
         give_up, self._give_up = tuple(self._give_up), []
-        return (settled if changed else None), give_up
+        failed, self._failed = tuple(self._failed), []
+        return (settled if changed else None), give_up, failed

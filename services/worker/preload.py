@@ -8,8 +8,11 @@ manager's load takes the parsed weights from here and only copies them into a sl
 
 Bounded: ``threads`` parses at a time, and at most ``capacity`` parsed adapters wait for
 their first step (the oldest is dropped; its request then loads as stock vLLM would).
-A parse that failed is not an answer: the step loads the adapter itself and raises there
-exactly as stock vLLM would for an adapter loaded at schedule time.
+A parse that failed is reported (:meth:`AdapterPreloader.failed_ids`): the scheduler's
+adapter gate fails that adapter's requests instead of scheduling them, since a step that
+loaded it would raise inside the engine loop and stop the engine (stock vLLM parses in
+``add_lora``, so such an adapter never got that far). Without the gate, the step loads
+the adapter itself and raises there as stock vLLM would at schedule time.
 
 Where the parse runs: vLLM's CPU worker binds its main thread (the OpenMP master) to the
 compute CPUs, and every thread it starts later inherits that binding, so a plain
@@ -195,10 +198,19 @@ class AdapterPreloader:
             return set(self._pending)
 
     def settled_ids(self) -> set[int]:
-        """Adapters whose background parse has ended (taking one costs the step no parse
-        wait; a failed one is parsed again there and raises as stock vLLM would)."""
+        """Adapters parsed in the background, ready for a step (taking one costs the step
+        no parse wait)."""
         with self._lock:
-            return {i for i, (future, _) in self._pending.items() if future.done()}
+            return {i for i, (future, _) in self._pending.items()
+                    if future.done() and not future.cancelled() and future.exception() is None}
+
+    def failed_ids(self) -> dict[int, BaseException]:
+        """Adapters whose background parse raised, with the error: their requests must not
+        be scheduled (the step would parse again and raise inside the engine loop)."""
+        with self._lock:
+            done = [(i, future) for i, (future, _) in self._pending.items()
+                    if future.done() and not future.cancelled()]
+        return {i: error for i, future in done if (error := future.exception()) is not None}
 
     def hurry(self, timeout_s: float) -> None:
         """No step to protect (the engine has nothing to run): let every pending parse

@@ -14,7 +14,9 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    (``adapter_gate.py``); the adapters to parse travel as an extra attribute of the
    ``SchedulerOutput`` and the worker's report as one of the ``ModelRunnerOutput`` (both
    pickled between processes, so extra attributes survive), through ``PreftWorkerMixin``'s
-   ``execute_model`` / ``sample_tokens``.
+   ``execute_model`` / ``sample_tokens``. A request whose adapter's parse failed is
+   finished with ``FINISHED_ERROR`` through ``Scheduler.grammar_compile_error_reqs``, the
+   set ``update_from_output`` finishes (with outputs) for requests that fail before running.
 2. Model runner (``LoRAModelRunnerMixin.set_active_loras`` / ``add_lora`` / ``remove_lora`` /
    ``list_loras`` and ``GPUModelRunner.load_model``, V1 runner): token→adapter mapping per
    PreFT semantics (see ``token_mapping.py``); adapters without tokens in the step are not
@@ -148,10 +150,12 @@ class PreftSchedulerMixin:
     lora_config: Any
     running: list[Any]
     adapter_gate: AdapterGate
+    grammar_compile_error_reqs: set[str]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.adapter_gate = AdapterGate(hold_s=WorkerSettings().adapter_hold_ms / 1000)
+        self._adapter_failed_reqs = set()
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         """vLLM skips a waiting request for this step when this says False (it does so for
@@ -161,10 +165,22 @@ class PreftSchedulerMixin:
         lora = request.lora_request
         if lora is None or not self.lora_config or _adapter_kinds(lora)[0]:
             return True  # ReFT adapters load in their runtime, not the LoRA manager
+        if self.adapter_gate.failed(lora.lora_int_id):
+            self._adapter_failed_reqs.add(request.request_id)
+            return False
         return self.adapter_gate.admit(lora.lora_int_id, lora)
+
+    _adapter_failed_reqs: set[str]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         self.adapter_gate.on_step(getattr(model_runner_output, REPORT_ATTR, None))
+        if self._adapter_failed_reqs:
+            # Requests whose adapter cannot be read end with FINISHED_ERROR (the client
+            # gets vLLM's 500) through vLLM's own path for requests that fail before they
+            # run: ``update_from_output`` finishes the ids in this set and emits their
+            # outputs (it is named for grammars that fail to compile).
+            self.grammar_compile_error_reqs.update(self._adapter_failed_reqs)
+            self._adapter_failed_reqs.clear()
         return super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output)
 
@@ -337,8 +353,14 @@ class PreftLoRAMappingMixin:
         preloader = _preloader_of(manager)
         if preloader is None:
             return None
+        report = self._report_state()
+        for lora_id, error in preloader.failed_ids().items():
+            if report.fail(lora_id):
+                logger.warning("adapter %d: its weights cannot be read (%s: %s); its "
+                               "requests fail instead of being scheduled", lora_id,
+                               type(error).__name__, error)
         settled = frozenset(manager.list_adapters()) | preloader.settled_ids()
-        return self._report_state().next(settled)
+        return report.next(settled)
 
     def wait_for_parses(self, timeout_s: float = 0.02) -> None:
         """A step with nothing to run (every waiting request held for its adapter): the

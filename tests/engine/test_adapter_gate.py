@@ -83,3 +83,30 @@ def test_held_requests_give_the_same_tokens_as_a_batch_of_resident_adapters(
     together = engine.tokens(prompts, [resident, new, None])
     assert together[0] == alone[0] and together[2] == alone[1]
     assert together[1] == engine.tokens([prompts[1]], [new])[0]
+
+
+def test_an_adapter_whose_weights_cannot_be_read_fails_its_requests_not_the_engine(
+        engines: dict[str, Engine], tmp_path: Path) -> None:
+    """A valid adapter_config.json over a broken safetensors file: the background parse
+    fails, and the scheduler fails the adapter's requests with an error instead of
+    scheduling them (a step that parsed it would raise inside the engine loop and stop
+    the engine). A request in the same batch, and the engine afterwards, are unharmed."""
+    engine = next(iter(engines.values()))
+    folder = make_lora_adapter(engine.model_dir, tmp_path / "gate-broken", seed=650,
+                               spec=LoraSpec(rank=8))
+    (folder / "adapter_model.safetensors").write_bytes(
+        b"\x20\x00\x00\x00\x00\x00\x00\x00{this is not a safetensors header}")
+    broken = engine.fresh_lora("gate-broken", folder)
+    good = engine.lora("all-1")
+    want = engine.tokens([prompt(902, 12)], [good], max_tokens=6)[0]
+    before = _loads(engine)
+
+    outs = engine.generate([prompt(901, 12), prompt(902, 12)], [broken, good], max_tokens=6)
+    assert outs[0].outputs[0].finish_reason == "error"
+    assert list(outs[0].outputs[0].token_ids) == []
+    assert list(outs[1].outputs[0].token_ids) == want
+    # Asked again, it fails at once (no new parse), and the engine still serves.
+    again = engine.generate([prompt(903, 12)], [broken], max_tokens=6)
+    assert again[0].outputs[0].finish_reason == "error"
+    assert engine.tokens([prompt(902, 12)], [good], max_tokens=6)[0] == want
+    assert _diff(_loads(engine), before)["inline"] == 0  # no step ever parsed it

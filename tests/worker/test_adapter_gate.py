@@ -92,12 +92,12 @@ def test_a_reporting_worker_may_stay_silent_while_nothing_changes(gate: AdapterG
 
 def test_the_worker_sends_its_settled_set_only_when_it_changed() -> None:
     report = SettledReport()
-    assert report.next(frozenset({1})) == (frozenset({1}), ())
+    assert report.next(frozenset({1})) == (frozenset({1}), (), ())
     assert report.next(frozenset({1})) is None
     report.give_up(5)
-    assert report.next(frozenset({1})) == (None, (5,))
+    assert report.next(frozenset({1})) == (None, (5,), ())
     assert report.next(frozenset({1})) is None
-    assert report.next(frozenset({1, 2})) == (frozenset({1, 2}), ())
+    assert report.next(frozenset({1, 2})) == (frozenset({1, 2}), (), ())
 
 
 def test_a_hold_of_zero_turns_the_gate_off(clock: Clock) -> None:
@@ -116,3 +116,22 @@ def test_worker_settings_choose_the_hold(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PREFT_WORKER_ADAPTER_HOLD_MS", "-1")
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         WorkerSettings()
+
+
+def test_a_failed_parse_is_reported_once_and_fails_its_requests() -> None:
+    """Weights the worker cannot read: the scheduler must fail the adapter's requests, not
+    schedule them (the step would raise inside the engine loop)."""
+    report = SettledReport()
+    assert report.fail(7) and not report.fail(7)
+    sent = report.next(frozenset({1}))
+    assert sent == (frozenset({1}), (), (7,))
+    assert report.next(frozenset({1})) is None  # reported once
+
+    now = [0.0]
+    gate = AdapterGate(hold_s=2.0, clock=lambda: now[0])
+    assert not gate.admit(7, "req-7")  # announced and held while it parses
+    gate.on_step(sent)
+    assert gate.failed(7) and not gate.failed(1)
+    assert gate.admit(1, "req-1")
+    now[0] = 10.0  # no hold timeout lets it through either: the caller checks failed()
+    assert gate.failed(7)

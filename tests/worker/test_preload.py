@@ -329,7 +329,7 @@ def test_announced_adapters_are_parsed_ahead_and_reported_settled(tmp_path: Path
     manager.loaded = {40}
     runner.lora_manager = manager  # type: ignore[attr-defined]
     install_preloader(manager)
-    assert runner.adapter_report() == (frozenset({40}), ())
+    assert runner.adapter_report() == (frozenset({40}), (), ())
     assert runner.adapter_report() is None  # nothing changed
 
     on_disk = adapter(tmp_path, "evicted")  # id 7
@@ -338,9 +338,30 @@ def test_announced_adapters_are_parsed_ahead_and_reported_settled(tmp_path: Path
     wait_until(lambda: len(manager.parses) == 1)  # the background parse of 7 started
     assert manager.parses[0][1].startswith("preft-preload")
     # 8 is left to stock vLLM (it may fetch it from a hub): its requests go at once.
-    assert runner.adapter_report() == (None, (8,))
+    assert runner.adapter_report() == (None, (8,), ())
     manager.release.set()
-    wait_until(lambda: runner.adapter_report() == (frozenset({40, 7}), ()))
+    wait_until(lambda: runner.adapter_report() == (frozenset({40, 7}), (), ()))
     runner.prefetch_loras([on_disk])  # announced again: the parse is not repeated
     assert manager._load_adapter(on_disk) == "parsed-7"
     assert len(manager.parses) == 1
+
+
+def test_a_failed_background_parse_is_reported_failed_not_settled(tmp_path: Path) -> None:
+    """Weights that cannot be read: the runner reports the adapter failed (once), never
+    settled, so the scheduler fails its requests instead of letting a step parse it again
+    and raise inside the engine loop."""
+    from preft_serve.worker.vllm_compat import PreftLoRAMappingMixin
+
+    runner = PreftLoRAMappingMixin()
+    manager = RecordingManager()
+    manager.fail_next = 1
+    manager.release.set()
+    runner.lora_manager = manager  # type: ignore[attr-defined]
+    preloader = install_preloader(manager)
+    broken = adapter(tmp_path, "broken")  # id 6
+    runner.prefetch_loras([broken])
+    wait_until(lambda: preloader.failed_ids() != {})
+    assert isinstance(preloader.failed_ids()[6], RuntimeError)
+    assert 6 not in preloader.settled_ids()
+    assert runner.adapter_report() == (frozenset(), (), (6,))
+    assert runner.adapter_report() is None  # reported once
