@@ -147,6 +147,21 @@ class AdapterDiskCache:
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.path(sha256), (0, 0))  # the order survives a restart (mtime LRU)
 
+    def note_use(self, sha256: str) -> bool:
+        """A request for an adapter the server already holds (it asks no resolver for
+        those): make it the most recent entry, in memory only (no disk write per
+        request). False when it is not cached (evicted, or its directory removed behind
+        our back): :meth:`get` fetches it again."""
+        dest = self.path(sha256)
+        with self._lock:
+            if sha256 not in self._entries:
+                return False
+            if not dest.is_dir():
+                self._bytes -= self._entries.pop(sha256)
+                return False
+            self._entries.move_to_end(sha256)
+            return True
+
     def get(self, sha256: str) -> Path:
         """The verified adapter directory for ``sha256``, downloading it on a miss.
 

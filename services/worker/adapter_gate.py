@@ -19,10 +19,12 @@ whole time. A worker that never reports (not this project's worker class) turns 
 off after two steps; until its first report the gate treats no adapter as settled.
 
 An adapter whose background parse failed (weights vLLM cannot read: a broken safetensors
-file, modules the model lacks...) is reported as failed; its requests are then failed
-(:meth:`AdapterGate.failed`: the scheduler finishes them with an error) rather than
-scheduled, because the step would parse it again and raise inside the engine loop, which
-stops the engine for every tenant.
+file, modules the model lacks, a directory that is gone...) is reported as failed; its
+requests are then failed (:meth:`AdapterGate.failed`: the scheduler finishes them with an
+error) rather than scheduled, because the step would parse it again and raise inside the
+engine loop, which stops the engine for every tenant. The mark lasts ``FAILED_S``; the
+next request after that is announced again and parsed again (a failure may have been
+passing: a directory being fetched again, memory).
 
 Pure book-keeping, no vLLM import: ``vllm_compat`` (seams 1 and 2) wires it in.
 """
@@ -46,6 +48,11 @@ anyway; a parse of a real model's adapter takes tens of ms (SmolLM2: ~10 ms, ~45
 with the GIL pacing of ``preload.GilYield``)."""
 
 
+FAILED_S = 10.0
+"""How long requests for an adapter whose parse failed are failed at once, before the
+next one tries a parse again."""
+
+
 class AdapterGate:
     """Which adapters the worker can run without parsing, and the requests held for one."""
 
@@ -59,7 +66,7 @@ class AdapterGate:
         self._silent_steps = 0  # steps without one, before the first
         self.enabled = hold_s > 0
         self._announced: dict[int, float] = {}  # adapter id -> when first announced
-        self._failed: set[int] = set()  # adapters whose parse failed: their requests fail
+        self._failed: dict[int, float] = {}  # adapter id -> when its parse failed
         self._to_announce: list[Any] = []
         self.held = 0  # scheduler skips so far (each waiting request, each step)
         self.released_unsettled = 0  # requests scheduled when their hold ran out
@@ -81,8 +88,15 @@ class AdapterGate:
         return False
 
     def failed(self, lora_id: int) -> bool:
-        """Must a request for adapter ``lora_id`` be failed (its weights cannot be read)?"""
-        return lora_id in self._failed
+        """Must a request for adapter ``lora_id`` be failed (its weights could not be
+        read less than ``FAILED_S`` ago)?"""
+        since = self._failed.get(lora_id)
+        if since is None:
+            return False
+        if self._clock() - since < FAILED_S:
+            return True
+        del self._failed[lora_id]  # try again: the request is announced and parsed anew
+        return False
 
     def take_announcements(self) -> list[Any]:
         """The adapters to announce with this step's scheduler output (each once)."""
@@ -110,7 +124,7 @@ class AdapterGate:
         resolve itself...): their requests are scheduled at once, to be loaded there; and
         adapters whose parse failed: their requests are failed from now on."""
         for lora_id in failed:
-            self._failed.add(lora_id)
+            self._failed[lora_id] = self._clock()
             self._announced.pop(lora_id, None)
         if settled is not None:
             self._settled = frozenset(settled)
@@ -129,18 +143,13 @@ class SettledReport:
         self._last: frozenset[int] | None = None
         self._give_up: list[int] = []
         self._failed: list[int] = []
-        self._failed_sent: set[int] = set()
 
     def give_up(self, lora_id: int) -> None:
         self._give_up.append(lora_id)
 
-    def fail(self, lora_id: int) -> bool:
-        """Report ``lora_id``'s failed parse (once: True the first time)."""
-        if lora_id in self._failed_sent:
-            return False
-        self._failed_sent.add(lora_id)
+    def fail(self, lora_id: int) -> None:
+        """Report that ``lora_id`` cannot be parsed (its requests are to fail)."""
         self._failed.append(lora_id)
-        return True
 
     def next(self, settled: frozenset[int]) -> Report | None:
         changed = settled != self._last

@@ -33,7 +33,7 @@ from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCac
 from preft_serve.worker.prefetch import PrefetchMetrics, RegistryPrefetcher
 from preft_serve.worker.preload import lower_thread_priority
 from preft_serve.worker.settings import WorkerSettings
-from preft_serve.worker.vllm_compat import AdapterStoreUnavailable
+from preft_serve.worker.vllm_compat import AdapterStoreUnavailable, install_adapter_use_hook
 from vllm.lora.request import LoRARequest
 from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 
@@ -97,6 +97,25 @@ class ObjectStoreResolver(LoRAResolver):
             lora_name=lora_name, lora_int_id=lora_int_id(sha256), lora_path=path
         )
 
+    async def on_use(self, lora_name: str) -> None:
+        """Each request for an adapter vLLM's server already holds under ``lora_name``
+        (``vllm_compat.install_adapter_use_hook``). The server never asks the resolver
+        about it again, so without this the disk cache would (a) age a hot adapter as if
+        unused and evict it first, and (b) once it is evicted, leave the engine a path
+        that no longer exists for its next load from disk (after the adapter leaves host
+        memory). A hit costs an in-memory LRU move; an evicted adapter is fetched again
+        before the request reaches the engine."""
+        sha256 = parse_model_name(lora_name)
+        if sha256 is None or self.cache.note_use(sha256):
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._fetch, sha256)
+        except Exception as exc:  # noqa: BLE001 - the engine reports a load that fails
+            logger.warning("adapter %s: evicted from the disk cache and not fetched again "
+                           "(%s); its requests fail until it is", sha256, exc)
+        else:
+            logger.info("adapter %s: fetched again after its disk-cache eviction", sha256)
+
     def _fetch(self, sha256: str) -> str:
         return str(self.cache.get(sha256))
 
@@ -126,4 +145,5 @@ def register_resolver(settings: WorkerSettings | None = None) -> ObjectStoreReso
             return existing
     resolver = ObjectStoreResolver(settings)
     LoRAResolverRegistry.register_resolver(RESOLVER_NAME, resolver)
+    install_adapter_use_hook(resolver.on_use)
     return resolver

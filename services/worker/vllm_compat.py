@@ -60,6 +60,11 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    exceptions, which reach the app's handlers; a :class:`vllm.exceptions.GracefulHTTPError`
    becomes an OpenAI error body with its own status. ``AdapterStoreUnavailable`` uses that
    for a 503 when the object store is down.
+7. Adapter use (``vllm/entrypoints/serve/engine/serving.py::BaseServing._check_model``,
+   awaited first by the chat and completion serving classes): wrapped to tell the resolver
+   about each request for an adapter the server already holds (it asks no resolver for
+   those), so the disk cache keeps hot adapters and fetches evicted ones again
+   (:func:`install_adapter_use_hook`).
 6. Engine arguments (``vllm/config/lora.py::MaxLoRARanks``): ``max_lora_rank`` must be one
    of a fixed set of values; :func:`engine_max_lora_rank` rounds an adapter rank up to it.
 """
@@ -70,7 +75,7 @@ import copy
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -328,8 +333,8 @@ class PreftLoRAMappingMixin:
     _settled_report: SettledReport | None = None
 
     def prefetch_loras(self, lora_requests: list[Any]) -> None:
-        """Start background parses of announced adapters (config errors surface when the
-        request is scheduled, exactly as stock vLLM raises them there)."""
+        """Start background parses of announced adapters; one that cannot even start (a
+        missing directory, a config the engine cannot serve) is reported failed."""
         manager: Any = getattr(self, "lora_manager", None)
         preloader = _preloader_of(manager)
         if preloader is None:
@@ -341,8 +346,13 @@ class PreftLoRAMappingMixin:
                 continue
             try:
                 started = preload_lora(manager, lora_request)
-            except Exception:  # noqa: BLE001 - raised again by the step's own load
-                started = False
+            except Exception as exc:  # noqa: BLE001 - the step's own load would raise it
+                # (a directory gone, a config the engine cannot serve): inside the engine
+                # loop, where it would stop the engine. Its requests fail instead.
+                logger.warning("adapter %d cannot be loaded (%s: %s); its requests fail",
+                               lora_id, type(exc).__name__, exc)
+                report.fail(lora_id)
+                continue
             if not started and lora_id not in manager.list_adapters():
                 report.give_up(lora_id)
 
@@ -355,10 +365,11 @@ class PreftLoRAMappingMixin:
             return None
         report = self._report_state()
         for lora_id, error in preloader.failed_ids().items():
-            if report.fail(lora_id):
-                logger.warning("adapter %d: its weights cannot be read (%s: %s); its "
-                               "requests fail instead of being scheduled", lora_id,
-                               type(error).__name__, error)
+            logger.warning("adapter %d: its weights cannot be read (%s: %s); its requests "
+                           "fail instead of being scheduled", lora_id, type(error).__name__,
+                           error)
+            report.fail(lora_id)
+            preloader.discard(lora_id)  # a later request parses it anew (gate: FAILED_S)
         settled = frozenset(manager.list_adapters()) | preloader.settled_ids()
         return report.next(settled)
 
@@ -887,6 +898,38 @@ class AdapterStoreUnavailable(GracefulHTTPError):
 
     def __init__(self) -> None:
         super().__init__(self.MESSAGE, HTTPStatus.SERVICE_UNAVAILABLE)
+
+
+# -- 7 (with 5). adapter use in the API server ---------------------------------------
+
+_adapter_use: Callable[[str], Awaitable[None]] | None = None
+
+
+def install_adapter_use_hook(on_use: Callable[[str], Awaitable[None]]) -> None:
+    """Call ``on_use(name)`` before each request for an adapter vLLM's server already holds
+    under ``name`` (``BaseServing._check_model``, which the chat and completion serving
+    classes await first: it returns early for names in ``models.lora_requests`` and asks no
+    resolver). The resolver uses it to keep the disk cache's LRU true and to fetch an
+    evicted adapter's directory again (``ObjectStoreResolver.on_use``). The latest
+    ``on_use`` wins; installing twice wraps once."""
+    global _adapter_use
+    _adapter_use = on_use
+    from vllm.entrypoints.serve.engine.serving import BaseServing
+
+    serving: Any = BaseServing
+    if getattr(serving._check_model, "_preft_adapter_use", False):
+        return
+    stock = serving._check_model
+
+    async def _check_model(self: Any, request: Any) -> Any:
+        name = getattr(request, "model", None)
+        if (_adapter_use is not None and isinstance(name, str)
+                and name in getattr(self.models, "lora_requests", {})):
+            await _adapter_use(name)
+        return await stock(self, request)
+
+    _check_model._preft_adapter_use = True  # type: ignore[attr-defined]
+    serving._check_model = _check_model
 
 
 # -- 6. engine arguments ---------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -236,3 +237,25 @@ def test_restart_rebuilds_index_in_lru_order_and_removes_leftovers(
 
     smaller = new_cache(local_store, cache_dir, max_bytes=first.total_bytes // 3 + 1)
     assert smaller.lru_order() == [shas[1]]  # the one just used survives, the rest evicted
+
+
+def test_a_used_adapter_stays_young_and_a_missing_one_is_reported(
+        local_store: ObjectStore, tmp_path: Path) -> None:
+    """Requests for adapters vLLM's server already holds never reach ``get``:
+    ``note_use`` keeps them young in the LRU (so the hot ones are not evicted first) and
+    says when one is gone (evicted, or its directory removed), so it is fetched again."""
+    a, b, c = (put_adapter(local_store, tmp_path, seed=s) for s in (20, 21, 22))
+    cache = new_cache(local_store, tmp_path / "cache")
+    cache.get(a)
+    one = cache.total_bytes
+    cache.max_bytes = int(2.5 * one)
+    cache.get(b)
+    assert cache.note_use(a)  # a is in use: b becomes the oldest
+    cache.get(c)
+    assert cache.lru_order() == [a, c]
+    assert not cache.note_use(b)  # evicted: the caller fetches it again
+    shutil.rmtree(tmp_path / "cache" / c)  # removed behind the cache's back
+    assert not cache.note_use(c) and c not in cache
+    assert cache.total_bytes == one
+    cache.get(c)
+    assert (tmp_path / "cache" / c).is_dir() and counts(cache)["downloads"] == 4

@@ -122,7 +122,7 @@ def test_a_failed_parse_is_reported_once_and_fails_its_requests() -> None:
     """Weights the worker cannot read: the scheduler must fail the adapter's requests, not
     schedule them (the step would raise inside the engine loop)."""
     report = SettledReport()
-    assert report.fail(7) and not report.fail(7)
+    report.fail(7)
     sent = report.next(frozenset({1}))
     assert sent == (frozenset({1}), (), (7,))
     assert report.next(frozenset({1})) is None  # reported once
@@ -133,5 +133,9 @@ def test_a_failed_parse_is_reported_once_and_fails_its_requests() -> None:
     gate.on_step(sent)
     assert gate.failed(7) and not gate.failed(1)
     assert gate.admit(1, "req-1")
-    now[0] = 10.0  # no hold timeout lets it through either: the caller checks failed()
+    now[0] = 9.0  # past the hold timeout: still failed (the caller checks failed() first)
     assert gate.failed(7)
+    now[0] = 10.5  # FAILED_S after the report: the next request tries a parse again
+    assert not gate.failed(7)
+    assert not gate.admit(7, "req-7b")
+    assert gate.take_announcements() == ["req-7", "req-7b"]

@@ -365,3 +365,8 @@ def test_a_failed_background_parse_is_reported_failed_not_settled(tmp_path: Path
     assert 6 not in preloader.settled_ids()
     assert runner.adapter_report() == (frozenset(), (), (6,))
     assert runner.adapter_report() is None  # reported once
+    assert not preloader.pending(6)  # dropped: a later request parses it anew
+    gone = adapter(tmp_path, "gone-dir")  # id 8
+    (Path(gone.lora_path) / "adapter_config.json").unlink()
+    runner.prefetch_loras([gone])  # cannot start: failed at once, nothing parsed
+    assert runner.adapter_report() == (None, (), (8,))

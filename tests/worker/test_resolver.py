@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator
@@ -249,9 +250,10 @@ def test_serve_flags_set_the_resolver_environment(tmp_path: Path) -> None:
 
 
 class Worker:
-    def __init__(self, url: str, model: str, sha: str, corrupt_sha: str, bucket: str) -> None:
+    def __init__(self, url: str, model: str, sha: str, corrupt_sha: str, bucket: str,
+                 cache: Path) -> None:
         self.url, self.model, self.sha, self.corrupt_sha = url, model, sha, corrupt_sha
-        self.bucket = bucket
+        self.bucket, self.cache = bucket, cache
 
     def complete(self, model: str, prompt: str = "The quick brown fox") -> httpx.Response:
         return httpx.post(f"{self.url}/v1/completions", timeout=60, json={
@@ -277,7 +279,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, s3_server: str) -> Iterator
             "--s3-endpoint-url", s3_server, "--adapter-cache-dir", str(root / "cache"),
             "--adapter-cache-gib", "0.01"]
     with running_worker(model, root, args, env=AWS_ENV) as url:
-        yield Worker(url, str(model), sha, corrupt_sha, bucket)
+        yield Worker(url, str(model), sha, corrupt_sha, bucket, root / "cache")
 
 
 def test_server_loads_adapter_by_hash_from_s3(worker: Worker) -> None:
@@ -340,3 +342,24 @@ def test_server_answers_503_while_the_store_is_unavailable(worker: Worker,
         assert leak not in response.text
     after = worker.complete(f"sha256:{unknown}")
     assert after.status_code == 404 and "does not exist" in after.json()["error"]["message"]
+
+
+def test_a_held_adapter_missing_from_the_disk_cache_is_fetched_again(worker: Worker) -> None:
+    """vLLM's server asks no resolver about an adapter it already holds; its directory
+    leaving the disk cache (evicted, or removed) must not leave the engine a path that is
+    gone for its next load from disk: the next request fetches it again first."""
+    def misses() -> float:
+        metrics = httpx.get(f"{worker.url}/metrics", timeout=10).text
+        line = next(x for x in metrics.splitlines()
+                    if x.startswith('preft_worker_adapter_loads_total{outcome="miss"'))
+        return float(line.rsplit(" ", 1)[1])
+
+    first = worker.complete(f"sha256:{worker.sha}")  # held by the server from here on
+    assert first.status_code == 200, first.text
+    before = misses()
+    shutil.rmtree(worker.cache / worker.sha)
+    again = worker.complete(f"sha256:{worker.sha}")
+    assert again.status_code == 200, again.text
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert (worker.cache / worker.sha / WEIGHTS_FILE).is_file()
+    assert misses() == before + 1
