@@ -15,7 +15,9 @@ once (the next step's scheduler output carries it; the worker starts a backgroun
 parse) and skipped by the scheduler until a report says it is settled, or ``hold_s``
 passed (then it is scheduled anyway and the step parses as stock vLLM would: a failed or
 dropped parse never holds a request for ever). Running requests keep their steps the
-whole time. A worker that never reports (not this project's worker class) turns the gate
+whole time. A hold that ran out stays open until the adapter settles (a request vLLM then
+skips for another reason is not held twice); one no request asked about for ``STALE_S``
+is forgotten. A worker that never reports (not this project's worker class) turns the gate
 off after two steps; until its first report the gate treats no adapter as settled.
 
 An adapter whose background parse failed (weights vLLM cannot read: a broken safetensors
@@ -31,6 +33,7 @@ Pure book-keeping, no vLLM import: ``vllm_compat`` (seams 1 and 2) wires it in.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -53,6 +56,20 @@ FAILED_S = 10.0
 next one tries a parse again."""
 
 
+STALE_S = 10.0
+"""A hold no request has asked about for this long is forgotten (its requests were
+cancelled): the next request for the adapter starts a new one, announced again."""
+
+
+@dataclasses.dataclass
+class _Hold:
+    """One adapter's requests held for its parse."""
+
+    first: float  # when it was announced
+    last: float  # when a waiting request last asked
+    released: bool = False  # the hold ran out, or the worker gave up: requests pass
+
+
 class AdapterGate:
     """Which adapters the worker can run without parsing, and the requests held for one."""
 
@@ -65,7 +82,7 @@ class AdapterGate:
         self._heard = False  # a report has come
         self._silent_steps = 0  # steps without one, before the first
         self.enabled = hold_s > 0
-        self._announced: dict[int, float] = {}  # adapter id -> when first announced
+        self._holds: dict[int, _Hold] = {}  # adapter id -> its hold
         self._failed: dict[int, float] = {}  # adapter id -> when its parse failed
         self._to_announce: list[Any] = []
         self.held = 0  # scheduler skips so far (each waiting request, each step)
@@ -76,12 +93,19 @@ class AdapterGate:
         if not self.enabled or lora_id in self._settled:
             return True
         now = self._clock()
-        since = self._announced.get(lora_id)
-        if since is None:
-            self._announced[lora_id] = now
+        hold = self._holds.get(lora_id)
+        if hold is None or now - hold.last > STALE_S:
+            self._holds[lora_id] = _Hold(now, now)
             self._to_announce.append(lora_request)
-        elif now - since >= self._hold_s:
-            self._announced.pop(lora_id, None)
+            self.held += 1
+            return False
+        hold.last = now
+        if hold.released:
+            # Until the adapter settles: a request vLLM skipped for other reasons after
+            # its hold ran out (no free adapter slot, KV blocks) is not held again.
+            return True
+        if now - hold.first >= self._hold_s:
+            hold.released = True
             self.released_unsettled += 1
             return True
         self.held += 1
@@ -113,7 +137,7 @@ class AdapterGate:
             self._silent_steps += 1
             if self._silent_steps >= 2:
                 self.enabled = False
-                self._announced.clear()
+                self._holds.clear()
                 logger.warning("the worker does not report which adapters it holds; "
                                "requests are no longer held for their adapter's parse")
 
@@ -125,14 +149,14 @@ class AdapterGate:
         adapters whose parse failed: their requests are failed from now on."""
         for lora_id in failed:
             self._failed[lora_id] = self._clock()
-            self._announced.pop(lora_id, None)
+            self._holds.pop(lora_id, None)
         if settled is not None:
             self._settled = frozenset(settled)
-            for lora_id in self._settled.intersection(self._announced):
-                del self._announced[lora_id]
+            for lora_id in self._settled.intersection(self._holds):
+                del self._holds[lora_id]
         for lora_id in give_up:
-            if lora_id in self._announced:
-                self._announced[lora_id] = -float("inf")  # the next admit lets it through
+            if (hold := self._holds.get(lora_id)) is not None:
+                hold.released = True  # the next admit lets it through
 
 
 class SettledReport:
