@@ -22,6 +22,10 @@ def preft_engine_kwargs(device: str = "cpu") -> dict[str, Any]:
         "scheduler_cls": SCHEDULER_CLS,
         "worker_cls": CPU_WORKER_CLS if device == "cpu" else GPU_WORKER_CLS,
         "enable_lora": True,
+        # PreftScheduler extends the synchronous Scheduler, and the adapter gate's report
+        # rides on ModelRunnerOutput, which async scheduling wraps. vLLM turns async
+        # scheduling on by default on GPUs (the CPU platform turns it off).
+        "async_scheduling": False,
     }
 
 
@@ -32,4 +36,5 @@ def preft_cli_args(device: str = "cpu") -> list[str]:
         "--scheduler-cls", kwargs["scheduler_cls"],
         "--worker-cls", kwargs["worker_cls"],
         "--enable-lora",
+        "--no-async-scheduling",
     ]
