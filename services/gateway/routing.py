@@ -81,9 +81,12 @@ class WorkerPool:
     """
 
     def __init__(self, workers: Sequence[str] = (), load_factor: float = 1.25,
-                 unhealthy_after: int = 2) -> None:
+                 unhealthy_after: int = 2, max_open: int | None = None) -> None:
+        """``max_open``: most requests open to workers at once (None: no limit); more are
+        refused with a 503 rather than queued for a connection."""
         self.load_factor = load_factor
         self.unhealthy_after = unhealthy_after
+        self.max_open = max_open
         self.status: dict[str, WorkerStatus] = {}
         self._retired: dict[str, WorkerStatus] = {}  # removed, with requests in flight
         self.set_workers(workers)
@@ -127,6 +130,13 @@ class WorkerPool:
         if not self.status:
             raise ServiceUnavailable("no worker is registered yet (discovery found none); "
                                      "retry shortly")
+        if self.max_open is not None and self.open_requests() >= self.max_open:
+            # Rather than wait in the connection pool, where a timeout would read as the
+            # worker failing to connect (retried elsewhere, and counted against its health).
+            raise ServiceUnavailable(f"this gateway has {self.max_open} requests open to "
+                                     "workers, its most; retry shortly (operators: add "
+                                     "gateway replicas or raise "
+                                     "PREFT_GATEWAY_MAX_OPEN_REQUESTS)")
         healthy = self.healthy()
         ranked = _cached_order(key, tuple(self.status))  # filtering keeps its order
         up = set(healthy)
@@ -141,6 +151,11 @@ class WorkerPool:
             result = RouteResult.PREFERRED if first == order[0] else RouteResult.SPILL
         down = [w for w in ranked if w not in up]
         return Choice([first, *(w for w in order if w != first), *down], order[0], result)
+
+    def open_requests(self) -> int:
+        """Requests open to workers, those of workers discovery removed included."""
+        return (sum(s.inflight for s in self.status.values())
+                + sum(s.inflight for s in self._retired.values()))
 
     def acquire(self, worker: str) -> None:
         if worker in self.status:

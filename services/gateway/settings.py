@@ -83,6 +83,9 @@ class GatewaySettings(ServiceSettings):
         20_000, ge=1, description="Entries per registry lookup cache (user bindings, "
         "adapters, API keys); a worst-case entry takes about 1 KiB")
     load_factor: float = Field(1.25, ge=1.0, description="Bounded-load cap multiplier")
+    max_open_requests: int = Field(1000, ge=1, description="Most requests this gateway keeps "
+                                   "open to workers at once; more get 503 at once instead "
+                                   "of queueing for a connection (add replicas to serve more)")
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0)
     metrics_max_adapters: int = Field(

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 # default), the soak saw that race answer single requests with 502 "ReadError" from a
 # healthy worker.
 WORKER_KEEPALIVE_S = 2.0
+CONNECTION_HEADROOM = 256
+"""Connections to workers beyond ``max_open_requests``: health and residency checks never
+wait behind completions for one."""
 
 
 @dataclass
@@ -74,12 +77,14 @@ class GatewayState:
             registry = client
         metrics.watch_registry_cache(registry.cache_sizes)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-        transport = transport or WorkerTransport(1000, WORKER_KEEPALIVE_S)
+        transport = transport or WorkerTransport(
+            settings.max_open_requests + CONNECTION_HEADROOM, WORKER_KEEPALIVE_S)
         http = httpx.AsyncClient(timeout=timeout, transport=transport)
         if tracer_provider is not None:
             instrument_client(http, tracer_provider)
         pool = WorkerPool(load_factor=settings.load_factor,
-                          unhealthy_after=settings.unhealthy_after)
+                          unhealthy_after=settings.unhealthy_after,
+                          max_open=settings.max_open_requests)
         monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
                                 discovery_interval_s=settings.discovery_interval_s,
                                 health_interval_s=settings.health_interval_s)

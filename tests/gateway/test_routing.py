@@ -204,3 +204,21 @@ def test_a_worker_back_from_removal_still_counts_its_open_requests() -> None:
     pool.set_workers(WORKERS[1:2])  # removed with nothing open: forgotten
     pool.set_workers(WORKERS[:2])
     assert pool.inflight[WORKERS[0]] == 0
+
+
+def test_past_its_open_request_limit_the_gateway_refuses_instead_of_queueing() -> None:
+    """Waiting in the connection pool would end in a timeout that reads as the worker
+    failing to connect (retried elsewhere, counted against its health): refuse at once."""
+    pool = WorkerPool(WORKERS[:2], max_open=2)
+    first = pool.choose("a").order[0]
+    pool.acquire(first)
+    pool.acquire(pool.choose("b").order[0])
+    with pytest.raises(ServiceUnavailable, match="2 requests open to workers, its most"):
+        pool.choose("c")
+    assert all(pool.is_healthy(w) for w in WORKERS[:2])  # nobody's health paid for it
+    pool.release(first)
+    assert pool.choose("c").order
+    pool.acquire(first)
+    pool.set_workers(WORKERS[1:2])  # a removed worker's open requests still count
+    with pytest.raises(ServiceUnavailable):
+        pool.choose("c")
