@@ -60,13 +60,13 @@ version's source, then bump ``PINNED_VLLM_VERSION``.
    exceptions, which reach the app's handlers; a :class:`vllm.exceptions.GracefulHTTPError`
    becomes an OpenAI error body with its own status. ``AdapterStoreUnavailable`` uses that
    for a 503 when the object store is down.
+6. Engine arguments (``vllm/config/lora.py::MaxLoRARanks``): ``max_lora_rank`` must be one
+   of a fixed set of values; :func:`engine_max_lora_rank` rounds an adapter rank up to it.
 7. Adapter use (``vllm/entrypoints/serve/engine/serving.py::BaseServing._check_model``,
    awaited first by the chat and completion serving classes): wrapped to tell the resolver
    about each request for an adapter the server already holds (it asks no resolver for
    those), so the disk cache keeps hot adapters and fetches evicted ones again
    (:func:`install_adapter_use_hook`).
-6. Engine arguments (``vllm/config/lora.py::MaxLoRARanks``): ``max_lora_rank`` must be one
-   of a fixed set of values; :func:`engine_max_lora_rank` rounds an adapter rank up to it.
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ class PreftSchedulerMixin:
     lora_config: Any
     running: list[Any]
     adapter_gate: AdapterGate
-    grammar_compile_error_reqs: set[str]
+    grammar_compile_error_reqs: set[str]  # vLLM's; see update_from_output
+    _adapter_failed_reqs: set[str]  # waiting requests whose adapter cannot be read
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -174,8 +175,6 @@ class PreftSchedulerMixin:
             self._adapter_failed_reqs.add(request.request_id)
             return False
         return self.adapter_gate.admit(lora.lora_int_id, lora)
-
-    _adapter_failed_reqs: set[str]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         self.adapter_gate.on_step(getattr(model_runner_output, REPORT_ATTR, None))
@@ -900,7 +899,23 @@ class AdapterStoreUnavailable(GracefulHTTPError):
         super().__init__(self.MESSAGE, HTTPStatus.SERVICE_UNAVAILABLE)
 
 
-# -- 7 (with 5). adapter use in the API server ---------------------------------------
+# -- 6. engine arguments ---------------------------------------------------------------
+
+
+def engine_max_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that serves adapters of ``rank``."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    accepted = sorted(int(r) for r in get_args(MaxLoRARanks))
+    for value in accepted:
+        if value >= rank:
+            return value
+    raise ValueError(f"rank {rank} is above vLLM's largest max_lora_rank ({accepted[-1]})")
+
+
+# -- 7. adapter use in the API server --------------------------------------------------
 
 _adapter_use: Callable[[str], Awaitable[None]] | None = None
 
@@ -930,22 +945,6 @@ def install_adapter_use_hook(on_use: Callable[[str], Awaitable[None]]) -> None:
 
     _check_model._preft_adapter_use = True  # type: ignore[attr-defined]
     serving._check_model = _check_model
-
-
-# -- 6. engine arguments ---------------------------------------------------------------
-
-
-def engine_max_lora_rank(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that serves adapters of ``rank``."""
-    from typing import get_args
-
-    from vllm.config.lora import MaxLoRARanks
-
-    accepted = sorted(int(r) for r in get_args(MaxLoRARanks))
-    for value in accepted:
-        if value >= rank:
-            return value
-    raise ValueError(f"rank {rank} is above vLLM's largest max_lora_rank ({accepted[-1]})")
 
 
 # -- installation ----------------------------------------------------------------------
