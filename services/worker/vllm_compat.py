@@ -311,6 +311,11 @@ class PreftLoRAMappingMixin:
         manager = getattr(self, "lora_manager", None)
         if preload_lora(manager, lora_request):
             return True
+        preloader = _preloader_of(manager)
+        if lora_request.load_inplace and preloader is not None:
+            # New weights under an id whose old ones may still be parsing ahead: the load
+            # below goes through the preloader, which must not hand out the old parse.
+            preloader.discard(lora_request.lora_int_id)
         return super().add_lora(lora_request)  # type: ignore[misc]
 
     def remove_lora(self, lora_id: int) -> bool:

@@ -370,3 +370,34 @@ def test_a_failed_background_parse_is_reported_failed_not_settled(tmp_path: Path
     (Path(gone.lora_path) / "adapter_config.json").unlink()
     runner.prefetch_loras([gone])  # cannot start: failed at once, nothing parsed
     assert runner.adapter_report() == (None, (), (8,))
+
+
+def test_an_in_place_reload_never_gets_the_old_parse(tmp_path: Path) -> None:
+    """``load_inplace`` (new weights under an id) while the old weights are still parsed
+    ahead: the reload must parse anew, not take the pending parse of the old ones."""
+    from preft_serve.worker.vllm_compat import PreftLoRAMappingMixin
+
+    class StockRunner:
+        lora_manager: RecordingManager
+
+        def add_lora(self, request: LoRARequest) -> bool:  # vLLM's: loads via the manager
+            self.lora_manager._load_adapter(request)
+            return True
+
+    class Runner(PreftLoRAMappingMixin, StockRunner):
+        pass
+
+    runner = Runner()
+    manager = RecordingManager()
+    runner.lora_manager = manager
+    install_preloader(manager)
+    old = adapter(tmp_path, "inplace")
+    (Path(old.lora_path) / "adapter_model.safetensors").write_bytes(b"old weights")
+    assert runner.add_lora(old)
+    wait_until(lambda: len(manager.parses) == 1)  # the old weights, parsing ahead
+    manager.release.set()
+    new = LoRARequest(lora_name="inplace", lora_int_id=old.lora_int_id,
+                      lora_path=old.lora_path, load_inplace=True)
+    assert runner.add_lora(new)
+    assert len(manager.parses) == 2  # parsed anew ...
+    assert manager.parses[1][1] == threading.current_thread().name  # ... by the reload
