@@ -157,7 +157,7 @@ class AdapterDiskCache:
             if sha256 not in self._entries:
                 return False
             if not dest.is_dir():
-                self._bytes -= self._entries.pop(sha256)
+                self._forget(sha256)
                 return False
             self._entries.move_to_end(sha256)
             return True
@@ -199,9 +199,13 @@ class AdapterDiskCache:
             os.utime(dest)  # persists the LRU order for the next start
         except FileNotFoundError:  # removed behind our back: forget it and re-download
             with self._lock:
-                self._bytes -= self._entries.pop(sha256, 0)
+                self._forget(sha256)
             return False
         return True
+
+    def _forget(self, sha256: str) -> None:
+        """Drop an entry whose directory is gone (caller holds the lock)."""
+        self._bytes -= self._entries.pop(sha256, 0)
 
     def _download(self, sha256: str, dest: Path, start: float) -> None:
         tmp = self.cache_dir / f"{_TMP_PREFIX}{sha256}-{uuid.uuid4().hex[:8]}"

@@ -83,8 +83,7 @@ class ObjectStoreResolver(LoRAResolver):
         if sha256 is None:
             return None
         try:
-            path = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._fetch, sha256)
+            path = await self._fetch_in_pool(sha256)
         except ObjectNotFound:
             logger.info("adapter %s: not in the object store", sha256)
             return None
@@ -109,15 +108,17 @@ class ObjectStoreResolver(LoRAResolver):
         if sha256 is None or self.cache.note_use(sha256):
             return
         try:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._fetch, sha256)
+            await self._fetch_in_pool(sha256)
         except Exception as exc:  # noqa: BLE001 - the engine reports a load that fails
             logger.warning("adapter %s: evicted from the disk cache and not fetched again "
                            "(%s); its requests fail until it is", sha256, exc)
         else:
             logger.info("adapter %s: fetched again after its disk-cache eviction", sha256)
 
-    def _fetch(self, sha256: str) -> str:
-        return str(self.cache.get(sha256))
+    async def _fetch_in_pool(self, sha256: str) -> str:
+        """The adapter's directory through the disk cache, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: str(self.cache.get(sha256)))
 
 
 def start_prefetcher(settings: WorkerSettings,
