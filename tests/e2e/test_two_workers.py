@@ -38,7 +38,7 @@ from tests.e2e.stack import (
 from tests.support.processes import ServiceProcess
 from tests.support.worker_process import start_worker
 
-CANDIDATES = 8  # adapters tried until one prefers the second worker (miss: 1 in 2**8)
+CANDIDATES = 12  # adapters tried until one prefers the second worker (miss: 1 in 2**12)
 SEQUENTIAL = 6
 CONCURRENT = 16
 TOKENS = 32
@@ -61,6 +61,16 @@ def served(*workers: ServiceProcess) -> list[float]:
     return [metric_total(w.url, SUCCESS) for w in workers]
 
 
+def wait_both_healthy(gateway: ServiceProcess, timeout_s: float = 30.0) -> None:
+    """A health check the busy machine answered late takes a worker out of rotation until
+    the next one passes: routing is only tested with both in service."""
+    deadline = time.monotonic() + timeout_s
+    while metric_total(gateway.url, "preft_gateway_workers", state="healthy") < 2:
+        if time.monotonic() > deadline:
+            pytest.fail("the gateway never saw both workers healthy")
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def stack(base: Base, worker: ServiceProcess, registry: Registry,
           redis_server: str, namespace: str) -> Iterator[TwoWorkers]:
@@ -75,6 +85,7 @@ def stack(base: Base, worker: ServiceProcess, registry: Registry,
                                            spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
                 sha = registry.upload(key, f"a{seed}", folder, "prefill")["sha256"]
                 registry.bind(key, f"u{seed}", f"a{seed}")
+                wait_both_healthy(gateway)
                 before = served(worker, victim)
                 token_ids(complete(gateway.url, api_key=key, user=f"u{seed}"))
                 deadline = time.monotonic() + 10  # vLLM's counters can trail the response
