@@ -18,13 +18,12 @@ adapter, so a resumed request keeps it there.)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.engine import oracle
-from tests.support.engine import KV_BLOCK, Engine, prompt
+from tests.support.engine import KV_BLOCK, Engine, prompt, scheduler_of
 
 PROMPT_TOKENS = 40
 OUTPUT_TOKENS = 48  # prompt + output = 88 tokens = 3 blocks of 32
@@ -32,38 +31,62 @@ KV_BLOCKS = 8  # for six requests that need 18
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4  # K and V x 2 layers x 2 KV heads x dim 32 x fp32
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["prefix-cache", "no-prefix-cache"])
-def small_kv_engine(request: pytest.FixtureRequest, engines: dict[str, Engine]
-                    ) -> Iterator[Engine]:
-    """tiny-llama with the shared engines' adapters, but a KV cache of 8 blocks."""
+@pytest.fixture(scope="session")
+def small_kv_engines(engines: dict[str, Engine]) -> dict[bool, Engine]:
+    """tiny-llama with the shared engines' adapters, but a KV cache of 8 blocks; one with
+    the prefix cache, one without. They live as long as the session's other engines: an
+    in-process vLLM engine that shuts down takes vLLM's process-wide parallel state with
+    it, and the engines still running would fail on their next step."""
     from preft_serve.worker.engine_config import preft_engine_kwargs
     from vllm import LLM
 
     shared = engines["tiny-llama"]
-    llm = LLM(
-        model=str(shared.model_dir),
-        dtype="float32",
-        enforce_eager=True,
-        max_loras=2,
-        max_cpu_loras=4,
-        max_lora_rank=8,
-        kv_cache_memory_bytes=KV_BLOCKS * KV_BLOCK * KV_BYTES_PER_TOKEN,
-        distributed_executor_backend="uni",
-        max_model_len=4 * KV_BLOCK,
-        max_num_seqs=8,
-        max_num_batched_tokens=128,
-        enable_prefix_caching=request.param,
-        block_size=KV_BLOCK,
-        seed=0,
-        disable_log_stats=False,
-        **preft_engine_kwargs(),
-    )
-    yield Engine(llm, shared.model_dir, shared.adapters)
-    del llm
+    built = {}
+    for prefix_cache in (True, False):
+        llm = LLM(
+            model=str(shared.model_dir),
+            dtype="float32",
+            enforce_eager=True,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_lora_rank=8,
+            kv_cache_memory_bytes=KV_BLOCKS * KV_BLOCK * KV_BYTES_PER_TOKEN,
+            distributed_executor_backend="uni",
+            max_model_len=4 * KV_BLOCK,
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            enable_prefix_caching=prefix_cache,
+            block_size=KV_BLOCK,
+            seed=0,
+            disable_log_stats=False,
+            **preft_engine_kwargs(),
+        )
+        built[prefix_cache] = Engine(llm, shared.model_dir, shared.adapters)
+    return built
 
 
-def _counter(llm: Any, name: str) -> int:
-    return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
+@pytest.fixture(params=[True, False], ids=["prefix-cache", "no-prefix-cache"])
+def small_kv_engine(request: pytest.FixtureRequest,
+                    small_kv_engines: dict[bool, Engine]) -> Engine:
+    return small_kv_engines[request.param]
+
+
+def _record_preemptions(engine: Engine, monkeypatch: pytest.MonkeyPatch
+                        ) -> list[tuple[tuple[int, ...], int, int]]:
+    """(prompt, computed tokens, prompt tokens) of every request the scheduler preempts.
+    (vLLM's preemption counter is no help here: with several engines in one process, its
+    Prometheus metrics are those of the engine made last.)"""
+    scheduler = scheduler_of(engine.llm)
+    preempt = scheduler._preempt_request
+    seen: list[tuple[tuple[int, ...], int, int]] = []
+
+    def recording(request: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append((tuple(request.prompt_token_ids), request.num_computed_tokens,
+                     request.num_prompt_tokens))
+        preempt(request, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_preempt_request", recording)
+    return seen
 
 
 def _expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:
@@ -73,7 +96,8 @@ def _expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:
     return generate(engine.model_dir, engine.adapters[name], tokens, OUTPUT_TOKENS)
 
 
-def test_preempted_requests_match_oracle(small_kv_engine: Engine) -> None:
+def test_preempted_requests_match_oracle(small_kv_engine: Engine,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     engine = small_kv_engine
     blocks = engine.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     assert blocks is not None and blocks < 18, blocks  # the cache cannot hold all six
@@ -81,13 +105,14 @@ def test_preempted_requests_match_oracle(small_kv_engine: Engine) -> None:
     # they are preempted while decoding, when the scheduler no longer counts their slot.
     names = [None, "all-1", "prefill-1", "prefill-2", "prefill-3", "prefill-1"]
     # Request 5 repeats request 2's adapter and prompt: prefix-cache hits across requests.
-    prompts = [prompt(300 + i, PROMPT_TOKENS) for i in range(5)] + [
-        prompt(302, PROMPT_TOKENS)]
-    before = _counter(engine.llm, "vllm:num_preemptions")
+    prompts = [prompt(300 + i, PROMPT_TOKENS) for i in range(5)] + [prompt(302, PROMPT_TOKENS)]
+    preempted = _record_preemptions(engine, monkeypatch)
 
     got = engine.tokens(prompts, [engine.lora(n) for n in names], OUTPUT_TOKENS)
 
-    assert _counter(engine.llm, "vllm:num_preemptions") > before
+    name_of = {tuple(p): n for p, n in zip(prompts, names)}
+    assert any((name_of[p] or "").startswith("prefill") and computed > prompt_len
+               for p, computed, prompt_len in preempted), preempted
     for i, (name, p, tokens) in enumerate(zip(names, prompts, got)):
         assert tokens == _expected(engine, name, p), (i, name)
     assert got[2] == got[5]

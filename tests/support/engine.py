@@ -76,6 +76,12 @@ class Engine:
         return [list(o.outputs[0].token_ids) for o in self.generate(prompts, loras, max_tokens)]
 
 
+def scheduler_of(llm: Any) -> Any:
+    """The scheduler of an in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; vLLM
+    0.32's LLMEngine -> InprocClient -> EngineCore), for tests that watch its decisions."""
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
 def make_adapters(model_dir: Path, root: Path) -> dict[str, Path]:
     """Prefill and all versions of the same LoRA weights for each seed, and ReFT adapters."""
     adapters = {}
