@@ -13,7 +13,15 @@ from preft_serve.common.adapter_format import AdapterFormatError
 FIRST, LAST, SHARED = "first", "last", "shared"
 PREFILL_POSITIONS = "prefill"
 # Each type's tensors per layer part: AdapterFamily.reft_tensors (preft_serve.common.families).
-_POSITIONS = re.compile(r"^(?:f(?P<f>\d+)\+l(?P<fl>\d+)|f(?P<fo>\d+)|l(?P<lo>\d+))$")
+# At most 6 digits a count: int() of a longer digit string is work a tenant should not
+# choose (and past 4,300 digits a ValueError).
+_POSITIONS = re.compile(
+    r"^(?:f(?P<f>\d{1,6})\+l(?P<fl>\d{1,6})|f(?P<fo>\d{1,6})|l(?P<lo>\d{1,6}))$")
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def parse_positions(positions: object) -> tuple[int, int] | None:
@@ -24,7 +32,7 @@ def parse_positions(positions: object) -> tuple[int, int] | None:
     if match is None:
         raise AdapterFormatError(
             "ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', 'l{n}' or 'prefill' "
-            f"(got {positions!r})"
+            f"with n of at most 6 digits (got {_shown(positions)})"
         )
     groups = match.groupdict()
     first = groups["f"] or groups["fo"] or 0

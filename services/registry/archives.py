@@ -11,6 +11,7 @@ names are quoted in messages through ``text.shown``, never in full.
 
 from __future__ import annotations
 
+import lzma
 import stat
 import tarfile
 import zipfile
@@ -169,7 +170,12 @@ def _zip(fileobj: IO[bytes], ex: _Extractor) -> None:
             try:
                 with archive.open(info) as src:
                     ex.take(info.filename, role, info.file_size, info.compress_size, src)
-            except (zipfile.BadZipFile, EOFError, OSError) as exc:
+            except NotImplementedError:
+                raise BadRequest(f"archive entry {shown(info.filename)} uses a compression "
+                                 "method this registry cannot read; use deflate or store "
+                                 "(zip's defaults)") from None
+            except (zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError,
+                    UnicodeDecodeError) as exc:
                 raise BadRequest(f"archive entry {shown(info.filename)} is corrupt: "
                                  f"{clip(str(exc))}") from None
 
@@ -199,7 +205,7 @@ def _tar(fileobj: IO[bytes], ex: _Extractor) -> None:
     except tarfile.ReadError as exc:
         raise BadRequest(f"upload is not a readable .tar/.tar.gz archive, or it is corrupt or "
                          f"truncated: {clip(str(exc))}") from None
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
         raise BadRequest(f"archive is corrupt or truncated: {clip(str(exc))}") from None
 
 

@@ -1,8 +1,8 @@
 """JSON request bodies, bounded before the app reads them.
 
-Every body is capped by ``preft_serve.common.bodylimit``; JSON bodies (everything but the
-multipart uploads) are small, so they are capped far lower here and their nesting depth is
-measured before FastAPI parses them.
+Every body is capped by ``preft_serve.common.bodylimit``; every body but the multipart
+uploads is a small JSON document, so those are capped far lower here and their nesting
+depth is measured before FastAPI parses them.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ MAX_JSON_BODY_BYTES = 1 << 20  # tenant, limits and binding bodies are a few sma
 MAX_JSON_DEPTH = 32
 
 
-def _parses_json(scope: Scope) -> bool:
-    """Whether FastAPI would parse this request's body as JSON (it does when the content
-    type is missing, ``application/json`` or ``application/*+json``)."""
+def _is_upload(scope: Scope) -> bool:
+    """Whether the body is a multipart form (the adapter uploads, bounded by the upload
+    limits instead). Every other body gets the JSON bounds, whatever its content type
+    claims: matching FastAPI's own idea of "JSON" byte for byte is fragile (it strips
+    characters like NBSP that ``bytes.strip`` keeps, so ``application/json\xa0`` once
+    slipped past a JSON check here), and no other kind of body is large."""
     for name, value in scope.get("headers", []):
         if name == b"content-type":
-            media = value.split(b";", 1)[0].strip().lower()
-            return media in (b"", b"application/json") or (
-                media.startswith(b"application/") and media.endswith(b"+json"))
-    return True
+            return value.split(b";", 1)[0].strip().lower() == b"multipart/form-data"
+    return False
 
 
 class JsonBodyGuardMiddleware:
@@ -38,7 +39,7 @@ class JsonBodyGuardMiddleware:
         self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _parses_json(scope):
+        if scope["type"] != "http" or _is_upload(scope):
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
@@ -51,8 +52,9 @@ class JsonBodyGuardMiddleware:
             size += len(chunks[-1])
             if size > self.max_bytes:
                 await self._refuse(scope, receive, send, PayloadTooLarge(
-                    f"JSON request body is larger than {self.max_bytes} bytes; the "
-                    "registry's JSON bodies are a few small fields"))
+                    f"request body is larger than {self.max_bytes} bytes; the registry's "
+                    "JSON bodies are a few small fields (adapters are uploaded as "
+                    "multipart/form-data)"))
                 return
             if not message.get("more_body", False):
                 break

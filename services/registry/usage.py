@@ -28,9 +28,13 @@ def usage_range(start: datetime.date | None, end: datetime.date | None,
     """The days asked for, both ends included: default the last ``DEFAULT_DAYS`` up to
     today (UTC); at most ``MAX_DAYS``."""
     today = today or datetime.datetime.now(datetime.UTC).date()
-    end = end or (today if start is None else
-                  min(today, start + datetime.timedelta(days=DEFAULT_DAYS - 1)))
-    start = start or end - datetime.timedelta(days=DEFAULT_DAYS - 1)
+    try:
+        end = end or (today if start is None else
+                      min(today, start + datetime.timedelta(days=DEFAULT_DAYS - 1)))
+        start = start or end - datetime.timedelta(days=DEFAULT_DAYS - 1)
+    except OverflowError:  # start near 9999-12-31, or end near 0001-01-01
+        raise BadRequest(f"the range from {start or '...'} to {end or '...'} reaches past the "
+                         "calendar (years 1-9999); give both start and end") from None
     if start > end:
         raise BadRequest(f"start {start} is after end {end}")
     days = (end - start).days + 1

@@ -95,6 +95,38 @@ def _bomb_zip() -> bytes:
     return _zip([(CONFIG_FILE, b"{}"), (WEIGHTS_FILE, b"\0" * (3 << 20))])
 
 
+def _zip_entry_patched(entries: list[tuple[str, bytes]], target: str, *,
+                       method: int | None = None, data_head: bytes | None = None) -> bytes:
+    """A deflated zip whose ``target`` entry claims compression ``method`` (in its local
+    header and the central directory) or whose compressed data starts with ``data_head``."""
+    raw = bytearray(_zip(entries))
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as zf:
+        info = zf.getinfo(target)
+    local = info.header_offset
+    name_len, extra_len = (int.from_bytes(raw[local + i: local + i + 2], "little")
+                           for i in (26, 28))
+    if method is not None:
+        raw[local + 8: local + 10] = method.to_bytes(2, "little")
+        central = raw.find(b"PK\x01\x02")
+        while central >= 0:  # the central directory record of this name too
+            name = raw[central + 46: central + 46 + int.from_bytes(
+                raw[central + 28: central + 30], "little")]
+            if name == target.encode():
+                raw[central + 10: central + 12] = method.to_bytes(2, "little")
+            central = raw.find(b"PK\x01\x02", central + 4)
+    if data_head is not None:
+        data = local + 30 + name_len + extra_len
+        raw[data: data + len(data_head)] = data_head
+    return bytes(raw)
+
+
+def _xz_corrupt(entries: list[tuple[str, bytes]]) -> bytes:
+    data = bytearray(_tar(entries, "w:xz"))
+    middle = len(data) // 2
+    data[middle: middle + 64] = bytes(64)  # inside the LZMA stream
+    return bytes(data)
+
+
 BAD_ARCHIVES = {
     "symlink": (lambda d: _tar([_link(WEIGHTS_FILE, "/etc/passwd")]), "adapter.tar.gz", 400,
                 f"archive entry '{WEIGHTS_FILE}' is a link; only regular files are allowed"),
@@ -141,6 +173,17 @@ BAD_ARCHIVES = {
                     "upload is not a readable .zip archive"),
     "corrupt tar.gz": (lambda d: _tar(_adapter_entries(d))[:300], "adapter.tar.gz", 400,
                        "corrupt or truncated"),
+    # Each of these was a 500 (an exception zipfile, zlib or lzma raise outside the ones
+    # caught): found by a review of the upload paths.
+    "zip entry: corrupt deflate data": (
+        lambda d: _zip_entry_patched(_adapter_entries(d), WEIGHTS_FILE, data_head=b"\xff"),
+        "adapter.zip", 400, f"archive entry '{WEIGHTS_FILE}' is corrupt"),
+    "zip entry: unknown compression method": (
+        lambda d: _zip_entry_patched(_adapter_entries(d), WEIGHTS_FILE, method=99),
+        "adapter.zip", 400,
+        f"archive entry '{WEIGHTS_FILE}' uses a compression method this registry cannot read"),
+    "corrupt xz stream named .tar.gz": (lambda d: _xz_corrupt(_adapter_entries(d)),
+                                        "adapter.tar.gz", 400, "corrupt or truncated"),
     "declared too large": (lambda d: _tar([(CONFIG_FILE, b"{" + b" " * 5000 + b"}")]),
                            "adapter.tar.gz", 413,
                            "adapter_config.json in the archive is 5002 bytes; the limit is 4096"),

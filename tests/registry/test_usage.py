@@ -42,6 +42,10 @@ def test_usage_per_day_and_model_for_the_callers_tenant_only(
     ({"start": "2026-03-10", "end": "2026-03-01"}, "start 2026-03-10 is after end 2026-03-01"),
     ({"start": "2026-01-01", "end": "2026-12-31"}, "spans 365 days; at most 92"),
     ({"end": "2026-02-30"}, "end '2026-02-30' is not a date (YYYY-MM-DD)"),
+    # The default end (start + 6 days) and the default start (end - 6 days) run off the
+    # calendar: an OverflowError, a 500 until a review found it.
+    ({"start": "9999-12-31"}, "reaches past the calendar (years 1-9999)"),
+    ({"end": "0001-01-01"}, "reaches past the calendar (years 1-9999)"),
 ])
 def test_bad_ranges_are_400(client: TestClient, acme: dict[str, str],
                             params: dict[str, str], needle: str) -> None:

@@ -52,6 +52,12 @@ def _bad(mutate: Callable[[Path], Any]) -> Callable[[Path, Path], Path]:
     return build
 
 
+def _safetensors_header(header: dict[str, Any]) -> bytes:
+    """A safetensors file of just this header (no tensor data)."""
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw
+
+
 def _write(name: str, data: bytes) -> Callable[[Path], None]:
     return lambda d: (d / name).write_bytes(data)
 
@@ -173,6 +179,17 @@ CASES: dict[str, tuple[Callable[[Path, Path], Path], int, str]] = {
     "truncated safetensors": (
         _bad(lambda d: (d / WEIGHTS_FILE).write_bytes((d / WEIGHTS_FILE).read_bytes()[:-100])),
         422, "adapter_model.safetensors is not a valid safetensors file"),
+    # The library quotes an unknown dtype in full: the message is clipped (it echoed a
+    # 5,000-character dtype back).
+    "unknown dtype, echoed clipped": (
+        _bad(_write(WEIGHTS_FILE, _safetensors_header(
+            {"t": {"dtype": "X" * 5000, "shape": [0], "data_offsets": [0, 0]}}))), 422,
+        "adapter_model.safetensors is not a valid safetensors file: "),
+    # Refused from its 8-byte length, before the library or json.loads reads the header.
+    "header over the cap": (
+        _bad(_write(WEIGHTS_FILE, (5 << 20).to_bytes(8, "little") + b"{" + b" " * 64)), 422,
+        ("adapter_model.safetensors has a 5242880-byte header; the limit is 4194304 (an "
+         "adapter's tensor table is a few hundred KB at most)")),
     "not safetensors": (_bad(_write(WEIGHTS_FILE, b"hello world, not tensors")), 422,
                         "adapter_model.safetensors is not a safetensors file"),
     "pickle named safetensors": (
@@ -191,6 +208,7 @@ def test_bad_adapter_rejected_and_nothing_stored(case, client, acme, lora_dir, t
     resp = upload(client, acme, "bot", bad_dir)
     assert resp.status_code == status, resp.text
     assert message in error_message(resp)
+    assert len(error_message(resp)) < 1000  # tenant input is never echoed unbounded
     assert state_snapshot() == before
 
 
@@ -405,7 +423,10 @@ REFT_CASES: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
                          "must be a non-empty list of distinct layer indices"),
     "bad positions": (_reft_bad(lambda d: factories.edit_config(d, positions="middle")),
                       ("ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', 'l{n}' or "
-                      "'prefill' (got 'middle')")),
+                      "'prefill' with n of at most 6 digits (got 'middle')")),
+    "positions with 5,000 digits": (
+        _reft_bad(lambda d: factories.edit_config(d, positions="f" + "1" * 5000)),
+        "with n of at most 6 digits (got 'f11111111111"),
     "zero positions": (_reft_bad(lambda d: factories.edit_config(d, positions="f0+l1")),
                        "ReFT position counts must be between 1 and 1024"),
     "parts disagree with share_weights": (

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from preft_serve.registry.text import clip
 from safetensors import SafetensorError, safe_open
 
 _CHUNK = 1 << 22  # elements per finite-check step
@@ -24,6 +25,11 @@ _EXPONENT = {
     "F64": (np.uint64, 0x7FF0000000000000),
 }
 _FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
+MAX_HEADER_BYTES = 4 << 20
+"""A safetensors header is one JSON entry (~150 bytes) per tensor: a LoRA on all seven
+projections of an 80-layer model has 1,120 (~170 KB). The cap is checked before the header
+is parsed: the library accepts headers up to 100 MB, and Python's ``json.loads`` of one
+holds ~12 bytes per header byte."""
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 CONVERT_HINT = (
     "convert it to safetensors with `preft adapter convert <adapter folder>` (which reads it "
@@ -67,14 +73,22 @@ class WeightsFile:
                     "adapter_model.safetensors is not a safetensors file (no JSON header); "
                     f"{CONVERT_HINT}"
                 )
+            header_len = int.from_bytes(head[:8], "little")
+            if header_len > MAX_HEADER_BYTES:
+                raise WeightsFormatError(
+                    f"adapter_model.safetensors has a {header_len}-byte header; the limit is "
+                    f"{MAX_HEADER_BYTES} (an adapter's tensor table is a few hundred KB at "
+                    "most)"
+                )
             try:
                 with safe_open(str(self.path), framework="numpy"):
                     pass  # validates header, offsets and sizes
             except (SafetensorError, OSError, ValueError) as exc:
+                # The library's message may quote the header (an unknown dtype, in full).
                 raise WeightsFormatError(
-                    f"adapter_model.safetensors is not a valid safetensors file: {exc}"
+                    f"adapter_model.safetensors is not a valid safetensors file: "
+                    f"{clip(str(exc))}"
                 ) from None
-            header_len = int.from_bytes(head[:8], "little")
             fh.seek(8)
             header = json.loads(fh.read(header_len))
         base = 8 + header_len
