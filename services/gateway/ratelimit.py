@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 # ARGV[3i]: cost. Returns {1, 0, 0} when every bucket was charged, else {0, wait_ms, i} for
 # the bucket that needs the longest wait (nothing is charged then).
 TOKEN_BUCKET_LUA = """
+-- A bucket that refills slower than this expires (full) first. Unbounded, a tiny rate
+-- made a TTL like 1e+16, which Lua passes as "1e+16": PEXPIRE refused it, the script
+-- failed after writing the bucket, and the request went through as in a Redis outage.
+local MAX_TTL_MS = 34560000000  -- 400 days
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local levels = {}
@@ -57,7 +61,7 @@ if wait > 0 then return {0, wait, which} end
 for i = 1, #KEYS do
   local rate, size, cost = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
   redis.call('HSET', KEYS[i], 't', tostring(levels[i] - cost), 'ts', now)
-  redis.call('PEXPIRE', KEYS[i], math.ceil(size / rate) + 1000)
+  redis.call('PEXPIRE', KEYS[i], math.min(math.ceil(size / rate), MAX_TTL_MS) + 1000)
 end
 return {1, 0, 0}
 """

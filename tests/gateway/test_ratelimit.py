@@ -105,6 +105,24 @@ def test_tenant_overrides_from_the_registry_replace_the_defaults(redis_server: s
     store.close()
 
 
+@pytest.mark.parametrize("rps", ["1e-13", "5e-324"])
+def test_absurdly_slow_rates_still_limit(redis_server: str, workers: Workers,
+                                         rps: str) -> None:
+    """A refill time of ~1e16 ms was a key TTL PEXPIRE refused: every charge raised
+    after writing the bucket, so the request was let through as if Redis were down
+    (counted and logged as an outage) and the key never expired."""
+    namespace = f"rl{uuid.uuid4().hex[:8]}"
+    store = redis.Redis.from_url(redis_server)
+    store.hset(RegistryKeys(namespace).tenant_limits("acme"),
+               mapping={"tenant_rps": rps, "tenant_burst": "1"})
+    with _client(redis_server, workers, namespace, limits_cache_s=0) as client:
+        statuses = [chat(client, user="u1").status_code for _ in range(3)]
+        text = client.get("/metrics").text
+    store.close()
+    assert statuses == [200, 429, 429]
+    assert "rate_limit_unavailable" not in text
+
+
 def test_output_tokens_per_minute_are_charged_up_front(redis_server: str,
                                                        workers: Workers) -> None:
     with _client(redis_server, workers, user_tpm=12, user_rps=0.01, user_burst=2) as client:
