@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from preft_serve.common.errors import ServiceError, error_response
+from preft_serve.common.errors import ServiceError, ServiceUnavailable, error_response
 from preft_serve.gateway.routers import completions
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 def redis_unavailable(exc: Exception) -> JSONResponse:
     """The 503 for a Redis outage (the app's handler for ``redis.RedisError`` too)."""
     logger.error("Redis unavailable: %s", exc)
-    return error_response(503, "service_unavailable",
+    return error_response(503, ServiceUnavailable.code,
                           "the registry's Redis is unavailable; retry shortly")
 
 
