@@ -28,6 +28,7 @@ from preft_serve.registry.routers import (
 )
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState
+from preft_serve.registry.upload_auth import UploadAuthMiddleware
 
 logger = logging.getLogger(__name__)
 ACCESS_LOGGER = "preft_serve.registry.access"
@@ -82,6 +83,7 @@ def create_app(settings: RegistrySettings | None = None,
     app.add_exception_handler(ObjectStoreError, _backend_unavailable)
     app.add_exception_handler(InvalidKeyPart, _invalid_key_part)
     app.add_middleware(JsonBodyGuardMiddleware)  # innermost: sees bodies under the size cap
+    app.add_middleware(UploadAuthMiddleware)  # the key of an upload before its body
     app.add_middleware(
         BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,
         message=f"request body exceeds this registry's {settings.max_upload_bytes}-byte "

@@ -15,7 +15,7 @@ MAX_JSON_BODY_BYTES = 1 << 20  # tenant, limits and binding bodies are a few sma
 MAX_JSON_DEPTH = 32
 
 
-def _is_upload(scope: Scope) -> bool:
+def is_upload(scope: Scope) -> bool:
     """Whether the body is a multipart form (the adapter uploads, bounded by the upload
     limits instead). Every other body gets the JSON bounds, whatever its content type
     claims: matching FastAPI's own idea of "JSON" byte for byte is fragile (it strips
@@ -39,7 +39,7 @@ class JsonBodyGuardMiddleware:
         self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _is_upload(scope):
+        if scope["type"] != "http" or is_upload(scope):
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
