@@ -110,6 +110,16 @@ def test_entry_matching_nothing_warns(base):
          "use names like q_proj, self_attn.q_proj, a regex, or 'all-linear'")]
 
 
+def test_warnings_are_bounded(base):
+    """A list may hold 16,384 entries: the 201 must not carry a warning for each."""
+    resolution = resolve_targets({"target_modules": ["q_proj"] + [f"nope{i}" for i in range(5000)]},
+                                 base)
+    assert len(resolution.warnings) == 21
+    assert resolution.warnings[0].startswith("target_modules entry 'nope0' matches no module")
+    assert resolution.warnings[-1] == ("... and 4980 more target_modules entries that match "
+                                       "no module")
+
+
 def test_slow_regex_is_bounded(base, monkeypatch):
     from preft_serve.registry.validation import targets
 

@@ -45,6 +45,7 @@ MAX_PATTERN_CHARS = 256
 MAX_ENTRIES = 16384  # all-linear on a 405B model (126 layers x 7) lists 882 names
 MATCH_SECONDS = 1.0  # whole budget for matching one pattern against every module name
 _LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
+MAX_WARNINGS = 20  # like the problems a rejection lists
 _HINT = "use names like q_proj, self_attn.q_proj, a regex, or 'all-linear'"
 
 
@@ -184,7 +185,10 @@ def _list_matches(
             unmatched.append(entry)
         found |= hits
     warnings = [f"target_modules entry {shown(e)} matches no module of the base model "
-                f"({_arch(base)}); {_HINT}" for e in unmatched]
+                f"({_arch(base)}); {_HINT}" for e in unmatched[:MAX_WARNINGS]]
+    if len(unmatched) > MAX_WARNINGS:  # a list may have 16,384 entries: the answer stays small
+        warnings.append(f"... and {len(unmatched) - MAX_WARNINGS} more target_modules entries "
+                        "that match no module")
     return found, warnings
 
 
