@@ -36,8 +36,8 @@ Every answer carries `x-request-id` (the client's `X-Request-Id` when sane, else
 """
 
 
-async def _redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
-    return redis_unavailable(exc)
+async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return redis_unavailable(exc, request.app.state.metrics)
 
 
 def create_app(settings: GatewaySettings | None = None,

@@ -12,7 +12,7 @@ import redis
 from fastapi import Request
 from fastapi.responses import Response
 from preft_serve.common.access_log import access_fields, request_id_of
-from preft_serve.common.errors import ServiceError, ServiceUnavailable
+from preft_serve.common.errors import ServiceError
 from preft_serve.gateway.metrics import token_counts
 from preft_serve.gateway.proxy import (
     BadGateway,
@@ -65,9 +65,8 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         metrics.record_request(tenant_label, label, exc.status_code)
         metrics.errors.labels(exc.code).inc()
         raise
-    except redis.RedisError:  # a lookup nothing cached: the caller answers 503
+    except redis.RedisError:  # a lookup nothing cached: fast_path answers (and counts) 503
         metrics.record_request(tenant_label, label, 503)
-        metrics.errors.labels(ServiceUnavailable.code).inc()
         raise
     metrics.routing_of(upstream.result.value).inc()
     log["worker"] = upstream.worker

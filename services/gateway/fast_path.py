@@ -21,6 +21,7 @@ import logging
 
 import redis
 from preft_serve.common.errors import ServiceError, ServiceUnavailable, error_response
+from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.routers import completions
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -29,9 +30,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 logger = logging.getLogger(__name__)
 
 
-def redis_unavailable(exc: Exception) -> JSONResponse:
-    """The 503 for a Redis outage (the app's handler for ``redis.RedisError`` too)."""
+def redis_unavailable(exc: Exception, metrics: GatewayMetrics) -> JSONResponse:
+    """The 503 for a Redis outage (the app's handler for ``redis.RedisError`` too), counted
+    like every other failure."""
     logger.error("Redis unavailable: %s", exc)
+    metrics.errors.labels(ServiceUnavailable.code).inc()
     return error_response(503, ServiceUnavailable.code,
                           "the registry's Redis is unavailable; retry shortly")
 
@@ -59,7 +62,7 @@ class CompletionFastPath:
         except ServiceError as exc:
             response = exc.response()
         except redis.RedisError as exc:
-            response = redis_unavailable(exc)
+            response = redis_unavailable(exc, scope["app"].state.metrics)
         await response(scope, receive, send)
 
     def _route(self, scope: Scope, path: str) -> object:
