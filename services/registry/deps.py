@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from preft_serve.common.access_log import access_fields
 from preft_serve.common.errors import Unauthorized
 from preft_serve.registry.adapters import AdapterService
@@ -53,6 +54,15 @@ def require_tenant(
     principal = state.tenants.authenticate(_bearer(credentials, "API key"))
     access_fields(request)["tenant"] = principal.tenant
     return principal
+
+
+def tenant_of_header(state: RegistryState, authorization: str | None) -> Principal:
+    """``require_tenant``'s check from a raw ``Authorization`` header (for middleware,
+    which runs before FastAPI's dependencies)."""
+    scheme, token = get_authorization_scheme_param(authorization)
+    credentials = (HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
+                   if scheme and token else None)
+    return state.tenants.authenticate(_bearer(credentials, "API key"))
 
 
 def _tenants(state: StateDep) -> TenantService:

@@ -63,3 +63,15 @@ def test_upload_with_a_valid_key_is_read(client, acme) -> None:
     status, body, asked = _call(client.app, acme)
     assert asked > 0  # the form is parsed (and found malformed): auth let it through
     assert status in (400, 422), body
+
+
+def test_upload_while_redis_is_down_is_503_unread(client, acme, monkeypatch) -> None:
+    import redis
+
+    def down(_key: str) -> None:
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(client.app.state.registry.tenants, "authenticate", down)
+    status, body, asked = _call(client.app, acme)
+    assert (status, asked) == (503, 0)
+    assert body["error"]["message"] == "Redis is unavailable; retry shortly"
