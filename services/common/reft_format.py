@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from preft_serve.common.adapter_format import AdapterFormatError
+from preft_serve.common.text import shown
 
 FIRST, LAST, SHARED = "first", "last", "shared"
 PREFILL_POSITIONS = "prefill"
@@ -19,11 +20,6 @@ _POSITIONS = re.compile(
     r"^(?:f(?P<f>\d{1,6})\+l(?P<fl>\d{1,6})|f(?P<fo>\d{1,6})|l(?P<lo>\d{1,6}))$")
 
 
-def _shown(value: object, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
 def parse_positions(positions: object) -> tuple[int, int] | None:
     """``(first_n, last_n)`` for ``f{n}+l{m}``, ``f{n}``, ``l{m}``; None for ``prefill``."""
     if positions == PREFILL_POSITIONS:
@@ -32,7 +28,7 @@ def parse_positions(positions: object) -> tuple[int, int] | None:
     if match is None:
         raise AdapterFormatError(
             "ReFT config 'positions' must be 'f{n}+l{n}', 'f{n}', 'l{n}' or 'prefill' "
-            f"with n of at most 6 digits (got {_shown(positions)})"
+            f"with n of at most 6 digits (got {shown(positions)})"
         )
     groups = match.groupdict()
     first = groups["f"] or groups["fo"] or 0

@@ -19,6 +19,7 @@ from typing import IO, Any
 from preft_serve.common.errors import BadRequest, NotFound, QuotaExceeded
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.common.text import clip, shown
 from preft_serve.finetune.ids import check_file_id, new_file_id
 from preft_serve.finetune.models import (
     FINE_TUNE_PURPOSE,
@@ -28,7 +29,6 @@ from preft_serve.finetune.models import (
 )
 from preft_serve.finetune.settings import FinetuneSettings
 from preft_serve.registry.archives import copy_bounded
-from preft_serve.registry.text import clip, shown
 from preft_serve.training.data import DataError, read_conversations
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import string
 
 from preft_serve.common.errors import BadRequest, NotFound
 from preft_serve.common.registry_client.contract import is_file_id, is_job_id
-from preft_serve.registry.text import shown
+from preft_serve.common.text import shown
 
 _ALPHABET = string.ascii_letters + string.digits
 

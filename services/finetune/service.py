@@ -10,6 +10,7 @@ import time
 from typing import Protocol
 
 from preft_serve.common.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from preft_serve.common.text import shown
 from preft_serve.finetune.files import FileService, blob_key
 from preft_serve.finetune.ids import check_job_id, new_job_id
 from preft_serve.finetune.jobs import JobRecord, JobStore
@@ -26,7 +27,6 @@ from preft_serve.finetune.models import (
 from preft_serve.finetune.resolve import resolve
 from preft_serve.finetune.settings import FinetuneSettings
 from preft_serve.registry.metrics import RegistryMetrics
-from preft_serve.registry.text import shown
 
 logger = logging.getLogger(__name__)
 

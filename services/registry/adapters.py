@@ -22,12 +22,12 @@ from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, Adapter
 from preft_serve.common.errors import BadRequest, Conflict, NotFound
 from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
+from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
 from preft_serve.registry.models import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
 from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
 from preft_serve.registry.quotas import Quota, check_upload, tenant_use
-from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 from preft_serve.registry.validation import (
     BaseModelSpec,

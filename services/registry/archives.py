@@ -21,8 +21,8 @@ from typing import IO, Any
 
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from preft_serve.common.text import clip, shown
 from preft_serve.registry.tarheaders import BoundedTarInfo
-from preft_serve.registry.text import clip, shown
 from preft_serve.registry.validation import ValidationLimits
 from preft_serve.registry.validation.weights import CONVERT_HINT
 from preft_serve.registry.zipdir import check_zip_directory

@@ -17,10 +17,10 @@ from preft_serve.common.registry_client import (
     RegistryEvent,
     RegistryKeys,
 )
+from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import BindingOut, UserBinding
 from preft_serve.registry.names import check_adapter_name, check_user_id
-from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 
 

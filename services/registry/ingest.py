@@ -12,8 +12,8 @@ from typing import IO
 
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest
+from preft_serve.common.text import clip
 from preft_serve.registry.archives import copy_bounded, extract_archive, file_role, is_archive
-from preft_serve.registry.text import clip
 from preft_serve.registry.validation import ValidationLimits
 
 

@@ -15,7 +15,7 @@ from preft_serve.common.registry_client import (
     is_tenant_name,
     is_user_id,
 )
-from preft_serve.registry.text import shown
+from preft_serve.common.text import shown
 
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
 

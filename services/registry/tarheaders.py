@@ -21,7 +21,7 @@ from typing import Any
 
 from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.errors import BadRequest
-from preft_serve.registry.text import shown
+from preft_serve.common.text import shown
 
 MAX_LONG_NAME_BYTES = 4096  # GNU long name / long link name (PATH_MAX)
 MAX_PAX_HEADER_BYTES = 64 << 10  # one pax header: path, times, ids, a few xattrs

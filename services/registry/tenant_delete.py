@@ -26,10 +26,10 @@ from typing import Any
 from preft_serve.common.errors import Conflict, NotFound
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
+from preft_serve.common.text import shown
 from preft_serve.finetune.files import blob_key
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.names import check_tenant_name
-from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 
 logger = logging.getLogger(__name__)

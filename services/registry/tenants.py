@@ -24,6 +24,7 @@ from preft_serve.common.registry_client import (
     hash_api_key,
 )
 from preft_serve.common.tenant_limits import TenantLimits
+from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import (
     ApiKeyCreated,
@@ -40,7 +41,6 @@ from preft_serve.registry.quotas import (
     record_changes,
 )
 from preft_serve.registry.tenant_delete import delete_tenant
-from preft_serve.registry.text import shown
 from preft_serve.registry.txn import Redis, transact
 
 logger = logging.getLogger(__name__)

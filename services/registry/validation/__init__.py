@@ -21,7 +21,7 @@ from preft_serve.common.adapter_format import (
     canonical_config_bytes,
     file_digest,
 )
-from preft_serve.registry.text import clip, shown
+from preft_serve.common.text import clip, shown
 from preft_serve.registry.validation import lora, reft  # noqa: F401  (register validators)
 from preft_serve.registry.validation.base import (
     AdapterRejected,

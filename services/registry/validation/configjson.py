@@ -15,7 +15,7 @@ from typing import Any
 
 from preft_serve.common.adapter_format import CONFIG_FILE
 from preft_serve.common.jsondepth import json_depth
-from preft_serve.registry.text import clip
+from preft_serve.common.text import clip
 from preft_serve.registry.validation.base import AdapterRejected, ValidationLimits
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from preft_serve.common.adapter_format import AdapterType
 from preft_serve.common.families.lora import LORA_MODULES
-from preft_serve.registry.text import clip, shown
+from preft_serve.common.text import clip, shown
 from preft_serve.registry.validation.base import (
     AdapterRejected,
     AdapterValidator,

@@ -19,7 +19,7 @@ import numpy as np
 from preft_serve.common.adapter_format import AdapterFormatError
 from preft_serve.common.families import Runtime, families, family_of
 from preft_serve.common.reft_format import parse_positions, parts, tensor_name
-from preft_serve.registry.text import clip, shown
+from preft_serve.common.text import clip, shown
 from preft_serve.registry.validation.base import (
     AdapterRejected,
     AdapterValidator,

@@ -32,7 +32,7 @@ from preft_serve.common.families.lora import (
     PACKED_MODULES,
     module_group,
 )
-from preft_serve.registry.text import clip, shown
+from preft_serve.common.text import clip, shown
 from preft_serve.registry.validation.base import (
     AdapterRejected,
     BaseModelSpec,

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from preft_serve.registry.text import clip
+from preft_serve.common.text import clip
 from safetensors import SafetensorError, safe_open
 
 _CHUNK = 1 << 22  # elements per finite-check step

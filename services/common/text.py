@@ -2,7 +2,7 @@
 
 Names, archive entries, config values and library error texts can be as long as a request
 allows (a tar header once carried a 100 MiB name, which came back as a 100 MiB error body).
-Every message that quotes such text goes through :func:`shown` (or :func:`clip` for text
+Every message (registry, adapter formats) that quotes such text goes through :func:`shown` (or :func:`clip` for text
 that is already a sentence), so an error body stays small whatever was uploaded.
 """
 
