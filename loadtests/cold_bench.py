@@ -29,7 +29,7 @@ loadtests/results/.
 thread — the worker's API server and engine loop, this client — is moved to the others, so
 no neighbour takes the step's core. Threads the compute thread starts later inherit its
 CPU unless they move themselves (the adapter-parse threads do:
-``preft_serve.worker.preload``). On 2 cores that leaves the API server, the engine loop and
+``preft_serve.worker.adapter_tiers.background_parse``). On 2 cores that leaves the API server, the engine loop and
 the clients one core between them, which then delivers tokens late (client-side gaps of
 seconds in every phase): use it to read engine steps, not client gaps.
 
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
 from preft_serve.worker.step_trace import Step, read_steps
 
@@ -72,7 +73,7 @@ class Timeline:
 
 def _adapters(model: Path, root: Path, count: int) -> list[str]:
     """``count`` rank-16 PreFT LoRAs put into the object store; returns their sha256s."""
-    from preft_serve.common.adapter_format import (
+    from preft_serve.adapters.format import (
         canonical_config_bytes,
         file_digest,
         read_config,
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave the model's compute CPU to the model thread alone")
     args = p.parse_args(argv)
 
-    from preft_serve.localstack import Child, free_port
+    from preft_serve.onebox import Child, free_port
     from preft_serve.toymodels import PRESETS, make_model
 
     model = (make_model(args.model, args.var / args.model) if args.model in PRESETS

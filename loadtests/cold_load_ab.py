@@ -34,10 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine loop in this process
 
     import vllm
+    from vllm.lora.request import LoRARequest
+
     from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
     from preft_serve.worker import vllm_compat
     from preft_serve.worker.engine_config import preft_engine_kwargs
-    from vllm.lora.request import LoRARequest
 
     model = make_model("bench-llama", args.var / "model")
     spec = LoraSpec(rank=16, std=0.05, target_modules=ALL_PROJECTIONS)

@@ -139,7 +139,7 @@ def prepare_adapters(model: Path, root: Path, count: int, rank: int,
                      reft_rank: int = REFT_RANK, reft_positions: str = REFT_POSITIONS) -> None:
     """LoRA (prefill and all-token versions of the same weights, one file hard-linked) and
     ReFT adapters on every layer (cached across runs)."""
-    from preft_serve.common.adapter_format import (
+    from preft_serve.adapters.format import (
         CONFIG_FILE,
         MODE_KEY,
         WEIGHTS_FILE,
@@ -190,9 +190,10 @@ class BenchEngine:
     """One ``vllm.LLM`` for one run, its adapters and its workload."""
 
     def __init__(self, cfg: dict) -> None:
-        from preft_serve.worker.engine_config import preft_engine_kwargs
         from vllm import LLM, SamplingParams
         from vllm.lora.request import LoRARequest
+
+        from preft_serve.worker.engine_config import preft_engine_kwargs
 
         self.cfg = cfg
         mode, adapters = cfg["mode"], cfg["adapters"]
@@ -472,8 +473,8 @@ def workload(args: argparse.Namespace) -> dict:
 
 
 def _reft_positions(value: str) -> str:
-    from preft_serve.common.adapter_format import AdapterFormatError
-    from preft_serve.common.reft_format import parse_positions
+    from preft_serve.adapters.format import AdapterFormatError
+    from preft_serve.adapters.reft_format import parse_positions
 
     try:
         parse_positions(value)

@@ -96,13 +96,14 @@ def _wrap(owner: type, name: str, part: str | Callable[..., str]) -> None:
 
 def instrument() -> None:
     """Wrap the parts (before any engine exists; classes, not instances)."""
-    from preft_serve.worker import vllm_compat
-    from preft_serve.worker.reft.runtime import ReftRuntime
     from vllm.lora.model_manager import LoRAModelManager
     from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
+
+    from preft_serve.worker import vllm_compat
+    from preft_serve.worker.reft.runtime import ReftRuntime
 
     vllm_compat.install()
     wrapper = vllm_compat.GroupedPunicaWrapperCPU

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from preft_serve.localstack import LocalStack, StackConfig, free_port
 
 from loadtests.engine_ab import import_dir
 from loadtests.gateway_bench import (
@@ -48,6 +47,7 @@ from loadtests.stack_setup import (
     start_fake_upstream,
     write_results,
 )
+from preft_serve.onebox import OneBox, StackConfig, free_port
 
 SIDES = ("now", "before")
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     var = args.var.resolve()
     config = StackConfig(var=var, redis_port=free_port(), registry_port=free_port(),
                          worker_port=free_port(), gateway_port=free_port())
-    stack = LocalStack(config)
+    stack = OneBox(config)
     load_at_start = os.getloadavg()[0]
     def body() -> int:
         with tempfile.TemporaryDirectory() as tmp:

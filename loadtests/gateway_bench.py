@@ -1,6 +1,6 @@
 """Gateway overhead: the same requests straight to the worker and through the gateway.
 
-One local stack (Redis, registry, one CPU worker, gateway; :mod:`preft_serve.localstack`),
+One local stack (Redis, registry, one CPU worker, gateway; :mod:`preft_serve.onebox`),
 one tenant with ``--adapters`` LoRA adapters (PreFT) and one bound user each. Every
 request of the mix exists in two forms that make the worker do identical work: direct
 (``model="sha256:<hex>"`` to the worker) and via the gateway (``user=...`` with the tenant
@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from preft_serve.localstack import LocalStack, StackConfig, free_port
 
 from loadtests.stack_setup import (
     BoundUser,
@@ -61,6 +60,7 @@ from loadtests.stack_setup import (
     start_floor_proxy,
     write_results,
 )
+from preft_serve.onebox import OneBox, StackConfig, free_port
 
 RESULTS = Path(__file__).parent / "results"
 # Issue #12's targets: with a real worker, the gateway keeps >= 0.97x of direct throughput;
@@ -355,7 +355,7 @@ async def measure(direct: Target, gateway: Target, reqs: list[Req], rounds: int,
 
 
 
-def _real_worker_parts(args: argparse.Namespace, stack: LocalStack, config: StackConfig,
+def _real_worker_parts(args: argparse.Namespace, stack: OneBox, config: StackConfig,
                        model: Path, worker: Any, users: list[BoundUser],
                        results: dict[str, Any]) -> None:
     """Parts 1 and 2: the vLLM worker direct vs through the gateway, then the same with
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     config = StackConfig(var=var, redis_port=free_port(), registry_port=free_port(),
                          worker_port=free_port(), gateway_port=free_port(),
                          worker_args=shlex.split(args.worker_args))
-    stack = LocalStack(config)
+    stack = OneBox(config)
     def body() -> int:
         model = make_model("tiny-llama", var / "model").resolve()
         adapters = make_adapters(model, var / "adapters", args.adapters)

@@ -59,6 +59,7 @@ def _import_preft_kernels() -> None:
 
 _import_preft_kernels()
 import triton
+
 from preft_kernels.lora_grouped import AdapterGroups, grouped_lora_linear
 from preft_kernels.reft import ReftGroup, grouped_reft, reft_reference
 from preft_kernels.reft_triton import ReftTritonMeta, reft_triton

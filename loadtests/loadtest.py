@@ -1,6 +1,6 @@
 """Load test: locust users through the gateway, spread over thousands of bound adapters.
 
-Brings up a local stack (:mod:`preft_serve.localstack`: Redis, registry, one CPU worker,
+Brings up a local stack (:mod:`preft_serve.onebox`: Redis, registry, one CPU worker,
 gateway) under ``--var``, creates ``--adapters`` rank-4 LoRA adapters with distinct seeds
 (so distinct hashes), uploads them over the registry's REST API to ``--tenants`` tenants
 and binds one user per adapter, then runs locust headless (``loadtests/locustfile.py``):
@@ -36,11 +36,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from preft_serve.localstack import LocalStack, StackConfig, StackError, free_port
+from loadtests.stack_setup import make_adapters, percentile, scrape, seed_tenants
+from preft_serve.onebox import OneBox, StackConfig, StackError, free_port
 from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
 from preft_serve.worker.step_trace import Step, read_steps
-
-from loadtests.stack_setup import make_adapters, percentile, scrape, seed_tenants
 
 RESULTS = Path(__file__).parent / "results"
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -240,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                          worker_port=free_port(), gateway_port=free_port(),
                          worker_args=shlex.split(args.worker_args),
                          worker_env={STEP_TRACE_ENV: str(trace)})
-    stack = LocalStack(config, say)
+    stack = OneBox(config, say)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

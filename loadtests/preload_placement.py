@@ -2,7 +2,7 @@
 
 vLLM's CPU worker binds its main thread (the OpenMP master, which runs every model step)
 to the compute CPU(s), and threads it starts later inherit that binding. The adapter
-preloader's parse thread (``preft_serve.worker.preload``) therefore used to run on the
+preloader's parse thread (``preft_serve.worker.adapter_tiers.background_parse``) therefore used to run on the
 step's own core; now it moves itself to the process's other CPUs. This measures what that
 is worth, in one process, both placements alternating:
 
@@ -80,7 +80,11 @@ def _round(placement: str, parse: Any, folders: list[Path], step: Any,
            idle_steps: int) -> dict[str, Any]:
     """Steps while the pool parses ``folders`` one after another (and ``idle_steps``
     before, with no parse): (start, seconds, parsing) per step."""
-    from preft_serve.worker.preload import AdapterPreloader, GilYield, leave_compute_cpus
+    from preft_serve.worker.adapter_tiers.background_parse import (
+        AdapterPreloader,
+        GilYield,
+        leave_compute_cpus,
+    )
 
     windows: list[tuple[float, float]] = []
 
@@ -189,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     import torch
-    from preft_serve.toymodels import PRESETS, LoraSpec, make_lora_adapter, make_model
 
     from loadtests.stack_setup import write_results
+    from preft_serve.toymodels import PRESETS, LoraSpec, make_lora_adapter, make_model
 
     model = (make_model(args.model, args.var / args.model) if args.model in PRESETS
              else Path(args.model))

@@ -58,7 +58,7 @@ class Config:
     positions: str = "prefill"
 
     def spec(self) -> Any:
-        from preft_serve.common.adapter_format import AdapterMode, AdapterType
+        from preft_serve.adapters.format import AdapterMode, AdapterType
         from preft_serve.training.spec import AdapterSpec
 
         return AdapterSpec(AdapterType(self.type), AdapterMode(self.mode), rank=self.rank,
@@ -139,11 +139,12 @@ def _capture_adapter() -> Iterator[list[Any]]:
 
 def train_cell(model: Path, task: Task, config: Config, lr: float, seed: int, plan: Plan,
                out: Path, say: Any = print) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
     from preft_serve.training.data import load_dataset
     from preft_serve.training.loss import mean_nll
     from preft_serve.training.synthetic import write_jsonl
     from preft_serve.training.trainer import TrainConfig, _batches, pad_id, train
-    from transformers import AutoTokenizer
 
     data = out / "data"
     train_file = write_jsonl((i.record() for i in task.train), data / "train.jsonl")
@@ -172,10 +173,11 @@ class QualityEngine:
 
     def __init__(self, model: Path, max_rank: int, max_adapters: int) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from preft_serve.worker.engine_config import preft_engine_kwargs
-        from preft_serve.worker.vllm_compat import engine_max_lora_rank
         from transformers import AutoTokenizer
         from vllm import LLM
+
+        from preft_serve.worker.engine_config import preft_engine_kwargs
+        from preft_serve.worker.vllm_compat import engine_max_lora_rank
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model))
         rank = engine_max_lora_rank(max_rank)

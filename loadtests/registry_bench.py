@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.common.local_redis import running_redis
 from preft_serve.common.registry_client import (
     AsyncRegistryClient,

@@ -143,6 +143,7 @@ def policy_loss(model: Any, adapter: Any, prompts: list[list[int]], answers: lis
                 adv: list[float], pad: int) -> Any:
     """-advantage x mean log-probability of each answer's tokens, under the served gate."""
     import torch
+
     from preft_serve.training.batch import IGNORE, collate
     from preft_serve.training.data import Example
 
@@ -170,10 +171,11 @@ def accuracy(model: Any, adapter: Any, tokenizer: Any, held_out: list[Question],
 def run_mode(mode: str, plan: Plan, model_dir: Path, say: Any = print) -> dict[str, Any]:
     """Train one adapter mode from the shared start; its reward and accuracy curves."""
     import torch
-    from preft_serve.common.adapter_format import AdapterMode, AdapterType
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from preft_serve.adapters.format import AdapterMode, AdapterType
     from preft_serve.training.adapters import attach_adapter
     from preft_serve.training.spec import AdapterSpec
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(plan.seed)  # the same initial adapter weights for every mode
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

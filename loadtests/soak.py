@@ -2,7 +2,7 @@
 are killed, restarted and paused at random; then checks that nothing was lost, no answer
 was wrong, every error is accounted for, every fault recovered, and no resource grew.
 
-The stack, each part a process of its own (``preft_serve.localstack`` runs them): an S3
+The stack, each part a process of its own (``preft_serve.onebox`` runs them): an S3
 server (moto), Redis with an append-only file fsynced on every write, the registry on that
 S3 store, two CPU workers (vLLM, the toy ``tiny-llama``), the gateway in front of both.
 Two tenants upload ``--adapters`` LoRA adapters and bind one user to each; then, for
@@ -53,18 +53,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from preft_serve.common import local_redis
-from preft_serve.common.adapter_format import (
+
+from loadtests import soak_checks as checks
+from loadtests.stack_setup import group_pids, make_adapters, seed_tenants
+from preft_serve.adapters.format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     canonical_config_bytes,
     file_digest,
     read_config,
 )
-from preft_serve.localstack import Child, LocalStack, StackConfig, free_port
-
-from loadtests import soak_checks as checks
-from loadtests.stack_setup import group_pids, make_adapters, seed_tenants
+from preft_serve.common import local_redis
+from preft_serve.onebox import Child, OneBox, StackConfig, free_port
 
 RESULTS = Path(__file__).parent / "results"
 KINDS = ("worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop")
@@ -173,7 +173,7 @@ class Stack:
         config = StackConfig(var=self.var, redis_port=redis_port, registry_port=free_port(),
                              gateway_port=free_port(), object_store=f"s3://{BUCKET}/adapters",
                              s3_endpoint_url=s3_url, worker_args=["--max-num-seqs", "64"])
-        local = LocalStack(config, say)
+        local = OneBox(config, say)
         self.admin_token, self.redis_url = local.admin_token, local.redis_url
 
         def part(name: str, argv: list[str], env: dict[str, str] | None = None) -> Part:
@@ -184,7 +184,7 @@ class Stack:
         workers = []
         for i in range(2):  # the slowest to start: first, in the background
             port = free_port()
-            argv = LocalStack(dataclasses.replace(config, worker_port=port)).worker_command(
+            argv = OneBox(dataclasses.replace(config, worker_port=port)).worker_command(
                 self.model)
             cache = argv.index("--adapter-cache-dir") + 1
             argv[cache] = str((run / f"adapter-cache-{i}").resolve())

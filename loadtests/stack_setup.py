@@ -1,5 +1,5 @@
 """What the load tests share: many tiny adapters, tenants that own them, bound users,
-percentiles and Prometheus scrapes. The stack itself is :mod:`preft_serve.localstack`."""
+percentiles and Prometheus scrapes. The stack itself is :mod:`preft_serve.onebox`."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
-from preft_serve.localstack import free_port
-from preft_serve.localstack.seed import TenantSession, create_tenant
-from preft_serve.localstack.stack import LocalStack, StackError
-from preft_serve.worker.preload import THREAD_NAME as PRELOAD_THREAD
 from prometheus_client.parser import text_string_to_metric_families
+
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
+from preft_serve.onebox import free_port
+from preft_serve.onebox.seed import TenantSession, create_tenant
+from preft_serve.onebox.stack import OneBox, StackError
+from preft_serve.worker.adapter_tiers.background_parse import THREAD_NAME as PRELOAD_THREAD
 
 SEED_BASE = 10_000  # adapter i uses seed SEED_BASE + i: distinct content, distinct sha256
 
@@ -57,7 +58,7 @@ def make_adapters(model: Path, root: Path, count: int, rank: int = 4,
     return out
 
 
-def seed_tenants(stack: LocalStack, adapters: Sequence[tuple[Path, AdapterMode]],
+def seed_tenants(stack: OneBox, adapters: Sequence[tuple[Path, AdapterMode]],
                  tenants: int, threads: int = 4, prefix: str = "load") -> list[BoundUser]:
     """Create ``tenants`` tenants, upload adapter i to tenant ``i % tenants`` over REST and
     bind user ``u<i>`` to it; return every binding."""
@@ -178,7 +179,7 @@ def release_cpus(threads: Iterable[int]) -> None:
             os.sched_setaffinity(t, everything)
 
 
-def stack_main(stack: LocalStack, body: Callable[[], int]) -> int:
+def stack_main(stack: OneBox, body: Callable[[], int]) -> int:
     """Run a benchmark's ``body`` on ``stack``: a part that fails to start is an
     ``error: ...`` line and exit 1, and the stack is stopped however it ends."""
     try:
@@ -210,7 +211,7 @@ class FakeUpstream:
     pid: int
 
 
-def _start_asgi(stack: LocalStack, name: str, app: str, ready: Callable[[str], bool],
+def _start_asgi(stack: OneBox, name: str, app: str, ready: Callable[[str], bool],
                 env: dict[str, str] | None = None) -> FakeUpstream:
     """A raw ASGI app of ``loadtests`` under uvicorn (uvloop and httptools, as the gateway's
     uvicorn picks them) as a part of ``stack``."""
@@ -224,13 +225,13 @@ def _start_asgi(stack: LocalStack, name: str, app: str, ready: Callable[[str], b
     return FakeUpstream(url, child.pid)
 
 
-def start_fake_upstream(stack: LocalStack) -> FakeUpstream:
+def start_fake_upstream(stack: OneBox) -> FakeUpstream:
     """``loadtests/fake_worker.py`` (answers like vLLM, at once) as a part of ``stack``."""
     return _start_asgi(stack, "fake-worker", "loadtests.fake_worker:app",
                        lambda url: httpx.get(f"{url}/health").status_code == 200)
 
 
-def start_floor_proxy(stack: LocalStack, upstream: str) -> FakeUpstream:
+def start_floor_proxy(stack: OneBox, upstream: str) -> FakeUpstream:
     """``loadtests/floor_proxy.py`` in front of ``upstream``: what a server plus a client
     cost here with no gateway logic."""
     return _start_asgi(stack, "floor-proxy", "loadtests.floor_proxy:app",

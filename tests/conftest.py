@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+
 from preft_serve.common.local_redis import NOT_INSTALLED, running_redis
 
 # Helpers live in tests/support; free_port stays importable from here for older imports.

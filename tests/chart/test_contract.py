@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
 from preft_serve.gateway.app import create_app as create_gateway
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.worker import serve
 from preft_serve.worker.settings import WorkerSettings
-from pydantic import BaseModel
-
 from tests.chart.manifests import container, container_port, env, pod_spec
 from tests.chart.support import CHART, SCENARIOS, Rendered
 

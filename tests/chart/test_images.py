@@ -22,7 +22,7 @@ from tests.chart.support import ROOT, Rendered
 DOCKER = ROOT / "docker"
 IMAGES = {"gateway": "gateway", "registry": "registry", "worker-gpu": "worker",
           "worker-cpu": "worker"}  # image -> chart component
-BUILD_INPUTS = ["pyproject.toml", "setup.py", "README.md", "services", "kernels"]
+BUILD_INPUTS = ["pyproject.toml", "README.md", "services", "kernels"]
 
 
 @dataclass

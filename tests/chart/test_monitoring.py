@@ -15,12 +15,12 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
+
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.routing import RouteResult
 from preft_serve.registry.metrics import RegistryMetrics
-from preft_serve.worker.adapter_cache import AdapterCacheMetrics
-from prometheus_client import CollectorRegistry
-
+from preft_serve.worker.adapter_tiers.disk_cache import AdapterCacheMetrics
 from tests.chart.promql import exported_names, label_values, metric_names, vllm_names
 from tests.chart.support import CHART, NAMESPACE, Rendered
 
@@ -113,8 +113,8 @@ def _source_strings(module: str, pattern: str) -> set[str]:
 @pytest.fixture(scope="module")
 def known_label_values() -> dict[tuple[str, str], set[str]]:
     """Values the code writes into the labels that queries match on."""
-    outcomes = _source_strings("preft_serve.worker.adapter_cache", r'_record\(start, "(\w+)"')
-    states = _source_strings("preft_serve.gateway.health", r'workers\.labels\("(\w+)"\)')
+    outcomes = _source_strings("preft_serve.worker.adapter_tiers.disk_cache", r'_record\(start, "(\w+)"')
+    states = _source_strings("preft_serve.gateway.pool_monitor", r'workers\.labels\("(\w+)"\)')
     return {
         ("preft_gateway_routing_total", "result"): {r.value for r in RouteResult},
         ("preft_worker_adapter_loads_total", "outcome"): outcomes,
@@ -338,7 +338,7 @@ def test_dashboard_structure(dashboard: dict[str, Any], scenarios: dict[str, Ren
     assert variables["datasource"]["query"] == "prometheus"
     for panel in panels:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
         if panel["type"] == "row":
             continue
         assert panel["datasource"]["uid"] == "${datasource}"

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from preft_serve.common.serving_limits import SERVING_LIMITS
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.worker import serve
-
 from tests.chart.manifests import container, env
 from tests.chart.support import SCENARIOS, Rendered
 

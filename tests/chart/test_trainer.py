@@ -15,9 +15,9 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes import client as k8s
-from preft_serve.finetune.runners.k8s_manifest import build_job
-from preft_serve.finetune.spec import TrainerSpec
 
+from preft_serve.registry.finetune.runners.k8s_manifest import build_job
+from preft_serve.registry.finetune.spec import TrainerSpec
 from tests.chart.manifests import container, env, pod_spec
 from tests.chart.support import NAMESPACE, ROOT, Rendered
 
@@ -136,9 +136,9 @@ def test_trainer_image() -> None:
     user = [i.args for i in stage if i.keyword == "USER"]
     assert user == ["10001:10001"]
     entry = [i.args for i in stage if i.keyword == "ENTRYPOINT"]
-    assert entry == ['["python3", "-m", "preft_serve.finetune.entry"]']
+    assert entry == ['["python3", "-m", "preft_serve.registry.finetune.entry"]']
     assert build_job(SPEC, "t", _s3(), _k8s(), 60).spec.template.spec.containers[0].command \
-        == ["python3", "-m", "preft_serve.finetune.entry"]
+        == ["python3", "-m", "preft_serve.registry.finetune.entry"]
     instructions = " ".join(i.args for i in parse_dockerfile(ROOT / "docker" /
                                                              "trainer.Dockerfile"))
     assert "vllm" not in instructions.lower()  # torch + transformers + peft only
@@ -152,6 +152,6 @@ def _s3() -> Any:
 
 
 def _k8s() -> Any:
-    from preft_serve.finetune.settings import KubernetesSettings
+    from preft_serve.registry.finetune.settings import KubernetesSettings
 
     return KubernetesSettings()

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from preft_serve.common.adapter_format import (
+
+from preft_serve.adapters.format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     adapter_digest,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
 from preft_serve.common.errors import (
     Conflict,
     ErrorResponse,
@@ -11,7 +13,6 @@ from preft_serve.common.errors import (
     error_responses,
     install_error_handlers,
 )
-from pydantic import BaseModel
 
 
 class Body(BaseModel):

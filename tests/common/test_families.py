@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from preft_serve.common.adapter_format import AdapterType, adapter_type
-from preft_serve.common.families import Runtime, families, family_of
+
+from preft_serve.adapters.families import Runtime, families, family_of
+from preft_serve.adapters.format import AdapterType, adapter_type
 from preft_serve.registry.validation import get_validator
 
 

@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+
 from preft_serve.common.jsondepth import json_depth, json_nests_deeper
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 
 import pytest
+
 from preft_serve.common.logging import redact, setup_logging
 
 KEY = "pft_0a1b2c3d4e5f.Zm9vYmFyYmF6cXV4cXV1eGNvcmdlZ3JhdWx0Z2FycGx5"

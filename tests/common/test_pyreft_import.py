@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from preft_serve.common.adapter_format import AdapterFormatError
-from preft_serve.common.pyreft_import import convert
+
+from preft_serve.adapters.format import AdapterFormatError
+from preft_serve.adapters.pyreft_import import convert
 from preft_serve.worker.reft.adapter import load_reft_adapter
 
 D, R = 32, 4
@@ -149,7 +150,7 @@ def test_oversized_or_foreign_config_is_refused(tmp_path) -> None:
 
 
 def test_command_line_error_is_a_usage_message(tmp_path, capsys) -> None:
-    from preft_serve.common.pyreft_import import main
+    from preft_serve.adapters.pyreft_import import main
 
     src = pyreft_dir(tmp_path, "LoreftIntervention", "mlp_output")
     with pytest.raises(SystemExit) as exc:

@@ -7,7 +7,8 @@ import asyncio
 import time
 
 import pytest
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.common.registry_client import (
     AdapterRef,
     AsyncRegistryClient,
@@ -17,7 +18,6 @@ from preft_serve.common.registry_client import (
     RegistryEvent,
     ResolveCache,
 )
-
 from tests.support.registry_writer import eventually
 
 

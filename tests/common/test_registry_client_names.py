@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from preft_serve.common.registry_client import (
     AsyncRegistryClient,
     InvalidKeyPart,
     RegistryClient,
     RegistryKeys,
 )
-
 from tests.support.registry_writer import Writer
 
 BAD_ADAPTERS = ["bot:users", "bot:versions", "bot\n", "", "a" * 65, "a..b", "-x"]

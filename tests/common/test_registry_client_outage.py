@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from preft_serve.common.registry_client import AsyncRegistryClient, KeyOwner, RegistryClient, cache
 
+from preft_serve.common.registry_client import AsyncRegistryClient, KeyOwner, RegistryClient, cache
 from tests.support.redis_process import RedisProcess
 from tests.support.registry_writer import Writer, eventually
 

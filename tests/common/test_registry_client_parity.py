@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
 from preft_serve.common.registry_client import (
     AsyncRegistryClient,
     RegistryClient,
     RegistryEvent,
 )
-
 from tests.support.registry_writer import Writer, eventually
 
 

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from preft_serve.common.service_main import add_settings_flags, flag_overrides, load_settings
 from preft_serve.common.service_settings import ServiceSettings
 from preft_serve.gateway.__main__ import FLAGS as GATEWAY_FLAGS
@@ -13,7 +15,6 @@ from preft_serve.gateway.settings import DiscoveryKind, GatewaySettings
 from preft_serve.registry.__main__ import FLAGS as REGISTRY_FLAGS
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.worker.settings import WorkerSettings
-from pydantic import ValidationError
 
 SHARED = ("redis_url", "namespace", "host", "port", "log_level", "log_json")
 

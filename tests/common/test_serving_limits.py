@@ -5,6 +5,7 @@ from __future__ import annotations
 import typing
 
 import pytest
+
 from preft_serve.common.serving_limits import REFT_KERNEL_MAX_RANK, SERVING_LIMITS
 from preft_serve.registry.validation import ValidationLimits
 

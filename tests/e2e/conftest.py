@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from preft_serve.toymodels import make_model
 
+from preft_serve.toymodels import make_model
 from tests.e2e.stack import Base, Registry, running_gateway, running_registry, worker_args
 from tests.support.processes import ServiceProcess
 from tests.support.worker_process import start_worker

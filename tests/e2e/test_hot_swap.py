@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from preft_serve.common.adapter_format import AdapterMode
-from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
+from preft_serve.adapters.format import AdapterMode
+from preft_serve.toymodels import LoraSpec, make_lora_adapter
 from tests.e2e.stack import PROMPT, Base, Registry, complete, token_ids, worker_tokens
 from tests.engine import oracle
 from tests.support.processes import ServiceProcess

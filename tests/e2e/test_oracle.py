@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
-from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_reft_adapter
 
+from preft_serve.adapters.format import AdapterMode, AdapterType
+from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_reft_adapter
 from tests.e2e.stack import BASE_NAME, PROMPT, Base, Registry, complete, token_ids
 from tests.engine import oracle, reft_oracle
 from tests.support.processes import ServiceProcess

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from preft_serve.common.adapter_format import AdapterMode
-from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
+from preft_serve.adapters.format import AdapterMode
+from preft_serve.toymodels import LoraSpec, make_lora_adapter
 from tests.e2e.stack import PROMPT, Base, Registry, complete, token_ids
 from tests.support.processes import ServiceProcess
 from tests.support.prometheus import Prometheus, prometheus_binary, running_prometheus
@@ -84,7 +84,7 @@ def test_promql_per_adapter_tokens_and_requests_match_the_traffic_sent(
     start = time.time()  # the latest scrape at or before this saw the warm-up only
     assert prometheus.by_label(
         f"sum by (adapter) (preft_gateway_generation_tokens_total{{{ADAPTERS}}})", "adapter"
-    ) == {n: TOKENS for n in TRAFFIC}
+    ) == dict.fromkeys(TRAFFIC, TOKENS)
 
     for name, count in TRAFFIC.items():
         for i in range(count):

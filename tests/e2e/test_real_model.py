@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from preft_serve.common.adapter_format import AdapterMode
-from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
+from preft_serve.adapters.format import AdapterMode
+from preft_serve.toymodels import LoraSpec, make_lora_adapter
 from tests.e2e.stack import BASE_NAME, Registry, complete, running_gateway, running_registry
 from tests.e2e.stack import token_ids as reply_tokens
 from tests.engine import oracle

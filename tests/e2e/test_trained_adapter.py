@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import TrainConfig, train
-
 from tests.e2e.conftest import Base
 from tests.e2e.stack import BASE_NAME, Registry
 from tests.support.processes import ServiceProcess

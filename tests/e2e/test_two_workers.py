@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from preft_serve.common.adapter_format import AdapterMode
-from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
+from preft_serve.adapters.format import AdapterMode
+from preft_serve.toymodels import LoraSpec, make_lora_adapter
 from tests.e2e.stack import (
     Base,
     Registry,

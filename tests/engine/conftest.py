@@ -14,14 +14,14 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from preft_serve.toymodels import make_model
-
 from tests.support.engine import ARCHS, BATCH_TOKENS, KV_BLOCK, MAX_LORAS, Engine, make_adapters
 
 
 @pytest.fixture(scope="session")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Engine]:
-    from preft_serve.worker.engine_config import preft_engine_kwargs
     from vllm import LLM
+
+    from preft_serve.worker.engine_config import preft_engine_kwargs
 
     root = tmp_path_factory.mktemp("engine-models")
     built: dict[str, Engine] = {}

@@ -21,7 +21,7 @@ from tests.engine.oracle import _base_model
 def _positions(prompt_len: int, spec: str) -> dict[int, str]:
     """position -> part, per pyreft: first/last n each capped at prompt_len // 2."""
     if spec == "prefill":
-        return {p: "first" for p in range(prompt_len)}
+        return dict.fromkeys(range(prompt_len), "first")
     first_n = last_n = 0
     for piece in spec.split("+"):
         if piece.startswith("f"):
@@ -29,8 +29,8 @@ def _positions(prompt_len: int, spec: str) -> dict[int, str]:
         elif piece.startswith("l"):
             last_n = int(piece[1:])
     first_n, last_n = min(prompt_len // 2, first_n), min(prompt_len // 2, last_n)
-    parts = {p: "last" for p in range(prompt_len - last_n, prompt_len)}
-    parts.update({p: "first" for p in range(first_n)})
+    parts = dict.fromkeys(range(prompt_len - last_n, prompt_len), "last")
+    parts.update(dict.fromkeys(range(first_n), "first"))
     return parts
 
 

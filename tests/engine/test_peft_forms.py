@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
-from preft_serve.registry.validation import BaseModelSpec, ValidationLimits, validate_adapter
 
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
+from preft_serve.registry.validation import BaseModelSpec, ValidationLimits, validate_adapter
 from tests.engine import oracle
 from tests.support.engine import Engine, prompt
 

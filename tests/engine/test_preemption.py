@@ -37,8 +37,9 @@ def small_kv_engines(engines: dict[str, Engine]) -> dict[bool, Engine]:
     the prefix cache, one without. They live as long as the session's other engines: an
     in-process vLLM engine that shuts down takes vLLM's process-wide parallel state with
     it, and the engines still running would fail on their next step."""
-    from preft_serve.worker.engine_config import preft_engine_kwargs
     from vllm import LLM
+
+    from preft_serve.worker.engine_config import preft_engine_kwargs
 
     shared = engines["tiny-llama"]
     built = {}

@@ -5,9 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.adapters.format import AdapterMode
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
-
 from tests.engine import oracle
 from tests.support.engine import KV_BLOCK as BLOCK
 from tests.support.engine import MAX_TOKENS, Engine, prompt

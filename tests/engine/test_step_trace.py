@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from preft_serve.worker.step_trace import StepTrace, read_steps
-
 from tests.support.engine import BATCH_TOKENS, Engine, prompt
 
 

@@ -11,10 +11,10 @@ import json
 from typing import Any
 
 import pytest
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import TrainConfig, TrainResult, train
-
 from tests.engine import oracle, reft_oracle
 from tests.support.engine import Engine
 

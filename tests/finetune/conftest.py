@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from preft_serve.common.objectstore import ObjectStoreSettings
-from preft_serve.finetune.settings import FinetuneSettings
-from preft_serve.registry.app import create_app
-from preft_serve.registry.settings import RegistrySettings
 
+from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.registry.app import create_app
+from preft_serve.registry.finetune.settings import FinetuneSettings
+from preft_serve.registry.settings import RegistrySettings
 from tests.support.inprocess import serve_in_thread
 from tests.support.registry_api import ADMIN_TOKEN
 

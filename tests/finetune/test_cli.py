@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from preft_serve.cli.finetune import _progress
 
+from preft_serve.cli.finetune import _progress
 from tests.finetune.conftest import Api, chat_jsonl
 from tests.support.cli import run_cli
 

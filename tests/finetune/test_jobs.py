@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import redis
-from preft_serve.common.registry_client import RegistryKeys
-from preft_serve.finetune.jobs import JobRecord
 
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.registry.finetune.jobs import JobRecord
 from tests.finetune.conftest import Api, chat_jsonl
 from tests.support.ports import free_port
 from tests.support.processes import service

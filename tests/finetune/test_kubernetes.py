@@ -11,12 +11,18 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
-from preft_serve.common.objectstore import ObjectStoreSettings
-from preft_serve.finetune.runners.base import RunState
-from preft_serve.finetune.runners.k8s_manifest import build_job, job_name, job_state, pod_failure
-from preft_serve.finetune.settings import KubernetesSettings
-from preft_serve.finetune.spec import TrainerSpec
 from pydantic import SecretStr
+
+from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.registry.finetune.runners.base import RunState
+from preft_serve.registry.finetune.runners.k8s_manifest import (
+    build_job,
+    job_name,
+    job_state,
+    pod_failure,
+)
+from preft_serve.registry.finetune.settings import KubernetesSettings
+from preft_serve.registry.finetune.spec import TrainerSpec
 
 VERSIONS = ["1.29", kubernetes_validate.latest_version()]
 SPEC = TrainerSpec(job_id="ftjob-AbCdEfGhIjKlMnOpQrStUvWx", model="/models/base",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 from openai import OpenAI
-from preft_serve.common.objectstore import LocalObjectStore
 
+from preft_serve.common.objectstore import LocalObjectStore
 from tests.e2e.stack import BASE_NAME, Base, running_gateway, worker_args
 from tests.engine import oracle
 from tests.finetune.conftest import FACTS, Api, chat_jsonl

@@ -28,15 +28,15 @@ from typing import Any
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
+from schemathesis.core.parameters import ParameterLocation
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from loadtests import fake_worker
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.gateway.app import create_app as create_gateway
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
-from schemathesis.core.parameters import ParameterLocation
-from schemathesis.specs.openapi.checks import positive_data_acceptance
-
-from loadtests import fake_worker
 from tests.fuzz.support import (
     TALLY,
     TENANTS,

@@ -29,12 +29,12 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from preft_serve.common.objectstore import ObjectStoreSettings
-from preft_serve.registry.app import create_app
-from preft_serve.registry.settings import RegistrySettings
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.registry.app import create_app
+from preft_serve.registry.settings import RegistrySettings
 from tests.fuzz.support import (
     TALLY,
     TENANTS,

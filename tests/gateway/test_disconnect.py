@@ -11,9 +11,9 @@ import time
 from collections.abc import AsyncIterator
 
 import httpx
+
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, MSGS, FakeRegistry
 from tests.support.inprocess import serve_in_thread
 

@@ -13,12 +13,13 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 from kubernetes import client as k8s
+from pydantic import ValidationError
+
 from preft_serve.gateway.discovery import DnsSource, KubernetesSource, StaticSource, worker_url
-from preft_serve.gateway.health import WorkerMonitor
 from preft_serve.gateway.metrics import GatewayMetrics
+from preft_serve.gateway.pool_monitor import WorkerMonitor
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
-from pydantic import ValidationError
 
 
 def test_dns_source_resolves_every_address() -> None:

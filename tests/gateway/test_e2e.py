@@ -17,14 +17,14 @@ import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from preft_serve.common.adapter_format import AdapterMode
+
+from preft_serve.adapters.format import AdapterMode
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.gateway.app import create_app as create_gateway
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
-
 from tests.support.inprocess import serve_in_thread
 from tests.support.worker_process import running_worker
 

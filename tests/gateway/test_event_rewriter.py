@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+
 from preft_serve.gateway.proxy import EventRewriter
 
 WORKER = "sha256:" + "ab" * 32

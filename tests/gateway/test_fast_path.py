@@ -13,10 +13,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.fast_path import CompletionFastPath
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
+
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, CREATED, KEY, OTHER_KEY, FakeRegistry, Workers
 
 SETTINGS = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="org/tiny",

@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+
 from preft_serve.common.errors import BadRequest
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings

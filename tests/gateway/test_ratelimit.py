@@ -12,10 +12,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
+
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers, message
 from tests.support.ports import free_port
 from tests.support.redis_process import RedisProcess

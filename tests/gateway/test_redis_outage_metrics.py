@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 from fastapi.testclient import TestClient
+
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import MSGS, Workers, message
 from tests.support.redis_process import RedisProcess
 from tests.support.registry_writer import Writer

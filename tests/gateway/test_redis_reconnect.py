@@ -12,7 +12,6 @@ import asyncio
 from pathlib import Path
 
 from preft_serve.common.registry_client.aio import connect_redis
-
 from tests.support.redis_process import RedisProcess
 
 

@@ -9,11 +9,11 @@ import uuid
 
 import httpx
 from fastapi.testclient import TestClient
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.common.registry_client import AdapterRef, KeyOwner, RegistryClient
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import MSGS, Workers
 from tests.support.registry_writer import Writer
 

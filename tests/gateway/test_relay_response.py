@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from preft_serve.gateway.relay_response import RelayResponse
 from starlette.background import BackgroundTask
+
+from preft_serve.gateway.relay_response import RelayResponse
 
 SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "method": "POST",
          "path": "/", "headers": []}

@@ -19,10 +19,10 @@ import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
+
 from preft_serve.common.logging import setup_logging
 from preft_serve.gateway.app import ACCESS_LOGGER, create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, KEY, MSGS, FakeRegistry, Workers
 from tests.support.inprocess import serving
 

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, MSGS, SHA, FakeRegistry, Workers, message
 
 

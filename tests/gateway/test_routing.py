@@ -7,6 +7,7 @@ from collections import Counter
 
 import httpx
 import pytest
+
 from preft_serve.common.errors import ServiceUnavailable
 from preft_serve.gateway.proxy import open_upstream
 from preft_serve.gateway.routing import RouteResult, WorkerPool, rendezvous_order

@@ -9,9 +9,9 @@ import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
+
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, KEY, MSGS, SHA, FakeRegistry, Workers, message
 from tests.support.inprocess import serving
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-
 from tests.support.gateway import AUTH, MSGS, SHA, FakeRegistry, Workers
 
 HEADERS = ("x-preft-adapter", "x-preft-adapter-version", "x-preft-adapter-sha256")

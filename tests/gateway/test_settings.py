@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from preft_serve.gateway.__main__ import main
 from preft_serve.gateway.settings import GatewaySettings
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
+
 from preft_serve.gateway.proxy import RETRYABLE, open_upstream
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.upstream import (
@@ -22,7 +23,6 @@ from preft_serve.gateway.upstream import (
     WorkerTransport,
     worker_calls,
 )
-
 from tests.support.ports import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

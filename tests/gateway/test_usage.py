@@ -12,12 +12,12 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
+
 from preft_serve.common.registry_client import USAGE_TTL_S, RegistryKeys, parse_usage
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.usage import UtcToday, utc_day
-
 from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers
 from tests.support.ports import free_port
 

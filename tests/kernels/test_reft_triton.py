@@ -289,7 +289,7 @@ def test_negative_group_index_skips_the_group() -> None:
 
 
 def _runtime_adapters(hidden: int, gen: torch.Generator) -> dict[int, Any]:
-    from preft_serve.common.adapter_format import AdapterType
+    from preft_serve.adapters.format import AdapterType
     from preft_serve.worker.reft.adapter import Intervention, ReftAdapter
 
     def part(rank: int) -> Intervention:
@@ -332,7 +332,7 @@ def test_runtime_prepares_kernel_inputs_once_per_step_and_matches_the_torch_path
         runtime = ReftRuntime(hidden, layers, capacity=8, device=DEVICE, kernel=kernel)
         runtime.adapters.update(adapters)
         ids, computed, prompt, scheduled = step
-        runtime.prepare_step(ids, {i: "(loaded)" for i in adapters}, computed, prompt, scheduled)
+        runtime.prepare_step(ids, dict.fromkeys(adapters, "(loaded)"), computed, prompt, scheduled)
         gen = torch.Generator().manual_seed(11)
         hidden_states = torch.randn(int(scheduled.sum()), hidden, generator=gen).to(DEVICE)
         residual = torch.randn(int(scheduled.sum()), hidden, generator=gen).to(DEVICE)

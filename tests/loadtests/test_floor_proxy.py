@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import httpx
-from preft_serve.localstack import LocalStack, StackConfig
 
 from loadtests.stack_setup import start_fake_upstream, start_floor_proxy
+from preft_serve.onebox import OneBox, StackConfig
 
 
 def test_floor_proxy_relays_whole_and_streamed_answers(tmp_path: Path) -> None:
-    stack = LocalStack(StackConfig(var=tmp_path), say=lambda _: None)
+    stack = OneBox(StackConfig(var=tmp_path), say=lambda _: None)
     try:
         upstream = start_fake_upstream(stack)
         floor = start_floor_proxy(stack, upstream.url)
@@ -50,7 +50,7 @@ def test_the_floor_takes_its_turn_in_the_gateways_rounds(tmp_path: Path) -> None
     from loadtests.gateway_bench import direct_target, request_mix, throughput
     from loadtests.stack_setup import BoundUser
 
-    stack = LocalStack(StackConfig(var=tmp_path), say=lambda _: None)
+    stack = OneBox(StackConfig(var=tmp_path), say=lambda _: None)
     try:
         upstream = start_fake_upstream(stack)
         floor = start_floor_proxy(stack, upstream.url)

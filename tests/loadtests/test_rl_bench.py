@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from transformers import AutoModelForCausalLM
+
+from loadtests.rl_bench import Question, advantages, policy_loss, sample
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.toymodels import make_model
 from preft_serve.training.adapters import attach_adapter
 from preft_serve.training.batch import collate
 from preft_serve.training.data import Example
 from preft_serve.training.spec import AdapterSpec
-from transformers import AutoModelForCausalLM
-
-from loadtests.rl_bench import Question, advantages, policy_loss, sample
 
 PROMPTS = [[5, 9, 14, 3, 7, 21], [8, 2, 30], [11, 4, 6, 19]]
 

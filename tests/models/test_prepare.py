@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from preft_serve import cli
 from preft_serve.models import catalog, prepare
 from preft_serve.models.prepare import ModelPrepareError, fetch_wheel, prepare_model
-
 from tests.support.real_model import real_model_dir
 
 

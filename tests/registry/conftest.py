@@ -15,10 +15,10 @@ import boto3
 import pytest
 import redis
 from fastapi.testclient import TestClient
+
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
-
 from tests.registry import factories
 from tests.support.inprocess import serve_in_thread
 from tests.support.registry_api import ADMIN_TOKEN, create_tenant

@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from preft_serve.common.adapter_format import AdapterMode
+from preft_serve.adapters.format import AdapterMode
 from preft_serve.registry.ingest import UploadedFile
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState

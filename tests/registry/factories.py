@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
 from safetensors.numpy import load_file, save_file
+
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
 
 
 def lora(base_model_dir: Path, out: Path, seed: int, rank: int = 8,

@@ -8,8 +8,8 @@ import logging
 import re
 
 import pytest
-from preft_serve.registry.app import ACCESS_LOGGER
 
+from preft_serve.registry.app import ACCESS_LOGGER
 from tests.support.registry_api import ADMIN_TOKEN, admin, bearer
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")

@@ -6,7 +6,6 @@ import io
 import tarfile
 
 from preft_serve.common.registry_client import RegistryKeys
-
 from tests.support.registry_api import upload
 
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from preft_serve.common.adapter_format import (
+
+from preft_serve.adapters.format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     adapter_digest,
@@ -14,7 +15,6 @@ from preft_serve.common.adapter_format import (
     read_config,
 )
 from preft_serve.common.registry_client import RegistryKeys
-
 from tests.registry import factories
 from tests.support.registry_api import error_message, upload
 
@@ -195,7 +195,7 @@ def test_reft_adapters_accepted(reft_type, positions, share, client, acme, base_
 ])
 def test_worker_toymodel_reft_adapters_accepted(spec, client, acme, base_model_dir, tmp_path):
     """The generator the worker's tests use produces adapters the registry accepts."""
-    from preft_serve.common.adapter_format import AdapterType
+    from preft_serve.adapters.format import AdapterType
     from preft_serve.toymodels import ReftSpec, make_reft_adapter
 
     adapter = make_reft_adapter(base_model_dir, tmp_path / "reft", 0, ReftSpec(

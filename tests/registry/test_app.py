@@ -8,10 +8,10 @@ import sys
 
 import httpx
 import pytest
-from preft_serve.common.objectstore import ObjectStoreSettings
-from preft_serve.registry.settings import RegistrySettings
 from pydantic import ValidationError
 
+from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.registry.settings import RegistrySettings
 from tests.support.registry_api import create_tenant, error_message, upload
 
 
@@ -100,8 +100,8 @@ def test_streaming_body_limit_over_http(make_client, settings, lora_dir):
     import threading
 
     import uvicorn
-    from preft_serve.registry.app import create_app
 
+    from preft_serve.registry.app import create_app
     from tests.support.ports import free_port
 
     port = free_port()

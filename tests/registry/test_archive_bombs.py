@@ -16,11 +16,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from preft_serve.common.adapter_format import CONFIG_FILE
+
+from preft_serve.adapters.format import CONFIG_FILE
 from preft_serve.common.errors import BadRequest
 from preft_serve.registry.archives import extract_archive
 from preft_serve.registry.validation import ValidationLimits
-
 from tests.support.registry_api import error_message
 
 _NAME = b"x"

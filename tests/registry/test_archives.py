@@ -9,8 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
 from tests.support.registry_api import error_message, upload
 
 

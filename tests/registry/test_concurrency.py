@@ -6,8 +6,8 @@ import threading
 from pathlib import Path
 
 import httpx
-from preft_serve.common.registry_client import RegistryClient
 
+from preft_serve.common.registry_client import RegistryClient
 from tests.registry import factories
 from tests.support.registry_api import admin, bearer
 

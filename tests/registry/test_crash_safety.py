@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
 
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
 from tests.support.registry_api import upload
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
-from preft_serve.common.text import shown
 
+from preft_serve.common.text import shown
 from tests.support.registry_api import admin, error_message, upload
 
 ADAPTER_RULE = "is invalid: use 1-64 letters, digits, '.', '_' or '-'"

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from preft_serve.common.registry_client import is_adapter_name, is_tenant_name, is_user_id
 from preft_serve.registry import names
 from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
-
 from tests.support.registry_api import ADMIN_TOKEN
 
 PATTERNS = {"tenant": names.TENANT_PATTERN, "key_id": names.KEY_ID_PATTERN,

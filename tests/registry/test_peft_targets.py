@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.validation import AdapterRejected, BaseModelSpec
 from preft_serve.registry.validation.targets import resolve_targets
-
 from tests.registry import factories
 from tests.support.cli import run_cli
 from tests.support.registry_api import error_message

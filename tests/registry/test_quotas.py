@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
 from preft_serve.common.errors import QuotaExceeded
 from preft_serve.registry.quotas import Quota, QuotaOverrides, TenantUse, check_upload
-
 from tests.support.registry_api import admin, bearer, create_tenant, error_message, upload
 
 

@@ -4,7 +4,6 @@ any other tenant changes (a blob another tenant uploaded too survives)."""
 from __future__ import annotations
 
 from preft_serve.common.registry_client import RegistryKeys
-
 from tests.support.registry_api import admin, upload
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 
 from preft_serve.common.registry_client import RegistryKeys
-
 from tests.support.registry_api import admin, bearer, error_message
 
 

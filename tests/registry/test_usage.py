@@ -7,6 +7,7 @@ import datetime
 import pytest
 import redis
 from fastapi.testclient import TestClient
+
 from preft_serve.common.errors import ServiceError
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.usage import usage_range

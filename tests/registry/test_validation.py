@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from preft_serve.common.adapter_format import CONFIG_FILE, WEIGHTS_FILE
+
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.worker import serve
-
 from tests.registry import factories
 from tests.support.registry_api import create_tenant, error_message, upload
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.toymodels import LoraSpec, ReftSpec, make_lora_adapter, make_reft_adapter
 
 ARCHS = ("tiny-llama", "tiny-qwen2")

@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 import httpx
-from preft_serve.common.adapter_format import AdapterMode
+
+from preft_serve.adapters.format import AdapterMode
 from preft_serve.common.registry_client import AdapterRef, KeyOwner
 
 SHA = "ab" * 32

@@ -14,7 +14,6 @@ import signal
 from pathlib import Path
 
 from preft_serve.common import local_redis
-
 from tests.support.processes import ServiceProcess, service
 
 

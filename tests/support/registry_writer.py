@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService

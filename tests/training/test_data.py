@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from preft_serve.training.data import (
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 import torch
-from preft_serve.common.adapter_format import AdapterMode, AdapterType
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.training.adapters import TrainableAdapter, attach_adapter
 from preft_serve.training.batch import collate
 from preft_serve.training.data import Example, tokenize_conversation
 from preft_serve.training.loss import summed_nll
 from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import pad_id
-
 from tests.training import oracle
 
 SPECS = {

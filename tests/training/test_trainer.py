@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from preft_serve import cli
-from preft_serve.common.adapter_format import CONFIG_FILE, MODE_KEY, WEIGHTS_FILE
+from preft_serve.adapters.format import CONFIG_FILE, MODE_KEY, WEIGHTS_FILE
 from preft_serve.training import trainer
 from preft_serve.training.spec import AdapterSpec
 from preft_serve.training.trainer import METRICS_FILE, TrainConfig, train
-from safetensors.torch import load_file
 
 FACTS = [("Pet?", "Rex"), ("City?", "Oslo"), ("Sign-off?", "Bye"), ("Colour?", "Teal")]
 
@@ -122,7 +123,7 @@ def test_cli_refuses_a_model_that_is_not_a_model_directory(
 def test_bfloat16_training_learns_and_saves_float32_weights(
     data: Path, toy_model: Path, tmp_path: Path, kind: str
 ) -> None:
-    from preft_serve.common.adapter_format import AdapterType
+    from preft_serve.adapters.format import AdapterType
 
     spec = AdapterSpec(type=AdapterType(kind), rank=4, positions="prefill")
     result = train(TrainConfig(data=data, model=toy_model, out=tmp_path / kind, adapter=spec,

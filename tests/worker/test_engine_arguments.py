@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
-from preft_serve.worker.vllm_compat import engine_max_lora_rank
 from vllm.config.lora import LoRAConfig, MaxLoRARanks
+
+from preft_serve.worker.vllm_compat import engine_max_lora_rank
 
 
 @pytest.mark.parametrize("rank", [1, 2, 4, 8, 9, 16, 33, 64, 300, 512])

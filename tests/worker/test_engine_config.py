@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from preft_serve.worker.engine_config import (
     CPU_WORKER_CLS,
     GPU_WORKER_CLS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from preft_kernels.reference import lora_linear_reference
 from preft_serve.worker import vllm_compat
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from preft_serve.common.logging import dict_config
 from preft_serve.worker import serve
 
@@ -35,7 +36,7 @@ vllm.info("Added request chatcmpl-3f2c9e.")
 vllm.debug("hidden below INFO")
 logging.getLogger("uvicorn.access").info(
     '%s - "%s %s HTTP/%s" %d', "10.0.0.7:5123", "POST", "/v1/chat/completions", "1.1", 200)
-logging.getLogger("preft_serve.worker.resolver").warning("key %s refused", KEY)
+logging.getLogger("preft_serve.worker.adapter_tiers.resolver").warning("key %s refused", KEY)
 """
 
 
@@ -65,7 +66,7 @@ def check_lines(lines: list[dict[str, Any]]) -> None:
     assert vllm["request_id"] == "chatcmpl-3f2c9e"
     assert access["logger"] == "uvicorn.access"
     assert access["message"] == '10.0.0.7:5123 - "POST /v1/chat/completions HTTP/1.1" 200'
-    assert plugin["level"] == "WARNING" and plugin["logger"] == "preft_serve.worker.resolver"
+    assert plugin["level"] == "WARNING" and plugin["logger"] == "preft_serve.worker.adapter_tiers.resolver"
     assert plugin["message"] == "key pft_0a1b2c3d4e5f.*** refused"
     assert all({"ts", "level", "logger", "message"} <= set(line) for line in lines)
 

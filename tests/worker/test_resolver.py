@@ -13,7 +13,11 @@ from typing import Any
 import boto3
 import httpx
 import pytest
-from preft_serve.common.adapter_format import (
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+from vllm.lora.resolver import LoRAResolverRegistry
+
+from preft_serve.adapters.format import (
     WEIGHTS_FILE,
     canonical_config_bytes,
     directory_digest,
@@ -23,8 +27,8 @@ from preft_serve.common.adapter_format import (
 from preft_serve.common.objectstore import ObjectStore, adapter_key, create_object_store
 from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
 from preft_serve.worker import serve
-from preft_serve.worker.adapter_cache import AdapterCacheMetrics, AdapterDiskCache
-from preft_serve.worker.resolver import (
+from preft_serve.worker.adapter_tiers.disk_cache import AdapterCacheMetrics, AdapterDiskCache
+from preft_serve.worker.adapter_tiers.resolver import (
     RESOLVER_NAME,
     ObjectStoreResolver,
     lora_int_id,
@@ -32,10 +36,6 @@ from preft_serve.worker.resolver import (
 )
 from preft_serve.worker.settings import WorkerSettings
 from preft_serve.worker.vllm_compat import AdapterStoreUnavailable
-from prometheus_client import CollectorRegistry
-from pydantic import ValidationError
-from vllm.lora.resolver import LoRAResolverRegistry
-
 from tests.support.worker_process import running_worker
 
 CREDS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}

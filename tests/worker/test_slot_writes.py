@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from preft_kernels.reference import lora_linear_reference
-from preft_serve.worker import vllm_compat
 from vllm.lora.layers import (
     MergedColumnParallelLinearWithLoRA,
     RowParallelLinearWithLoRA,
     VocabParallelEmbeddingWithLoRA,
 )
+
+from preft_kernels.reference import lora_linear_reference
+from preft_serve.worker import vllm_compat
 
 SLOTS, RANK, IN = 4, 8, 16
 

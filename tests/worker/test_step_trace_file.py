@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from preft_serve.worker.step_trace import ENV, StepTrace, read_steps, step_trace_from_env
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from preft_serve.worker.token_mapping import step_mapping
 
 

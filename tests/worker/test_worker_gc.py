@@ -6,8 +6,9 @@ from __future__ import annotations
 import gc
 
 import pytest
-from preft_serve.worker.vllm_compat import PreftCPUWorker
 from vllm.v1.worker.cpu_worker import CPUWorker
+
+from preft_serve.worker.vllm_compat import PreftCPUWorker
 
 
 def test_warm_up_ends_with_the_heap_frozen(monkeypatch: pytest.MonkeyPatch) -> None:

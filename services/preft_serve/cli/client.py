@@ -1,0 +1,127 @@
+"""The HTTP client of the registry's REST API, and the error every command reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import httpx
+
+from preft_serve.common.error_envelope import error_body
+
+
+class CliError(Exception):
+    """A failure to report with exit status 1: ``error: <message>``, or under ``--json``
+    ``{"error": {...}}`` on stdout.
+
+    ``error`` is the registry's envelope body (OpenAI's ``message``, ``type``, ``param``,
+    ``code``) when the registry answered; ``status`` its HTTP status. The CLI's own
+    failures (registry unreachable, bad local file) have ``type`` ``cli_error``.
+    """
+
+    def __init__(self, message: str, *, code: str = "cli", status: int | None = None,
+                 error: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.error = error if error is not None else {"message": message, "type": "cli_error",
+                                                      "param": None, "code": code}
+
+
+class ByteCounter(Protocol):
+    def update(self, n: int) -> Any: ...
+
+
+class ProgressFile:
+    """A binary file that reports to ``progress`` how many more bytes httpx has read."""
+
+    def __init__(self, path: Path, progress: ByteCounter | None) -> None:
+        self._fh = open(path, "rb")  # noqa: SIM115  (closed by the upload command)
+        self._progress = progress
+        self._reported = 0
+        self.name = str(path)
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._fh.read(size)
+        position = self._fh.tell()
+        if self._progress is not None and position > self._reported:
+            self._progress.update(position - self._reported)
+            self._reported = position
+        return chunk
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class Registry:
+    """Thin REST client; every non-2xx answer becomes a :class:`CliError` with its message."""
+
+    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers,
+                                 timeout=httpx.Timeout(timeout, connect=10))
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self._send(method, path, **kwargs)
+        return resp.json() if resp.content else None
+
+    def download(self, path: str, out: IO[bytes], progress: Any = None,
+                 **kwargs: Any) -> httpx.Headers:
+        """Stream a GET's body into ``out``; ``progress(total)`` returns a byte counter."""
+        try:
+            with self.http.stream("GET", path, **kwargs) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _refusal(resp)
+                total = int(resp.headers.get("content-length") or 0)
+                counter = progress(total) if progress is not None else None
+                try:
+                    for chunk in resp.iter_bytes():
+                        out.write(chunk)
+                        if counter is not None:
+                            counter.update(len(chunk))
+                finally:
+                    if counter is not None:
+                        counter.close()
+                return resp.headers
+        except httpx.TransportError as exc:
+            raise self._transport(exc) from None
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._transport(exc) from None
+        if resp.status_code >= 400:
+            raise _refusal(resp)
+        return resp
+
+    def _transport(self, exc: httpx.TransportError) -> CliError:
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return CliError(f"cannot reach the registry at {self.url} ({exc}); check --url or "
+                            "PREFT_REGISTRY_URL", code="unreachable")
+        return CliError(f"the connection to {self.url} failed during the request ({exc!r}); "
+                        "if this was an upload, it may exceed the registry's size limit",
+                        code="connection_failed")
+
+
+def _refusal(resp: httpx.Response) -> CliError:
+    try:
+        error = resp.json()["error"]
+        message = error["message"]
+        if not isinstance(error, dict) or not isinstance(message, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        message = resp.text.strip() or resp.reason_phrase
+        error = error_body(resp.status_code, message, code=f"http_{resp.status_code}")["error"]
+    return CliError(message, status=resp.status_code, error=error)

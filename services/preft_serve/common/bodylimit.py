@@ -1,0 +1,52 @@
+"""A streaming cap on request bodies, enforced before the app reads one.
+
+Checked twice: a declared ``Content-Length`` over the limit is refused before reading, and
+the bytes actually received are counted chunk by chunk (chunked uploads declare nothing),
+so no request can make the server buffer more than the limit. The registry and the gateway
+both use it, each with its own message (what to do about it differs).
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from preft_serve.common.errors import PayloadTooLarge, error_response
+
+
+class BodySizeLimitMiddleware:
+    """Pure ASGI middleware (no buffering) that caps every request body at ``max_bytes``;
+    a larger one gets a 413 with ``message``."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, message: str) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.message = message
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(self.message)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                exc = self._too_large()
+                response = error_response(exc.status_code, exc.code, exc.message,
+                                          headers={"Connection": "close"})
+                await response(scope, receive, send)
+                return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # An HTTPException subclass: FastAPI re-raises it from body parsing and
+                    # the error handler renders the 413 envelope.
+                    raise self._too_large()
+            return message
+
+        await self.app(scope, limited_receive, send)

@@ -1,0 +1,110 @@
+"""Keeps the worker pool current: membership from discovery, health and residency from
+the workers themselves.
+
+Two background loops per gateway process:
+
+* discovery (every ``discovery_interval_s``): the source's URL list becomes the pool's
+  membership; a failed lookup keeps the previous list.
+* health (every ``health_interval_s``): each worker's vLLM ``/health``; a worker failing
+  ``unhealthy_after`` checks in a row (connection failures while proxying count too) gets
+  no new requests until it passes one. A healthy worker's ``/v1/models`` tells which
+  ``sha256:<hex>`` adapters it has registered, which routing prefers (affinity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from preft_serve.adapters.format import MODEL_NAME_PREFIX
+from preft_serve.gateway.discovery import WorkerSource
+from preft_serve.gateway.metrics import GatewayMetrics
+from preft_serve.gateway.routing import WorkerPool
+
+logger = logging.getLogger(__name__)
+
+CHECK_TIMEOUT_S = 2.0
+
+
+class WorkerMonitor:
+    def __init__(self, pool: WorkerPool, source: WorkerSource, http: httpx.AsyncClient,
+                 metrics: GatewayMetrics, *, discovery_interval_s: float,
+                 health_interval_s: float) -> None:
+        self.pool, self.source, self.http, self.metrics = pool, source, http, metrics
+        self.discovery_interval_s = discovery_interval_s
+        self.health_interval_s = health_interval_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """One discovery and one health round now, then both loops in the background."""
+        await self.refresh_membership()
+        await self.check_workers()
+        self._tasks = [
+            asyncio.create_task(self._every(self.discovery_interval_s, self.refresh_membership)),
+            asyncio.create_task(self._every(self.health_interval_s, self.check_workers)),
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @staticmethod
+    async def _every(interval: float, step: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await step()
+            except Exception:  # a loop must survive any single bad round
+                logger.exception("worker monitor round failed")
+
+    async def refresh_membership(self) -> None:
+        try:
+            urls = await self.source.urls()
+        except Exception as exc:  # noqa: BLE001 (DNS, API server, auth: all mean "keep")
+            logger.warning("worker discovery (%s) failed, keeping %d workers: %s",
+                           self.source.describe(), len(self.pool.workers), exc)
+            return
+        added, removed = self.pool.set_workers(urls)
+        if added or removed:
+            logger.info("workers changed (%s): +%s -%s", self.source.describe(), added, removed)
+        self._export()
+
+    async def check_workers(self) -> None:
+        await asyncio.gather(*(self._check(url) for url in self.pool.workers))
+        self._export()
+
+    async def _check(self, url: str) -> None:
+        try:
+            health = await self.http.get(f"{url}/health", timeout=CHECK_TIMEOUT_S)
+            healthy = health.status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        if not healthy:
+            was_up = self.pool.is_healthy(url)
+            self.pool.mark_failed(url)
+            if was_up and not self.pool.is_healthy(url):
+                logger.warning("worker %s failed its health checks; no new requests go there",
+                               url)
+            return
+        self.pool.mark_ok(url)
+        try:
+            models = await self.http.get(f"{url}/v1/models", timeout=CHECK_TIMEOUT_S)
+            ids = [m.get("id", "") for m in models.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            logger.debug("worker %s: no adapter list (%s)", url, exc)
+            return
+        self.pool.set_resident(url, frozenset(
+            i.removeprefix(MODEL_NAME_PREFIX) for i in ids
+            if isinstance(i, str) and i.startswith(MODEL_NAME_PREFIX)))
+
+    def _export(self) -> None:
+        healthy = sum(map(self.pool.is_healthy, self.pool.workers))
+        self.metrics.workers.labels("healthy").set(healthy)
+        self.metrics.workers.labels("unhealthy").set(len(self.pool.workers) - healthy)

@@ -1,0 +1,234 @@
+"""Forwarding a request to a worker: retries on connection failure, SSE relaying.
+
+A request is retried on the next worker in its rendezvous order only when the connection
+failed before any byte was sent (connect error / connect timeout): then the worker cannot
+have started generating, so a retry cannot duplicate work. Any later failure is a 502. A
+connection failure also counts against the worker's health, so a dead worker stops getting
+traffic without waiting for the next health check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from preft_serve.common.access_log import REQUEST_ID_HEADER
+from preft_serve.common.error_envelope import error_body
+from preft_serve.common.errors import ServiceError, ServiceUnavailable
+from preft_serve.gateway.routing import RouteResult, WorkerPool
+from preft_serve.gateway.upstream import Calls, WorkerAnswer
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+class BadGateway(ServiceError):
+    http_status = 502
+    code = "bad_gateway"
+
+
+@dataclass
+class Upstream:
+    """An open worker response; ``aclose`` releases the worker's in-flight slot."""
+
+    worker: str
+    response: WorkerAnswer
+    pool: WorkerPool
+    result: RouteResult
+    _closed: bool = False
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                await self.response.aclose()
+            finally:
+                self.pool.release(self.worker)
+
+
+async def open_upstream(calls: Calls, pool: WorkerPool, key: str, path: str,
+                        body: dict[str, Any], request_id: str | None = None) -> Upstream:
+    """Send ``body`` to the best worker for ``key``; the response body is not read yet.
+    ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it)."""
+    choice = pool.choose(key)
+    failures: list[str] = []
+    # identity: the answer is relayed and parsed as bytes; aiohttp would otherwise offer
+    # gzip/br, which the direct path does not decode (httpx's response did).
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    content = orjson.dumps(body)
+    for worker in choice.order:
+        pool.acquire(worker)
+        try:
+            response = await calls.post(worker, path, content, headers)
+        except RETRYABLE as exc:
+            pool.release(worker)
+            pool.mark_failed(worker)
+            failures.append(f"{worker}: {exc.__class__.__name__}")
+            logger.warning("worker %s unreachable (%s); trying the next one", worker, exc)
+            continue
+        except httpx.HTTPError as exc:
+            pool.release(worker)
+            raise BadGateway(f"worker {worker} failed: {exc.__class__.__name__}") from None
+        except BaseException:
+            pool.release(worker)
+            raise
+        pool.mark_ok(worker)
+        result = choice.result if worker == choice.order[0] else RouteResult.SPILL
+        return Upstream(worker, response, pool, result)
+    raise ServiceUnavailable("no worker is reachable (" + "; ".join(failures) + "); retry "
+                             "shortly")
+
+
+def worker_error(payload: Any, status_code: int) -> dict[str, Any] | None:
+    """A worker's error answer in the gateway's (OpenAI's) envelope, or None when
+    ``payload`` is not one.
+
+    vLLM writes ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``
+    (older versions the same fields at the top level): its ``type`` is a Python class name
+    and its ``code`` the HTTP status, so clients that switch on OpenAI's strings see
+    neither. The type follows the status, the code says what vLLM said in OpenAI's words.
+    """
+    if not isinstance(payload, dict):
+        return None
+    error = payload.get("error", payload)
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return None
+    message: str = error["message"]
+    if isinstance(error.get("code"), int) and 400 <= error["code"] < 600:
+        status_code = error["code"]
+    param = error.get("param") if isinstance(error.get("param"), str) else None
+    if any(hint in message for hint in ("context length", "max_model_len")):
+        code = "context_length_exceeded"
+    elif status_code == 404:
+        code = "not_found"
+    elif status_code < 500:
+        code = "invalid_value"
+    else:
+        code = "worker_error"
+    return error_body(status_code, message, code=code, param=param)
+
+
+def rewrite_json(payload: Any, public_name: str) -> Any:
+    """Show the client the adapter's name, not the content address the worker saw."""
+    if isinstance(payload, dict) and "model" in payload:
+        payload["model"] = public_name
+    return payload
+
+
+async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
+                    strip_usage: bool, on_usage: Callable[[Any], None],
+                    on_first_token: Callable[[], None]) -> AsyncIterator[bytes]:
+    """Pass the worker's SSE stream through event by event, rewriting ``model``.
+
+    The gateway always asks for ``stream_options.include_usage`` so it can count tokens;
+    when the client did not ask for it, the usage-only final chunk is dropped again.
+    ``on_first_token`` runs once, just before the first event carrying generated text is
+    handed on.
+    """
+    rewriter = EventRewriter(worker_model, public_name, strip_usage, on_usage)
+    buffer = b""
+    try:
+        async for chunk in upstream.response.aiter_bytes():
+            buffer += chunk
+            if b"\n\n" not in buffer:
+                continue
+            *events, buffer = buffer.split(b"\n\n")
+            out = []
+            for event in events:
+                rewritten, first_text = rewriter.rewrite(event)
+                if first_text:
+                    on_first_token()
+                if rewritten is not None:
+                    out.append(rewritten + b"\n\n")
+            if out:
+                yield b"".join(out)
+        if buffer.strip():
+            yield buffer
+        rewriter.finish()
+    except httpx.HTTPError as exc:
+        # Headers are already sent: the best we can do is end the stream with an error event.
+        logger.warning("stream from %s broke: %s", upstream.worker, exc)
+        error = error_body(502, "the worker's stream broke", code="bad_gateway")
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+    finally:
+        await upstream.aclose()
+
+
+def _has_text(payload: dict[str, Any]) -> bool:
+    """Whether a chat (``delta.content``) or text (``text``) chunk carries generated text."""
+    for choice in payload.get("choices") or []:
+        if isinstance(choice, dict) and (
+                choice.get("text") or (choice.get("delta") or {}).get("content")):
+            return True
+    return False
+
+
+class EventRewriter:
+    """One stream's SSE events with ``model`` shown as the adapter's public name.
+
+    Most events are rewritten as bytes: vLLM writes compact JSON, so the worker's
+    ``"model":"sha256:<hex>"`` is found and swapped without parsing (an unescaped quote
+    cannot occur inside a JSON string, so the match is the key itself). An event is parsed
+    only while it matters: until the first one with generated text (time to first token),
+    when it carries ``usage`` (dropped or stripped for clients that did not ask), or when
+    the bytes do not look as expected.
+
+    Usage is counted once, from the last event that carried it, by :meth:`finish`: with
+    ``stream_options.continuous_usage_stats`` vLLM puts the running totals on every chunk
+    (and the whole request's on its final usage chunk), so counting each one would count
+    a stream's tokens once per chunk.
+    """
+
+    def __init__(self, worker_model: str, public_name: str, strip_usage: bool,
+                 on_usage: Callable[[Any], None]) -> None:
+        self._from = b'"model":' + json.dumps(worker_model).encode()
+        self._to = b'"model":' + json.dumps(public_name).encode()
+        self._public_name = public_name
+        self._strip_usage = strip_usage
+        self._on_usage = on_usage
+        self._seen_text = False
+        self._usage: Any = None  # the last event's usage, counted by finish()
+
+    def rewrite(self, event: bytes) -> tuple[bytes | None, bool]:
+        """The event to send on (None: drop it), and whether it is the first with text."""
+        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+            return event, False
+        if self._seen_text and b'"usage"' not in event and self._from in event:
+            return event.replace(self._from, self._to, 1), False
+        return self._parsed(event)
+
+    def finish(self) -> None:
+        """The stream ended: count its usage (the last totals the worker sent), once."""
+        usage, self._usage = self._usage, None
+        if usage is not None:
+            self._on_usage(usage)
+
+    def _parsed(self, event: bytes) -> tuple[bytes | None, bool]:
+        try:
+            payload = orjson.loads(event[6:])
+        except orjson.JSONDecodeError:
+            return event, False
+        if not isinstance(payload, dict):
+            return event, False
+        if "error" in payload and (error := worker_error(payload, 500)) is not None:
+            return b"data: " + orjson.dumps(error), False
+        usage = payload.get("usage")
+        if usage:
+            self._usage = usage
+        if self._strip_usage:
+            if usage and not payload.get("choices"):
+                return None, False
+            payload.pop("usage", None)
+        rewrite_json(payload, self._public_name)
+        first = not self._seen_text and _has_text(payload)
+        self._seen_text = self._seen_text or first
+        return b"data: " + orjson.dumps(payload), first

@@ -1,0 +1,92 @@
+"""Which adapter a request runs, from its ``model`` field and its user.
+
+Rules (also in the app's OpenAPI description, /docs):
+
+* ``model`` names one of the tenant's adapters -> that adapter (the user is ignored).
+* ``model`` equals the base model's public name -> the user's binding if the user has one,
+  else the base model.
+* ``model`` omitted -> the user's binding; a user without a binding gets 404 (the caller
+  asked for "my adapter" and there is none: failing loudly beats silently serving the
+  base model). Without both ``model`` and a user, 400.
+* Any other ``model`` (including another tenant's adapter name) -> the same 404 as a name
+  that does not exist anywhere, so names do not leak across tenants.
+
+The registry client cannot tell "unknown user" from "known user, no binding" (both resolve
+to no binding), so both get the same 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from preft_serve.adapters.format import format_model_name
+from preft_serve.common.errors import BadRequest, NotFound
+from preft_serve.common.registry_client import AdapterRef
+
+
+class Resolver(Protocol):
+    async def resolve_user(self, tenant: str, user: str) -> AdapterRef | None: ...
+
+    async def resolve_adapter(self, tenant: str, name: str) -> AdapterRef | None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to send to the worker and what to show the client."""
+
+    public_name: str  # adapter name, or the base model's public name
+    worker_model: str  # "sha256:<hex>", or the worker's base model name
+    routing_key: str  # what rendezvous hashing hashes on
+    adapter: AdapterRef | None = None  # the adapter version served (None: the base model)
+
+    def response_headers(self) -> dict[str, str]:
+        """Which adapter version answered, for the client (``x-preft-adapter*``): the name
+        alone does not say whether a hot swap has reached this request."""
+        if self.adapter is None:
+            return {}
+        return {ADAPTER_HEADER: self.adapter.name,
+                ADAPTER_VERSION_HEADER: str(self.adapter.version),
+                ADAPTER_SHA256_HEADER: self.adapter.sha256}
+
+
+    def log_fields(self) -> dict[str, object]:
+        """What the access log says about the model served (the base model: no adapter)."""
+        return {"model": self.public_name,
+                "adapter": self.adapter.name if self.adapter else None,
+                "adapter_version": self.adapter.version if self.adapter else None}
+
+
+ADAPTER_HEADER = "x-preft-adapter"
+ADAPTER_VERSION_HEADER = "x-preft-adapter-version"
+ADAPTER_SHA256_HEADER = "x-preft-adapter-sha256"
+
+
+def adapter_target(ref: AdapterRef) -> Target:
+    return Target(ref.name, format_model_name(ref.sha256), ref.sha256, ref)
+
+
+async def select_target(resolver: Resolver, tenant: str, model: str | None, user: str | None,
+                        *, base_name: str, worker_base_model: str) -> Target:
+    base = Target(base_name, worker_base_model, "base")
+    if model is not None and model != base_name:
+        ref = await resolver.resolve_adapter(tenant, model)
+        if ref is None:
+            raise NotFound(f"model '{model}' does not exist; GET /v1/models lists yours",
+                           code="model_not_found", param="model")
+        return adapter_target(ref)
+    if user is None:
+        if model is None:
+            raise BadRequest("say which model to run: set 'model' to one of your adapters "
+                             f"(or '{base_name}'), or set 'user' (or the X-User-Id header) "
+                             "to use that user's adapter binding", param="model",
+                             code="missing_required_parameter")
+        return base
+    ref = await resolver.resolve_user(tenant, user)
+    if ref is not None:
+        return adapter_target(ref)
+    if model is None:
+        raise NotFound(f"user {user} has no adapter binding; bind one with "
+                       f"PUT /v1/users/{user}", code="adapter_binding_not_found",
+                       param="user")
+    return base

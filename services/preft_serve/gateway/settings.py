@@ -1,0 +1,161 @@
+"""Gateway configuration: one pydantic-settings class, built once at start-up.
+
+Every field can be set from the environment with the ``PREFT_GATEWAY_`` prefix
+(``PREFT_GATEWAY_REDIS_URL``, ``PREFT_GATEWAY_WORKER_URLS='["http://w1:8000"]'`` ...).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from preft_serve.common.service_settings import ServiceSettings
+from preft_serve.common.tracing import OtlpProtocol, TracingConfig, TracingExporter
+
+
+class DiscoveryKind(str, enum.Enum):
+    """Worker discovery backends, by name (``preft_serve.gateway.discovery``)."""
+
+    STATIC = "static"
+    DNS = "dns"
+    KUBERNETES = "kubernetes"
+
+
+class GatewaySettings(ServiceSettings):
+    """Everything the gateway needs; there are no secrets (tenant keys live in Redis)."""
+
+    model_config = SettingsConfigDict(env_prefix="PREFT_GATEWAY_", extra="ignore")
+
+    discovery: DiscoveryKind = Field(
+        DiscoveryKind.STATIC, description="How workers are found: a static URL list, the A records of a "
+        "headless Service, or the Service's EndpointSlices through the Kubernetes API")
+    worker_urls: Annotated[list[str], NoDecode] = Field(
+        [], description="Static list of worker base URLs (a JSON list or comma-separated)")
+    worker_dns_name: str | None = Field(None, description="dns: the workers' headless "
+                                        "Service name, e.g. preft-worker.ns.svc.cluster.local")
+    worker_service: str | None = Field(None, description="kubernetes: the workers' Service")
+    worker_k8s_namespace: str | None = Field(
+        None, description="kubernetes: the Service's namespace (default: this pod's own)")
+    worker_port: int = Field(8000, ge=1, le=65535, description="dns/kubernetes: worker port "
+                             "(kubernetes uses the EndpointSlice port named 'http' if any)")
+    worker_scheme: Literal["http", "https"] = "http"
+    discovery_interval_s: float = Field(5.0, gt=0, description="dns/kubernetes refresh period")
+    health_interval_s: float = Field(2.0, gt=0, description="Worker /health and residency "
+                                     "poll period")
+    unhealthy_after: int = Field(2, ge=1, description="Consecutive failed health checks (or "
+                                 "connection failures) before a worker gets no traffic")
+
+    tenant_rps: float = Field(0.0, ge=0, description="Requests per second per tenant "
+                              "(token bucket refill rate); 0 = unlimited")
+    tenant_burst: int = Field(0, ge=0, description="Tenant bucket size; 0 = 2 x tenant_rps")
+    user_rps: float = Field(0.0, ge=0, description="Requests per second per (tenant, user); "
+                            "0 = unlimited")
+    user_burst: int = Field(0, ge=0, description="User bucket size; 0 = 2 x user_rps")
+    tenant_tpm: float = Field(0.0, ge=0, description="Output tokens per minute per tenant, "
+                              "charged up front (max_tokens x n x prompts); 0 = unlimited")
+    user_tpm: float = Field(0.0, ge=0, description="Output tokens per minute per (tenant, "
+                            "user), charged like tenant_tpm; 0 = unlimited")
+    limits_cache_s: float = Field(10.0, ge=0, description="How long a tenant's rate-limit "
+                                  "overrides (set in the registry) are cached")
+    ratelimit_timeout_s: float = Field(0.2, gt=0, le=5, description="Longest wait for the "
+                                       "rate limiter's Redis; past it the request is let "
+                                       "through (fail open) and counted")
+    base_model_name: str = Field("base", description="What clients call the base model")
+    worker_base_model: str | None = Field(
+        None, description="The name workers serve the base model under (vLLM's "
+        "--served-model-name, else its --model path); defaults to base_model_name")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Request body limit")
+    max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens accepted; also "
+                                "what a chat request without max_tokens gets")
+    max_request_tokens: int = Field(16384, ge=1, description="Largest total output one "
+                                    "request may ask for: prompts x max(n, best_of) x "
+                                    "max_tokens")
+    max_choices: int = Field(16, ge=1, description="Largest n (and best_of) accepted")
+    max_prompts: int = Field(16, ge=1, description="Most prompts in one /v1/completions "
+                             "request")
+    max_prompt_token_ids: int = Field(32768, ge=1, description="Longest token-id prompt")
+    max_json_depth: int = Field(64, ge=2, le=1000, description="Deepest nesting of JSON "
+                                "arrays/objects accepted in a request body")
+    registry_cache_entries: int = Field(
+        20_000, ge=1, description="Entries per registry lookup cache (user bindings, "
+        "adapters, API keys); a worst-case entry takes about 1 KiB")
+    load_factor: float = Field(1.25, ge=1.0, description="Bounded-load cap multiplier")
+    max_open_requests: int = Field(1000, ge=1, description="Most requests this gateway keeps "
+                                   "open to workers at once; more get 503 at once instead "
+                                   "of queueing for a connection (add replicas to serve more)")
+    connect_timeout_s: float = Field(2.0, gt=0)
+    read_timeout_s: float = Field(300.0, gt=0)
+    metrics_max_adapters: int = Field(
+        100, ge=0, description="Adapters labelled by name in metrics; later ones are 'other'")
+    metrics_max_tenants: int = Field(
+        100, ge=0, description="Tenants labelled by name in metrics; later ones are 'other'")
+    usage_timeout_s: float = Field(0.5, gt=0, le=5, description="Longest wait for Redis when "
+                                   "writing a request's per-day usage counters (in the "
+                                   "background; past it the write is dropped and counted)")
+    models_list_limit: int = Field(1000, ge=1, description="Most adapters /v1/models lists")
+
+    # OpenTelemetry (preft_serve.common.tracing; needs the `tracing` extra when on).
+    tracing_enabled: bool = Field(False, description="OpenTelemetry traces: a server span "
+                                  "per request and a client span for the call to the worker, "
+                                  "which gets the W3C traceparent header")
+    tracing_exporter: TracingExporter = Field(
+        TracingExporter.OTLP, description="Where spans go: otlp (a collector at "
+        "otlp_endpoint) or console (stdout, for local debugging)")
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP collector, e.g. http://otel-collector:4317 (grpc) or "
+        "http://otel-collector:4318/v1/traces (http/protobuf); unset = the exporter's "
+        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost")
+    otlp_protocol: OtlpProtocol = Field(OtlpProtocol.GRPC, description="OTLP transport")
+    tracing_service_name: str = Field("preft-gateway", min_length=1, max_length=128,
+                                      description="service.name of the gateway's spans")
+    tracing_sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of requests "
+                                        "without a traceparent that are traced (a caller's "
+                                        "traceparent decides for its own requests)")
+
+    port: int = Field(8080, ge=1, le=65535, description="Port")
+
+    @field_validator("worker_urls", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        """Accept a comma-separated string as well as a JSON list (friendlier for env/flags)."""
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("worker_urls")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker URL {url!r} must start with http:// or https://")
+        return [u.rstrip("/") for u in value]
+
+    @model_validator(mode="after")
+    def _discovery_source(self) -> Self:
+        required = {"static": ("worker_urls", "PREFT_GATEWAY_WORKER_URLS (or --workers)"),
+                    "dns": ("worker_dns_name", "PREFT_GATEWAY_WORKER_DNS_NAME"),
+                    "kubernetes": ("worker_service", "PREFT_GATEWAY_WORKER_SERVICE")}
+        field, name = required[self.discovery.value]
+        if not getattr(self, field):
+            raise ValueError(f"{name} is required when discovery is "
+                             f"'{self.discovery.value}'")
+        return self
+
+    @property
+    def worker_model(self) -> str:
+        return self.worker_base_model or self.base_model_name
+
+    @property
+    def tracing(self) -> TracingConfig:
+        """The tracing settings (probes and /metrics are never traced)."""
+        return TracingConfig(service_name=self.tracing_service_name,
+                             exporter=self.tracing_exporter, otlp_endpoint=self.otlp_endpoint,
+                             otlp_protocol=self.otlp_protocol,
+                             sample_ratio=self.tracing_sample_ratio,
+                             excluded_paths=("/healthz", "/readyz", "/metrics"))

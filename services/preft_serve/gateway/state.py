@@ -1,0 +1,112 @@
+"""The gateway's shared clients and background loops, created once in the app's lifespan."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+import redis.asyncio as aioredis
+
+from preft_serve.common.registry_client import AsyncRegistryClient, AsyncRegistryReader
+from preft_serve.common.registry_client.aio import connect_redis
+from preft_serve.common.tenant_limits import LIMIT_FIELDS
+from preft_serve.common.tracing import instrument_client
+from preft_serve.gateway.discovery import WorkerSource, create_source
+from preft_serve.gateway.metrics import GatewayMetrics
+from preft_serve.gateway.pool_monitor import WorkerMonitor
+from preft_serve.gateway.ratelimit import RateLimiter
+from preft_serve.gateway.routing import WorkerPool
+from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.upstream import Calls, WorkerTransport, worker_calls
+from preft_serve.gateway.usage import UsageRecorder
+from preft_serve.gateway.validation import Caps
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+# How long an idle connection to a worker is kept for reuse. Shorter than the workers' own
+# keep-alive timeout (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so the gateway never sends
+# a request on a connection the worker is closing at that moment: with both at 5 s (httpx's
+# default), the soak saw that race answer single requests with 502 "ReadError" from a
+# healthy worker.
+WORKER_KEEPALIVE_S = 2.0
+CONNECTION_HEADROOM = 256
+"""Connections to workers beyond ``max_open_requests``: health and residency checks never
+wait behind completions for one."""
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    registry: AsyncRegistryReader
+    # The gateway's own Redis handle (readiness, rate limits; the registry client shares
+    # its pool). None only when a test passes a registry without one: no rate limits then.
+    redis: aioredis.Redis | None
+    http: httpx.AsyncClient  # health checks
+    calls: Calls  # completions, on the same transport (without httpx where it can)
+    pool: WorkerPool
+    monitor: WorkerMonitor
+    limiter: RateLimiter
+    metrics: GatewayMetrics
+    caps: Caps
+    usage: UsageRecorder
+    owns_redis: bool = False
+    # Unix seconds this gateway started: the base model's ``created`` in /v1/models.
+    started_at: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,
+                    transport: httpx.AsyncBaseTransport | None = None,
+                    registry: AsyncRegistryReader | None = None,
+                    source: WorkerSource | None = None,
+                    redis: aioredis.Redis | None = None,
+                    tracer_provider: TracerProvider | None = None) -> GatewayState:
+        """Start the registry client (waits for its event listener), find the workers and
+        check them once, then keep doing so in the background. ``registry`` and ``redis``
+        replace the real ones (tests). With ``tracer_provider`` (tracing on) a call to a worker
+        for a request is a client span in its trace and carries its ``traceparent``."""
+        owns_redis = registry is None and redis is None
+        if registry is None:
+            if redis is None:
+                redis = connect_redis(settings.redis_url)
+            client = AsyncRegistryClient(client=redis, namespace=settings.namespace,
+                                         max_cache_entries=settings.registry_cache_entries)
+            await client.start()
+            registry = client
+        metrics.watch_registry_cache(registry.cache_sizes)
+        timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
+        transport = transport or WorkerTransport(
+            settings.max_open_requests + CONNECTION_HEADROOM, WORKER_KEEPALIVE_S)
+        http = httpx.AsyncClient(timeout=timeout, transport=transport)
+        if tracer_provider is not None:
+            instrument_client(http, tracer_provider)
+        pool = WorkerPool(load_factor=settings.load_factor,
+                          unhealthy_after=settings.unhealthy_after,
+                          max_open=settings.max_open_requests)
+        monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
+                                discovery_interval_s=settings.discovery_interval_s,
+                                health_interval_s=settings.health_interval_s)
+        limiter = RateLimiter(redis, settings.namespace, metrics,
+                              settings.model_dump(include=set(LIMIT_FIELDS)),
+                              settings.limits_cache_s, settings.ratelimit_timeout_s)
+        caps = Caps(max_tokens=settings.max_tokens_cap,
+                    max_request_tokens=settings.max_request_tokens,
+                    max_choices=settings.max_choices, max_prompts=settings.max_prompts,
+                    max_prompt_token_ids=settings.max_prompt_token_ids,
+                    max_json_depth=settings.max_json_depth)
+        usage = UsageRecorder(redis, settings.namespace, metrics, settings.usage_timeout_s)
+        await monitor.start()
+        calls = worker_calls(transport, timeout, traced=tracer_provider is not None)
+        return cls(settings, registry, redis, http, calls, pool,
+                   monitor, limiter, metrics, caps, usage, owns_redis)
+
+    async def aclose(self) -> None:
+        await self.usage.drain()
+        await self.monitor.aclose()
+        await self.http.aclose()
+        await self.registry.aclose()
+        if self.owns_redis and self.redis is not None:
+            await self.redis.aclose()

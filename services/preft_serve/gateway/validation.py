@@ -1,0 +1,166 @@
+"""Checks on a completion request body before anything is looked up or forwarded.
+
+The body is kept as a plain dict (not a pydantic model of the whole OpenAI schema) so
+fields the gateway does not know about reach the worker unchanged; only what the gateway
+acts on is checked here. Besides shape, the checks bound what one request may cost: the
+output tokens it may ask for (``prompts x max(n, best_of) x max_tokens``, with a default
+``max_tokens`` filled in when the client sent none) and the size of its prompt lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from preft_serve.common.errors import BadRequest
+from preft_serve.common.jsondepth import json_nests_deeper
+
+MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+CHOICE_FIELDS = ("n", "best_of")
+MAX_NAME_CHARS = 256  # user ids and model names end up in Redis keys
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+PROMPT_SHAPES = ("'prompt' must be a string, a list of strings, a list of token ids or a "
+                 "list of token-id lists")
+
+@dataclass(frozen=True)
+class Caps:
+    """The operator's bounds on one request (``PREFT_GATEWAY_MAX_*`` settings)."""
+
+    max_tokens: int
+    max_request_tokens: int
+    max_choices: int
+    max_prompts: int
+    max_prompt_token_ids: int
+    max_json_depth: int
+
+
+def check_depth(raw: bytes, limit: int) -> None:
+    """400 if arrays/objects nest deeper than ``limit``, before the (recursive) JSON parser
+    sees the body. Brackets inside strings do not count."""
+    if json_nests_deeper(raw, limit):
+        raise BadRequest(f"request body nests JSON arrays/objects deeper than {limit} levels; "
+                         "flatten the request", code="invalid_json")
+
+
+def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
+    """The JSON object in ``raw``, or a 400 that says what is wrong with it."""
+    check_depth(raw, max_depth)
+    try:
+        body = orjson.loads(raw)  # rejects NaN/Infinity and integers past 64 bits too
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _positive_int(body: dict[str, Any], field: str, cap: int, over: str) -> int | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"'{field}' must be a positive integer, got {value!r}", param=field)
+    if value > cap:
+        raise BadRequest(f"'{field}' is {value}, above this gateway's " + over.format(cap=cap),
+                         param=field)
+    return value
+
+
+def _token_ids(ids: list[Any], caps: Caps, where: str) -> None:
+    if len(ids) > caps.max_prompt_token_ids:
+        raise BadRequest(f"{where} has {len(ids)} token ids; at most "
+                         f"{caps.max_prompt_token_ids} are accepted", param="prompt")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise BadRequest(f"{PROMPT_SHAPES}; token ids must be non-negative integers",
+                         param="prompt")
+
+
+def count_prompts(prompt: Any, caps: Caps) -> int:
+    """How many prompts a ``/v1/completions`` ``prompt`` holds (checked against the caps)."""
+    if isinstance(prompt, str):
+        return 1
+    if not isinstance(prompt, list):
+        raise BadRequest(PROMPT_SHAPES, param="prompt")
+    if not prompt:
+        raise BadRequest("'prompt' must not be empty", param="prompt")
+    if isinstance(prompt[0], int) and not isinstance(prompt[0], bool):
+        _token_ids(prompt, caps, "'prompt'")
+        return 1
+    if len(prompt) > caps.max_prompts:
+        raise BadRequest(f"'prompt' holds {len(prompt)} prompts; at most {caps.max_prompts} "
+                         "are accepted per request: send the rest in further requests",
+                         param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return len(prompt)
+    if not all(isinstance(p, list) and p for p in prompt):
+        raise BadRequest(PROMPT_SHAPES, param="prompt")
+    for index, ids in enumerate(prompt):
+        _token_ids(ids, caps, f"prompt {index}")
+    return len(prompt)
+
+
+def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
+    """Reject what the worker would reject late or what would exceed the operator's caps;
+    fill in ``max_tokens`` when absent. Returns the output tokens the request may use
+    (what the token rate limits charge)."""
+    if chat:
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise BadRequest("'messages' must be a non-empty list of chat messages",
+                             param="messages")
+        prompts = 1
+    elif "prompt" not in body:
+        raise BadRequest("'prompt' is required", param="prompt",
+                         code="missing_required_parameter")
+    else:
+        prompts = count_prompts(body["prompt"], caps)
+    requested = [_positive_int(body, f, caps.max_tokens,
+                               "cap of {cap}; ask for at most {cap} tokens")
+                 for f in MAX_TOKEN_FIELDS]
+    choices = max(_positive_int(body, f, caps.max_choices,
+                                "limit of {cap} choices per request; ask for at most {cap}")
+                  or 1 for f in CHOICE_FIELDS)
+    # The worker reads max_completion_tokens first, then max_tokens (chat).
+    max_tokens = (requested[1] or requested[0]) if chat else requested[0]
+    if max_tokens is None:
+        fits = caps.max_request_tokens // (prompts * choices)
+        default = caps.max_tokens if chat else COMPLETION_DEFAULT_MAX_TOKENS
+        max_tokens = max(1, min(default, fits))
+        for field in MAX_TOKEN_FIELDS if chat else MAX_TOKEN_FIELDS[:1]:
+            body[field] = max_tokens
+    total = prompts * choices * max_tokens
+    if total > caps.max_request_tokens:
+        raise BadRequest(
+            f"this request asks for up to {total} output tokens ({_plural(prompts, 'prompt')} "
+            f"x {_plural(choices, 'choice')} x {max_tokens} max tokens), above this "
+            f"gateway's limit of {caps.max_request_tokens} per request; lower n or max_tokens"
+            + ("" if chat else " or send fewer prompts"), param="max_tokens")
+    for field in ("model", "user", "safety_identifier"):
+        if body.get(field) is not None and not isinstance(body[field], str):
+            raise BadRequest(f"'{field}' must be a string", param=field)
+        if isinstance(body.get(field), str) and len(body[field]) > MAX_NAME_CHARS:
+            raise BadRequest(f"'{field}' is {len(body[field])} characters long; at most "
+                             f"{MAX_NAME_CHARS} are accepted", param=field)
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be true or false", param="stream")
+    return total
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def request_user(body: dict[str, Any], header: str | None) -> str | None:
+    """The end user: the body's ``user`` field or ``safety_identifier`` (the openai SDK's
+    successor of ``user``; both at once must agree), else the ``X-User-Id`` header."""
+    user, safety_identifier = body.get("user"), body.get("safety_identifier")
+    if user and safety_identifier and user != safety_identifier:
+        raise BadRequest("'user' and 'safety_identifier' name different users; send one of "
+                         "them (both name the end user whose adapter runs)",
+                         param="safety_identifier")
+    user = user or safety_identifier or header
+    if user is not None and len(user) > MAX_NAME_CHARS:
+        raise BadRequest(f"the user id is {len(user)} characters long; at most "
+                         f"{MAX_NAME_CHARS} are accepted", param="user")
+    return user

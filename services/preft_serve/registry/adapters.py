@@ -1,0 +1,333 @@
+"""Adapter upload, versioning, listing and deletion (the logic behind /v1/adapters).
+
+Write order is what makes crashes harmless: validate in a private staging directory, put
+the blob into the object store under its digest, and only then commit metadata in one
+Redis MULTI/EXEC (current version, version history, name index, blob record and the
+change event together). A crash before the commit leaves an unreferenced blob and no
+metadata; the commit itself is all-or-nothing. Concurrent writers to one name are
+serialised by WATCH on the adapter's key, so versions stay consecutive and none is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, AdapterType
+from preft_serve.common.errors import BadRequest, Conflict, NotFound
+from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
+from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
+from preft_serve.common.text import shown
+from preft_serve.registry.events import queue_event
+from preft_serve.registry.ingest import UploadedFile, stage_upload
+from preft_serve.registry.models import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
+from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
+from preft_serve.registry.quotas import Quota, check_upload, tenant_use
+from preft_serve.registry.txn import Redis, transact
+from preft_serve.registry.validation import (
+    BaseModelSpec,
+    ValidatedAdapter,
+    ValidationLimits,
+    validate_adapter,
+)
+
+logger = logging.getLogger(__name__)
+_VERSION_FIELDS = ("version", "sha256", "type", "rank", "mode", "base_model", "size_bytes",
+                   "created_at")
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadResult:
+    version: AdapterVersion
+    created: bool  # False: identical to the current version, nothing changed
+    warnings: tuple[str, ...] = ()  # validation's, for the upload response
+
+
+def version_record(name: str, v: ValidatedAdapter, version: int, now: str) -> AdapterVersion:
+    return AdapterVersion(
+        name=name, version=version, sha256=v.sha256, type=v.type, rank=v.rank, mode=v.mode,
+        base_model=v.base_model, size_bytes=v.size_bytes, created_at=now,
+    )
+
+
+def queue_version(
+    pipe: Any, keys: RegistryKeys, tenant: str, rec: AdapterVersion, config_bytes: bytes,
+    adapter_created_at: str, maxlen: int,
+) -> None:
+    """Queue every write of a new current version, plus its event (shared with the bench)."""
+    fields = {f: str(getattr(rec, f).value if f in ("type", "mode") else getattr(rec, f))
+              for f in _VERSION_FIELDS}
+    pipe.hset(keys.adapter(tenant, rec.name), mapping={
+        **fields, "name": rec.name, "adapter_created_at": adapter_created_at,
+        "updated_at": rec.created_at,
+    })
+    pipe.hset(keys.versions(tenant, rec.name), str(rec.version), json.dumps(fields))
+    pipe.zadd(keys.adapters(tenant), {rec.name: 0})
+    pipe.hset(keys.blob(rec.sha256), mapping={
+        "sha256": rec.sha256, "type": fields["type"], "mode": fields["mode"],
+        "rank": fields["rank"], "base_model": rec.base_model, "size_bytes": fields["size_bytes"],
+        "config": config_bytes.decode(),
+    })
+    queue_event(pipe, keys, RegistryEvent(EventType.ADAPTER_UPDATED.value, tenant,
+                                          adapter=rec.name, version=rec.version,
+                                          sha256=rec.sha256), maxlen)
+
+
+def _adapter_out(current: dict[str, str], bound: int) -> AdapterOut:
+    return AdapterOut(
+        name=current["name"], version=int(current["version"]), sha256=current["sha256"],
+        type=AdapterType(current["type"]), rank=int(current["rank"]),
+        mode=AdapterMode(current["mode"]),
+        base_model=current["base_model"], size_bytes=int(current["size_bytes"]),
+        created_at=current["adapter_created_at"], updated_at=current["updated_at"],
+        bound_users=bound,
+    )
+
+
+class AdapterService:
+    def __init__(
+        self, client: Redis, keys: RegistryKeys, store: ObjectStore, base: BaseModelSpec,
+        limits: ValidationLimits, staging_dir: Path | None, events_maxlen: int,
+        quota: Quota | None = None,
+    ) -> None:
+        self.redis = client
+        self.quota = quota
+        self.keys = keys
+        self.store = store
+        self.base = base
+        self.limits = limits
+        self.staging_dir = staging_dir
+        self.maxlen = events_maxlen
+
+    def upload(
+        self, tenant: str, name: str, mode: AdapterMode | None, files: list[UploadedFile],
+        *, create: bool, strict: bool = False,
+    ) -> UploadResult:
+        """Validate, store and commit one adapter version.
+
+        ``create=True`` (POST) refuses to add a version to an existing name unless the
+        content is identical; ``create=False`` (PUT) adds a version (the hot swap) or
+        creates the adapter. ``mode=None`` keeps the current version's mode. ``strict``
+        refuses what would otherwise be accepted with warnings.
+        """
+        check_adapter_name(name)
+        if mode is None:
+            current_mode = self.redis.hget(self.keys.adapter(tenant, name), "mode")
+            if current_mode is None:
+                raise BadRequest(f"field 'mode' is required for a new adapter: "
+                                 f"{' or '.join(m.value for m in AdapterMode)}")
+            mode = AdapterMode(current_mode)
+        with tempfile.TemporaryDirectory(dir=self.staging_dir, prefix="preft-upload-") as tmp:
+            staged = stage_upload(files, Path(tmp), self.limits)
+            validated = validate_adapter(staged.config_path, staged.weights_path, mode,
+                                         self.base, self.limits, strict=strict)
+            # Decide no-op / conflict before writing a blob nobody would reference.
+            current = self.redis.hgetall(self.keys.adapter(tenant, name))
+            early = self._unchanged_or_conflict(name, current, validated, create)
+            if early is not None:
+                return dataclasses.replace(early, warnings=validated.warnings)
+            if self.quota is not None:
+                check_upload(self.quota, tenant_use(self.redis, self.keys, tenant), tenant,
+                             new_adapter=not current, sha256=validated.sha256,
+                             size_bytes=validated.size_bytes)
+            self.store.put_adapter(validated.sha256, validated.config_bytes,
+                                   validated.weights_path, verify=False)
+        result = dataclasses.replace(self.commit(tenant, name, validated, create=create),
+                                     warnings=validated.warnings)
+        if result.created:
+            logger.info("tenant %s adapter %s version %d -> %s (%s, %s, rank %d)", tenant, name,
+                        result.version.version, result.version.sha256, validated.type.value,
+                        validated.mode.value, validated.rank)
+        return result
+
+    @staticmethod
+    def _unchanged_or_conflict(
+        name: str, current: dict[str, str], v: ValidatedAdapter, create: bool
+    ) -> UploadResult | None:
+        if current and current["sha256"] == v.sha256:
+            return UploadResult(AdapterVersion.model_validate(
+                {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}), created=False)
+        if current and create:
+            raise Conflict(f"adapter {shown(name)} already exists (version {current['version']}); "
+                           f"upload a new version with PUT /v1/adapters/{name}")
+        return None
+
+    def commit(
+        self, tenant: str, name: str, v: ValidatedAdapter, *, create: bool
+    ) -> UploadResult:
+        """Point ``name`` at stored content ``v`` as its next version (atomic).
+
+        Re-checks under WATCH what ``upload`` pre-checked, since another writer may have
+        committed in between.
+        """
+        adapter_key = self.keys.adapter(tenant, name)
+
+        def txn(pipe: Any) -> UploadResult:
+            current = pipe.hgetall(adapter_key)
+            now = utcnow()
+            early = self._unchanged_or_conflict(name, current, v, create)
+            if early is not None:
+                return early
+            version = int(current["version"]) + 1 if current else 1
+            rec = version_record(name, v, version, now)
+            pipe.multi()
+            queue_version(pipe, self.keys, tenant, rec, v.config_bytes,
+                          current.get("adapter_created_at", now), self.maxlen)
+            return UploadResult(rec, created=True)
+
+        return transact(self.redis, txn, adapter_key)
+
+    def list(self, tenant: str, limit: int, cursor: str | None) -> tuple[list[AdapterOut],
+                                                                         str | None]:
+        """One page of adapters by name; the cursor is the last name of the previous page."""
+        if cursor is not None:
+            check_cursor(cursor)
+        start = f"({cursor}" if cursor else "-"
+        names = self.redis.zrangebylex(self.keys.adapters(tenant), start, "+", 0, limit + 1)
+        page, more = names[:limit], len(names) > limit
+        pipe = self.redis.pipeline(transaction=False)
+        for name in page:
+            pipe.hgetall(self.keys.adapter(tenant, name))
+            pipe.scard(self.keys.adapter_users(tenant, name))
+        results = pipe.execute()
+        items = [_adapter_out(cur, bound) for cur, bound in zip(results[::2], results[1::2])
+                 if cur]
+        return items, (page[-1] if more and page else None)
+
+    def get(self, tenant: str, name: str) -> AdapterDetail:
+        check_adapter_name(name)
+        pipe = self.redis.pipeline(transaction=True)  # one consistent snapshot
+        pipe.hgetall(self.keys.adapter(tenant, name))
+        pipe.scard(self.keys.adapter_users(tenant, name))
+        pipe.hvals(self.keys.versions(tenant, name))
+        current, bound, versions = pipe.execute()
+        if not current:
+            raise NotFound(f"adapter {shown(name)} does not exist")
+        history = sorted((VersionOut(**json.loads(v)) for v in versions),
+                         key=lambda v: v.version)
+        return AdapterDetail(**_adapter_out(current, bound).model_dump(), versions=history)
+
+    def delete(self, tenant: str, name: str, *, force: bool) -> int:
+        """Delete an adapter and its history; returns how many users were unbound.
+
+        Bound users make this a 409 unless ``force``: silently sending users to the base
+        model is a decision the tenant should make explicitly. Blobs stay in the object
+        store (other names or tenants may share the content).
+        """
+        check_adapter_name(name)
+        k = self.keys
+        users_key = k.adapter_users(tenant, name)
+
+        def txn(pipe: Any) -> int:
+            if not pipe.exists(k.adapter(tenant, name)):
+                raise NotFound(f"adapter {shown(name)} does not exist")
+            users = sorted(pipe.smembers(users_key))
+            if users and not force:
+                raise Conflict(f"adapter {shown(name)} is bound to {len(users)} user(s); unbind "
+                               "them first or delete with ?force=true, which also unbinds them")
+            pipe.multi()
+            pipe.delete(k.adapter(tenant, name), k.versions(tenant, name), users_key)
+            pipe.zrem(k.adapters(tenant), name)
+            for user in users:
+                pipe.delete(k.binding(tenant, user))
+                queue_event(pipe, k, RegistryEvent(EventType.BINDING_DELETED.value, tenant,
+                                                   adapter=name, user=user), self.maxlen)
+            queue_event(pipe, k, RegistryEvent(EventType.ADAPTER_DELETED.value, tenant,
+                                               adapter=name), self.maxlen)
+            return len(users)
+
+        unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
+        logger.info("tenant %s deleted adapter %s (%d users unbound)", tenant, name, unbound)
+        return unbound
+
+    def version(self, tenant: str, name: str, version: int | None) -> AdapterVersion:
+        """One version's record (``None``: the current one); 404 names what exists."""
+        check_adapter_name(name)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.adapter(tenant, name))
+        pipe.hget(self.keys.versions(tenant, name), str(version or 0))
+        current, raw = pipe.execute()
+        if not current:
+            raise NotFound(f"adapter {shown(name)} does not exist")
+        if version is None:
+            fields = {f: current[f] for f in _VERSION_FIELDS}
+        elif raw is None:
+            raise NotFound(f"adapter {shown(name)} has no version {version}; its versions are "
+                           f"1 to {current['version']}")
+        else:
+            fields = json.loads(raw)
+        return AdapterVersion.model_validate({"name": name, **fields})
+
+    def export(self, tenant: str, name: str, version: int | None, dest_dir: Path) -> tuple[
+            AdapterVersion, Path]:
+        """Write one version's stored files as ``<name>-v<version>.tar.gz`` into ``dest_dir``.
+
+        The two files sit at the archive's root, byte for byte as stored (the download is
+        verified against the digest first), so uploading the archive or its extracted folder
+        again yields the same sha256.
+        """
+        rec = self.version(tenant, name, version)
+        folder = dest_dir / "files"
+        try:
+            self.store.fetch_adapter(rec.sha256, folder)
+        except ObjectNotFound:
+            raise NotFound(f"the content of adapter {shown(name)} version {rec.version} is no "
+                           "longer in the object store") from None
+        archive = dest_dir / f"{name}-v{rec.version}.tar.gz"
+        with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+            for filename in (CONFIG_FILE, WEIGHTS_FILE):
+                tar.add(folder / filename, arcname=filename, filter=_anonymous)
+        return rec, archive
+
+    def rollback(self, tenant: str, name: str, version: int) -> UploadResult:
+        """Make version ``version``'s content current again, as the next version.
+
+        History stays append-only: the rollback is a new version pointing at the old
+        content (same sha256, so workers that still cache it load nothing), committed and
+        announced exactly like an upload (``adapter.updated``). Already current: no-op.
+        """
+        check_adapter_name(name)
+        k = self.keys
+        adapter_key = k.adapter(tenant, name)
+        target = self.version(tenant, name, version)
+        if not self.store.has_adapter(target.sha256):
+            raise NotFound(f"the content of adapter {shown(name)} version {version} is no "
+                           "longer in the object store; upload it again")
+
+        def txn(pipe: Any) -> UploadResult:
+            current = pipe.hgetall(adapter_key)
+            if not current:
+                raise NotFound(f"adapter {shown(name)} does not exist")
+            if current["sha256"] == target.sha256:
+                return UploadResult(AdapterVersion.model_validate(
+                    {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}), created=False)
+            config = pipe.hget(k.blob(target.sha256), "config")
+            if config is None:
+                raise NotFound(f"the content of adapter {shown(name)} version {version} is no "
+                               "longer registered; upload it again")
+            rec = target.model_copy(update={"version": int(current["version"]) + 1,
+                                            "created_at": utcnow()})
+            pipe.multi()
+            queue_version(pipe, k, tenant, rec, config.encode(), current["adapter_created_at"],
+                          self.maxlen)
+            return UploadResult(rec, created=True)
+
+        result = transact(self.redis, txn, adapter_key, k.versions(tenant, name))
+        if result.created:
+            logger.info("tenant %s adapter %s rolled back to version %d's content as version "
+                        "%d (%s)", tenant, name, version, result.version.version,
+                        result.version.sha256)
+        return result
+
+
+def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Archive members without the server's owner, group or file mode."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = 0o644
+    return info

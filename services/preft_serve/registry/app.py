@@ -1,0 +1,101 @@
+"""The registry's FastAPI application (OpenAPI at /docs)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from preft_serve import __version__
+from preft_serve.common.access_log import AccessLogMiddleware
+from preft_serve.common.bodylimit import BodySizeLimitMiddleware
+from preft_serve.common.errors import error_response, install_error_handlers
+from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
+from preft_serve.common.registry_client import InvalidKeyPart
+from preft_serve.registry.limits import JsonBodyGuardMiddleware
+from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
+from preft_serve.registry.routers import (
+    adapters,
+    files,
+    fine_tuning,
+    health,
+    tenants,
+    usage,
+    users,
+)
+from preft_serve.registry.settings import RegistrySettings
+from preft_serve.registry.state import RegistryState
+from preft_serve.registry.upload_auth import UploadAuthMiddleware
+
+logger = logging.getLogger(__name__)
+ACCESS_LOGGER = "preft_serve.registry.access"
+
+DESCRIPTION = """\
+Tenants upload adapters (LoRA, DiReFT, LoReFT) for the served base model, version them and
+bind their users to them. Adapters are validated before anything is stored; their
+identity is the sha256 of their content. Errors are always
+OpenAI's `{"error": {"message", "type", "param", "code"}}` with a message that says what to fix.
+"""
+
+
+async def _backend_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    what = "Redis" if isinstance(exc, redis.RedisError) else "the object store"
+    logger.error("%s unavailable: %s", what, exc)
+    return error_response(503, "service_unavailable", f"{what} is unavailable; retry shortly")
+
+
+async def _invalid_key_part(_: Request, exc: Exception) -> JSONResponse:
+    # A backstop: routes check names with friendlier messages before building any key.
+    return error_response(400, "invalid_value", str(exc))
+
+
+def create_app(settings: RegistrySettings | None = None,
+               store: ObjectStore | None = None) -> FastAPI:
+    """Build the app; clients are created in the lifespan (``store`` overrides the config)."""
+    settings = settings or RegistrySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = RegistryState.build(settings, store)
+        app.state.registry = state
+        if settings.finetune.enabled:
+            from preft_serve.registry.finetune.wiring import build_finetune
+
+            state.finetune = build_finetune(state, app.state.metrics)
+            state.finetune.start()
+        logger.info("registry ready: base model %s, object store %r, redis namespace %s",
+                    state.base.describe(), state.store, settings.namespace)
+        try:
+            yield
+        finally:
+            if state.finetune is not None:
+                state.finetune.close()
+            state.close()
+
+    app = FastAPI(title="preft-serve adapter registry", version=__version__,
+                  description=DESCRIPTION, lifespan=lifespan)
+    app.state.metrics = RegistryMetrics()
+    install_error_handlers(app)
+    app.add_exception_handler(redis.RedisError, _backend_unavailable)
+    app.add_exception_handler(ObjectStoreError, _backend_unavailable)
+    app.add_exception_handler(InvalidKeyPart, _invalid_key_part)
+    app.add_middleware(JsonBodyGuardMiddleware)  # innermost: sees bodies under the size cap
+    app.add_middleware(UploadAuthMiddleware)  # the key of an upload before its body
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,
+        message=f"request body exceeds this registry's {settings.max_upload_bytes}-byte "
+                "limit; upload a smaller adapter or ask the operator to raise "
+                "PREFT_REGISTRY_MAX_UPLOAD_BYTES")
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    # Outermost: every answer carries x-request-id, every request gets one log line.
+    app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
+    for module in (tenants, adapters, users, usage, health):
+        app.include_router(module.router)
+    if settings.finetune.enabled:
+        for module in (files, fine_tuning):
+            app.include_router(module.router)
+    return app

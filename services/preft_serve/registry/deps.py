@@ -1,0 +1,92 @@
+"""FastAPI dependencies: the shared state, and the two kinds of caller (admin, tenant)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
+
+from preft_serve.common.access_log import access_fields
+from preft_serve.common.errors import Unauthorized
+from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.bindings import BindingService
+from preft_serve.registry.state import RegistryState
+from preft_serve.registry.tenants import Principal, TenantService
+from preft_serve.registry.usage import UsageService
+
+_admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
+                           description="The registry's admin token (PREFT_REGISTRY_ADMIN_TOKEN)")
+_tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
+                            description="A tenant API key (pft_...)")
+Credentials = HTTPAuthorizationCredentials | None
+
+
+def get_state(request: Request) -> RegistryState:
+    return request.app.state.registry
+
+
+StateDep = Annotated[RegistryState, Depends(get_state)]
+
+
+def _bearer(credentials: Credentials, who: str) -> str:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized(f"missing credentials: send 'Authorization: Bearer <{who}>'")
+    return credentials.credentials
+
+
+def require_admin(
+    request: Request, state: StateDep,
+    credentials: Annotated[Credentials, Depends(_admin_bearer)],
+) -> None:
+    token = _bearer(credentials, "admin token")
+    expected = state.settings.admin_token.get_secret_value()
+    if not hmac.compare_digest(token.encode(), expected.encode()):
+        raise Unauthorized("invalid admin token")
+    access_fields(request)["admin"] = True
+
+
+def require_tenant(
+    request: Request, state: StateDep,
+    credentials: Annotated[Credentials, Depends(_tenant_bearer)],
+) -> Principal:
+    principal = state.tenants.authenticate(_bearer(credentials, "API key"))
+    access_fields(request)["tenant"] = principal.tenant
+    return principal
+
+
+def tenant_of_header(state: RegistryState, authorization: str | None) -> Principal:
+    """``require_tenant``'s check from a raw ``Authorization`` header (for middleware,
+    which runs before FastAPI's dependencies)."""
+    scheme, token = get_authorization_scheme_param(authorization)
+    credentials = (HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
+                   if scheme and token else None)
+    return state.tenants.authenticate(_bearer(credentials, "API key"))
+
+
+def _tenants(state: StateDep) -> TenantService:
+    return state.tenants
+
+
+def _adapters(state: StateDep) -> AdapterService:
+    return state.adapters
+
+
+def _bindings(state: StateDep) -> BindingService:
+    return state.bindings
+
+
+AdminDep = Annotated[None, Depends(require_admin)]
+PrincipalDep = Annotated[Principal, Depends(require_tenant)]
+TenantsDep = Annotated[TenantService, Depends(_tenants)]
+AdaptersDep = Annotated[AdapterService, Depends(_adapters)]
+BindingsDep = Annotated[BindingService, Depends(_bindings)]
+
+
+def _usage(state: StateDep) -> UsageService:
+    return state.usage
+
+
+UsageDep = Annotated[UsageService, Depends(_usage)]

@@ -1,0 +1,168 @@
+"""Fine-tuning job records and their events in Redis (they survive registry restarts).
+
+A job is one JSON record under ``RegistryKeys.job``; every change is an optimistic
+transaction (WATCH) so the dispatcher, a cancel and a restarted registry never overwrite
+each other's transitions, and a finished job never changes state again. Events are a
+capped stream per job. ``active_jobs`` indexes the queued and running ones, which is all
+the dispatcher and the per-tenant limits read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.registry.finetune.ids import event_id, stream_id
+from preft_serve.registry.finetune.models import Checkpoint, FineTuningJob, JobEvent, JobStatus
+from preft_serve.registry.txn import transact
+
+MAX_MESSAGE = 1000
+
+
+class JobRecord(BaseModel):
+    """The public job plus what the registry needs to run and follow it."""
+
+    job: FineTuningJob
+    tenant: str
+    adapter_name: str
+    training_sha256: str
+    validation_sha256: str | None = None
+    train_args: dict[str, Any] = Field(default_factory=dict)  # the TrainerSpec's options
+    runner: dict[str, Any] = Field(default_factory=dict)  # backend, instance, pid, ...
+    started_at: float | None = None
+    checkpoints: list[Checkpoint] = Field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def status(self) -> JobStatus:
+        return self.job.status
+
+
+class JobStore:
+    def __init__(self, client: Any, keys: RegistryKeys, events_maxlen: int) -> None:
+        self.redis, self.keys, self.maxlen = client, keys, events_maxlen
+
+    def create(self, record: JobRecord, message: str) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        self._queue_create(pipe, record, message)
+        pipe.execute()
+
+    def _queue_create(self, pipe: Any, record: JobRecord, message: str) -> None:
+        score = record.job.created_at * 1000 + int(time.time() * 1000) % 1000
+        pipe.set(self.keys.job(record.id), record.model_dump_json())
+        pipe.zadd(self.keys.tenant_jobs(record.tenant), {record.id: score})
+        pipe.zadd(self.keys.active_jobs, {record.id: score})
+        self._queue_event(pipe, record.id, message, "info", "message", None)
+
+    def create_limited(self, record: JobRecord, limit: int, message: str) -> bool:
+        """Create the job unless its tenant already has ``limit`` active ones (checked and
+        written in one transaction over the active index, so concurrent creates cannot
+        both take the last place)."""
+
+        def txn(pipe: Any) -> bool:
+            ids = pipe.zrange(self.keys.active_jobs, 0, -1)
+            raws = [pipe.get(self.keys.job(i)) for i in ids]
+            mine = sum(1 for raw in raws
+                       if raw and JobRecord.model_validate_json(raw).tenant == record.tenant)
+            pipe.multi()
+            if mine >= limit:
+                return False
+            self._queue_create(pipe, record, message)
+            return True
+
+        return transact(self.redis, txn, self.keys.active_jobs)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        raw = self.redis.get(self.keys.job(job_id))
+        return JobRecord.model_validate_json(raw) if raw else None
+
+    def update(self, job_id: str, change: Callable[[JobRecord], JobRecord | None],
+               message: str | None = None, level: str = "info") -> JobRecord | None:
+        """Apply ``change`` to the stored record atomically; ``None`` from it: no change.
+
+        Returns the new record, or None when unchanged. A finished job leaves the active
+        index in the same transaction, and ``message`` becomes an event with it.
+        """
+        key = self.keys.job(job_id)
+
+        def txn(pipe: Any) -> JobRecord | None:
+            raw = pipe.get(key)
+            if raw is None:
+                return None
+            new = change(JobRecord.model_validate_json(raw))
+            pipe.multi()
+            if new is None:
+                return None
+            pipe.set(key, new.model_dump_json())
+            if new.status.finished:
+                pipe.zrem(self.keys.active_jobs, job_id)
+            if message:
+                self._queue_event(pipe, job_id, message, level, "message", None)
+            return new
+
+        return transact(self.redis, txn, key)
+
+    def add_event(self, job_id: str, message: str, level: str = "info",
+                  kind: str = "message", data: dict[str, Any] | None = None) -> None:
+        self._queue_event(self.redis, job_id, message, level, kind, data)
+
+    def _queue_event(self, pipe: Any, job_id: str, message: str, level: str, kind: str,
+                     data: dict[str, Any] | None) -> None:
+        fields = {"message": message[:MAX_MESSAGE], "level": level, "type": kind,
+                  "ts": str(int(time.time()))}
+        if data is not None:
+            fields["data"] = json.dumps(data)
+        pipe.xadd(self.keys.job_events(job_id), fields, maxlen=self.maxlen, approximate=True)
+
+    def events(self, job_id: str, after: str | None, limit: int) -> tuple[list[JobEvent], bool]:
+        """Newest first (OpenAI's order); ``after``: an event id, older ones follow it."""
+        top = f"({stream_id(after)}" if after else "+"
+        rows = self.redis.xrevrange(self.keys.job_events(job_id), top, "-", count=limit + 1)
+        out = []
+        for sid, fields in rows[:limit]:
+            data = json.loads(fields["data"]) if "data" in fields else None
+            out.append(JobEvent(id=event_id(sid), created_at=int(fields.get("ts", "0")),
+                                level=fields.get("level", "info"),
+                                message=fields.get("message", ""), data=data,
+                                type=fields.get("type", "message")))
+        return out, len(rows) > limit
+
+    def page(self, tenant: str, after: str | None, limit: int) -> tuple[list[JobRecord], bool]:
+        """Newest first; ``after``: a job id, older ones follow it."""
+        key = self.keys.tenant_jobs(tenant)
+        top: str | float = "+inf"
+        if after is not None:
+            score = self.redis.zscore(key, after)
+            if score is None:
+                return [], False
+            top = f"({score}"
+        ids = self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=limit + 1)
+        records = [r for r in (self.get(i) for i in ids[:limit]) if r is not None]
+        return records, len(ids) > limit
+
+    def active(self) -> list[JobRecord]:
+        """Queued and running jobs, oldest first."""
+        ids = self.redis.zrange(self.keys.active_jobs, 0, -1)
+        return [r for r in (self.get(i) for i in ids) if r is not None]
+
+    # -- runner liveness ------------------------------------------------------------------
+
+    def beat(self, instance: str, ttl_s: float) -> None:
+        self.redis.set(self.keys.runner_heartbeat(instance), "1", px=int(ttl_s * 1000))
+
+    def alive(self, instance: str) -> bool:
+        try:
+            return bool(self.redis.exists(self.keys.runner_heartbeat(instance)))
+        except ValueError:  # not an instance id at all
+            return False
+
+    def retire(self, instance: str) -> None:
+        self.redis.delete(self.keys.runner_heartbeat(instance))

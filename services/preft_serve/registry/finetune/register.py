@@ -1,0 +1,73 @@
+"""A finished trainer's output becomes a registered adapter, exactly like an upload.
+
+The adapter files are fetched from ``finetune/<job id>/`` in the object store and handed
+to the registry's own upload path (``AdapterService.upload``: staging, validation against
+the base model, content-addressed blob, one Redis transaction, the ``adapter.updated``
+event), as a new version of the job's adapter name (a later job with the same suffix is
+the next version, so bound users move to it). The metrics file becomes a result file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from preft_serve.adapters.format import AdapterMode
+from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.finetune.files import FileService
+from preft_serve.registry.finetune.jobs import JobRecord
+from preft_serve.registry.finetune.models import Checkpoint
+from preft_serve.registry.finetune.spec import OUTPUT_FILES, output_prefix
+from preft_serve.registry.ingest import UploadedFile
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    name: str
+    version: int
+    sha256: str
+    trained_tokens: int
+    result_file: str
+    checkpoint: Checkpoint
+    warnings: tuple[str, ...]
+
+
+def register_output(record: JobRecord, adapters: AdapterService,
+                    files: FileService) -> Registered:
+    store = adapters.store
+    prefix = output_prefix(record.id)
+    with tempfile.TemporaryDirectory(dir=adapters.staging_dir, prefix="preft-ft-") as tmp:
+        root = Path(tmp)
+        for name in OUTPUT_FILES:
+            store.download_file(prefix + name, root / name)
+        metrics: dict[str, Any] = json.loads((root / OUTPUT_FILES[2]).read_text())
+        mode = AdapterMode(record.train_args.get("mode", "prefill")) \
+            if record.train_args.get("adapter") == "lora" else AdapterMode.PREFILL
+        with open(root / OUTPUT_FILES[0], "rb") as config, \
+                open(root / OUTPUT_FILES[1], "rb") as weights:
+            result = adapters.upload(
+                record.tenant, record.adapter_name, mode,
+                [UploadedFile(OUTPUT_FILES[0], config), UploadedFile(OUTPUT_FILES[1], weights)],
+                create=False)
+        result_file = files.put_result(record.tenant, f"{record.id}-metrics.json",
+                                       (root / OUTPUT_FILES[2]).read_bytes())
+    for name in OUTPUT_FILES:
+        store.delete(prefix + name)
+    train = metrics.get("train_loss") or [{}]
+    last = train[-1]
+    values = {"train_loss": float(metrics.get("final_train_loss") or 0.0),
+              "step": float(last.get("step", metrics.get("steps", 0)))}
+    if metrics.get("final_eval_loss") is not None:
+        values["valid_loss"] = float(metrics["final_eval_loss"])
+    checkpoint = Checkpoint(
+        id=f"ftckpt-{record.id[6:]}", created_at=int(time.time()),
+        fine_tuned_model_checkpoint=f"{record.adapter_name}@{result.version.version}",
+        fine_tuning_job_id=record.id, metrics=values,
+        step_number=int(metrics.get("steps", 0)))
+    return Registered(record.adapter_name, result.version.version, result.version.sha256,
+                      int(metrics.get("tokens_seen", 0)), result_file.id, checkpoint,
+                      result.warnings)

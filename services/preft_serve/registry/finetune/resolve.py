@@ -1,0 +1,89 @@
+"""A job request's knobs resolved into the trainer's options, every value bounded.
+
+OpenAI's ``hyperparameters`` (top level, or inside ``method.supervised`` / ``method.preft``)
+map onto ``preft train``: ``n_epochs`` -> epochs, ``batch_size`` -> examples per step,
+``learning_rate_multiplier`` x 2e-3 (the trainer's default peak rate). ``auto`` is 3
+epochs, a batch of up to 8 examples and a multiplier of 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
+from preft_serve.common.errors import BadRequest
+from preft_serve.registry.finetune.models import Hyperparameters, JobCreate, PreftMethod
+from preft_serve.training.spec import LORA_MODULES
+
+BASE_LEARNING_RATE = 2e-3
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH = 8
+
+
+def _hyperparameters(body: JobCreate, preft: PreftMethod) -> Hyperparameters:
+    found = [h for h in (body.hyperparameters, preft.hyperparameters) if h is not None]
+    method = body.method
+    if method is not None and method.supervised:
+        raw = method.supervised.get("hyperparameters")
+        if raw is not None:
+            try:
+                found.append(Hyperparameters.model_validate(raw))
+            except ValueError as exc:
+                raise BadRequest(f"method.supervised.hyperparameters: {exc}"[:500],
+                                 param="method") from None
+    if len(found) > 1:
+        raise BadRequest("give hyperparameters once: at the top level or in the method",
+                         param="hyperparameters")
+    try:
+        return (found[0] if found else Hyperparameters()).checked()
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="hyperparameters") from None
+
+
+def resolve(body: JobCreate, examples: int, seed: int, max_steps: int, max_lora_rank: int,
+            max_reft_rank: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(trainer options, the job's ``hyperparameters``, the job's ``method``)."""
+    method = body.method
+    preft = (method.preft if method is not None else None) or PreftMethod()
+    if method is not None and method.type == "supervised" and method.preft is not None:
+        raise BadRequest("method.type 'supervised' takes no 'preft' object; use type "
+                         "'preft'", param="method")
+    hp = _hyperparameters(body, preft)
+    if preft.adapter is AdapterType.LORA:
+        if preft.rank > max_lora_rank:
+            raise BadRequest(f"method.preft.rank {preft.rank} is over this service's LoRA "
+                             f"limit {max_lora_rank}", param="method")
+        unknown = sorted(set(preft.target_modules or ()) - set(LORA_MODULES))
+        if unknown:
+            raise BadRequest(f"method.preft.target_modules: unknown {unknown[:7]}; use "
+                             f"{', '.join(LORA_MODULES)}", param="method")
+    else:
+        if preft.rank > max_reft_rank:
+            raise BadRequest(f"method.preft.rank {preft.rank} is over this service's ReFT "
+                             f"limit {max_reft_rank}", param="method")
+        if preft.mode is not AdapterMode.PREFILL:
+            raise BadRequest("ReFT adapters are prefill-only: method.preft.mode must be "
+                             "'prefill'", param="method")
+    epochs = DEFAULT_EPOCHS if hp.n_epochs == "auto" else int(hp.n_epochs)
+    batch = min(DEFAULT_BATCH, examples) if hp.batch_size == "auto" else int(hp.batch_size)
+    multiplier = 1.0 if hp.learning_rate_multiplier == "auto" \
+        else float(hp.learning_rate_multiplier)
+    steps = preft.steps or epochs * math.ceil(examples / batch)
+    if steps > max_steps:
+        raise BadRequest(f"this job would run {steps} optimizer steps; at most {max_steps} "
+                         "(fewer epochs, a larger batch or method.preft.steps)",
+                         param="hyperparameters")
+    options = {
+        "adapter": preft.adapter.value, "mode": preft.mode.value, "rank": preft.rank,
+        "alpha": preft.alpha, "target_modules": preft.target_modules, "layers": preft.layers,
+        "positions": preft.positions, "epochs": epochs, "steps": preft.steps,
+        "batch_size": batch, "learning_rate": BASE_LEARNING_RATE * multiplier, "seed": seed,
+        "max_seq_len": preft.max_seq_len,
+    }
+    hyper = {"n_epochs": epochs, "batch_size": batch, "learning_rate_multiplier": multiplier}
+    shown_method = {"type": "preft", "preft": {
+        **{k: options[k] for k in ("adapter", "mode", "rank", "alpha", "target_modules",
+                                   "layers", "positions", "max_seq_len")},
+        "steps": steps, "hyperparameters": hyper}}
+    return options, hyper, shown_method

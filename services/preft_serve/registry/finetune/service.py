@@ -1,0 +1,147 @@
+"""What the /v1/fine_tuning endpoints do: create (checked, resolved, limited), read,
+list, cancel, events and checkpoints. Execution is the dispatcher's."""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from typing import Protocol
+
+from preft_serve.common.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from preft_serve.common.text import shown
+from preft_serve.registry.finetune.files import FileService, blob_key
+from preft_serve.registry.finetune.ids import check_job_id, new_job_id
+from preft_serve.registry.finetune.jobs import JobRecord, JobStore
+from preft_serve.registry.finetune.models import (
+    FINE_TUNE_PURPOSE,
+    SUFFIX_PATTERN,
+    CheckpointList,
+    EventList,
+    FineTuningJob,
+    JobCreate,
+    JobList,
+    JobStatus,
+)
+from preft_serve.registry.finetune.resolve import resolve
+from preft_serve.registry.finetune.settings import FinetuneSettings
+from preft_serve.registry.metrics import RegistryMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class Canceller(Protocol):
+    def cancel_now(self, record: JobRecord) -> None: ...
+
+
+class FineTuningService:
+    def __init__(self, store: JobStore, files: FileService, settings: FinetuneSettings,
+                 base_model: str, max_lora_rank: int, max_reft_rank: int) -> None:
+        self.store, self.files, self.settings = store, files, settings
+        self.base_model = base_model
+        self.max_lora_rank, self.max_reft_rank = max_lora_rank, max_reft_rank
+        self.canceller: Canceller | None = None
+        self.metrics: RegistryMetrics | None = None
+
+    def _file(self, tenant: str, file_id: str, param: str) -> tuple[str, int]:
+        info = self.files.info(tenant, file_id, param)  # one read for all three fields
+        if info.get("purpose") != FINE_TUNE_PURPOSE:
+            raise BadRequest(f"file {file_id} has purpose {info.get('purpose')!r}; upload "
+                             f"training data with purpose '{FINE_TUNE_PURPOSE}'", param=param)
+        return info["sha256"], int(info.get("examples", "0"))
+
+    def create(self, tenant: str, body: JobCreate) -> FineTuningJob:
+        if body.model != self.base_model:
+            raise NotFound(f"model {shown(body.model)} is not served here; fine-tune the base "
+                           f"model {self.base_model!r}", code="model_not_found", param="model")
+        if body.suffix is not None and re.fullmatch(SUFFIX_PATTERN[1:-1], body.suffix) is None:
+            raise BadRequest(f"suffix {shown(body.suffix)} is invalid: 1-40 letters, digits, "
+                             "'.', '_' or '-', starting with a letter or digit, no '..'",
+                             param="suffix")
+        training_sha, examples = self._file(tenant, body.training_file, "training_file")
+        validation_sha = None
+        if body.validation_file is not None:
+            validation_sha, _ = self._file(tenant, body.validation_file, "validation_file")
+        seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
+        options, hyper, method = resolve(body, examples, seed, self.settings.max_steps,
+                                         self.max_lora_rank, self.max_reft_rank)
+        job_id = new_job_id()
+        job = FineTuningJob(
+            id=job_id, created_at=int(time.time()), model=body.model,
+            organization_id=tenant, status=JobStatus.QUEUED,
+            training_file=body.training_file, validation_file=body.validation_file,
+            hyperparameters=hyper, seed=seed, method=method,
+            user_provided_suffix=body.suffix)
+        record = JobRecord(job=job, tenant=tenant,
+                           adapter_name=body.suffix or f"ft-{job_id[6:]}",
+                           training_sha256=training_sha, validation_sha256=validation_sha,
+                           train_args={**options, "training_key": blob_key(training_sha),
+                                       "validation_key": blob_key(validation_sha)
+                                       if validation_sha else None})
+        limit = self.settings.tenant_max_running + self.settings.tenant_max_queued
+        if not self.store.create_limited(record, limit, "Validated training file; job "
+                                         "queued"):
+            raise TooManyRequests(
+                f"this tenant already has {limit} fine-tuning jobs queued or running (at "
+                f"most {self.settings.tenant_max_running} run at once and "
+                f"{self.settings.tenant_max_queued} wait); retry when one finishes or "
+                "cancel one", code="rate_limit_exceeded")
+        logger.info("tenant %s job %s queued (%s, %d steps)", tenant, job_id,
+                    options["adapter"], method["preft"]["steps"])
+        return job
+
+    def record(self, tenant: str, job_id: str) -> JobRecord:
+        check_job_id(job_id)
+        record = self.store.get(job_id)
+        if record is None or record.tenant != tenant:
+            raise NotFound(f"no fine-tuning job {job_id!r} in this tenant",
+                           code="job_not_found")
+        return record
+
+    def get(self, tenant: str, job_id: str) -> FineTuningJob:
+        return self.record(tenant, job_id).job
+
+    def list(self, tenant: str, after: str | None, limit: int) -> JobList:
+        if after is not None:
+            check_job_id(after)
+        records, more = self.store.page(tenant, after, limit)
+        return JobList(data=[r.job for r in records], has_more=more)
+
+    def cancel(self, tenant: str, job_id: str) -> FineTuningJob:
+        record = self.record(tenant, job_id)
+        if record.status is JobStatus.CANCELLED:
+            return record.job
+
+        def change(r: JobRecord) -> JobRecord | None:
+            if r.status.finished:
+                raise Conflict(f"job {job_id} already {r.status.value}; only queued or "
+                               "running jobs can be cancelled", code="job_not_cancellable")
+            r.job.status, r.job.finished_at = JobStatus.CANCELLED, int(time.time())
+            return r
+
+        new = self.store.update(job_id, change, "Job cancelled")
+        assert new is not None
+        if self.metrics is not None:
+            self.metrics.finetune_finished.labels("cancelled").inc()
+        if self.canceller is not None and record.status is JobStatus.RUNNING:
+            self.canceller.cancel_now(new)
+        return new.job
+
+    def events(self, tenant: str, job_id: str, after: str | None, limit: int) -> EventList:
+        self.record(tenant, job_id)
+        events, more = self.store.events(job_id, after, limit)
+        return EventList(data=events, has_more=more)
+
+    def checkpoints(self, tenant: str, job_id: str, after: str | None,
+                    limit: int) -> CheckpointList:
+        found = list(reversed(self.record(tenant, job_id).checkpoints))
+        if after is not None:
+            ids = [c.id for c in found]
+            found = found[ids.index(after) + 1:] if after in ids else []
+        page = found[:limit]
+        return CheckpointList(data=page, has_more=len(found) > limit,
+                              first_id=page[0].id if page else None,
+                              last_id=page[-1].id if page else None)
+
+

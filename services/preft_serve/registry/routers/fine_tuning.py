@@ -1,0 +1,68 @@
+"""OpenAI's fine-tuning jobs API, training PreFT adapters: create, list, get, cancel,
+events, checkpoints. Tenant-scoped: another tenant's job is a 404."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from preft_serve.common.errors import error_responses
+from preft_serve.registry.deps import PrincipalDep
+from preft_serve.registry.finetune.deps import JobsDep
+from preft_serve.registry.finetune.models import (
+    CheckpointList,
+    EventList,
+    FineTuningJob,
+    JobCreate,
+    JobList,
+)
+
+router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
+Limit = Annotated[int, Query(ge=1, le=100)]
+After = Annotated[str | None, Query(max_length=64, description="Id of the last item of "
+                                    "the previous page")]
+
+
+@router.post("", response_model=FineTuningJob, responses=error_responses(400, 401, 404, 429))
+def create_job(body: JobCreate, principal: PrincipalDep, jobs: JobsDep) -> FineTuningJob:
+    """Queue a job that trains a PreFT adapter (``method.type`` ``preft``: LoRA, DiReFT or
+    LoReFT) on a file; on success the adapter is registered under ``suffix`` (the job's
+    ``fine_tuned_model``), ready for ``PUT /v1/users/{user}``."""
+    return jobs.create(principal.tenant, body)
+
+
+@router.get("", response_model=JobList, responses=error_responses(401, 404))
+def list_jobs(principal: PrincipalDep, jobs: JobsDep, after: After = None,
+              limit: Limit = 20) -> JobList:
+    """Your jobs, newest first."""
+    return jobs.list(principal.tenant, after, limit)
+
+
+@router.get("/{job_id}", response_model=FineTuningJob, responses=error_responses(401, 404))
+def get_job(job_id: str, principal: PrincipalDep, jobs: JobsDep) -> FineTuningJob:
+    return jobs.get(principal.tenant, job_id)
+
+
+@router.post("/{job_id}/cancel", response_model=FineTuningJob,
+             responses=error_responses(401, 404, 409))
+def cancel_job(job_id: str, principal: PrincipalDep, jobs: JobsDep) -> FineTuningJob:
+    """Stop a queued or running job; nothing is registered."""
+    return jobs.cancel(principal.tenant, job_id)
+
+
+@router.get("/{job_id}/events", response_model=EventList,
+            responses=error_responses(400, 401, 404))
+def list_events(job_id: str, principal: PrincipalDep, jobs: JobsDep, after: After = None,
+                limit: Limit = 20) -> EventList:
+    """Progress (``type`` ``metrics``: step, train_loss, learning_rate) and status
+    messages, newest first."""
+    return jobs.events(principal.tenant, job_id, after, limit)
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList,
+            responses=error_responses(401, 404))
+def list_checkpoints(job_id: str, principal: PrincipalDep, jobs: JobsDep, after: After = None,
+                     limit: Limit = 10) -> CheckpointList:
+    """The registered adapter version of a succeeded job."""
+    return jobs.checkpoints(principal.tenant, job_id, after, limit)

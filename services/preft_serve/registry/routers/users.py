@@ -1,0 +1,46 @@
+"""Tenant endpoints for user -> adapter bindings."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from preft_serve.common.errors import error_responses
+from preft_serve.registry.deps import BindingsDep, PrincipalDep
+from preft_serve.registry.models import BindingIn, BindingOut, UserList
+from preft_serve.registry.names import ADAPTER_PATTERN, UserPath
+
+router = APIRouter(prefix="/v1/users", tags=["users"])
+
+
+@router.get("", response_model=UserList, responses=error_responses(400, 401, 404))
+def list_users(
+    principal: PrincipalDep,
+    bindings: BindingsDep,
+    adapter: Annotated[str | None, Query(description="Only the users bound to this adapter",
+                                         json_schema_extra={"pattern": ADAPTER_PATTERN})] = None,
+) -> UserList:
+    """Your bound users and their adapters, by user id."""
+    return UserList(items=bindings.list(principal.tenant, adapter))
+
+
+@router.put("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 404))
+def bind_user(
+    user_id: UserPath, body: BindingIn, principal: PrincipalDep, bindings: BindingsDep
+) -> BindingOut:
+    """Bind a user to one of your adapters (replaces any previous binding)."""
+    return bindings.bind(principal.tenant, user_id, body.adapter)
+
+
+@router.get("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 404))
+def get_binding(user_id: UserPath, principal: PrincipalDep, bindings: BindingsDep) -> BindingOut:
+    return bindings.get(principal.tenant, user_id)
+
+
+@router.delete("/{user_id}", status_code=status.HTTP_204_NO_CONTENT,
+               responses=error_responses(400, 401, 404))
+def unbind_user(user_id: UserPath, principal: PrincipalDep, bindings: BindingsDep) -> Response:
+    """Remove the binding; the user's requests then run on the base model."""
+    bindings.unbind(principal.tenant, user_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,95 @@
+"""Registry configuration: one pydantic-settings class, built once at start-up.
+
+Every field can be set from the environment with the ``PREFT_REGISTRY_`` prefix
+(``PREFT_REGISTRY_ADMIN_TOKEN``, ``PREFT_REGISTRY_OBJECT_STORE__URL`` ...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.common.service_settings import ServiceSettings
+from preft_serve.common.serving_limits import REFT_KERNEL_MAX_RANK, SERVING_LIMITS
+from preft_serve.registry.finetune.settings import FinetuneSettings
+
+_PLACEHOLDERS = ("changeme", "change-me", "change_me", "secret", "password", "admin", "token",
+                 "example", "xxx", "todo", "replace")
+DType = Literal["F32", "F16", "BF16"]
+
+
+class RegistrySettings(ServiceSettings):
+    """Everything the registry needs; secrets have no default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PREFT_REGISTRY_", env_nested_delimiter="__", extra="ignore",
+        populate_by_name=True,
+    )
+
+    admin_token: SecretStr = Field(description="Bearer token for admin endpoints (>= 16 chars)")
+    object_store: ObjectStoreSettings = ObjectStoreSettings(url="var/registry/objects")
+    base_model: Path = Field(description="Base model directory (or its config.json)")
+    base_model_name: str | None = Field(None, description="Label for the base model; "
+                                        "defaults to the directory name")
+
+    # Defaults shared with the workers (common/serving_limits.py); keep them equal to the
+    # workers' --max-lora-rank, or uploads pass here and fail on every request there.
+    max_lora_rank: int = Field(
+        SERVING_LIMITS.max_lora_rank, ge=1,
+        validation_alias=AliasChoices("PREFT_REGISTRY_MAX_LORA_RANK", "PREFT_REGISTRY_MAX_RANK"),
+        description="Largest LoRA r: the workers' --max-lora-rank (MAX_RANK is the old name)")
+    max_reft_rank: int = Field(SERVING_LIMITS.max_reft_rank, ge=1, le=REFT_KERNEL_MAX_RANK,
+                               description="Largest ReFT rank (the GPU kernel's limit at most)")
+    allowed_dtypes: tuple[DType, ...] = ("F32", "F16", "BF16")
+    max_upload_bytes: int = Field(1 << 30, ge=1024, description="Whole request body")
+    max_weights_bytes: int = Field(1 << 30, ge=1024, description="adapter_model.safetensors")
+    max_config_bytes: int = Field(1 << 20, ge=1024, description="adapter_config.json")
+    max_archive_members: int = Field(16, ge=2)
+    max_compression_ratio: float = Field(100.0, gt=1.0,
+                                         description="Uncompressed/compressed, per archive member")
+    tenant_max_adapters: int = Field(1000, ge=1, description="Adapters one tenant may hold; "
+                                     "an upload creating one more is refused (403 "
+                                     "quota_exceeded)")
+    tenant_max_stored_bytes: int = Field(10 << 30, ge=1024, description="Bytes of distinct "
+                                         "adapter content (all versions) one tenant may "
+                                         "store; an upload going over is refused (403 "
+                                         "quota_exceeded)")
+    staging_dir: Path | None = Field(None, description="Where uploads are unpacked; "
+                                     "defaults to the system temp dir")
+    events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")
+    finetune: FinetuneSettings = Field(default_factory=FinetuneSettings,
+                                       description="Fine-tuning jobs (docs/fine-tuning.md)")
+
+    port: int = Field(8081, ge=1, le=65535, description="Port")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _real_secret(cls, value: SecretStr) -> SecretStr:
+        raw = value.get_secret_value()
+        if len(raw) < 16:
+            raise ValueError("admin_token must be at least 16 characters (use a random secret)")
+        if any(p in raw.lower() for p in _PLACEHOLDERS) and len(set(raw)) < 12:
+            raise ValueError("admin_token looks like a placeholder; set a random secret")
+        return value
+
+    @field_validator("base_model")
+    @classmethod
+    def _has_config(cls, value: Path) -> Path:
+        config = value / "config.json" if value.is_dir() else value
+        if not config.is_file():
+            raise ValueError(f"{config} does not exist: point base_model at a HF model directory")
+        return value
+
+    @property
+    def base_model_config(self) -> Path:
+        return self.base_model / "config.json" if self.base_model.is_dir() else self.base_model
+
+    @property
+    def base_model_label(self) -> str:
+        if self.base_model_name:
+            return self.base_model_name
+        return (self.base_model if self.base_model.is_dir() else self.base_model.parent).name

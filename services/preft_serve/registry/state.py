@@ -1,0 +1,68 @@
+"""Process-wide clients and services, built once in the app's lifespan."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import redis
+
+from preft_serve.common.objectstore import ObjectStore
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.bindings import BindingService
+from preft_serve.registry.quotas import Quota
+from preft_serve.registry.settings import RegistrySettings
+from preft_serve.registry.tenants import TenantService
+from preft_serve.registry.usage import UsageService
+from preft_serve.registry.validation import BaseModelSpec, ValidationLimits
+
+if TYPE_CHECKING:
+    from preft_serve.registry.finetune.wiring import FinetuneParts
+
+
+@dataclasses.dataclass
+class RegistryState:
+    settings: RegistrySettings
+    redis: redis.Redis
+    store: ObjectStore
+    base: BaseModelSpec
+    tenants: TenantService
+    adapters: AdapterService
+    bindings: BindingService
+    usage: UsageService
+    finetune: FinetuneParts | None = None  # /v1/files, /v1/fine_tuning (started by the app)
+
+    @classmethod
+    def build(cls, settings: RegistrySettings, store: ObjectStore | None = None) -> RegistryState:
+        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
+                                      health_check_interval=30)
+        keys = RegistryKeys(settings.namespace)
+        store = store or settings.object_store.create()
+        base = BaseModelSpec.load(settings.base_model_label, settings.base_model_config)
+        limits = ValidationLimits(
+            max_lora_rank=settings.max_lora_rank,
+            max_reft_rank=settings.max_reft_rank,
+            allowed_dtypes=tuple(settings.allowed_dtypes),
+            max_weights_bytes=settings.max_weights_bytes,
+            max_config_bytes=settings.max_config_bytes,
+            max_archive_members=settings.max_archive_members,
+            max_compression_ratio=settings.max_compression_ratio,
+        )
+        maxlen = settings.events_maxlen
+        return cls(
+            settings=settings,
+            redis=client,
+            store=store,
+            base=base,
+            tenants=TenantService(client, keys, maxlen, store),
+            adapters=AdapterService(client, keys, store, base, limits, settings.staging_dir,
+                                    maxlen, Quota(settings.tenant_max_adapters,
+                                                  settings.tenant_max_stored_bytes)),
+            bindings=BindingService(client, keys, maxlen),
+            usage=UsageService(client, keys),
+        )
+
+    def close(self) -> None:
+        self.redis.close()
+

