@@ -45,7 +45,8 @@ def with_secrets(values: dict[str, str]) -> dict[str, str]:
     """Secret markers replaced by random strings, as the kubelet would inject real ones."""
     fake: dict[str, str] = {}
     out = {}
-    for name, value in values.items():
+    for name, raw in values.items():
+        value = raw
         for marker in [v for v in values.values() if v.startswith("secret.")]:
             fake.setdefault(marker, secrets.token_urlsafe(24))
             value = value.replace(marker, fake[marker])
@@ -90,7 +91,7 @@ def gateway_app(request: pytest.FixtureRequest, scenarios: dict[str, Rendered],
     for name, value in with_secrets(service_env(rendered, "gateway", "PREFT_GATEWAY_")).items():
         clean_env.setenv(name, value)
     settings = GatewaySettings()  # type: ignore[call-arg]
-    yield settings, create_gateway(settings)
+    return settings, create_gateway(settings)
 
 
 @pytest.mark.parametrize("gateway_app", ALL, indirect=True)

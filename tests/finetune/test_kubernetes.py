@@ -64,7 +64,8 @@ def test_job_manifest_matches_the_kubernetes_schema(version: str, variant: str) 
 def test_job_manifest_content() -> None:
     doc = manifest(build_job(SPEC, "acme", STORE, settings(), 7200))
     assert doc["apiVersion"] == "batch/v1" and doc["kind"] == "Job"
-    assert doc["metadata"]["name"] == job_name(SPEC.job_id) == "preft-ftjob-abcdefghijklmnopqrstuvwx"
+    expected_name = "preft-ftjob-abcdefghijklmnopqrstuvwx"
+    assert doc["metadata"]["name"] == job_name(SPEC.job_id) == expected_name
     assert doc["metadata"]["namespace"] == "llm"
     spec = doc["spec"]
     assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 7200

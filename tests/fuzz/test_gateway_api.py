@@ -55,7 +55,8 @@ from tests.support.inprocess import serving
 ADMIN_TOKEN = "fuzz-admin-0123456789abcdef"
 BASE = "tiny-llama"
 COMPLETIONS = ("/v1/chat/completions", "/v1/completions")
-STEER = {"model": ["support-bot", "bot2", BASE, "nobody"], "user": ["alice", "bob", "carol", "dave"]}
+STEER = {"model": ["support-bot", "bot2", BASE, "nobody"],
+         "user": ["alice", "bob", "carol", "dave"]}
 BELOW_CAPS = {"max_tokens": 64, "max_completion_tokens": 64, "n": 2, "best_of": 2}
 
 

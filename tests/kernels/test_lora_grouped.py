@@ -89,7 +89,8 @@ def test_rows_without_adapter_are_untouched_even_with_nan_weights() -> None:
     a = [torch.full((2, 1, 4, 8), float("nan"))]
     b = [torch.full((2, 1, 8, 4), float("nan"))]
     y = torch.ones(3, 8)
-    grouped_lora_linear(y, torch.ones(3, 8), a, b, AdapterGroups.from_slots([-1, -1, -1]), 1.0, (8,))
+    no_adapter = AdapterGroups.from_slots([-1, -1, -1])
+    grouped_lora_linear(y, torch.ones(3, 8), a, b, no_adapter, 1.0, (8,))
     assert torch.equal(y, torch.ones(3, 8))
 
 

@@ -152,7 +152,8 @@ def test_no_groups_launches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch.equal(out, h)
 
 
-@pytest.mark.parametrize("act,wt", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+@pytest.mark.parametrize("act,wt", [(torch.bfloat16, torch.bfloat16),
+                                    (torch.float16, torch.float32),
                                     (torch.float32, torch.bfloat16)])
 def test_half_precision(act: torch.dtype, wt: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(3)
@@ -235,7 +236,8 @@ def test_wrapper_rejects_bad_inputs() -> None:
     meta = rt.ReftTritonMeta.from_row_index([0, 1], DEVICE)
     h = torch.randn(2, 64, device=DEVICE)
     with pytest.raises(AssertionError):  # non-contiguous activations
-        rt.reft_triton(torch.randn(64, 2, device=DEVICE).T, h, *meta.args(), proj_in, bias, proj_out)
+        transposed = torch.randn(64, 2, device=DEVICE).T
+        rt.reft_triton(transposed, h, *meta.args(), proj_in, bias, proj_out)
     with pytest.raises(AssertionError):  # hidden size mismatch
         rt.reft_triton(h[:, :32].contiguous(), h[:, :32].contiguous(), *meta.args(),
                        proj_in, bias, proj_out)

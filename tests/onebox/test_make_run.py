@@ -1,9 +1,9 @@
 """``python -m preft_serve.onebox`` (what ``make run`` runs), as a real subprocess.
 
 One stack start: wait for the ready line, run the curl and openai examples it printed
-(exactly as printed, through bash) on the --toy stack, check the gateway routed to the bound adapter by asking
-the worker directly for that adapter's hash, then Ctrl-C (SIGINT) and check a clean exit
-with every part's process group gone and every port closed.
+(exactly as printed, through bash) on the --toy stack, check the gateway routed to the bound
+adapter by asking the worker directly for that adapter's hash, then Ctrl-C (SIGINT) and check a
+clean exit with every part's process group gone and every port closed.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def test_printed_examples_work_against_the_running_stack(stack: RunningStack) ->
     curl = _curl_command(stack.output)
     assert gateway in curl
 
-    done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, check=False, timeout=120)
+    done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, check=False,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)
     assert reply["model"] == "alice-prefill"

@@ -51,11 +51,8 @@ def _adapter_entries(adapter_dir: Path, folder: str = "") -> list[tuple[str, byt
 def test_archive_matches_plain_upload(kind, folder, client, acme, lora_dir):
     plain = upload(client, acme, "plain", lora_dir)
     assert plain.status_code == 201
-    entries = _adapter_entries(lora_dir, folder) + [(folder + "README.md", b"# PEFT readme")]
-    if kind == "zip":
-        data = _zip(entries)
-    else:
-        data = _tar(entries, "w" if kind == "tar" else "w:gz")
+    entries = [*_adapter_entries(lora_dir, folder), (folder + "README.md", b"# PEFT readme")]
+    data = _zip(entries) if kind == "zip" else _tar(entries, "w" if kind == "tar" else "w:gz")
     resp = _post_archive(client, acme, f"adapter.{kind}", data)
     assert resp.status_code == 201, resp.text
     assert resp.json()["sha256"] == plain.json()["sha256"]
@@ -154,7 +151,7 @@ BAD_ARCHIVES = {
                          "adapter.zip", 400, "archive has more than 16 entries"),
     "pickle inside": (lambda d: _tar([(CONFIG_FILE, b"{}"), ("adapter_model.bin", b"\x80\x04")]),
                       "adapter.tar.gz", 415, "adapter_model.bin is a pickle-based PyTorch file"),
-    "stranger inside": (lambda d: _zip(_adapter_entries(d) + [("run.sh", b"rm -rf /")]),
+    "stranger inside": (lambda d: _zip([*_adapter_entries(d), ("run.sh", b"rm -rf /")]),
                         "adapter.zip", 400, "unexpected file 'run.sh'"),
     "duplicate": (lambda d: _tar(_adapter_entries(d) + _adapter_entries(d, "x/")),
                   "adapter.tar.gz", 400, "archive contains adapter_config.json more than once"),

@@ -81,10 +81,8 @@ class ServiceProcess:
             return
         if self.proc.poll() is None:
             self._signal_group(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
         self._signal_group(signal.SIGKILL)  # stragglers in the group, if any
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)

@@ -82,7 +82,7 @@ def test_every_bad_line_is_reported_at_once_and_long_ones_are_not_echoed(
 def test_empty_file_and_blank_lines(tmp_path: Path, toy_tokenizer: Any) -> None:
     assert "has no examples" in refused(tmp_path, toy_tokenizer, "", "  ")
     missing = tmp_path / "absent.jsonl"
-    with pytest.raises(DataError, match="cannot read .*absent.jsonl"):
+    with pytest.raises(DataError, match=r"cannot read .*absent\.jsonl"):
         load_dataset(missing, toy_tokenizer, 512)
 
 

@@ -6,7 +6,8 @@ An adapter is a directory (or blob pair) with ``adapter_config.json`` and
 * ``preft_mode``: ``"prefill"`` (PreFT: adapter on prompt tokens only) or ``"all"``
   (classic PEFT). A plain PEFT adapter without the key is ``"all"``.
 * ReFT adapters have ``"peft_type": "REFT"`` and ``"reft_type": "direft" | "loreft"``
-  (see docs/adapters.md and docs/reft.md); LoRA adapters are ordinary PEFT ``"peft_type": "LORA"`` configs.
+  (see docs/adapters.md and docs/reft.md); LoRA adapters are ordinary PEFT
+  ``"peft_type": "LORA"`` configs.
 
 Identity is content: ``sha256`` over the canonical config JSON and the weights bytes, so
 names and versions are only labels, and the prefix cache can key on content. This module is

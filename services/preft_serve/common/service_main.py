@@ -53,7 +53,8 @@ def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[BaseS
         info = settings_cls.model_fields[name]
         env = f"{env_prefix}{name.upper()}"
         default = info.default.value if isinstance(info.default, enum.Enum) else info.default
-        shown = f", default {default}" if default not in (None, PydanticUndefined, [], False) else ""
+        unset = (None, PydanticUndefined, [], False)
+        shown = f", default {default}" if default not in unset else ""
         text = f"{info.description or name.replace('_', ' ')} ({env}{shown})"
         flag = renamed.get(name, "--" + name.replace("_", "-"))
         kind = info.annotation

@@ -2,8 +2,9 @@
 
 Names, archive entries, config values and library error texts can be as long as a request
 allows (a tar header once carried a 100 MiB name, which came back as a 100 MiB error body).
-Every message (registry, adapter formats) that quotes such text goes through :func:`shown` (or :func:`clip` for text
-that is already a sentence), so an error body stays small whatever was uploaded.
+Every message (registry, adapter formats) that quotes such text goes through :func:`shown`
+(or :func:`clip` for text that is already a sentence), so an error body stays small
+whatever was uploaded.
 """
 
 from __future__ import annotations

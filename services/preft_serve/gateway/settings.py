@@ -31,8 +31,9 @@ class GatewaySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="PREFT_GATEWAY_", extra="ignore")
 
     discovery: DiscoveryKind = Field(
-        DiscoveryKind.STATIC, description="How workers are found: a static URL list, the A records of a "
-        "headless Service, or the Service's EndpointSlices through the Kubernetes API")
+        DiscoveryKind.STATIC,
+        description="How workers are found: a static URL list, the A records of a headless "
+        "Service, or the Service's EndpointSlices through the Kubernetes API")
     worker_urls: Annotated[list[str], NoDecode] = Field(
         [], description="Static list of worker base URLs (a JSON list or comma-separated)")
     worker_dns_name: str | None = Field(None, description="dns: the workers' headless "

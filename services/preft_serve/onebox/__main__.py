@@ -129,7 +129,7 @@ def prepare_real(var: Path, models_dir: Path) -> tuple[Path, list[Binding], list
     except ModelPrepareError as exc:
         raise StackError(str(exc)) from None
     say(f"[2/7] PreFT adapters for the demo users in {var / 'demo' / 'personal'}")
-    trained = train_demo_users(var / "demo" / "personal", model, lambda line: say(line))
+    trained = train_demo_users(var / "demo" / "personal", model, say)
     return model, [Binding(t.user, t.adapter, t.directory, AdapterMode.PREFILL)
                    for t in trained], trained
 

@@ -100,7 +100,7 @@ def chat(stack: OneBox, api_key: str, body: dict[str, object]) -> dict[str, Any]
     if resp.status_code != 200:
         raise StackError(f"the demo request through the gateway failed: HTTP "
                          f"{resp.status_code} {resp.text[:500]}")
-    return resp.json()  # type: ignore[no-any-return]
+    return resp.json()
 
 
 def first_reply(stack: OneBox, api_key: str, user: str = "alice") -> dict[str, Any]:
@@ -171,6 +171,7 @@ export PREFT_REGISTRY_URL={stack.registry_url} PREFT_API_KEY={tenant.api_key}
 # train your own PreFT adapter on chat JSONL, upload it, bind a user (docs/training.md)
 {preft} train {shlex.quote(str(tenant.sample_data))} --model {shlex.quote(str(stack.model))} \\
   --out {shlex.quote(str(stack.config.var / "my-adapter"))} --steps 16 --lr 5e-3
-{preft} adapter upload {shlex.quote(str(stack.config.var / "my-adapter"))} --name my-adapter --mode prefill
+{preft} adapter upload {shlex.quote(str(stack.config.var / "my-adapter"))} \\
+  --name my-adapter --mode prefill
 {preft} user bind me my-adapter
 """

@@ -20,7 +20,7 @@ class RegistryMetrics:
             ["method", "route"], registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
-        # Fine-tuning (services/preft_serve/registry/finetune): written by the dispatcher and the cancel route.
+        # Fine-tuning (registry.finetune): written by the dispatcher and the cancel route.
         self.finetune_jobs = Gauge(
             "preft_registry_finetune_jobs", "Fine-tuning jobs queued or running (all "
             "tenants; every registry replica reports the same numbers)", ["state"],

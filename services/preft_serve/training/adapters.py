@@ -21,7 +21,7 @@ import abc
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ __all__ = ["LORA_MODULES", "AdapterSpec", "TrainableAdapter", "attach_adapter"]
 
 def decoder_layers(causal_lm: nn.Module) -> nn.ModuleList:
     """The decoder blocks of a Hugging Face causal LM (Llama, Qwen2 and alike)."""
-    return causal_lm.get_decoder().layers  # type: ignore[no-any-return, operator]
+    return causal_lm.get_decoder().layers  # type: ignore[operator]
 
 
 class TrainableAdapter(abc.ABC):
@@ -89,7 +89,7 @@ class LoraAdapter(TrainableAdapter):
         from peft.tuners.lora import LoraLayer
 
         config = LoraConfig(
-            r=spec.rank, lora_alpha=spec.alpha or spec.rank,
+            r=spec.rank, lora_alpha=spec.alpha or spec.rank,  # type: ignore[arg-type]  # peft accepts floats
             target_modules=list(spec.target_modules), lora_dropout=spec.dropout,
             bias="none", use_rslora=spec.rslora, task_type="CAUSAL_LM",
         )
@@ -173,6 +173,7 @@ class _Intervention(nn.Module):
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The saved tensors (docs/adapters.md names), float32."""
+        out: dict[str, torch.Tensor]
         if self.kind is AdapterType.DIREFT:
             out = {"w1": self.w1, "b": self.b, "w2": self.w2}
         else:
@@ -188,7 +189,7 @@ class ReftAdapter(TrainableAdapter):
         for p in causal_lm.parameters():
             p.requires_grad_(False)
         blocks = decoder_layers(causal_lm)
-        hidden = int(causal_lm.config.hidden_size)
+        hidden = int(causal_lm.config.hidden_size)  # type: ignore[union-attr, arg-type]
         layers = list(range(len(blocks))) if spec.layers is None else list(spec.layers)
         if bad := [x for x in layers if not 0 <= x < len(blocks)]:
             raise ValueError(f"--layers {bad} out of range: the model has {len(blocks)} layers")
@@ -206,6 +207,10 @@ class ReftAdapter(TrainableAdapter):
         for layer in layers:
             blocks[layer].register_forward_hook(self._hook(layer))
 
+    def _intervention(self, key: str) -> _Intervention:
+        """ModuleDict items are typed as plain modules."""
+        return cast(_Intervention, self.interventions[key])
+
     def _hook(self, layer: int) -> Any:
         def hook(_module: nn.Module, _args: Any, output: Any) -> Any:
             if self._codes is None:
@@ -217,7 +222,7 @@ class ReftAdapter(TrainableAdapter):
                 where = (self._codes == code)[..., None]
                 if not bool(where.any()):
                     continue
-                iv = self.interventions[f"{layer}_{SHARED if self.shared else part}"]
+                iv = self._intervention(f"{layer}_{SHARED if self.shared else part}")
                 delta = delta + where * iv.delta(h)
             hidden = (h + delta).to(hidden.dtype)
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
@@ -247,7 +252,7 @@ class ReftAdapter(TrainableAdapter):
     def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for layer in self.layers:
             for part in self.parts:
-                for suffix, tensor in self.interventions[f"{layer}_{part}"].tensors().items():
+                for suffix, tensor in self._intervention(f"{layer}_{part}").tensors().items():
                     yield tensor_name(layer, part, suffix), tensor
 
     def save(self, out: Path, base_model: str) -> None:

@@ -64,4 +64,4 @@ class TrainConfig:
             if isinstance(value, (list, tuple)):
                 return [plain(v) for v in value]
             return value
-        return plain(dataclasses.asdict(self))  # type: ignore[no-any-return]  # JSON values
+        return plain(dataclasses.asdict(self))  # JSON values

@@ -89,10 +89,8 @@ class LocalObjectStore(ObjectStore):
         current = self.root
         for part in path.relative_to(self.root).parts[:-1]:
             current = current / part
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(current)
-            except FileExistsError:
-                pass
 
     def _atomic_write(self, key: str, write: Callable[[BinaryIO], object]) -> None:
         path = self._path(key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Self
 
 import redis.asyncio as aioredis
@@ -65,10 +66,8 @@ class AsyncRegistryClient(RegistryCore):
         """Stop listening; closes the Redis client too if this object created it."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         self._live = False
         if self._listen_redis is not None:

@@ -171,7 +171,7 @@ class RegistryKeys:
         return f"{self.ns}:usage:{_part(tenant, is_tenant_name, 'tenant name')}:" \
                f"{_part(day, is_usage_day, 'usage day')}"
 
-    # -- fine-tuning (services/preft_serve/registry/finetune) ---------------------------------------------------
+    # -- fine-tuning (preft_serve.registry.finetune) ---------------------------------------
 
     def tenant_files(self, tenant: str) -> str:  # ZSET file id by created_at ms (listing)
         return f"{self.tenant(tenant)}:files"

@@ -116,10 +116,7 @@ class WeightsFile:
             return False
         view, mask = _EXPONENT[info.dtype]
         bits = self._raw(info).view(view)
-        for i in range(0, bits.size, _CHUNK):
-            if np.any((bits[i : i + _CHUNK] & mask) == mask):
-                return True
-        return False
+        return any(np.any(bits[i:i + _CHUNK] & mask == mask) for i in range(0, bits.size, _CHUNK))
 
     def max_abs(self, name: str) -> float:
         """Largest |value| of a float tensor (finite values assumed), read in chunks."""

@@ -60,7 +60,7 @@ class Runner(abc.ABC):
         """How many more trainers this backend takes now."""
         return 1 << 30
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: most backends hold nothing to stop)
         """Stop following trainers (the registry is shutting down)."""
 
 
