@@ -34,6 +34,9 @@ BAD_LINES = {
     "bad weight": (_msgs({"role": "assistant", "content": "x", "weight": 2}), "weight 2"),
     "no assistant": (_msgs({"role": "user", "content": "x"}), "no assistant message"),
     "too many messages": (_msgs(*[{"role": "user", "content": "x"}] * 257), "257 messages"),
+    # JSON admits lone surrogates; no tokenizer encodes them, so the trainer would fail late.
+    "lone surrogate": ('{"messages": [{"role": "user", "content": "a\\ud800b"}, '
+                       '{"role": "assistant", "content": "x"}]}', "lone surrogate"),
 }
 
 
@@ -76,7 +79,8 @@ def test_sizes_counts_and_purpose_are_bounded(serve: object) -> None:
     key = api.tenant("acme")
     assert api.upload(key, (GOOD + "\n") * 100).status_code == 413
     too_many = api.upload(key, ((GOOD + "\n") * 3).encode())
-    assert too_many.status_code == 400 and "3 examples" in too_many.text
+    assert too_many.status_code == 400 and "more than 2 examples" in too_many.text
+    assert "PREFT_REGISTRY_FINETUNE__MAX_EXAMPLES" in too_many.text
     wrong = api.call(key, "POST", "/v1/files", data={"purpose": "assistants"},
                      files={"file": ("a.jsonl", chat_jsonl())})
     assert wrong.status_code == 422 and "purpose" in wrong.json()["error"]["message"]

@@ -9,11 +9,15 @@ from typing import Any
 
 import pytest
 
+from preft_serve.training import data
 from preft_serve.training.data import (
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
+    MAX_REPORTED,
     DataError,
     Overlong,
+    TooManyExamples,
+    check_conversations,
     load_dataset,
 )
 
@@ -143,3 +147,49 @@ def test_smollm2_style_templates_end_the_response_at_the_end_of_turn_token(
                         "{% endif %}")
     data = load_dataset(write(tmp_path, GOOD), toy_tokenizer, 512)
     assert toy_tokenizer.decode(list(data.examples[0].response)) == "Hello there<|eos|>"
+
+
+def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    real = data.parse_conversation
+
+    def counting(raw: str) -> list[dict[str, Any]]:
+        calls[0] += 1
+        return real(raw)
+
+    monkeypatch.setattr(data, "parse_conversation", counting)
+    return calls
+
+
+def test_a_file_of_bad_lines_stops_parsing_after_the_reported_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's file of millions of bad lines costs the same as one of ten: the pass
+    stops parsing at the last line it reports and only counts the rest."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"x\n" * 200_000)
+    calls = _count_parses(monkeypatch)
+    with pytest.raises(DataError) as info:
+        check_conversations(path)
+    message = str(info.value)
+    assert calls[0] == MAX_REPORTED
+    assert f"stopped after {MAX_REPORTED} bad lines; {200_000 - MAX_REPORTED} later" in message
+    assert message.count("not valid JSON") == MAX_REPORTED and len(message) < 2000
+
+
+def test_the_example_cap_stops_the_pass_at_the_first_example_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, *[GOOD] * 1000)
+    calls = _count_parses(monkeypatch)
+    with pytest.raises(TooManyExamples, match="more than 5 examples"):
+        check_conversations(path, max_examples=5)
+    assert calls[0] == 6
+    assert check_conversations(path, max_examples=1000) == 1000
+
+
+def test_a_lone_surrogate_is_refused_before_training(tmp_path: Path, toy_tokenizer: Any) -> None:
+    line = '{"messages": [{"role": "user", "content": "hi \\udc00"}, ' \
+        '{"role": "assistant", "content": "x"}]}'
+    error = refused(tmp_path, toy_tokenizer, GOOD, line)
+    assert "line 2: message 0 (user) has a lone surrogate" in error, error

@@ -17,7 +17,7 @@ import enum
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from preft_serve.common.jsondepth import json_nests_deeper
 
@@ -31,6 +31,10 @@ _QUOTE_CHARS = 60
 
 class DataError(ValueError):
     """The training data cannot be used; the message names the file and line(s)."""
+
+
+class TooManyExamples(DataError):
+    """The file holds more conversations than the caller allows."""
 
 
 class Overlong(str, enum.Enum):
@@ -99,6 +103,15 @@ def _content_text(content: object) -> str | None:
     return None
 
 
+def _is_unicode(text: str) -> bool:
+    """JSON lets ``\\ud800`` through as a lone surrogate, which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_conversation(raw: str) -> list[dict[str, Any]]:
     """One JSONL line -> messages ``[{"role", "content", "weight"}]``; raises ValueError
     with a message that says what to fix (without the line number)."""
@@ -130,6 +143,9 @@ def parse_conversation(raw: str) -> list[dict[str, Any]]:
         if text is None:
             raise ValueError(f"message {i} ({role}) needs 'content': a string or a list of "
                              '{"type": "text", "text": ...} parts')
+        if not _is_unicode(text):
+            raise ValueError(f"message {i} ({role}) has a lone surrogate escape such as "
+                             "\\ud800 in its content: not valid Unicode text")
         weight = message.get("weight", 1)
         if role == "assistant" and weight not in (0, 1):
             raise ValueError(f"message {i} has weight {_quote(weight)}; use 0 or 1")
@@ -140,46 +156,85 @@ def parse_conversation(raw: str) -> list[dict[str, Any]]:
     return parsed
 
 
-def read_conversations(path: Path) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """(line number, messages) for every non-blank line; all problems reported at once."""
-    problems: list[str] = []
-    found: list[tuple[int, list[dict[str, Any]]]] = []
+def _lines(handle: IO[bytes]) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line number, text, problem) for every line, read in bounded pieces: a line longer
+    than :data:`MAX_LINE_BYTES` is skipped piecewise, never held whole."""
+    number = 0
+    while chunk := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+            while chunk and not chunk.endswith(b"\n"):  # skip the rest of it
+                chunk = handle.readline(MAX_LINE_BYTES)
+            yield number, None, f"longer than {MAX_LINE_BYTES} bytes"
+            continue
+        try:
+            yield number, chunk.decode("utf-8"), None
+        except UnicodeDecodeError:
+            yield number, None, "not UTF-8 text"
+
+
+def _open(path: Path) -> IO[bytes]:
     try:
-        handle = open(path, "rb")  # noqa: SIM115
+        return open(path, "rb")
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}") from None
-    with handle:
-        number = 0
-        while True:
-            chunk = handle.readline(MAX_LINE_BYTES + 1)
-            if not chunk:
-                break
-            number += 1
-            if len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
-                problems.append(f"line {number}: longer than {MAX_LINE_BYTES} bytes")
-                while chunk and not chunk.endswith(b"\n"):  # skip the rest of it
-                    chunk = handle.readline(MAX_LINE_BYTES)
-                continue
-            try:
-                raw = chunk.decode("utf-8")
-            except UnicodeDecodeError:
-                problems.append(f"line {number}: not UTF-8 text")
-                continue
-            if not raw.strip():
-                continue
-            try:
-                found.append((number, parse_conversation(raw)))
-            except ValueError as exc:
-                problems.append(f"line {number}: {exc}")
+
+
+def _unchecked_lines(handle: IO[bytes]) -> int:
+    """Lines left in ``handle``, counted in fixed-size reads without parsing them."""
+    count, last = 0, b"\n"
+    while block := handle.read(1 << 20):
+        count += block.count(b"\n")
+        last = block[-1:]
+    return count + (last != b"\n")
+
+
+def check_conversations(path: Path, max_examples: int | None = None) -> int:
+    """Number of conversations in a JSONL file, checked in one streaming pass.
+
+    Memory stays bounded whatever the file holds (tenants upload these): the pass keeps
+    counts and at most :data:`MAX_REPORTED` messages, stops parsing after that many bad
+    lines (the rest are counted, not parsed) and as soon as the file has more than
+    ``max_examples`` conversations. Raises :class:`DataError` naming what to fix.
+    """
+    problems: list[str] = []
+    conversations = 0
+    with _open(path) as handle:
+        for number, raw, unreadable in _lines(handle):
+            problem = unreadable
+            if problem is None and raw is not None and raw.strip():
+                try:
+                    parse_conversation(raw)
+                    conversations += 1
+                except ValueError as exc:
+                    problem = str(exc)
+            if problem is not None:
+                problems.append(f"line {number}: {problem}")
+                if len(problems) == MAX_REPORTED:
+                    rest = _unchecked_lines(handle)
+                    more = (f"\n  (stopped after {MAX_REPORTED} bad lines; {rest} later "
+                            "line(s) not checked)") if rest else ""
+                    raise DataError(f"{path}: {MAX_REPORTED} bad line(s):\n  "
+                                    + "\n  ".join(problems) + more)
+            if max_examples is not None and conversations > max_examples:
+                raise TooManyExamples(f"{path} has more than {max_examples} examples (stopped at "
+                                f"line {number}); at most {max_examples} per file")
     if problems:
-        shown = "\n  ".join(problems[:MAX_REPORTED])
-        more = f"\n  (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED \
-            else ""
-        raise DataError(f"{path}: {len(problems)} bad line(s):\n  {shown}{more}")
-    if not found:
+        raise DataError(f"{path}: {len(problems)} bad line(s):\n  " + "\n  ".join(problems))
+    if not conversations:
         raise DataError(f"{path} has no examples (one JSON object per line: "
                         '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]})')
-    yield from found
+    return conversations
+
+
+def read_conversations(path: Path) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(line number, messages) for every non-blank line, after :func:`check_conversations`
+    accepted the whole file (so nothing is trained on a file with a bad line)."""
+    check_conversations(path)
+    with _open(path) as handle:
+        for number, raw, _ in _lines(handle):
+            if raw is not None and raw.strip():
+                yield number, parse_conversation(raw)
 
 
 def _end_of_turn(response: str, eos_token: str | None) -> str:

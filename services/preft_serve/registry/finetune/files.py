@@ -1,7 +1,7 @@
 """Fine-tuning files: bounded upload, line-by-line validation, content-addressed storage.
 
 The body is copied to a private staging file with a running size check, then checked
-with the trainer's own reader (``training.data.read_conversations``), so a file accepted
+with the trainer's own checker (``training.data.check_conversations``), so a file accepted
 here is one ``preft train`` accepts, and a refusal names every bad line (up to 10) the
 way ``preft train`` does. Content goes to the object store under ``files/<sha256>``
 (identical uploads share it); metadata goes to Redis. Nothing is stored on a refusal.
@@ -29,7 +29,7 @@ from preft_serve.registry.finetune.models import (
     FileObject,
 )
 from preft_serve.registry.finetune.settings import FinetuneSettings
-from preft_serve.training.data import DataError, read_conversations
+from preft_serve.training.data import DataError, TooManyExamples, check_conversations
 
 logger = logging.getLogger(__name__)
 MAX_FILENAME = 256
@@ -56,18 +56,19 @@ def copy_file_bounded(src: IO[bytes], dest: Path, limit: int) -> str:
 
 
 def validate_jsonl(path: Path, max_examples: int) -> int:
-    """Number of conversations; 400 naming each bad line (``invalid_file_format``)."""
+    """Number of conversations; 400 naming the bad lines (``invalid_file_format``).
+
+    One streaming pass in bounded memory (``training.data.check_conversations``): the
+    largest file the size cap allows costs a registry no more memory than a small one.
+    """
     try:
-        count = sum(1 for _ in read_conversations(path))
+        return check_conversations(path, max_examples)
     except DataError as exc:
         message = str(exc).replace(str(path), "the file")
+        if isinstance(exc, TooManyExamples):
+            message += " (PREFT_REGISTRY_FINETUNE__MAX_EXAMPLES)"
         raise BadRequest(clip(message, 4000), param="file", code="invalid_file_format") \
             from None
-    if count > max_examples:
-        raise BadRequest(f"the file has {count} examples; at most {max_examples} per file "
-                         "(PREFT_REGISTRY_FINETUNE__MAX_EXAMPLES)", param="file",
-                         code="invalid_file_format")
-    return count
 
 
 class FileService:
