@@ -16,7 +16,6 @@ import pytest
 
 from preft_serve.common.local_redis import NOT_INSTALLED, running_redis
 
-# Helpers live in tests/support; free_port stays importable from here for older imports.
 from tests.support.ports import free_port, wait_for_port
 
 

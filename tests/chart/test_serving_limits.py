@@ -1,7 +1,6 @@
 """One chart value, worker.maxLoraRank, sets the workers' --max-lora-rank and the registry's
 MAX_LORA_RANK, and its default is the services' own (common/serving_limits.py): a registry
-that accepts ranks its workers refuse answers 201 to an upload and 400 to every request
-(issue #11)."""
+that accepts ranks its workers refuse answers 201 to an upload and 400 to every request."""
 
 from __future__ import annotations
 

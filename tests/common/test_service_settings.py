@@ -90,6 +90,6 @@ def test_an_invalid_flag_value_is_a_usage_error_naming_the_field(
 @pytest.mark.parametrize("raw", ["http://a:1,http://b:2", '["http://a:1", "http://b:2"]'])
 def test_worker_urls_from_the_environment_as_comma_or_json_list(
         monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    """The help promised a comma list; pydantic-settings used to refuse it as bad JSON."""
+    """The help promises a comma list, which pydantic-settings alone would refuse as bad JSON."""
     monkeypatch.setenv("PREFT_GATEWAY_WORKER_URLS", raw)
     assert GatewaySettings().worker_urls == ["http://a:1", "http://b:2"]

@@ -67,7 +67,7 @@ def test_default_store_is_a_directory_under_var(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flags", [[], ["--max-lora-rank", "64"]])
 def test_registry_and_worker_get_one_lora_rank(tmp_path: Path, flags: list[str]) -> None:
-    """The registry must refuse what the worker cannot serve (issue #11): one value, both."""
+    """The registry must refuse what the worker cannot serve ; one value feeds both."""
     config = config_from(parser().parse_args(["--var", str(tmp_path), *flags]))
     stack = OneBox(config, say=lambda _: None)
     _, env = stack.registry_command(tmp_path / "model")

@@ -1,4 +1,4 @@
-"""PEFT adapters as PEFT saves them (issue #13): every ``target_modules`` form, built with
+"""PEFT adapters as PEFT saves them: every ``target_modules`` form, built with
 plain ``peft`` (``get_peft_model`` + ``save_pretrained``) and uploaded unchanged; the
 registry resolves the same modules PEFT wrapped; doubtful settings warn, or fail in strict
 mode; ``preft adapter convert`` turns ``adapter_model.bin`` into safetensors safely."""

@@ -229,9 +229,9 @@ def test_random_toymodel_loras_pass_magnitude_bounds(rank, alpha_per_rank, make_
 
 def test_lora_rank_the_workers_cannot_serve_is_refused(make_client, base_model_dir, tmp_path,
                                                        state_snapshot):
-    """Issue #11: the registry's default accepted r <= 64 while workers start with
-    --max-lora-rank 16, so such an upload got a 201 and then a 400 on every request. With
-    both defaults as shipped, a well-formed adapter above the workers' rank is refused."""
+    """A registry accepting r <= 64 beside workers started with --max-lora-rank 16 would
+    answer such an upload 201 and then 400 on every request. With both defaults as shipped,
+    a well-formed adapter above the workers' rank is refused."""
     served = serve.parser().parse_args(["--model", "m"]).max_lora_rank
     client = make_client(max_lora_rank=RegistrySettings.model_fields["max_lora_rank"].default)
     headers = create_tenant(client, "acme")

@@ -2,8 +2,8 @@
 
 The registry checks an adapter once; workers load it on every request. An adapter the
 registry accepts but workers refuse is a 201 on upload and a 400 on every request after it
-(issue #11: the registry allowed LoRA r <= 64 while workers started with
-``--max-lora-rank 16``). So the defaults live here, once: the worker launcher's flags
+(a registry allowing LoRA r <= 64 beside workers started with ``--max-lora-rank 16``). So
+the defaults live here, once: the worker launcher's flags
 (``worker/serve.py``), the registry's settings (``registry/settings.py``), the local stack
 and the Helm chart's ``worker.maxLoraRank`` (which feeds both; tests/chart checks it equals
 this default) all take them from :data:`SERVING_LIMITS`. Torch-free: the registry imports it.
