@@ -60,7 +60,7 @@ def test_adapters_of_smaller_ranks_and_other_targets_sharing_slots(engine: Engin
                                                                    tmp_path) -> None:
     """Ranks below ``max_lora_rank`` (8) fill only part of a slot, and adapters on other
     modules leave the rest of the model's slots at zero: the slot writes that skip zeroing
-    (vllm_compat's SlotState) must still clear what the slot's last adapter left there.
+    (``slots.SlotState``) must still clear what the slot's last adapter left there.
     Mixed in one batch with more adapters than slots, each matches the oracle."""
     from preft_serve.toymodels import LoraSpec, make_lora_adapter
     from preft_serve.toymodels.adapters import ATTENTION_MODULES, MLP_MODULES

@@ -16,9 +16,9 @@ ADAPTERS = 6  # > max_cpu_loras (4): the first ones are evicted by the last ones
 
 
 def _outcomes(worker: Any) -> dict[str, int]:
-    from preft_serve.worker.vllm_compat import _preloader_of
+    from preft_serve.worker.vllm_compat.lora_manager import preloader_of
 
-    preloader = _preloader_of(worker.model_runner.lora_manager)
+    preloader = preloader_of(worker.model_runner.lora_manager)
     return dict(preloader.outcomes)
 
 

@@ -19,7 +19,10 @@ from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.lora.request import LoRARequest
 
 from preft_serve.worker.adapter_tiers.background_parse import AdapterPreloader, GilYield
-from preft_serve.worker.vllm_compat import install_preloader, preload_lora
+from preft_serve.worker.vllm_compat.lora_manager import (
+    install_preloader,
+    start_background_parse,
+)
 
 
 class RecordingManager:
@@ -68,7 +71,7 @@ def test_add_lora_answers_before_the_parse_and_the_step_takes_the_parsed_weights
     install_preloader(manager)
     request = adapter(tmp_path, "cold")
 
-    assert preload_lora(manager, request)  # returns while the parse is still blocked
+    assert start_background_parse(manager, request)  # returns while the parse is still blocked
     assert not manager.release.is_set()
     wait_until(lambda: len(manager.parses) == 1)  # the pool thread has started it
     manager.release.set()
@@ -84,8 +87,8 @@ def test_stock_path_for_adapters_already_in_host_memory(tmp_path: Path) -> None:
     install_preloader(manager)
     request = adapter(tmp_path, "warm")
     manager.loaded.add(request.lora_int_id)
-    assert not preload_lora(manager, request)  # vLLM just touches its LRU entry
-    assert not preload_lora(RecordingManager(), request)  # no preloader installed
+    assert not start_background_parse(manager, request)  # vLLM just touches its LRU entry
+    assert not start_background_parse(RecordingManager(), request)  # no preloader installed
     assert manager.parses == []
 
 
@@ -93,10 +96,10 @@ def test_what_stock_vllm_refuses_at_once_is_still_refused_at_once(tmp_path: Path
     manager = RecordingManager(max_lora_rank=8)
     install_preloader(manager)
     with pytest.raises(ValueError, match="greater than max_lora_rank"):
-        preload_lora(manager, adapter(tmp_path, "wide", rank=16))
+        start_background_parse(manager, adapter(tmp_path, "wide", rank=16))
     missing = LoRARequest(lora_name="gone", lora_int_id=9, lora_path=str(tmp_path / "nope"))
     with pytest.raises(LoRAAdapterNotFoundError):
-        preload_lora(manager, missing)
+        start_background_parse(manager, missing)
     assert manager.parses == []
 
 
@@ -106,12 +109,12 @@ def test_a_failed_background_parse_is_retried_in_the_step(tmp_path: Path) -> Non
     request = adapter(tmp_path, "flaky")
     manager.fail_next = 1
     manager.release.set()
-    assert preload_lora(manager, request)
+    assert start_background_parse(manager, request)
     wait_until(lambda: len(manager.parses) == 1)  # the background parse ran (and failed)
     assert manager._load_adapter(request) == "parsed-5"
     assert len(manager.parses) == 2
     manager.fail_next = 2
-    assert preload_lora(manager, request)
+    assert start_background_parse(manager, request)
     wait_until(lambda: len(manager.parses) == 3)
     with pytest.raises(RuntimeError, match="bad tensors"):  # as stock vLLM would raise
         manager._load_adapter(request)
@@ -148,8 +151,8 @@ def test_engine_paths_are_untouched_for_relative_paths(tmp_path: Path,
     request = adapter(tmp_path, "rel")
     monkeypatch.chdir(tmp_path)
     relative = LoRARequest(lora_name="rel", lora_int_id=3, lora_path="rel")
-    assert not preload_lora(manager, relative)
-    assert preload_lora(manager, request)
+    assert not start_background_parse(manager, relative)
+    assert start_background_parse(manager, request)
     manager.release.set()
 
 
@@ -323,7 +326,7 @@ def test_settled_ids_are_the_parses_that_ended_and_hurry_unpaces_them() -> None:
 
 def test_announced_adapters_are_parsed_ahead_and_reported_settled(tmp_path: Path) -> None:
     """The runner's side of the scheduler's adapter gate."""
-    from preft_serve.worker.vllm_compat import PreftLoRAMappingMixin
+    from preft_serve.worker.vllm_compat.model_runner import PreftLoRAMappingMixin
 
     runner = PreftLoRAMappingMixin()
     manager = RecordingManager()
@@ -335,14 +338,14 @@ def test_announced_adapters_are_parsed_ahead_and_reported_settled(tmp_path: Path
 
     on_disk = adapter(tmp_path, "evicted")  # id 7
     relative = LoRARequest(lora_name="hub", lora_int_id=8, lora_path="org/hub-adapter")
-    runner.prefetch_loras([on_disk, relative])
+    runner.start_background_parses([on_disk, relative])
     wait_until(lambda: len(manager.parses) == 1)  # the background parse of 7 started
     assert manager.parses[0][1].startswith("preft-preload")
     # 8 is left to stock vLLM (it may fetch it from a hub): its requests go at once.
     assert runner.adapter_report() == (None, (8,), ())
     manager.release.set()
     wait_until(lambda: runner.adapter_report() == (frozenset({40, 7}), (), ()))
-    runner.prefetch_loras([on_disk])  # announced again: the parse is not repeated
+    runner.start_background_parses([on_disk])  # announced again: the parse is not repeated
     assert manager._load_adapter(on_disk) == "parsed-7"
     assert len(manager.parses) == 1
 
@@ -351,7 +354,7 @@ def test_a_failed_background_parse_is_reported_failed_not_settled(tmp_path: Path
     """Weights that cannot be read: the runner reports the adapter failed (once), never
     settled, so the scheduler fails its requests instead of letting a step parse it again
     and raise inside the engine loop."""
-    from preft_serve.worker.vllm_compat import PreftLoRAMappingMixin
+    from preft_serve.worker.vllm_compat.model_runner import PreftLoRAMappingMixin
 
     runner = PreftLoRAMappingMixin()
     manager = RecordingManager()
@@ -360,7 +363,7 @@ def test_a_failed_background_parse_is_reported_failed_not_settled(tmp_path: Path
     runner.lora_manager = manager  # type: ignore[attr-defined]
     preloader = install_preloader(manager)
     broken = adapter(tmp_path, "broken")  # id 6
-    runner.prefetch_loras([broken])
+    runner.start_background_parses([broken])
     wait_until(lambda: preloader.failed_ids() != {})
     assert isinstance(preloader.failed_ids()[6], RuntimeError)
     assert 6 not in preloader.settled_ids()
@@ -369,14 +372,14 @@ def test_a_failed_background_parse_is_reported_failed_not_settled(tmp_path: Path
     assert not preloader.pending(6)  # dropped: a later request parses it anew
     gone = adapter(tmp_path, "gone-dir")  # id 8
     (Path(gone.lora_path) / "adapter_config.json").unlink()
-    runner.prefetch_loras([gone])  # cannot start: failed at once, nothing parsed
+    runner.start_background_parses([gone])  # cannot start: failed at once, nothing parsed
     assert runner.adapter_report() == (None, (), (8,))
 
 
 def test_an_in_place_reload_never_gets_the_old_parse(tmp_path: Path) -> None:
     """``load_inplace`` (new weights under an id) while the old weights are still parsed
     ahead: the reload must parse anew, not take the pending parse of the old ones."""
-    from preft_serve.worker.vllm_compat import PreftLoRAMappingMixin
+    from preft_serve.worker.vllm_compat.model_runner import PreftLoRAMappingMixin
 
     class StockRunner:
         lora_manager: RecordingManager

@@ -9,7 +9,7 @@ from typing import get_args
 import pytest
 from vllm.config.lora import LoRAConfig, MaxLoRARanks
 
-from preft_serve.worker.vllm_compat import engine_max_lora_rank
+from preft_serve.worker.vllm_compat.engine_args import engine_max_lora_rank
 
 
 @pytest.mark.parametrize("rank", [1, 2, 4, 8, 9, 16, 33, 64, 300, 512])

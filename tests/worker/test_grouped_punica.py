@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from preft_kernels.reference import lora_linear_reference
-from preft_serve.worker import vllm_compat
+from preft_serve.worker.vllm_compat import punica_cpu
 
 
-def make_wrapper() -> vllm_compat.GroupedPunicaWrapperCPU:
-    return vllm_compat.GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
+def make_wrapper() -> punica_cpu.GroupedPunicaWrapperCPU:
+    return punica_cpu.GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
 
 
 def mapping(token_ids: list[int], sampled_ids: list[int]):
@@ -24,7 +24,7 @@ def test_step_without_adapter_tokens_launches_no_kernel(monkeypatch: pytest.Monk
         raise AssertionError("adapter kernel called in a step with no adapter token")
 
     for name in ("grouped_lora_linear", "grouped_lora_shrink", "grouped_lora_expand"):
-        monkeypatch.setattr(vllm_compat, name, forbidden)
+        monkeypatch.setattr(punica_cpu, name, forbidden)
     wrapper = make_wrapper()
     wrapper.update_metadata(mapping([0, 0, 0], [0, 0]), [11, 12], 3, 320)
     nan_a = (torch.full((2, 1, 4, 8), float("nan")),)
@@ -56,7 +56,7 @@ def test_layers_an_adapter_does_not_target_launch_no_kernel(
     """vLLM wraps every linear layer and the embedding; slots left at zero there (an adapter
     on q,k,v,o has no MLP or embedding weights) cost nothing."""
     calls = []
-    real_linear = vllm_compat.grouped_lora_linear
+    real_linear = punica_cpu.grouped_lora_linear
 
     def counting(*args, **kwargs):
         calls.append(args[4].slots)
@@ -65,8 +65,8 @@ def test_layers_an_adapter_does_not_target_launch_no_kernel(
     def forbidden(*args, **kwargs):
         raise AssertionError("embedding kernel called for all-zero embedding weights")
 
-    monkeypatch.setattr(vllm_compat, "grouped_lora_linear", counting)
-    monkeypatch.setattr(vllm_compat, "grouped_lora_expand", forbidden)
+    monkeypatch.setattr(punica_cpu, "grouped_lora_linear", counting)
+    monkeypatch.setattr(punica_cpu, "grouped_lora_expand", forbidden)
     wrapper = make_wrapper()
     wrapper.update_metadata(mapping([11, 11, 12, 12], [12]), [12, 11], 3, 320)
     gen = torch.Generator().manual_seed(1)

@@ -90,6 +90,7 @@ def test_new_version_of_a_held_adapter_is_prefetched_and_the_old_demoted(
 
 
 def test_demote_of_an_unknown_hash_is_a_no_op(tmp_path: Path) -> None:
-    cache = AdapterDiskCache(create_object_store(str(tmp_path / "o"), create_root=True), tmp_path / "c", 1 << 20)
+    store = create_object_store(str(tmp_path / "o"), create_root=True)
+    cache = AdapterDiskCache(store, tmp_path / "c", 1 << 20)
     cache.demote("ab" * 32)
     assert cache.lru_order() == []

@@ -66,7 +66,8 @@ def check_lines(lines: list[dict[str, Any]]) -> None:
     assert vllm["request_id"] == "chatcmpl-3f2c9e"
     assert access["logger"] == "uvicorn.access"
     assert access["message"] == '10.0.0.7:5123 - "POST /v1/chat/completions HTTP/1.1" 200'
-    assert plugin["level"] == "WARNING" and plugin["logger"] == "preft_serve.worker.adapter_tiers.resolver"
+    assert plugin["level"] == "WARNING"
+    assert plugin["logger"] == "preft_serve.worker.adapter_tiers.resolver"
     assert plugin["message"] == "key pft_0a1b2c3d4e5f.*** refused"
     assert all({"ts", "level", "logger", "message"} <= set(line) for line in lines)
 

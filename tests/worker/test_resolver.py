@@ -35,7 +35,7 @@ from preft_serve.worker.adapter_tiers.resolver import (
     register_resolver,
 )
 from preft_serve.worker.settings import WorkerSettings
-from preft_serve.worker.vllm_compat import AdapterStoreUnavailable
+from preft_serve.worker.vllm_compat.serving import AdapterStoreUnavailable
 from tests.support.worker_process import running_worker
 
 CREDS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}

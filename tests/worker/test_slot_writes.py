@@ -1,4 +1,4 @@
-"""Adapter slot writes and per-step routing (``vllm_compat.SlotState`` / ``SlotRouter``).
+"""Adapter slot writes and per-step routing (``slots.SlotState`` / ``SlotRouter``).
 
 vLLM's layers are built here without a model (their ``__init__`` needs a distributed
 setup): the attributes their ``set_lora`` / ``reset_lora`` / ``forward`` read are set by
@@ -16,7 +16,9 @@ from vllm.lora.layers import (
 )
 
 from preft_kernels.reference import lora_linear_reference
-from preft_serve.worker import vllm_compat
+from preft_serve.worker.slots import SlotRouter, SlotState
+from preft_serve.worker.vllm_compat.lora_layers import slot_buffers
+from preft_serve.worker.vllm_compat.punica_cpu import GroupedPunicaWrapperCPU
 
 SLOTS, RANK, IN = 4, 8, 16
 
@@ -60,10 +62,10 @@ def embedding() -> torch.nn.Module:
 
 
 def buffers(module: torch.nn.Module) -> list[torch.Tensor]:
-    return [t.clone() for t in vllm_compat._stacked(module)]
+    return [t.clone() for t in slot_buffers(module)]
 
 
-def count_stock_resets(state: vllm_compat.SlotState) -> list[int]:
+def count_stock_resets(state: SlotState) -> list[int]:
     calls: list[int] = []
     stock = state.stock_reset
 
@@ -80,7 +82,7 @@ def test_slot_writes_equal_stock_and_skip_redundant_zeroing() -> None:
     outs = (16, 8, 8)
     ours, stock = linear(MergedColumnParallelLinearWithLoRA, outs), \
         linear(MergedColumnParallelLinearWithLoRA, outs)
-    state = vllm_compat.SlotState(ours)
+    state = SlotState(ours)
     resets = count_stock_resets(state)
     assert state.zero == {0, 1, 2, 3}
 
@@ -116,7 +118,7 @@ def test_slot_writes_equal_stock_and_skip_redundant_zeroing() -> None:
 
 def test_writes_outside_the_wrapper_are_noticed() -> None:
     module = linear(RowParallelLinearWithLoRA, (IN,))
-    state = vllm_compat.SlotState(module)
+    state = SlotState(module)
     resets = count_stock_resets(state)
     module.lora_b_stacked[0][2, 0, 0, 0] = 1.0  # not through set_lora: version moves
     assert state.known_zero() == {0, 1, 3}  # read again
@@ -126,7 +128,7 @@ def test_writes_outside_the_wrapper_are_noticed() -> None:
     with torch.inference_mode():  # inference tensors: no version counter, nothing known
         module.lora_a_stacked = (torch.zeros(SLOTS, 1, RANK, IN),)
         module.lora_b_stacked = (torch.zeros(SLOTS, 1, IN, RANK),)
-    state = vllm_compat.SlotState(module)
+    state = SlotState(module)
     resets = count_stock_resets(state)
     module.reset_lora(1)
     assert resets == [1] and state.known_zero() == set()
@@ -134,18 +136,18 @@ def test_writes_outside_the_wrapper_are_noticed() -> None:
 
 def test_embedding_slots_are_tracked_too() -> None:
     module = embedding()
-    assert vllm_compat.SlotState.tracks(module)
-    state = vllm_compat.SlotState(module)
+    assert SlotState.tracks(module)
+    state = SlotState(module)
     resets = count_stock_resets(state)
     module.reset_lora(1)
     assert resets == [] and state.known_zero() == {0, 1, 2, 3}
 
 
 def wrapper_with(token_ids: list[int], index_to_id: list[int | None]
-                 ) -> vllm_compat.GroupedPunicaWrapperCPU:
+                 ) -> GroupedPunicaWrapperCPU:
     from vllm.lora.layers import LoRAMapping
 
-    wrapper = vllm_compat.GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
+    wrapper = GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
     wrapper.update_metadata(LoRAMapping(tuple(token_ids), (token_ids[-1],), is_prefill=True),
                             index_to_id, SLOTS + 1, 32)
     return wrapper
@@ -162,21 +164,20 @@ def test_layers_whose_step_slots_are_zero_run_the_base_layer(
     down = linear(RowParallelLinearWithLoRA, (IN,))
     for m in (qkv, down):
         m.set_mapping(wrapper_with([0], [None] * SLOTS))
-    router = vllm_compat.SlotRouter(
-        [vllm_compat.SlotState(qkv), vllm_compat.SlotState(down)], bypass=bypass)
-    assert vllm_compat.SlotRouter([], bypass=True).wrappers == []
+    router = SlotRouter([SlotState(qkv), SlotState(down)], bypass=bypass)
+    assert SlotRouter([], bypass=True).wrappers == []
     qkv.set_lora(1, [torch.randn(RANK, IN, generator=gen) for _ in range(3)],
                  [torch.randn(o, RANK, generator=gen) for o in (16, 8, 8)])
     down.reset_lora(1)  # the adapter in slot 1 has no down_proj weights
 
     calls: list[str] = []
-    real = vllm_compat.GroupedPunicaWrapperCPU.add_lora_linear
+    real = GroupedPunicaWrapperCPU.add_lora_linear
 
     def counting(self, y, x, *args, **kwargs):
         calls.append("linear")
         return real(self, y, x, *args, **kwargs)
 
-    monkeypatch.setattr(vllm_compat.GroupedPunicaWrapperCPU, "add_lora_linear", counting)
+    monkeypatch.setattr(GroupedPunicaWrapperCPU, "add_lora_linear", counting)
     x = torch.randn(3, IN, generator=gen)
     for step_ids, index_to_id in (([7, 7, 0], [None, 7, None, None]), ([0, 0, 0], [None] * 4)):
         wrapper = wrapper_with(step_ids, index_to_id)
@@ -215,12 +216,11 @@ def test_vllm_metadata_is_built_only_when_an_embedding_slot_is_live(
         return stock(self, *args, **kwargs)
 
     monkeypatch.setattr(PunicaWrapperCPU, "update_metadata", counting)
-    wrapper = vllm_compat.GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
+    wrapper = GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
     emb, qkv = embedding(), linear(MergedColumnParallelLinearWithLoRA, (16, 8, 8))
     for m in (emb, qkv):
         m.set_mapping(wrapper)
-    router = vllm_compat.SlotRouter([vllm_compat.SlotState(emb), vllm_compat.SlotState(qkv)],
-                                    bypass=True)
+    router = SlotRouter([SlotState(emb), SlotState(qkv)], bypass=True)
     wrapper.needs_vllm_metadata = router.embedding_check(wrapper)
     mapping = LoRAMapping((7, 7, 0), (0,), is_prefill=True)
     wrapper.update_metadata(mapping, [None, 7, None, None], SLOTS + 1, 32)

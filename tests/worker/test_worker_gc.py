@@ -8,7 +8,7 @@ import gc
 import pytest
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from preft_serve.worker.vllm_compat import PreftCPUWorker
+from preft_serve.worker.vllm_compat.workers import PreftCPUWorker
 
 
 def test_warm_up_ends_with_the_heap_frozen(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,7 +53,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[BaseS
         info = settings_cls.model_fields[name]
         env = f"{env_prefix}{name.upper()}"
         default = info.default.value if isinstance(info.default, enum.Enum) else info.default
-        unset = (None, PydanticUndefined, [], False)
+        unset: tuple[Any, ...] = (None, PydanticUndefined, [], False)
         shown = f", default {default}" if default not in unset else ""
         text = f"{info.description or name.replace('_', ' ')} ({env}{shown})"
         flag = renamed.get(name, "--" + name.replace("_", "-"))

@@ -55,8 +55,8 @@ Once it logs "Application startup complete", try in another shell:
   curl -s {base}/v1/models | python3 -m json.tool
   curl -s {base}/v1/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "alice-prefill", "prompt": "Hello", "max_tokens": 16, "temperature": 0}}'
-  curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "carol-all", "messages": [{{"role": "user", "content": "Hi"}}], "max_tokens": 16}}'
+  curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d \\
+    '{{"model": "carol-all", "messages": [{{"role": "user", "content": "Hi"}}], "max_tokens": 16}}'
 """, flush=True)
     serve.main(["--model", str(model), "--adapter-dir", str(adapters),
                 "--port", str(args.port), *passthrough])

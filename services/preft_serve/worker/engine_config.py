@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-SCHEDULER_CLS = "preft_serve.worker.vllm_compat.PreftScheduler"
-CPU_WORKER_CLS = "preft_serve.worker.vllm_compat.PreftCPUWorker"
-GPU_WORKER_CLS = "preft_serve.worker.vllm_compat.PreftGPUWorker"
+SCHEDULER_CLS = "preft_serve.worker.vllm_compat.scheduler.PreftScheduler"
+CPU_WORKER_CLS = "preft_serve.worker.vllm_compat.workers.PreftCPUWorker"
+GPU_WORKER_CLS = "preft_serve.worker.vllm_compat.workers.PreftGPUWorker"
 
 
 def preft_engine_kwargs(device: str = "cpu") -> dict[str, Any]:

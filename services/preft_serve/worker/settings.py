@@ -44,13 +44,14 @@ class WorkerSettings(BaseSettings):
     preload_pause_us: int = Field(
         200, ge=0, le=10_000, description="How long a background adapter parse hands the "
         "GIL back to the model step, every few hundred interpreter events (see "
-        "preft_serve.worker.adapter_tiers.background_parse.GilYield); 0 = it holds the GIL as long as CPython lets it")
+        "preft_serve.worker.adapter_tiers.background_parse.GilYield); 0 = it holds the GIL "
+        "as long as CPython lets it")
 
     adapter_hold_ms: int = Field(
         2000, ge=0, le=60_000, description="Longest the scheduler holds a waiting request "
         "back while its adapter is parsed in the background, so that no step parses "
-        "inline (see preft_serve.worker.adapter_tiers.parse_gate); 0 = never hold: schedule at once "
-        "and parse in the step, as stock vLLM does")
+        "inline (see preft_serve.worker.adapter_tiers.parse_gate); 0 = never hold: schedule "
+        "at once and parse in the step, as stock vLLM does")
 
     def preload_share_gil(self) -> GilYield | None:
         return GilYield(pause_s=self.preload_pause_us / 1e6) if self.preload_pause_us else None

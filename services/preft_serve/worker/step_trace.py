@@ -15,8 +15,8 @@ step was adapter work or the forward pass (a busy CPU); traces of older versions
 ``time.monotonic`` is the system-wide ``CLOCK_MONOTONIC`` on Linux, so a benchmark in
 another process can place steps on its own timeline. Written through a buffer flushed
 every ``flush_s``: off by default and a few microseconds a step when on. The hook is the
-model runner's per-step adapter mapping (``vllm_compat``, seam 2), so only engines with
-LoRA enabled (every preft worker) trace.
+model runner's per-step adapter mapping (``vllm_compat.model_runner``), so only engines
+with LoRA enabled (every preft worker) trace.
 """
 
 from __future__ import annotations

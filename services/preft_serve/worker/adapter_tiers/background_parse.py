@@ -2,9 +2,10 @@
 
 vLLM's OpenAI server calls the engine's ``add_lora`` right after a resolver finds a new
 adapter; stock vLLM then reads and parses the weights inside the engine loop, so every
-running request waits for it. The model runner (``vllm_compat``) instead hands the parse to
-this pool and answers at once; when the adapter's first request is scheduled, the LoRA
-manager's load takes the parsed weights from here and only copies them into a slot.
+running request waits for it. The model runner (``vllm_compat.model_runner``) instead hands
+the parse to this pool and answers at once; when the adapter's first request is scheduled,
+the LoRA manager's load takes the parsed weights from here and only copies them into a slot
+(``vllm_compat.lora_manager``).
 
 Bounded: ``threads`` parses at a time, and at most ``capacity`` parsed adapters wait for
 their first step (the oldest is dropped; its request then loads as stock vLLM would).

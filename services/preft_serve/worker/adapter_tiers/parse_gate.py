@@ -28,7 +28,8 @@ engine loop, which stops the engine for every tenant. The mark lasts ``FAILED_S`
 next request after that is announced again and parsed again (a failure may have been
 passing: a directory being fetched again, memory).
 
-Pure book-keeping, no vLLM import: ``vllm_compat`` (seams 1 and 2) wires it in.
+Pure book-keeping, no vLLM import: ``vllm_compat.scheduler``, ``.workers`` and
+``.model_runner`` wire it in.
 """
 
 from __future__ import annotations

@@ -36,7 +36,10 @@ from preft_serve.worker.adapter_tiers.background_parse import lower_thread_prior
 from preft_serve.worker.adapter_tiers.disk_cache import AdapterCacheMetrics, AdapterDiskCache
 from preft_serve.worker.adapter_tiers.hot_swap_prefetch import PrefetchMetrics, RegistryPrefetcher
 from preft_serve.worker.settings import WorkerSettings
-from preft_serve.worker.vllm_compat import AdapterStoreUnavailable, install_adapter_use_hook
+from preft_serve.worker.vllm_compat.serving import (
+    AdapterStoreUnavailable,
+    install_adapter_use_hook,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +102,7 @@ class ObjectStoreResolver(LoRAResolver):
 
     async def on_use(self, lora_name: str) -> None:
         """Each request for an adapter vLLM's server already holds under ``lora_name``
-        (``vllm_compat.install_adapter_use_hook``). The server never asks the resolver
+        (``vllm_compat.serving.install_adapter_use_hook``). The server never asks the resolver
         about it again, so without this the disk cache would (a) age a hot adapter as if
         unused and evict it first, and (b) once it is evicted, leave the engine a path
         that no longer exists for its next load from disk (after the adapter leaves host
