@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test run worker model bench-engine bench-registry loadtest soak bench-gateway bench-cold bench-quality bench-rl chart-readme fuzz clean
+.PHONY: help venv helm lint test run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -52,6 +52,15 @@ worker: $(STAMP)  ## Serve a generated model + demo adapters through the worker'
 bench-engine: $(STAMP)  ## Engine throughput: base vs stock multi-LoRA vs PreFT (ARGS=--quick)
 	$(PY) -m loadtests.engine_bench $(ARGS)
 
+bench-engine-ab: $(STAMP)  ## Engine change A/B: a git ref's plugin and kernels vs the working tree's (ARGS='--before REF --quick')
+	$(PY) -m loadtests.engine_ab $(ARGS)
+
+profile-engine: $(STAMP)  ## Where an engine step's CPU time goes, base vs an adapter mode (ARGS='--mode preft-lora')
+	$(PY) -m loadtests.engine_profile $(ARGS)
+
+bench-kernels: $(STAMP)  ## GPU: Triton ReFT kernel check and timing (ARGS='--out DIR'; on CPU: ARGS='--smoke --out DIR')
+	$(PY) -m loadtests.gpu_kernels $(ARGS)
+
 bench-registry: $(STAMP)  ## Registry resolve latency at 10k adapters / 100k bindings (ARGS=--quick)
 	$(PY) -m loadtests.registry_bench $(ARGS)
 
@@ -64,14 +73,17 @@ soak: $(STAMP)  ## Soak with chaos: whole stack, traffic, kills/pauses, then che
 bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the worker vs through the gateway
 	$(PY) -m loadtests.gateway_bench $(ARGS)
 
+bench-gateway-ab: $(STAMP)  ## Gateway change A/B: a git ref's gateway vs the working tree's, instant upstream (ARGS='--before REF')
+	$(PY) -m loadtests.gateway_ab $(ARGS)
+
 bench-cold: $(STAMP)  ## Engine steps (step trace) and running streams' token gaps while cold adapters arrive (store / disk / warm)
 	$(PY) -m loadtests.cold_bench $(ARGS)
 
 bench-quality: $(STAMP)  ## Accuracy vs throughput: PreFT vs all-token adapters on synthetic SFT tasks, SmolLM2 (ARGS=--quick)
-	$(PY) -m loadtests.quality_bench $(ARGS)
+	$(PY) -m loadtests.studies.quality_bench $(ARGS)
 
 bench-rl: $(STAMP)  ## RL (GRPO-style, verifiable reward): PreFT LoRA vs all-token LoRA on SmolLM2 (make model first)
-	$(PY) -m loadtests.rl_bench $(ARGS)
+	$(PY) -m loadtests.studies.rl_bench $(ARGS)
 
 chart-readme: $(STAMP)  ## Regenerate charts/preft-serve/README.md's parameter tables from values.yaml
 	$(PY) scripts/chart_readme.py

@@ -29,9 +29,10 @@ loadtests/results/.
 thread — the worker's API server and engine loop, this client — is moved to the others, so
 no neighbour takes the step's core. Threads the compute thread starts later inherit its
 CPU unless they move themselves (the adapter-parse threads do:
-``preft_serve.worker.adapter_tiers.background_parse``). On 2 cores that leaves the API server, the engine loop and
-the clients one core between them, which then delivers tokens late (client-side gaps of
-seconds in every phase): use it to read engine steps, not client gaps.
+``preft_serve.worker.adapter_tiers.background_parse``). On 2 cores that leaves the API
+server, the engine loop and the clients one core between them, which then delivers tokens
+late (client-side gaps of seconds in every phase): use it to read engine steps, not client
+gaps.
 
     python -m loadtests.cold_bench                    # bench-llama, ~3 minutes
     python -m loadtests.cold_bench --model var/models/smollm2-135m-instruct
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import random
 import statistics
 import sys
@@ -52,10 +54,11 @@ from typing import Any
 
 import httpx
 
+from loadtests import RESULTS
+from loadtests.stats import percentile
 from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
 from preft_serve.worker.step_trace import Step, read_steps
 
-RESULTS = Path(__file__).parent / "results"
 PHASES = ("warm", "store-cold", "disk-cold", "warm-again")
 
 
@@ -165,17 +168,17 @@ def _phase(name: str, url: str, shas: list[str], seconds: float, rate: float,
 
 
 def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """The ``next-rank`` percentile (``q`` in 0..100); NaN for no values, so an empty phase
+    rounds and divides through the summary."""
+    value = percentile(values, q, method="next-rank")
+    return math.nan if value is None else value
 
 
 def _kind_stats(steps: list[Step], warm_median: float) -> dict[str, Any]:
     seconds = [s.seconds for s in steps]
     longest = max(seconds, default=float("nan"))
-    stats = {"steps": len(seconds), "p50_ms": round(1000 * _pct(seconds, 0.5), 2),
-             "p99_ms": round(1000 * _pct(seconds, 0.99), 2),
+    stats = {"steps": len(seconds), "p50_ms": round(1000 * _pct(seconds, 50), 2),
+             "p99_ms": round(1000 * _pct(seconds, 99), 2),
              "max_ms": round(1000 * longest, 2),
              "max_vs_warm_median": round(longest / warm_median, 2),
              "over_2x_warm_median": sum(1 for x in seconds if x > 2 * warm_median)}
@@ -185,8 +188,8 @@ def _kind_stats(steps: list[Step], warm_median: float) -> dict[str, Any]:
         # and how much of the longest step it was.
         slowest = max(steps, key=lambda s: s.seconds)
         stats.update({
-            "adapter_p50_ms": round(1000 * _pct(adapter, 0.5), 2),
-            "adapter_p99_ms": round(1000 * _pct(adapter, 0.99), 2),
+            "adapter_p50_ms": round(1000 * _pct(adapter, 50), 2),
+            "adapter_p99_ms": round(1000 * _pct(adapter, 99), 2),
             "adapter_max_ms": round(1000 * max(adapter), 2),
             "adapter_share": round(sum(adapter) / sum(seconds), 3),
             "longest_step_adapter_ms": round(1000 * (slowest.adapter_seconds or 0.0), 2)})
@@ -225,14 +228,14 @@ def summarise(line: Timeline) -> dict[str, Any]:
         rows[name] = {
             "seconds": round(b - a, 2),
             "stream_tokens_per_s": round(sum(1 for t in line.tokens if a <= t <= b) / (b - a), 1),
-            "gap_p50_ms": round(1000 * _pct(gaps, 0.5), 1),
-            "gap_p99_ms": round(1000 * _pct(gaps, 0.99), 1),
+            "gap_p50_ms": round(1000 * _pct(gaps, 50), 1),
+            "gap_p99_ms": round(1000 * _pct(gaps, 99), 1),
             "gap_max_ms": round(1000 * max(gaps, default=float("nan")), 1),
             "gaps_over_2x_warm_median": sum(1 for g in gaps if g > 2 * warm_median),
             "completions": sum(1 for _, ok in done if ok == "ok"),
             "errors": sum(1 for _, ok in done if ok != "ok"),
-            "latency_p50_ms": round(1000 * _pct([s for s, _ in done], 0.5), 1),
-            "latency_p99_ms": round(1000 * _pct([s for s, _ in done], 0.99), 1),
+            "latency_p50_ms": round(1000 * _pct([s for s, _ in done], 50), 1),
+            "latency_p99_ms": round(1000 * _pct([s for s, _ in done], 99), 1),
         }
     warm = [rows[p] for p in ("warm", "warm-again") if p in rows]
     for name in ("store-cold", "disk-cold"):

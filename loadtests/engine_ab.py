@@ -21,15 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtests import engine_bench
-from loadtests.engine_bench import RESULTS, Host, Run, Shape
+from loadtests import RESULTS, engine_bench
+from loadtests.engine_bench import Host, Run, Shape
 
 LOADTESTS = Path(__file__).resolve().parent
 
 
 def import_dir(into: Path, ref: str | None) -> Path:
     """A directory for ``PYTHONPATH`` with ``loadtests`` (today's) and, for a git ``ref``,
-    that ref's ``services`` and ``kernels`` as ``preft_serve`` / ``preft_kernels``.
+    that ref's ``preft_serve`` and ``preft_kernels``: ``services/preft_serve`` and
+    ``kernels/preft_kernels``, or ``services`` and ``kernels`` themselves at a ref whose
+    folders are the packages, so that any ref can be compared.
 
     The hosts run from a neutral working directory: from the repository root, the
     ``kernels`` folder itself would be importable as a top-level ``kernels`` package
@@ -43,8 +45,9 @@ def import_dir(into: Path, ref: str | None) -> Path:
         archive = subprocess.run(["git", "archive", ref, "services", "kernels"],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-        (shim / "preft_serve").symlink_to(src / "services")
-        (shim / "preft_kernels").symlink_to(src / "kernels")
+        for package, folder in (("preft_serve", "services"), ("preft_kernels", "kernels")):
+            nested = src / folder / package
+            (shim / package).symlink_to(nested if nested.is_dir() else src / folder)
     return shim
 
 
@@ -136,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                     [x for x in raw if x["block"] == b], args.basis) if r["mode"] == row["mode"])
                 for b in range(args.blocks)]
     for r in rows:
+        low, high = r["after_over_before_range"]
         print(f"{r['mode']:<13} before {r['x_base_before']:.3f}x base, after "
               f"{r['x_base_after']:.3f}x base: after/before {r['after_over_before']:.3f} "
-              f"(rounds {r['after_over_before_range'][0]:.3f}-{r['after_over_before_range'][1]:.3f})"
+              f"(rounds {low:.3f}-{high:.3f})"
               + (f"; by block {r['after_over_before_by_block']}"
                  if "after_over_before_by_block" in r else ""))
     meta = {"before": args.before,

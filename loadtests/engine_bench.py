@@ -40,10 +40,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from loadtests import engine_report
+from loadtests import RESULTS, engine_report
 from loadtests.engine_report import ADAPTER_MODES
 
-RESULTS = Path(__file__).parent / "results"
 VAR = Path("var/bench")
 ADAPTER_PREFIX = {"stock-lora": "all", "all-lora": "all", "preft-lora": "prefill",
                   "preft-direft": "direft", "preft-loreft": "loreft"}
@@ -204,7 +203,7 @@ class BenchEngine:
             "max_model_len": cfg["prompt_len"] + cfg["output_len"] + 16,
         }
         if mode != "base":
-            from preft_serve.worker.vllm_compat import engine_max_lora_rank  # no install()
+            from preft_serve.worker.vllm_compat.engine_args import engine_max_lora_rank
 
             kwargs.update(enable_lora=True, max_loras=cfg["max_loras"],
                           max_lora_rank=engine_max_lora_rank(cfg["rank"]),

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtests import engine_bench
-from loadtests.engine_bench import RESULTS, BenchEngine, Shape
+from loadtests import RESULTS, engine_bench
+from loadtests.engine_bench import BenchEngine, Shape
 
 SLICES_LABEL = {3: "qkv", 2: "gate_up"}
 
@@ -104,13 +104,15 @@ def instrument() -> None:
 
     from preft_serve.worker import vllm_compat
     from preft_serve.worker.reft.runtime import ReftRuntime
+    from preft_serve.worker.vllm_compat.model_runner import PreftLoRAMappingMixin
+    from preft_serve.worker.vllm_compat.punica_cpu import GroupedPunicaWrapperCPU
 
     vllm_compat.install()
-    wrapper = vllm_compat.GroupedPunicaWrapperCPU
+    wrapper = GroupedPunicaWrapperCPU
     _wrap(Scheduler, "schedule", "schedule")
     _wrap(Scheduler, "update_from_output", "update_from_output")
     _wrap(GPUModelRunner, "sample_tokens", "sample_tokens")
-    _wrap(vllm_compat.PreftLoRAMappingMixin, "set_active_loras", "  set_active_loras")
+    _wrap(PreftLoRAMappingMixin, "set_active_loras", "  set_active_loras")
     _wrap(LoRAModelRunnerMixin, "_set_active_loras", "    _set_active_loras (vLLM)")
     _wrap(LRUCacheWorkerLoRAManager, "_apply_adapters", "      _apply_adapters (vLLM)")
     _wrap(wrapper, "update_metadata", "      update_metadata (punica)")

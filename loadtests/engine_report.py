@@ -8,11 +8,11 @@ within a round (same seconds of the same machine) and then summarised by its med
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from loadtests.stats import median
 
 MODES = ("base", "stock-lora", "all-lora", "preft-lora", "preft-direft", "preft-loreft")
 ADAPTER_MODES = MODES[1:]
@@ -30,10 +30,6 @@ Key = tuple[str, int, int]  # (mode, adapters, max_loras)
 
 def key_of(record: dict) -> Key:
     return (record["mode"], int(record["adapters"]), int(record["max_loras"]))
-
-
-def _median(values: Iterable[float]) -> float:
-    return float(statistics.median(list(values)))
 
 
 def aggregate(rounds: list[dict], engines: list[dict] | None = None,
@@ -69,18 +65,18 @@ def aggregate(rounds: list[dict], engines: list[dict] | None = None,
         row: dict[str, Any] = {
             "mode": key[0], "adapters": key[1], "max_loras": key[2],
             "rounds": len(recs),
-            "output_tokens_per_s": round(_median(rate(r, "wall") for r in recs), 2),
-            "output_tokens_per_cpu_s": round(_median(rate(r, "cpu") for r in recs), 2),
-            "total_tokens_per_s": round(_median(r["total_tokens_per_s"] for r in recs), 2),
-            "round_s": round(_median(r["elapsed_s"] for r in recs), 2),
-            "round_cpu_s": round(_median(r["cpu_s"] for r in recs), 2),
+            "output_tokens_per_s": round(median(rate(r, "wall") for r in recs), 2),
+            "output_tokens_per_cpu_s": round(median(rate(r, "cpu") for r in recs), 2),
+            "total_tokens_per_s": round(median(r["total_tokens_per_s"] for r in recs), 2),
+            "round_s": round(median(r["elapsed_s"] for r in recs), 2),
+            "round_cpu_s": round(median(r["cpu_s"] for r in recs), 2),
         }
         if ratios[basis]:
             chosen = ratios[basis]
-            row.update(x_base=round(_median(chosen), 4), x_base_min=round(min(chosen), 4),
+            row.update(x_base=round(median(chosen), 4), x_base_min=round(min(chosen), 4),
                        x_base_max=round(max(chosen), 4),
-                       x_base_cpu=round(_median(ratios["cpu"]), 4),
-                       x_base_wall=round(_median(ratios["wall"]), 4))
+                       x_base_cpu=round(median(ratios["cpu"]), 4),
+                       x_base_wall=round(median(ratios["wall"]), 4))
         e = info.get(key)
         if e is not None:
             for field in ("slot_bytes", "adapter_host_bytes", "engine_start_s", "warmup_s"):
@@ -181,7 +177,7 @@ def sweep_table(rows: list[dict], adapters: int) -> str:
 
 
 def targets(rows: list[dict], adapters: int, max_loras: int) -> list[str]:
-    """The issue's targets at ``adapters``, at equal and at best ``max_loras``."""
+    """The engine targets at ``adapters``, at equal and at best ``max_loras``."""
     lines = []
     for label, pick in (("equal max_loras", lambda m: _find(rows, m, adapters, max_loras)),
                         ("best max_loras", lambda m: best_rows(rows, adapters).get(m))):
@@ -209,7 +205,7 @@ def sanity(result: dict, margin: float = SANITY_MARGIN) -> list[str]:
         problems.append("rounds are not interleaved")
     base = [r for r in rows if r["mode"] == "base"]
     if not base:
-        return problems + ["no base-model run"]
+        return [*problems, "no base-model run"]
     if base[0]["round_cpu_s"] < SANITY_MIN_ROUND_S:
         problems.append(f"base rounds take {base[0]['round_cpu_s']:.2f} CPU-s "
                         f"(< {SANITY_MIN_ROUND_S} s): too little work per round")
@@ -282,5 +278,5 @@ def report(result: dict) -> str:
     if len({r["max_loras"] for r in rows if r["adapters"] == top}) > 1:
         parts += ["", f"Best max_loras at {top} adapters:", best_table(rows, top),
                   "", f"x base by max_loras at {top} adapters:", sweep_table(rows, top)]
-    parts += [""] + targets(rows, top, meta["max_loras"])
+    parts += ["", *targets(rows, top, meta["max_loras"])]
     return "\n".join(parts)

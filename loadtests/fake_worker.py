@@ -7,7 +7,7 @@ cheap, the time a request spends in the gateway is most of what is left. JSON is
 as vLLM writes it (pydantic's ``model_dump_json`` for stream chunks, Starlette's
 ``JSONResponse`` for whole answers): the gateway rewrites ``model`` in such SSE events as
 bytes and parses only the events that need it, so spaced JSON would make every event look
-unusual and cost a parse (until 2026-12-03 it did, overstating the gateway's CPU).
+unusual and cost a parse, overstating the gateway's CPU.
 
     python -m uvicorn loadtests.fake_worker:app --port 9001 --no-access-log
 """

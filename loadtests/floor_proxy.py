@@ -23,20 +23,24 @@ import orjson
 from loadtests.fake_worker import Receive, Scope, Send, _read_body
 
 UPSTREAM = os.environ.get("PREFT_FLOOR_UPSTREAM", "http://127.0.0.1:9001")
-_session: aiohttp.ClientSession | None = None
+
+
+class _Upstream:
+    """The one pooled client session, opened and closed by the lifespan."""
+
+    session: aiohttp.ClientSession | None = None
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
-    global _session
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            _session = aiohttp.ClientSession(
+            _Upstream.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=64, keepalive_timeout=60))
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            if _session is not None:
-                await _session.close()
+            if _Upstream.session is not None:
+                await _Upstream.session.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 
@@ -45,12 +49,13 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
         await _lifespan(receive, send)
         return
-    if scope["type"] != "http" or _session is None:
+    session = _Upstream.session
+    if scope["type"] != "http" or session is None:
         return
     payload: dict[str, Any] = orjson.loads(await _read_body(receive))
     payload["model"] = str(payload.get("model", ""))  # the one rewrite every gateway does
-    async with _session.post(UPSTREAM + scope["path"], data=orjson.dumps(payload),
-                             headers={"content-type": "application/json"}) as upstream:
+    async with session.post(UPSTREAM + scope["path"], data=orjson.dumps(payload),
+                            headers={"content-type": "application/json"}) as upstream:
         content_type = upstream.headers.get("content-type", "application/json").encode()
         await send({"type": "http.response.start", "status": upstream.status,
                     "headers": [(b"content-type", content_type)]})

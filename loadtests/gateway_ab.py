@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx
 
+from loadtests import RESULTS
 from loadtests.engine_ab import import_dir
 from loadtests.gateway_bench import (
-    RESULTS,
     TARGET_FAKE_CPU_MS,
     TARGET_P50_MS,
     Req,
@@ -41,12 +41,12 @@ from loadtests.gateway_bench import (
 )
 from loadtests.stack_setup import (
     make_adapters,
-    percentile,
     seed_tenants,
     stack_main,
     start_fake_upstream,
     write_results,
 )
+from loadtests.stats import percentile
 from preft_serve.onebox import OneBox, StackConfig, free_port
 
 SIDES = ("now", "before")

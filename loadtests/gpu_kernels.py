@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.util
 import json
-import os
 import statistics
 import sys
 import time
@@ -36,30 +34,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-CUDA = torch.cuda.is_available()
-if not CUDA:  # the interpreter is picked when kernels are decorated: set it before importing
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def _import_preft_kernels() -> None:
-    """The device machine has the repo but no install: map kernels/ to preft_kernels."""
-    try:
-        import preft_kernels  # noqa: F401
-    except ImportError:
-        spec = importlib.util.spec_from_file_location(
-            "preft_kernels", ROOT / "kernels" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "kernels")])
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["preft_kernels"] = module
-        spec.loader.exec_module(module)
-
-
-_import_preft_kernels()
 import triton
 
+from loadtests.kernel_import import CUDA
 from preft_kernels.lora_grouped import AdapterGroups, grouped_lora_linear
 from preft_kernels.reft import ReftGroup, grouped_reft, reft_reference
 from preft_kernels.reft_triton import ReftTritonMeta, reft_triton
@@ -169,7 +146,8 @@ def reft_case(case: Case, device: torch.device, timer: Timer, gen: torch.Generat
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(*shape, device=device, generator=gen) * scale).to(case.dtype)
 
-    proj_in, bias, proj_out = randn(k, r, d, scale=d**-0.5), randn(k, r), randn(k, r, d, scale=r**-0.5)
+    proj_in, bias = randn(k, r, d, scale=d**-0.5), randn(k, r)
+    proj_out = randn(k, r, d, scale=r**-0.5)
     h, before = randn(n, d), randn(n, d)
 
     t0 = time.perf_counter()
@@ -183,8 +161,8 @@ def reft_case(case: Case, device: torch.device, timer: Timer, gen: torch.Generat
     grouped_reft(ref, h.double(), groups_dev, proj_in.double(), bias.double(), proj_out.double())
     same_dtype = before.clone()
     grouped_reft(same_dtype, h, groups_dev, proj_in, bias, proj_out)
-    sample = np.random.default_rng(n).choice(np.flatnonzero(idx >= 0), size=min(32, k * case.tokens),
-                                             replace=False)
+    sample = np.random.default_rng(n).choice(np.flatnonzero(idx >= 0),
+                                             size=min(32, k * case.tokens), replace=False)
     sample_t = torch.from_numpy(sample).to(device)
     row_ref = reft_reference(h[sample_t], idx[sample].tolist(), proj_in, bias, proj_out)
     untouched = torch.from_numpy(idx < 0).to(device)
@@ -205,7 +183,8 @@ def reft_case(case: Case, device: torch.device, timer: Timer, gen: torch.Generat
 
     triton_ms, triton_reps = timer.median_ms(run_triton)
     torch_ms, torch_reps = timer.median_ms(run_torch)
-    triton_dev_ms, torch_dev_ms = timer.graph_median_ms(run_triton), timer.graph_median_ms(run_torch)
+    triton_dev_ms = timer.graph_median_ms(run_triton)
+    torch_dev_ms = timer.graph_median_ms(run_torch)
     kernel_ms = triton_ms if np.isnan(triton_dev_ms) else triton_dev_ms
     elem = h.element_size()
     moved = k * case.tokens * d * 3 * elem + k * (2 * r * d + r) * elem  # h, out r+w, weights
@@ -239,7 +218,8 @@ def lora_case(model: Model, adapters: int, tokens: int, device: torch.device, ti
     groups = AdapterGroups.from_slots(np.repeat(np.arange(adapters), tokens))
     x, y_qkv = randn(n, model.hidden), randn(n, sum(qkv))
     x_o, y_o = randn(n, model.q), randn(n, model.hidden)
-    qkv_ms, _ = timer.median_ms(lambda: grouped_lora_linear(y_qkv, x, a_qkv, b_qkv, groups, 1.0, qkv))
+    qkv_ms, _ = timer.median_ms(
+        lambda: grouped_lora_linear(y_qkv, x, a_qkv, b_qkv, groups, 1.0, qkv))
     o_ms, _ = timer.median_ms(lambda: grouped_lora_linear(y_o, x_o, a_o, b_o, groups, 1.0,
                                                           (model.hidden,)))
     return {"model": model.name, "adapters": adapters, "tokens": tokens, "rows": n,
@@ -322,7 +302,8 @@ def write(out_dir: Path, report: dict[str, Any]) -> str:
     return text
 
 
-def plan(smoke: bool) -> tuple[list[Case], list[tuple[Model, int, int]], list[tuple[int, int, int, int]]]:
+def plan(smoke: bool) -> tuple[list[Case], list[tuple[Model, int, int]],
+                               list[tuple[int, int, int, int]]]:
     """(ReFT cases, LoRA cases, sweep shapes)."""
     if smoke:
         m = SMOKE_MODELS[0]

@@ -36,12 +36,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from loadtests.stack_setup import make_adapters, percentile, scrape, seed_tenants
+from loadtests import RESULTS
+from loadtests.stack_setup import make_adapters, scrape, seed_tenants
+from loadtests.stats import percentile
 from preft_serve.onebox import OneBox, StackConfig, StackError, free_port
 from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
 from preft_serve.worker.step_trace import Step, read_steps
 
-RESULTS = Path(__file__).parent / "results"
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 WORKER_METRICS = ("preft_worker_adapter_loads_total", "preft_worker_adapter_evictions_total")
 GATEWAY_METRICS = ("preft_gateway_routing_total", "preft_gateway_errors_total")

@@ -1,5 +1,6 @@
 """What the load tests share: many tiny adapters, tenants that own them, bound users,
-percentiles and Prometheus scrapes. The stack itself is :mod:`preft_serve.onebox`."""
+Prometheus scrapes, process CPU accounting and the instant upstreams. The stack itself is
+:mod:`preft_serve.onebox`."""
 
 from __future__ import annotations
 
@@ -80,15 +81,6 @@ def seed_tenants(stack: OneBox, adapters: Sequence[tuple[Path, AdapterMode]],
     finally:
         for s in sessions:
             s.close()
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
-    data = sorted(values)
-    if not data:
-        return None
-    rank = max(1, math.ceil(q / 100 * len(data)))
-    return data[rank - 1]
 
 
 def scrape(url: str, names: Sequence[str]) -> dict[str, float]:

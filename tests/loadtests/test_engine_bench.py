@@ -1,8 +1,8 @@
 """The engine benchmark's own logic: plan, aggregation, and the quick mode's sanity check.
 
 Nothing here times the machine: the sanity check is exercised on the recorded quick run
-(a copy of one ``--quick`` run, ``recorded/engine_bench_quick.json``) and on made-up rounds; one tiny end-to-end
-run checks that the processes, the protocol and the JSON fit together.
+(a copy of one ``--quick`` run, ``recorded/engine_bench_quick.json``) and on made-up
+rounds; one tiny end-to-end run checks that the processes, the protocol and the JSON fit together.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.preload_placement import summarise
+from loadtests.experiments.preload_placement import summarise
 
 
 def _round(placement: str, steps: list[tuple[float, bool]], parses: list[float]) -> dict:

@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from loadtests import quality_bench
-from loadtests.quality_tasks import make_tasks
+from loadtests.studies import quality_bench
+from loadtests.studies.quality_tasks import make_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_quick(tmp: Path) -> str:
-    cmd = [sys.executable, "-m", "loadtests.quality_bench", "--quick", "--model", "tiny-llama",
-           "--steps", "4", "--out", str(tmp / "q.json"), "--work", str(tmp / "work"),
-           "--doc", str(tmp / "quality.md")]
+    cmd = [sys.executable, "-m", "loadtests.studies.quality_bench", "--quick",
+           "--model", "tiny-llama", "--steps", "4", "--out", str(tmp / "q.json"),
+           "--work", str(tmp / "work"), "--doc", str(tmp / "quality.md")]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
@@ -220,9 +220,9 @@ def test_a_killed_run_leaves_no_trainer_behind(tmp_path: Path) -> None:
 
     import psutil
 
-    cmd = [sys.executable, "-m", "loadtests.quality_bench", "--quick", "--model", "tiny-llama",
-           "--steps", "100000", "--out", str(tmp_path / "q.json"), "--work",
-           str(tmp_path / "work"), "--doc", "-"]
+    cmd = [sys.executable, "-m", "loadtests.studies.quality_bench", "--quick",
+           "--model", "tiny-llama", "--steps", "100000", "--out", str(tmp_path / "q.json"),
+           "--work", str(tmp_path / "work"), "--doc", "-"]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TQDM_DISABLE": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from loadtests.rl_bench import Question, advantages, policy_loss, sample
+from loadtests.studies.rl_bench import Question, advantages, policy_loss, sample
 from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.toymodels import make_model
 from preft_serve.training.adapters import attach_adapter

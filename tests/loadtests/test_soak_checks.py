@@ -1,11 +1,11 @@
 """The soak's verdicts on hand-made timelines: what counts as a wrong answer, an accounted
-error, a recovery (loadtests/soak_checks.py)."""
+error, a recovery (loadtests/soak/verify.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from loadtests import soak_checks as checks
+from loadtests.soak import verify as checks
 
 SEEDED = [{"tenant": 0, "name": "a0", "user": "u0", "sha": "s-a0-1"},
           {"tenant": 1, "name": "a1", "user": "u1", "sha": "s-a1-1"}]

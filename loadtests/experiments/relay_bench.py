@@ -1,7 +1,7 @@
 """Gateway SSE relay, per event: the byte-level rewrite against a parse and re-dump of every
-event (what the relay did before), on chunks shaped like vLLM 0.32's, in one process.
+event, on chunks shaped like vLLM 0.32's, in one process.
 
-    python -m loadtests.relay_bench [--streams 2000] [--tokens 32] [--reps 7]
+    python -m loadtests.experiments.relay_bench [--streams 2000] [--tokens 32] [--reps 7]
 
 Each rep relays ``--streams`` streams of ``--tokens`` text chunks through a fresh
 :class:`~preft_serve.gateway.proxy.EventRewriter`, once per way, in alternating order; the
@@ -16,9 +16,9 @@ import statistics
 import time
 from pathlib import Path
 
+from loadtests import RESULTS
 from preft_serve.gateway.proxy import EventRewriter
 
-RESULTS = Path(__file__).parent / "results"
 WORKER_MODEL = "sha256:" + "ab" * 32
 
 
@@ -36,7 +36,7 @@ def relay_us_per_event(events: list[bytes], streams: int, parse_every_event: boo
         rewriter = EventRewriter(WORKER_MODEL, "my-bot", True, lambda usage: None)
         for event in events:
             if parse_every_event:
-                rewriter._parsed(event)  # the old relay: json.loads + json.dumps per event
+                rewriter._parsed(event)  # json.loads + json.dumps per event
             else:
                 rewriter.rewrite(event)
     return (time.perf_counter() - start) / (streams * len(events)) * 1e6

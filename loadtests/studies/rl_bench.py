@@ -1,7 +1,8 @@
 """RL with a verifiable reward: PreFT LoRA against all-token LoRA from the same start
-(issue #15, the paper's third finding: "on RL, PreFT approaches parity").
+(the paper's third finding: "on RL, PreFT approaches parity").
 
-    python -m loadtests.rl_bench [--steps 60] [--quick] [--model var/models/smollm2-135m-instruct]
+    python -m loadtests.studies.rl_bench [--steps 60] [--quick]
+        [--model var/models/smollm2-135m-instruct]
 
 Task: a one-digit number added to a two-digit one ("What is 47 + 8? Answer with the number
 only."), reward 1 when the last integer of the answer is the sum, else 0, computed by code
@@ -45,7 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+from loadtests import RESULTS
+
 DEFAULT_MODEL = Path("var/models/smollm2-135m-instruct")
 NUMBER = re.compile(r"-?\d+")
 QUESTION = "What is {a} + {b}? Answer with the number only."
@@ -264,7 +266,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadtests.rl_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m loadtests.studies.rl_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--steps", type=int, default=Plan.steps)

@@ -7,7 +7,7 @@ path (parse the weights inside the call) and the preload path (check the config,
 a background thread, the first step copies the parsed weights into a slot). Reported: the
 ``add_lora`` times (what the engine loop spends) and the first request's time per adapter.
 
-    python -m loadtests.cold_load_ab          # ~2 minutes on 2 cores
+    python -m loadtests.experiments.cold_load_ab          # ~2 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.cold_load_ab", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m loadtests.experiments.cold_load_ab",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--per-round", type=int, default=10, help="cold adapters per round")
     p.add_argument("--rounds", type=int, default=2, help="rounds of each path")
@@ -37,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.lora.request import LoRARequest
 
     from preft_serve.toymodels import LoraSpec, make_lora_adapter, make_model
-    from preft_serve.worker import vllm_compat
     from preft_serve.worker.engine_config import preft_engine_kwargs
+    from preft_serve.worker.vllm_compat import model_runner
 
     model = make_model("bench-llama", args.var / "model")
     spec = LoraSpec(rank=16, std=0.05, target_modules=ALL_PROJECTIONS)
@@ -50,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
                    distributed_executor_backend="uni", kv_cache_memory_bytes=1 << 28,
                    block_size=32, **preft_engine_kwargs("cpu"))
     params = vllm.SamplingParams(max_tokens=2, temperature=0)
-    preload = vllm_compat.preload_lora
+    preload = model_runner.start_background_parse
     results: dict[str, dict[str, list[float]]] = {}
     ids = iter(range(1, count + 1))
     for path in ["stock", "preload"] * args.rounds:
         # the stock path: the seam declines, so vLLM's own add_lora parses in the call
-        vllm_compat.preload_lora = preload if path == "preload" else _decline  # type: ignore[assignment]
+        model_runner.start_background_parse = preload if path == "preload" else _decline  # type: ignore[assignment]
         row = results.setdefault(path, {"add_lora_ms": [], "first_request_ms": []})
         for _ in range(args.per_round):
             n = next(ids)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             llm.generate([[1, 2, 3, 4]], params, lora_request=request, use_tqdm=False)
             row["first_request_ms"].append(round(1000 * (time.perf_counter() - start), 2))
-    vllm_compat.preload_lora = preload
+    model_runner.start_background_parse = preload
     summary = {
         "adapter_bytes": (dirs[0] / "adapter_model.safetensors").stat().st_size,
         **{path: {f"{k}_median": statistics.median(v) for k, v in row.items()}

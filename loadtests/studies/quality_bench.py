@@ -1,4 +1,4 @@
-"""Accuracy vs throughput of PreFT and all-token adapters on synthetic SFT tasks (issue #15).
+"""Accuracy vs throughput of PreFT and all-token adapters on synthetic SFT tasks.
 
 For every cell (task x adapter configuration x learning rate x seed): train the adapter
 with ``preft train``'s trainer (its serving semantics: PreFT LoRA gated to prompt tokens,
@@ -15,9 +15,9 @@ finishes; a rerun skips finished cells, so a run cut off anywhere loses at most 
 The sweep runs every task x configuration at the first LR before the other LRs, so a
 partial run already has a complete table.
 
-    python -m loadtests.quality_bench --quick        # one task, PreFT vs all-token LoRA r16
-    python -m loadtests.quality_bench                # 3 tasks, 9 configurations, LR sweep
-    python -m loadtests.quality_bench --model DIR --steps 3 --out /tmp/q.json --quick
+    python -m loadtests.studies.quality_bench --quick        # one task, PreFT vs all-token LoRA r16
+    python -m loadtests.studies.quality_bench                # 3 tasks, 9 configurations, LR sweep
+    python -m loadtests.studies.quality_bench --model DIR --steps 3 --out /tmp/q.json --quick
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from loadtests.quality_tasks import Task, make_tasks
+from loadtests import RESULTS
+from loadtests.studies.quality_tasks import Task, make_tasks
 
-RESULTS = Path(__file__).parent / "results"
-DOC = Path(__file__).resolve().parents[1] / "docs" / "quality.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "quality.md"
 DEFAULT_MODEL = Path("var/models/smollm2-135m-instruct")
 WORK = Path("var/quality")
 TABLE_START, TABLE_END = "<!-- quality-table:start -->", "<!-- quality-table:end -->"
@@ -177,7 +177,7 @@ class QualityEngine:
         from vllm import LLM
 
         from preft_serve.worker.engine_config import preft_engine_kwargs
-        from preft_serve.worker.vllm_compat import engine_max_lora_rank
+        from preft_serve.worker.vllm_compat.engine_args import engine_max_lora_rank
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model))
         rank = engine_max_lora_rank(max_rank)
@@ -335,10 +335,7 @@ def table(rows: list[dict[str, Any]], model_name: str) -> str:
         if r.get("test_acc_sd") is not None:
             acc += f" ± {r['test_acc_sd']:.0%}"
         got = r.get("x_from")
-        if r["x_base"] is None:
-            tput = "not measured"
-        else:
-            tput = f"{r['x_base']:.2f}"
+        tput = "not measured" if r["x_base"] is None else f"{r['x_base']:.2f}"
         if got:
             sources.add(got["source"])
             config = CONFIGS[r["config"]]

@@ -1,17 +1,18 @@
 """Does a background adapter parse stretch the model step it overlaps? Placement and GIL A/B.
 
 vLLM's CPU worker binds its main thread (the OpenMP master, which runs every model step)
-to the compute CPU(s), and threads it starts later inherit that binding. The adapter
-preloader's parse thread (``preft_serve.worker.adapter_tiers.background_parse``) therefore used to run on the
-step's own core; now it moves itself to the process's other CPUs. This measures what that
-is worth, in one process, both placements alternating:
+to the compute CPU(s), and threads it starts later inherit that binding, so the adapter
+preloader's parse thread (``preft_serve.worker.adapter_tiers.background_parse``) would
+run on the step's own core; it moves itself to the process's other CPUs. This measures
+what that is worth, in one process, the placements alternating:
 
 * the main thread is bound to one CPU (as vLLM binds it) and runs back-to-back "steps": a
   fixed single-threaded matmul workload sized like a bench-llama decode step (``--step-ms``);
 * meanwhile an :class:`AdapterPreloader` parses real adapters with vLLM's own parser
   (``LoRAModel.from_local_checkpoint``: rank-16 LoRAs on all seven projections of
-  SmolLM2-135M's 30 layers, 7 MB+ each) one after another, started from the bound thread as in the worker;
-* rounds rotate ``inherit`` (the pool thread stays where it starts: the first behaviour),
+  SmolLM2-135M's 30 layers, 7 MB+ each) one after another, started from the bound thread
+  as in the worker;
+* rounds rotate ``inherit`` (the pool thread stays where it starts),
   ``spare`` (it moves to the other CPUs: ``leave_compute_cpus``) and ``spare+paced`` (it
   also hands the GIL back every few hundred interpreter events: ``GilYield``, the default).
 
@@ -27,7 +28,7 @@ either placement: the parse is Python work under the GIL, and the step thread, w
 releases the GIL for every torch op, waits for it on each op (CPython's convoy effect).
 Pacing the parse's GIL brings overlapped steps back to ~1.1x; the parse takes longer.
 
-    python -m loadtests.preload_placement      # ~2 minutes
+    python -m loadtests.experiments.preload_placement      # ~2 minutes
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+from loadtests import RESULTS
+from loadtests.stats import percentile
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PLACEMENTS = ("inherit", "spare", "spare+paced")
 
@@ -132,13 +135,13 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         idle = [s for r in mine for _, s, p in r["steps"] if not p]
         during = [s for r in mine for _, s, p in r["steps"] if p]
         idle_median = statistics.median(idle)
-        ordered = sorted(during)
         out[placement] = {
             "steps_no_parse": len(idle), "steps_during_parse": len(during),
             "no_parse_p50_ms": round(1000 * idle_median, 2),
             "during_parse_p50_ms": round(1000 * statistics.median(during), 2),
-            "during_parse_p99_ms": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 2),
-            "during_parse_max_ms": round(1000 * ordered[-1], 2),
+            "during_parse_p99_ms": round(
+                1000 * percentile(during, 99, method="lower"), 2),  # type: ignore[operator]
+            "during_parse_max_ms": round(1000 * max(during), 2),
             "during_vs_no_parse_p50": round(statistics.median(during) / idle_median, 3),
             "during_parse_over_2x": sum(1 for s in during if s > 2 * idle_median),
             # What the parses cost the steps in all: time beyond a no-parse step, per parse.
@@ -175,7 +178,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.preload_placement",
+    p = argparse.ArgumentParser(prog="python -m loadtests.experiments.preload_placement",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=9, help="rounds in all, placements in turn")

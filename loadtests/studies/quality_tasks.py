@@ -1,4 +1,5 @@
-"""Deterministic synthetic SFT tasks for the quality benchmark (``loadtests.quality_bench``).
+"""Deterministic synthetic SFT tasks for the quality study
+(``loadtests.studies.quality_bench``).
 
 Each task has train / validation / test splits generated in the repo (no download) and a
 check of a greedy reply against the expected answer. They are chosen so that a base

@@ -1,7 +1,8 @@
 """The soak's verdicts, computed from what the clients saw (no access to the services):
 wrong answers, error accounting, recovery times, resource growth, the printed table and
 the timeline plot. Pure functions over the soak's records, so they are unit-tested on
-hand-made timelines (tests/loadtests/test_soak_checks.py).
+hand-made timelines (tests/loadtests/test_soak_checks.py); :mod:`loadtests.soak.state`
+reads the services' own state back.
 
 Records are plain dicts (they go to the JSON as they are):
 
@@ -21,15 +22,24 @@ the initial bindings) counts as acknowledged at ``-inf``.
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from loadtests.stats import percentile
+
+if TYPE_CHECKING:
+    from loadtests.soak.churn import Tenants
+    from loadtests.soak.journal import Journal
 
 Record = dict[str, Any]
+KINDS = ("worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop")
+"""The faults the soak injects; every kind must have happened and recovered."""
 CHAOS_STATUSES = (502, 503)
 WORKER_URL = re.compile(r"http://[\w.:-]+")  # as the gateway names a worker in its errors
 FAULT_COLOURS = {"worker_kill": "#f4a6a6", "worker_stop": "#f8d5a0", "registry_kill": "#b7d7f2",
@@ -239,6 +249,53 @@ def resources(samples: Sequence[Record], faults: Sequence[Record] = ()) -> dict[
     return out
 
 
+# -- all checks ----------------------------------------------------------------------------
+
+def verdicts(args: argparse.Namespace, journal: Journal, state: dict[str, Any],
+             tenants: Tenants, end: float) -> dict[str, Any]:
+    """Every check as a ``(check, result, passed)`` row, with the numbers behind them."""
+    truth = Truth(journal.mutations, tenants.seeded)
+    wrong = wrong_answers(journal.requests, truth, args.swap_grace)
+    errors = account_errors([*journal.requests, *journal.mutations], journal.faults,
+                            args.grace, end)
+    recovered = recovery(journal.faults)
+    used = resources(journal.samples, journal.faults)
+    kinds_seen = set(recovered)
+    all_recovered = all(r["recovered"] == r["faults"] for r in recovered.values())
+    rows = [
+        ("uploads acknowledged: listed, downloadable, sha256 as sent",
+         (f"{state['uploads_acknowledged']} checked, "
+         f"{len(state['not_listed'])} not listed, {len(state['not_downloadable'])} not "
+         f"downloadable, {state['sha_reply_mismatch']} sha256 mismatches"),
+         not (state["not_listed"] or state["not_downloadable"] or state["sha_reply_mismatch"])),
+        ("acknowledged deletes stay deleted", f"{len(state['deleted_but_listed'])} listed",
+         not state["deleted_but_listed"]),
+        ("acknowledged bindings resolve", (f"{state['bindings_checked']} checked, "
+         f"{len(state['bindings_wrong'])} wrong"), not state["bindings_wrong"]),
+        ("no blob referenced but missing", (f"{state['blobs_referenced']} referenced, "
+         f"{len(state['blobs_missing'])} missing"), not state["blobs_missing"]),
+        ("no wrong answer (tenant, version after swap)",
+         f"{wrong['checked']} answers checked, {wrong['wrong']} wrong {wrong['by_kind']}",
+         wrong["wrong"] == 0),
+        ("zero 500s", f"{errors['classes'].get('http_500', 0)}",
+         errors["classes"].get("http_500", 0) == 0),
+        ("errors accounted for (429 / 502-503 in a window)",
+         f"{errors['classes']}", errors["unaccounted"] == 0),
+        ("every fault recovered", ", ".join(
+            f"{k} {r['recovered']}/{r['faults']} (max {r['max_s']} s)"
+            for k, r in recovered.items()), all_recovered and kinds_seen == set(KINDS)),
+        ("resources (RSS MB, FDs: start -> end)", "; ".join(
+            f"{p} {r['rss_mb_start']:.0f}->{r['rss_mb_end']:.0f} MB "
+            f"{r['fds_start']}->{r['fds_end']} fds"
+            + (f" ({r['restarts']} restarts)" if r["restarts"] else "")
+            for p, r in used.items()),
+         all(r["rss_growth_same_process"] is None or r["rss_growth_same_process"] < 1.5
+             for r in used.values())),
+    ]
+    return {"rows": rows, "wrong": wrong, "errors": errors, "recovery": recovered,
+            "resources": used, "passed": all(passed for _, _, passed in rows)}
+
+
 # -- presentation --------------------------------------------------------------------------
 
 def table(rows: Sequence[tuple[str, str, bool]]) -> str:
@@ -264,10 +321,10 @@ def bins(requests: Sequence[Record], end: float, width: float = 5.0) -> list[Rec
             errc[i] += 1
     out = []
     for i in range(n):
-        xs = sorted(lat[i])
+        p95 = percentile(lat[i], 95, method="lower")
         out.append({"t": i * width, "ok_per_s": round(okc[i] / width, 2),
                     "errors_per_s": round(errc[i] / width, 2),
-                    "p95_s": round(xs[int(0.95 * (len(xs) - 1))], 3) if xs else None})
+                    "p95_s": None if p95 is None else round(p95, 3)})
     return out
 
 

@@ -1,0 +1,1 @@
+"""One-off A/B experiments behind design decisions; see README.md."""
