@@ -62,7 +62,7 @@ def test_job_manifest_matches_the_kubernetes_schema(version: str, variant: str) 
 
 
 def test_job_manifest_content() -> None:
-    doc = manifest(build_job(SPEC, "acme", STORE, settings(), 7200))
+    doc = manifest(build_job(SPEC, "acme", STORE, settings(), 7200, disk_bytes=1 << 30))
     assert doc["apiVersion"] == "batch/v1" and doc["kind"] == "Job"
     expected_name = "preft-ftjob-abcdefghijklmnopqrstuvwx"
     assert doc["metadata"]["name"] == job_name(SPEC.job_id) == expected_name
@@ -76,6 +76,7 @@ def test_job_manifest_content() -> None:
     assert pod["serviceAccountName"] == "prod-preft-serve-trainer"
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["resources"]["limits"]["ephemeral-storage"] == str(1 << 30)
     env = {e["name"]: e for e in container["env"]}
     assert json.loads(env["PREFT_TRAINER_SPEC"]["value"]) == json.loads(SPEC.model_dump_json())
     assert env["PREFT_TRAINER_OBJECT_STORE__URL"]["value"] == "s3://adapters/prod"
@@ -84,6 +85,7 @@ def test_job_manifest_content() -> None:
     assert "super-secret" not in json.dumps(doc)  # credentials only by Secret reference
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["model"]["persistentVolumeClaim"]["claimName"] == "preft-models"
+    assert volumes["tmp"]["emptyDir"] == {"sizeLimit": str(1 << 30)}
     labels = spec["template"]["metadata"]["labels"]
     assert labels["preft-serve.io/tenant"] == "acme"
     assert labels["app.kubernetes.io/component"] == "trainer"

@@ -185,7 +185,9 @@ def test_the_example_cap_stops_the_pass_at_the_first_example_past_it(
     with pytest.raises(TooManyExamples, match="more than 5 examples"):
         check_conversations(path, max_examples=5)
     assert calls[0] == 6
-    assert check_conversations(path, max_examples=1000) == 1000
+    checked = check_conversations(path, max_examples=1000)
+    assert checked.conversations == 1000
+    assert checked.longest_line_bytes == len(json.dumps(GOOD)) + 1  # with its newline
 
 
 def test_a_lone_surrogate_is_refused_before_training(tmp_path: Path, toy_tokenizer: Any) -> None:

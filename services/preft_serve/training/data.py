@@ -189,8 +189,16 @@ def _unchecked_lines(handle: IO[bytes]) -> int:
     return count + (last != b"\n")
 
 
-def check_conversations(path: Path, max_examples: int | None = None) -> int:
-    """Number of conversations in a JSONL file, checked in one streaming pass.
+@dataclasses.dataclass(frozen=True)
+class FileCheck:
+    """What one checking pass learned of a file: enough to bound a job on it."""
+
+    conversations: int
+    longest_line_bytes: int
+
+
+def check_conversations(path: Path, max_examples: int | None = None) -> FileCheck:
+    """Conversations in a JSONL file (and its longest line), checked in one streaming pass.
 
     Memory stays bounded whatever the file holds (tenants upload these): the pass keeps
     counts and at most :data:`MAX_REPORTED` messages, stops parsing after that many bad
@@ -198,7 +206,7 @@ def check_conversations(path: Path, max_examples: int | None = None) -> int:
     ``max_examples`` conversations. Raises :class:`DataError` naming what to fix.
     """
     problems: list[str] = []
-    conversations = 0
+    conversations = longest = 0
     with _open(path) as handle:
         for number, raw, unreadable in _lines(handle):
             problem = unreadable
@@ -206,6 +214,7 @@ def check_conversations(path: Path, max_examples: int | None = None) -> int:
                 try:
                     parse_conversation(raw)
                     conversations += 1
+                    longest = max(longest, len(raw.encode("utf-8")))
                 except ValueError as exc:
                     problem = str(exc)
             if problem is not None:
@@ -224,7 +233,7 @@ def check_conversations(path: Path, max_examples: int | None = None) -> int:
     if not conversations:
         raise DataError(f"{path} has no examples (one JSON object per line: "
                         '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]})')
-    return conversations
+    return FileCheck(conversations, longest)
 
 
 def read_conversations(path: Path) -> Iterator[tuple[int, list[dict[str, Any]]]]:

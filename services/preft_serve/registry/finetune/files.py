@@ -29,7 +29,12 @@ from preft_serve.registry.finetune.models import (
     FileObject,
 )
 from preft_serve.registry.finetune.settings import FinetuneSettings
-from preft_serve.training.data import DataError, TooManyExamples, check_conversations
+from preft_serve.training.data import (
+    DataError,
+    FileCheck,
+    TooManyExamples,
+    check_conversations,
+)
 
 logger = logging.getLogger(__name__)
 MAX_FILENAME = 256
@@ -55,8 +60,8 @@ def copy_file_bounded(src: IO[bytes], dest: Path, limit: int) -> str:
     return digest.hexdigest()
 
 
-def validate_jsonl(path: Path, max_examples: int) -> int:
-    """Number of conversations; 400 naming the bad lines (``invalid_file_format``).
+def validate_jsonl(path: Path, max_examples: int) -> FileCheck:
+    """Conversations and longest line; 400 naming the bad lines (``invalid_file_format``).
 
     One streaming pass in bounded memory (``training.data.check_conversations``): the
     largest file the size cap allows costs a registry no more memory than a small one.
@@ -87,14 +92,14 @@ class FileService:
         with tempfile.TemporaryDirectory(dir=self.staging_dir, prefix="preft-file-") as tmp:
             path = Path(tmp) / "upload.jsonl"
             sha256 = copy_file_bounded(stream, path, self.settings.max_file_bytes)
-            examples = validate_jsonl(path, self.settings.max_examples)
+            checked = validate_jsonl(path, self.settings.max_examples)
             size = path.stat().st_size
             if not self.store.exists(blob_key(sha256)):
                 self.store.put_file(blob_key(sha256), path)
         record = self._commit(tenant, _safe_filename(filename), purpose, sha256, size,
-                              examples)
+                              checked.conversations, checked.longest_line_bytes)
         logger.info("tenant %s file %s: %d bytes, %d examples", tenant, record.id, size,
-                    examples)
+                    checked.conversations)
         return record
 
     def put_result(self, tenant: str, filename: str, data: bytes) -> FileObject:
@@ -106,13 +111,14 @@ class FileService:
         return self._commit(tenant, filename, RESULTS_PURPOSE, sha256, len(data), 0)
 
     def _commit(self, tenant: str, filename: str, purpose: str, sha256: str, size: int,
-                examples: int) -> FileObject:
+                examples: int, longest_line: int = 0) -> FileObject:
         record = FileObject(id=new_file_id(), bytes=size, created_at=int(time.time()),
                             filename=filename, purpose=purpose)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(self.keys.file(record.id), mapping={
             **{k: str(v) for k, v in record.model_dump().items() if v is not None},
-            "tenant": tenant, "sha256": sha256, "examples": str(examples)})
+            "tenant": tenant, "sha256": sha256, "examples": str(examples),
+            "longest_line": str(longest_line)})
         pipe.zadd(self.keys.tenant_files(tenant), {record.id: time.time_ns() // 1000})
         pipe.sadd(self.keys.file_blob_refs(sha256), record.id)
         pipe.execute()

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from preft_serve.common.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from preft_serve.common.text import shown
+from preft_serve.registry.finetune.budget import ModelShape, check_memory
 from preft_serve.registry.finetune.files import FileService, blob_key
 from preft_serve.registry.finetune.ids import check_job_id, new_job_id
 from preft_serve.registry.finetune.jobs import JobRecord, JobStore
@@ -37,19 +38,22 @@ class Canceller(Protocol):
 
 class FineTuningService:
     def __init__(self, store: JobStore, files: FileService, settings: FinetuneSettings,
-                 base_model: str, max_lora_rank: int, max_reft_rank: int) -> None:
+                 base_model: str, max_lora_rank: int, max_reft_rank: int,
+                 model_shape: ModelShape) -> None:
         self.store, self.files, self.settings = store, files, settings
-        self.base_model = base_model
+        self.base_model, self.model_shape = base_model, model_shape
         self.max_lora_rank, self.max_reft_rank = max_lora_rank, max_reft_rank
         self.canceller: Canceller | None = None
         self.metrics: RegistryMetrics | None = None
 
-    def _file(self, tenant: str, file_id: str, param: str) -> tuple[str, int]:
-        info = self.files.info(tenant, file_id, param)  # one read for all three fields
+    def _file(self, tenant: str, file_id: str, param: str) -> tuple[str, int, int | None]:
+        """sha256, conversations and longest line (bytes; None if not recorded)."""
+        info = self.files.info(tenant, file_id, param)  # one read for every field
         if info.get("purpose") != FINE_TUNE_PURPOSE:
             raise BadRequest(f"file {file_id} has purpose {info.get('purpose')!r}; upload "
                              f"training data with purpose '{FINE_TUNE_PURPOSE}'", param=param)
-        return info["sha256"], int(info.get("examples", "0"))
+        longest = int(info["longest_line"]) if info.get("longest_line") else None
+        return info["sha256"], int(info.get("examples", "0")), longest
 
     def create(self, tenant: str, body: JobCreate) -> FineTuningJob:
         if body.model != self.base_model:
@@ -59,13 +63,22 @@ class FineTuningService:
             raise BadRequest(f"suffix {shown(body.suffix)} is invalid: 1-40 letters, digits, "
                              "'.', '_' or '-', starting with a letter or digit, no '..'",
                              param="suffix")
-        training_sha, examples = self._file(tenant, body.training_file, "training_file")
+        training_sha, examples, longest = self._file(tenant, body.training_file,
+                                                     "training_file")
         validation_sha = None
         if body.validation_file is not None:
-            validation_sha, _ = self._file(tenant, body.validation_file, "validation_file")
+            validation_sha, _, longest_eval = self._file(tenant, body.validation_file,
+                                                         "validation_file")
+            if longest is None or longest_eval is None:
+                longest = None
+            else:
+                longest = max(longest, longest_eval)
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         options, hyper, method = resolve(body, examples, seed, self.settings.max_steps,
                                          self.max_lora_rank, self.max_reft_rank)
+        limit, setting = self.settings.memory_limit()
+        check_memory(self.model_shape, options["batch_size"], options["max_seq_len"], longest,
+                     limit, setting)
         job_id = new_job_id()
         job = FineTuningJob(
             id=job_id, created_at=int(time.time()), model=body.model,

@@ -62,7 +62,16 @@ class FinetuneSettings(BaseModel):
                                 description="Largest training/validation file")
     max_examples: int = Field(50_000, ge=1, description="Conversations one file may hold")
     max_steps: int = Field(20_000, ge=1, description="Optimizer steps one job may run")
-    job_timeout_s: int = Field(6 * 3600, ge=10, description="A job running longer fails")
+    job_timeout_s: int = Field(6 * 3600, ge=10, description="A job running longer fails "
+                               "(local trainers also get this many CPU seconds per core)")
+    trainer_memory_bytes: int = Field(
+        8 << 30, ge=1 << 30, description="Memory one trainer may use: a job whose estimate "
+        "is larger is refused (400); local trainers get it as their data-segment limit and "
+        "are stopped when their resident memory passes it. Kubernetes: the Job's "
+        "resources.limits.memory, when set, is the limit")
+    trainer_disk_bytes: int = Field(
+        4 << 30, ge=64 << 20, description="Largest file a local trainer may write; on "
+        "Kubernetes the size of the trainer's /tmp and its ephemeral-storage limit")
     work_dir: Path | None = Field(None, description="Local backend: scratch directories of "
                                   "trainers (default: the system temp dir)")
     poll_s: float = Field(0.5, gt=0, le=60, description="Dispatcher loop period")
@@ -71,3 +80,13 @@ class FinetuneSettings(BaseModel):
                                "local jobs fail, its Kubernetes jobs are adopted")
     events_maxlen: int = Field(10_000, ge=100, description="Events kept per job")
     kubernetes: KubernetesSettings = KubernetesSettings()
+
+    def memory_limit(self) -> tuple[int, str]:
+        """A trainer's memory limit and the setting that sets it, for the job's backend."""
+        if self.backend is Backend.KUBERNETES:
+            memory = (self.kubernetes.resources.get("limits") or {}).get("memory")
+            if memory:
+                from kubernetes.utils.quantity import parse_quantity
+
+                return int(parse_quantity(memory)), "the trainer's resources.limits.memory"
+        return self.trainer_memory_bytes, "PREFT_REGISTRY_FINETUNE__TRAINER_MEMORY_BYTES"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from preft_serve.registry.finetune.budget import ModelShape
 from preft_serve.registry.finetune.dispatcher import Dispatcher, new_instance
 from preft_serve.registry.finetune.files import FileService
 from preft_serve.registry.finetune.jobs import JobStore
@@ -38,7 +39,8 @@ def build_finetune(state: RegistryState, metrics: RegistryMetrics | None = None
     files = FileService(state.redis, keys, state.store, ft, settings.staging_dir)
     store = JobStore(state.redis, keys, ft.events_maxlen)
     jobs = FineTuningService(store, files, ft, settings.base_model_label,
-                             settings.max_lora_rank, settings.max_reft_rank)
+                             settings.max_lora_rank, settings.max_reft_rank,
+                             ModelShape.read(settings.base_model_config))
     instance = new_instance()
     runner = create_runner(ft, settings.object_store, instance, ft.work_dir)
     model_dir = settings.base_model if settings.base_model.is_dir() \

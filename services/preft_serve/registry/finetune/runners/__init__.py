@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from preft_serve.common.objectstore import ObjectStoreSettings
@@ -15,12 +16,17 @@ def create_runner(settings: FinetuneSettings, store: ObjectStoreSettings, instan
                   work_dir: Path | None) -> Runner:
     """The backend ``settings.backend`` names (imports only what it needs)."""
     if settings.backend is Backend.LOCAL:
-        from preft_serve.registry.finetune.runners.local import LocalRunner
+        from preft_serve.registry.finetune.runners.local import LocalRunner, TrainerLimits
 
-        return LocalRunner(settings.workers, store, instance, work_dir or settings.work_dir)
+        limits = TrainerLimits(memory_bytes=settings.trainer_memory_bytes,
+                               file_bytes=settings.trainer_disk_bytes,
+                               cpu_seconds=settings.job_timeout_s * (os.cpu_count() or 1))
+        return LocalRunner(settings.workers, store, instance, work_dir or settings.work_dir,
+                           limits)
     if settings.backend is Backend.KUBERNETES:
         from preft_serve.registry.finetune.runners.kubernetes import KubernetesRunner
 
-        return KubernetesRunner(settings.kubernetes, store, settings.job_timeout_s)
+        return KubernetesRunner(settings.kubernetes, store, settings.job_timeout_s,
+                                settings.trainer_disk_bytes)
     valid = ", ".join(b.value for b in Backend)
     raise ValueError(f"unknown fine-tuning backend {settings.backend!r}; valid: {valid}")

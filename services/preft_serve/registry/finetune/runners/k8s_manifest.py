@@ -47,9 +47,12 @@ def _env(spec: TrainerSpec, store: ObjectStoreSettings,
 
 
 def build_job(spec: TrainerSpec, tenant: str, store: ObjectStoreSettings,
-              settings: KubernetesSettings, timeout_s: int) -> k8s.V1Job:
-    """The Job: one pod, no retries (a failed trainer is a failed job), a deadline, and a
-    TTL so Kubernetes removes it after the registry has read its outcome."""
+              settings: KubernetesSettings, timeout_s: int, disk_bytes: int = 4 << 30
+              ) -> k8s.V1Job:
+    """The Job: one pod, no retries (a failed trainer is a failed job), a deadline, a
+    bounded scratch disk (``/tmp`` and the container's ephemeral storage, ``disk_bytes``)
+    and a TTL so Kubernetes removes it after the registry has read its outcome."""
+    limits = {"ephemeral-storage": str(disk_bytes), **(settings.resources.get("limits") or {})}
     labels = {**settings.labels, "app.kubernetes.io/name": "preft-serve",
               "app.kubernetes.io/component": "trainer", JOB_LABEL: spec.job_id.lower()[:63],
               "preft-serve.io/tenant": tenant}
@@ -59,7 +62,7 @@ def build_job(spec: TrainerSpec, tenant: str, store: ObjectStoreSettings,
         command=["python3", "-m", "preft_serve.registry.finetune.entry"],
         env=_env(spec, store, settings),
         resources=k8s.V1ResourceRequirements(requests=settings.resources.get("requests"),
-                                             limits=settings.resources.get("limits")),
+                                             limits=limits),
         volume_mounts=[k8s.V1VolumeMount(name="model", mount_path=settings.model_mount_path,
                                          read_only=True),
                        k8s.V1VolumeMount(name="tmp", mount_path="/tmp")],
@@ -77,7 +80,8 @@ def build_job(spec: TrainerSpec, tenant: str, store: ObjectStoreSettings,
         image_pull_secrets=[k8s.V1LocalObjectReference(name=n)
                             for n in settings.image_pull_secrets] or None,
         volumes=[volume,
-                 k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource())])
+                 k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource(
+                     size_limit=str(disk_bytes)))])
     return k8s.V1Job(
         api_version="batch/v1", kind="Job",
         metadata=k8s.V1ObjectMeta(name=job_name(spec.job_id), namespace=settings.namespace,

@@ -32,7 +32,7 @@ class KubernetesRunner(Runner):
     poll_every_s = 5.0  # each poll reads the Job and its pod's whole log
 
     def __init__(self, settings: KubernetesSettings, store: ObjectStoreSettings,
-                 timeout_s: int) -> None:
+                 timeout_s: int, disk_bytes: int) -> None:
         from kubernetes import client, config
 
         try:
@@ -40,11 +40,13 @@ class KubernetesRunner(Runner):
         except config.ConfigException:
             config.load_kube_config()
         self.settings, self.store, self.timeout_s = settings, store, timeout_s
+        self.disk_bytes = disk_bytes
         self.batch = client.BatchV1Api()
         self.core = client.CoreV1Api()
 
     def start(self, spec: TrainerSpec, tenant: str) -> dict[str, Any]:
-        body = build_job(spec, tenant, self.store, self.settings, self.timeout_s)
+        body = build_job(spec, tenant, self.store, self.settings, self.timeout_s,
+                         self.disk_bytes)
         self.batch.create_namespaced_job(self.settings.namespace, body)
         return {"backend": self.name, "job_name": job_name(spec.job_id), "log_lines": 0}
 

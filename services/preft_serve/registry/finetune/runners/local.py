@@ -5,14 +5,23 @@ to a log file in its scratch directory whose tail explains a crash.
 
 A child is identified by pid and kernel start time (``/proc/<pid>/stat``), so a
 restarted registry never kills an unrelated process that reused the pid.
+
+Every trainer is bounded from its first instruction (:class:`TrainerLimits`, set with
+``prlimit`` right after the fork, before the interpreter has loaded anything): its data
+segment (what torch allocates), the largest file it may write and its CPU seconds; each
+poll also reads its resident memory and stops one that passed the limit. A trainer that
+hits a limit fails its job with a reason naming the setting; nothing else on the host is
+touched.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -29,6 +38,49 @@ from preft_serve.registry.finetune.spec import TrainerSpec
 
 logger = logging.getLogger(__name__)
 _LOG = "trainer.log"
+_OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "Cannot allocate memory",
+                  "std::bad_alloc")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerLimits:
+    """What one local trainer may use; each limit names the setting that raises it."""
+
+    memory_bytes: int
+    file_bytes: int
+    cpu_seconds: int
+
+    def apply(self, pid: int) -> None:
+        for kind, value in ((resource.RLIMIT_DATA, self.memory_bytes),
+                            (resource.RLIMIT_FSIZE, self.file_bytes),
+                            (resource.RLIMIT_CPU, self.cpu_seconds)):
+            resource.prlimit(pid, kind, (value, value))
+
+    def memory_reason(self) -> str:
+        return (f"the trainer went over its memory limit of {self.memory_bytes >> 20} MiB "
+                "(PREFT_REGISTRY_FINETUNE__TRAINER_MEMORY_BYTES); lower batch_size or "
+                "max_seq_len")
+
+    def signal_reason(self, signo: int) -> str | None:
+        if signo == signal.SIGXCPU:
+            return (f"the trainer used its {self.cpu_seconds} CPU seconds "
+                    "(PREFT_REGISTRY_FINETUNE__JOB_TIMEOUT_S per core)")
+        if signo == signal.SIGXFSZ:
+            return (f"the trainer wrote a file over its limit of {self.file_bytes >> 20} MiB "
+                    "(PREFT_REGISTRY_FINETUNE__TRAINER_DISK_BYTES)")
+        return None
+
+
+def resident_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` (0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def process_start(pid: int) -> str | None:
@@ -64,6 +116,7 @@ class _Child:
         self.proc, self.work = proc, work
         self.lines: collections.deque[dict[str, Any]] = collections.deque()
         self.last_error: str | None = None
+        self.over_memory = False
         self.reader = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True,
                                        name=f"trainer-{proc.pid}")
         self.reader.start()
@@ -97,8 +150,9 @@ class LocalRunner(Runner):
     stops_with_registry = True
 
     def __init__(self, workers: int, store: ObjectStoreSettings, instance: str,
-                 work_dir: Path | None) -> None:
+                 work_dir: Path | None, limits: TrainerLimits) -> None:
         self.workers, self.instance, self.work_dir = workers, instance, work_dir
+        self.limits = limits
         self.env = store_env(store)
         self.host = socket.gethostname()
         self.children: dict[str, _Child] = {}
@@ -120,6 +174,11 @@ class LocalRunner(Runner):
                 [sys.executable, "-m", "preft_serve.registry.finetune.entry"], env=env, cwd=work,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                 start_new_session=True)
+        try:
+            self.limits.apply(proc.pid)
+        except OSError:
+            _kill_group(proc)
+            raise
         with self.lock:
             self.children[spec.job_id] = _Child(proc, work)
         logger.info("job %s: trainer pid %d in %s", spec.job_id, proc.pid, work)
@@ -133,6 +192,10 @@ class LocalRunner(Runner):
             return Observation(RunState.FAILED, reason="the trainer process is not known to "
                                "this registry (it was restarted)")
         code = child.proc.poll()
+        if code is None and resident_bytes(child.proc.pid) > self.limits.memory_bytes:
+            child.over_memory = True
+            _kill_group(child.proc)
+            code = child.proc.poll()
         if code is None:
             return Observation(RunState.RUNNING, child.drain())
         child.reader.join(10)  # every line it printed, before judging the exit
@@ -140,13 +203,22 @@ class LocalRunner(Runner):
         self._forget(job_id)
         if code == 0:
             return Observation(RunState.SUCCEEDED, lines)
+        detail = child.last_error or child.log_tail()
+        limit = self._limit_reason(child, code, detail)
+        if limit is not None:
+            return Observation(RunState.FAILED, lines, reason=limit)
         if code < 0:
             why = f"the trainer process was killed by {signal.Signals(-code).name}"
         else:
             why = f"the trainer exited with status {code}"
-        detail = child.last_error or child.log_tail()
         return Observation(RunState.FAILED, lines,
                            reason=f"{why}: {detail}" if detail else why)
+
+    def _limit_reason(self, child: _Child, code: int, detail: str) -> str | None:
+        """The limit a failed trainer ran into, if any (said without its log's paths)."""
+        if child.over_memory or any(mark in detail for mark in _OUT_OF_MEMORY):
+            return self.limits.memory_reason()
+        return self.limits.signal_reason(-code) if code < 0 else None
 
     def cancel(self, job_id: str, runner: dict[str, Any]) -> None:
         with self.lock:
