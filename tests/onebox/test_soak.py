@@ -1,4 +1,4 @@
-"""The soak with chaos, short: 3 minutes, one fault of each kind (``loadtests/soak.py``).
+"""The soak with chaos, short: 3 minutes, one fault of each kind (``loadtests/soak/``).
 
 The whole stack as processes (moto S3, Redis with AOF, registry, two CPU workers, gateway)
 under traffic at 70% of measured capacity and concurrent tenant changes, while a worker is

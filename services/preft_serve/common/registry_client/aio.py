@@ -24,7 +24,7 @@ def connect_redis(url: str) -> aioredis.Redis:
 
     Without a retry, every connection pooled before the restart fails its next command
     ("Connection closed by server"), so single requests failed long after Redis was back
-    (found by the soak, ``loadtests/soak.py``). The retry (on ConnectionError and
+    (found by the soak, ``loadtests/soak/``). The retry (on ConnectionError and
     TimeoutError) drops the broken connection and tries a fresh one.
     """
     return aioredis.Redis.from_url(url, decode_responses=True,

@@ -114,7 +114,7 @@ class GilYield:
     is the one place a third-party function such as vLLM's adapter parser can be made to
     yield without changing it. It never pauses inside C code, only between calls, so no
     C-level lock is held while it sleeps. Defaults, measured on SmolLM2-shaped adapters
-    (``loadtests.preload_placement``): slices of ~0.1 ms; steps overlapping a parse went
+    (``loadtests.experiments.preload_placement``): slices of ~0.1 ms; steps overlapping a parse went
     from ~2x to ~1.1x their usual time, the parse from ~10 to ~45 ms."""
 
     every: int = 200
