@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -18,16 +19,31 @@ from tests.support.gateway import AUTH, MSGS, FakeRegistry
 from tests.support.inprocess import serve_in_thread
 
 
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 class EndlessStream(httpx.AsyncByteStream):
-    def __init__(self) -> None:
+    """A worker's stream that never ends; with ``continuous_usage_stats`` asked, each chunk
+    carries the running totals, as vLLM's do."""
+
+    def __init__(self, totals: bool = False) -> None:
         self.sent = 0
+        self.totals = totals
         self.closed = threading.Event()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while True:
             self.sent += 1
-            chunk = {"model": "x", "choices": [{"delta": {"content": f"t{self.sent} "}}]}
-            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            chunk: dict[str, Any] = {"model": "x", "choices": [
+                {"delta": {"content": f"t{self.sent} "}}]}
+            if self.totals:
+                chunk["usage"] = {"prompt_tokens": 7, "completion_tokens": self.sent,
+                                  "total_tokens": 7 + self.sent}
+            yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
             await asyncio.sleep(0.02)
 
     async def aclose(self) -> None:
@@ -40,7 +56,8 @@ def test_client_disconnect_closes_the_worker_stream_and_frees_the_slot() -> None
     def worker(request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
             return httpx.Response(200, json={"data": []})
-        streams.append(EndlessStream())
+        options = json.loads(request.content).get("stream_options") or {}
+        streams.append(EndlessStream(totals=bool(options.get("continuous_usage_stats"))))
         return httpx.Response(200, stream=streams[-1],
                               headers={"content-type": "text/event-stream"})
 
@@ -57,6 +74,7 @@ def test_client_disconnect_closes_the_worker_stream_and_frees_the_slot() -> None
             lines = response.iter_lines()
             first = next(lines)
             assert first.startswith("data: ") and json.loads(first[6:])["model"] == "bot"
+            assert "usage" not in json.loads(first[6:])  # the client did not ask for it
             pool = app.state.gateway.pool
             assert pool.inflight == {"http://w1:8000": 1}
         # The client is gone: the worker stream must be closed and the slot released.
@@ -65,6 +83,12 @@ def test_client_disconnect_closes_the_worker_stream_and_frees_the_slot() -> None
         while pool.inflight != {"http://w1:8000": 0} and time.monotonic() < deadline:
             time.sleep(0.02)
         assert pool.inflight == {"http://w1:8000": 0}
+        # What the worker produced for the client that left is counted: its prompt and
+        # the tokens up to the last totals the gateway read (at least the one relayed).
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        assert metric(text, 'preft_gateway_prompt_tokens_total{adapter="bot"}') == 7
+        generated = metric(text, 'preft_gateway_generation_tokens_total{adapter="bot"}')
+        assert 1 <= generated <= streams[0].sent
     finally:
         server.should_exit = True
         thread.join(10)

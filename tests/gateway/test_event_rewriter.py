@@ -94,3 +94,38 @@ def test_continuous_usage_stats_count_the_stream_once() -> None:
     rewriter.finish()  # idempotent
     assert usages == [{"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}]
     assert all(o is not None for o in out)  # the client asked for usage: all passed on
+
+
+def running_totals(contents: str) -> list[bytes]:
+    """Chunks as vLLM writes them with ``continuous_usage_stats``: totals on every one."""
+    return [vllm_chunk(c, usage={"prompt_tokens": 5, "completion_tokens": i + 1,
+                                 "total_tokens": 6 + i}) for i, c in enumerate(contents)]
+
+
+@pytest.mark.parametrize("strip_usage", [False, True])
+def test_running_totals_the_client_did_not_ask_for_are_cut_as_bytes(strip_usage: bool) -> None:
+    """The gateway asks for running totals to count streams that end early; a client that
+    did not ask gets each chunk as a parse-and-drop-usage would give it."""
+    events = [vllm_chunk(""), *running_totals("abc"),
+              vllm_chunk(None, usage={"prompt_tokens": 5, "completion_tokens": 3,
+                                      "total_tokens": 8}, choices=False), b"data: [DONE]"]
+    usages: list[Any] = []
+    rewriter = EventRewriter(WORKER, "bot", strip_usage, usages.append, keep_chunk_usage=False)
+    out = [rewriter.rewrite(e)[0] for e in events]
+    rewriter.finish()
+    for got, sent in zip(out[1:4], events[1:4], strict=True):
+        want = json.loads(sent[6:])
+        del want["usage"]
+        want["model"] = "bot"
+        assert got is not None and b'"usage"' not in got and json.loads(got[6:]) == want
+    assert (out[4] is None) == strip_usage  # the final usage chunk: only if asked for
+    assert usages == [{"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}]
+
+
+def test_a_stream_that_ends_early_is_counted_up_to_its_last_totals() -> None:
+    usages: list[Any] = []
+    rewriter = EventRewriter(WORKER, "bot", True, usages.append, keep_chunk_usage=False)
+    for event in running_totals("abcd")[:2]:  # the client leaves after two tokens
+        rewriter.rewrite(event)
+    rewriter.finish()
+    assert usages == [{"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}]

@@ -105,7 +105,8 @@ def test_stream_rewrites_model_and_hides_usage_unless_asked(client: TestClient,
                                                             workers: Workers) -> None:
     resp = chat(client, user="u1", stream=True)
     assert resp.status_code == 200
-    assert workers.seen[-1]["stream_options"] == {"include_usage": True}
+    assert workers.seen[-1]["stream_options"] == {"include_usage": True,
+                                                  "continuous_usage_stats": True}
     events = [e for e in resp.text.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
     payloads = [json.loads(e[6:]) for e in events[:-1]]

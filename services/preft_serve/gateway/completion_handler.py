@@ -53,12 +53,13 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         label = metrics.adapter_label(target.public_name)
         body["model"] = target.worker_model
         stream = bool(body.get("stream"))
-        strip_usage = False
-        if stream:
+        strip_usage, keep_chunk_usage = False, True
+        if stream:  # counted from the worker's running totals, also if the stream ends early
             options = body.get("stream_options")
             options = dict(options) if isinstance(options, dict) else {}
             strip_usage = not options.get("include_usage")
-            options["include_usage"] = True
+            keep_chunk_usage = bool(options.get("continuous_usage_stats"))
+            options["include_usage"] = options["continuous_usage_stats"] = True
             body["stream_options"] = options
         upstream = await open_upstream(state.calls, state.pool, target.routing_key, path, body,
                                        request_id_of(request))
@@ -90,7 +91,8 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         async def body_iter() -> Any:
             try:
                 async for piece in relay_sse(upstream, target.worker_model, target.public_name,
-                                             strip_usage, on_usage, first_token):
+                                             strip_usage, on_usage, first_token,
+                                             keep_chunk_usage):
                     yield piece
             finally:
                 metrics.latency_of(label).observe(time.perf_counter() - start)

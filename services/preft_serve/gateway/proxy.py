@@ -126,15 +126,19 @@ def rewrite_json(payload: Any, public_name: str) -> Any:
 
 async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
                     strip_usage: bool, on_usage: Callable[[Any], None],
-                    on_first_token: Callable[[], None]) -> AsyncIterator[bytes]:
+                    on_first_token: Callable[[], None],
+                    keep_chunk_usage: bool = True) -> AsyncIterator[bytes]:
     """Pass the worker's SSE stream through event by event, rewriting ``model``.
 
-    The gateway always asks for ``stream_options.include_usage`` so it can count tokens;
-    when the client did not ask for it, the usage-only final chunk is dropped again.
-    ``on_first_token`` runs once, just before the first event carrying generated text is
-    handed on.
+    The gateway always asks for ``stream_options.include_usage`` and
+    ``continuous_usage_stats`` so it can count tokens, also of a stream that ends early
+    (the client left, the worker broke): what was produced up to then is counted. Usage
+    the client did not ask for is removed again (``strip_usage``: the final usage chunk;
+    ``keep_chunk_usage`` False: the running totals on every chunk). ``on_first_token`` runs
+    once, just before the first event carrying generated text is handed on.
     """
-    rewriter = EventRewriter(worker_model, public_name, strip_usage, on_usage)
+    rewriter = EventRewriter(worker_model, public_name, strip_usage, on_usage,
+                             keep_chunk_usage)
     buffer = b""
     try:
         async for chunk in upstream.response.aiter_bytes():
@@ -153,14 +157,35 @@ async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
                 yield b"".join(out)
         if buffer.strip():
             yield buffer
-        rewriter.finish()
     except httpx.HTTPError as exc:
         # Headers are already sent: the best we can do is end the stream with an error event.
         logger.warning("stream from %s broke: %s", upstream.worker, exc)
         error = error_body(502, "the worker's stream broke", code="bad_gateway")
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
     finally:
+        # Before any await: a client that left cancels this task, and what the worker
+        # produced for it until then is still counted (the last running totals).
+        rewriter.finish()
         await upstream.aclose()
+
+
+_USAGE_KEY = b',"usage":{'
+
+
+def usage_span(event: bytes) -> tuple[Any, int, int] | None:
+    """The ``usage`` object vLLM writes as a chunk's last field, and its byte span (comma
+    included), found without parsing the chunk; None when it is absent or not flat."""
+    start = event.rfind(_USAGE_KEY)
+    if start < 0:
+        return None
+    end = event.find(b"}", start) + 1
+    if end == 0 or event[end:] != b"}":  # nested, or not the last field: parse instead
+        return None
+    try:
+        usage = orjson.loads(event[start + len(_USAGE_KEY) - 1:end])
+    except orjson.JSONDecodeError:
+        return None
+    return (usage, start, end) if isinstance(usage, dict) else None
 
 
 def _has_text(payload: dict[str, Any]) -> bool:
@@ -185,15 +210,17 @@ class EventRewriter:
     Usage is counted once, from the last event that carried it, by :meth:`finish`: with
     ``stream_options.continuous_usage_stats`` vLLM puts the running totals on every chunk
     (and the whole request's on its final usage chunk), so counting each one would count
-    a stream's tokens once per chunk.
+    a stream's tokens once per chunk. A text chunk's totals are read from its tail and, for
+    a client that did not ask for them, cut off as bytes (:func:`usage_span`).
     """
 
     def __init__(self, worker_model: str, public_name: str, strip_usage: bool,
-                 on_usage: Callable[[Any], None]) -> None:
+                 on_usage: Callable[[Any], None], keep_chunk_usage: bool = True) -> None:
         self._from = b'"model":' + json.dumps(worker_model).encode()
         self._to = b'"model":' + json.dumps(public_name).encode()
         self._public_name = public_name
         self._strip_usage = strip_usage
+        self._keep_chunk_usage = keep_chunk_usage
         self._on_usage = on_usage
         self._seen_text = False
         self._usage: Any = None  # the last event's usage, counted by finish()
@@ -202,8 +229,15 @@ class EventRewriter:
         """The event to send on (None: drop it), and whether it is the first with text."""
         if not event.startswith(b"data: ") or event == b"data: [DONE]":
             return event, False
-        if self._seen_text and b'"usage"' not in event and self._from in event:
-            return event.replace(self._from, self._to, 1), False
+        if self._seen_text and self._from in event:
+            if b'"usage"' not in event:
+                return event.replace(self._from, self._to, 1), False
+            span = usage_span(event) if b'"choices":[]' not in event else None
+            if span is not None:
+                self._usage, start, end = span
+                if not self._keep_chunk_usage:
+                    event = event[:start] + event[end:]
+                return event.replace(self._from, self._to, 1), False
         return self._parsed(event)
 
     def finish(self) -> None:
@@ -224,9 +258,10 @@ class EventRewriter:
         usage = payload.get("usage")
         if usage:
             self._usage = usage
-        if self._strip_usage:
-            if usage and not payload.get("choices"):
+        if usage and not payload.get("choices"):  # the final usage chunk
+            if self._strip_usage:
                 return None, False
+        elif not self._keep_chunk_usage:
             payload.pop("usage", None)
         rewrite_json(payload, self._public_name)
         first = not self._seen_text and _has_text(payload)
