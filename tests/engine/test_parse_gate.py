@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
 from tests.support.engine import Engine, prompt
 
@@ -39,13 +41,17 @@ def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 def test_evicted_adapters_are_parsed_ahead_while_their_requests_wait(
-        engines: dict[str, Engine], tmp_path: Path) -> None:
+        engines: dict[str, Engine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hold is made long enough that a loaded machine's slow parse cannot release a
+    request by timeout (the timeout itself is tested in tests/worker/test_parse_gate.py):
+    what is checked is that no step parses weights inline."""
     engine = next(iter(engines.values()))
     folders = [make_lora_adapter(engine.model_dir, tmp_path / f"gate-{i}", seed=500 + i,
                                  spec=LoraSpec(rank=8)) for i in range(ADAPTERS)]
     loras = [engine.fresh_lora(f"gate-{i}", folder) for i, folder in enumerate(folders)]
     prompts = [prompt(700 + i, 12) for i in range(ADAPTERS)]
     gate = _scheduler(engine).adapter_gate
+    monkeypatch.setattr(gate, "_hold_s", 120.0)
 
     # One request per new adapter, one adapter at a time: each is held while it parses.
     before, held = _loads(engine), gate.held
