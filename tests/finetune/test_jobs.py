@@ -191,3 +191,26 @@ def test_bad_job_requests(serve: Callable[..., Api], body: dict[str, Any], statu
     assert reply.status_code == status, reply.text
     assert reply.json()["error"]["param"] == param
     assert api.call(key, "GET", "/v1/fine_tuning/jobs").json()["data"] == []
+
+
+@pytest.mark.parametrize(("after", "status"), [
+    ("ftevent-0-0", 200),  # before every event: an empty page
+    ("ftevent-99999999999999999999-0", 400),  # past Redis's 64-bit ids
+    ("ftevent-1-99999999999999999999", 400),
+    ("ftevent-1-\u0661", 400),  # a non-ASCII digit
+])
+def test_event_cursors_the_tenant_mistyped_are_4xx_never_an_outage(
+        serve: Callable[..., Api], after: str, status: int) -> None:
+    api = serve(max_steps=60)
+    key = api.tenant("acme")
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    job = api.call(key, "POST", "/v1/fine_tuning/jobs",
+                   json={"model": "tiny-llama", "training_file": file_id}).json()
+    api.call(key, "POST", f"/v1/fine_tuning/jobs/{job['id']}/cancel")
+    reply = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job['id']}/events",
+                     params={"after": after})
+    assert reply.status_code == status, reply.text
+    if status == 200:
+        assert reply.json()["data"] == [] and reply.json()["has_more"] is False
+    else:
+        assert reply.json()["error"]["param"] == "after"

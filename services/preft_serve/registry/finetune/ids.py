@@ -50,7 +50,10 @@ def stream_id(event: str) -> str:
     """The stream id of an event id (the ``after`` cursor of list_events)."""
     raw = event.removeprefix("ftevent-")
     ms, _, seq = raw.partition("-")
-    if not (ms.isdigit() and seq.isdigit() and len(raw) <= 40):
+    # Redis stream ids are two unsigned 64-bit numbers; anything else is the tenant's typo,
+    # never a reason to ask Redis (whose error would read as an outage).
+    if not (ms.isascii() and ms.isdigit() and seq.isascii() and seq.isdigit()
+            and len(raw) <= 41 and int(ms) < 1 << 64 and int(seq) < 1 << 64):
         raise BadRequest(f"after={shown(event)} is not an event id of this job",
                          param="after")
     return raw
