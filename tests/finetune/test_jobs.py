@@ -214,3 +214,17 @@ def test_event_cursors_the_tenant_mistyped_are_4xx_never_an_outage(
         assert reply.json()["data"] == [] and reply.json()["has_more"] is False
     else:
         assert reply.json()["error"]["param"] == "after"
+
+
+def test_an_unknown_target_module_is_named_clipped(serve: Callable[..., Api]) -> None:
+    api = serve(max_steps=60)
+    key = api.tenant("acme")
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    huge = "m" * 140_000
+    reply = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
+        "model": "tiny-llama", "training_file": file_id,
+        "method": {"type": "preft", "preft": {"target_modules": ["q_proj", huge]}}})
+    assert reply.status_code == 400, reply.text[:300]
+    message = reply.json()["error"]["message"]
+    assert "unknown 'mmmm" in message and "(140000 characters)" in message
+    assert len(reply.content) < 2000

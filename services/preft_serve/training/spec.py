@@ -7,6 +7,7 @@ import dataclasses
 from preft_serve.adapters.families.lora import LORA_MODULES
 from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.adapters.reft_format import PREFILL_POSITIONS, parse_positions
+from preft_serve.common.text import shown
 
 __all__ = ["LORA_MODULES", "AdapterSpec"]
 
@@ -34,7 +35,8 @@ class AdapterSpec:
                 raise ValueError("ReFT adapters are prefill-only: use --mode prefill")
             parse_positions(self.positions)  # raises with the accepted forms
         elif unknown := sorted(set(self.target_modules) - set(LORA_MODULES)):
-            raise ValueError(f"--target-modules {unknown} are not supported; choose from "
+            names = ", ".join(shown(name) for name in unknown[:7])
+            raise ValueError(f"--target-modules {names} are not supported; choose from "
                              f"{', '.join(LORA_MODULES)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1) (got {self.dropout})")

@@ -13,6 +13,7 @@ from typing import Any
 
 from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.common.errors import BadRequest
+from preft_serve.common.text import shown
 from preft_serve.registry.finetune.models import Hyperparameters, JobCreate, PreftMethod
 from preft_serve.training.spec import LORA_MODULES
 
@@ -56,7 +57,8 @@ def resolve(body: JobCreate, examples: int, seed: int, max_steps: int, max_lora_
                              f"limit {max_lora_rank}", param="method")
         unknown = sorted(set(preft.target_modules or ()) - set(LORA_MODULES))
         if unknown:
-            raise BadRequest(f"method.preft.target_modules: unknown {unknown[:7]}; use "
+            names = ", ".join(shown(name) for name in unknown[:7])
+            raise BadRequest(f"method.preft.target_modules: unknown {names}; use "
                              f"{', '.join(LORA_MODULES)}", param="method")
     else:
         if preft.rank > max_reft_rank:
