@@ -97,7 +97,7 @@ def test_cli_reports_bad_data_with_the_line(
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--type", "direft", "--mode", "all"], "ReFT adapters are prefill-only"),
-    (["--target-modules", "q_proj,lm_head"], "--target-modules ['lm_head'] are not supported"),
+    (["--target-modules", "q_proj,lm_head"], "--target-modules 'lm_head' are not supported"),
     (["--type", "loreft", "--positions", "middle"], "'positions' must be"),
     (["--rank", "0"], "--rank must be at least 1"),
     (["--type", "direft", "--layers", "0,7"], "--layers [7] out of range"),
