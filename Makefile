@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz clean
+.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -35,9 +35,17 @@ helm: $(HELM)  ## Install the pinned helm binary into .tools/bin (chart tests ne
 lint: $(STAMP)  ## ruff, then mypy (strict on preft_serve.common and preft_kernels)
 	scripts/lint.sh $(VENV)
 
-test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engine)
+# Test processes in parallel (pytest-xdist); tests sharing an expensive fixture stay together.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
+test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engines)
 	@scripts/system-packages.sh test
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(XDIST) $(ARGS)
+
+test-fast: $(STAMP)  ## The edit loop: every test outside the slow tiers (engine, stack, trainer, helm ...)
+	@scripts/system-packages.sh test
+	$(PY) -m pytest -m "not slow" $(XDIST) $(ARGS)
 
 run: $(STAMP)  ## The whole stack locally (redis, registry, worker, gateway) + demo tenant; Ctrl-C stops
 	@scripts/system-packages.sh run

@@ -50,7 +50,6 @@ def as_stored(model_dir: Path, adapter: Path, mode: AdapterMode, out: Path) -> P
     return out
 
 
-@pytest.mark.engine
 @pytest.mark.parametrize("form", list(FORMS))
 def test_plain_peft_form_served_equal_to_oracle(form: str, engines: dict[str, Engine],
                                                 tmp_path: Path) -> None:

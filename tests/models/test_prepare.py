@@ -84,6 +84,7 @@ def test_unknown_model_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> 
     assert "smollm2-135m-instruct" in capsys.readouterr().err
 
 
+@pytest.mark.real_model
 def test_prepared_smollm2_is_the_real_instruct_model() -> None:
     """Prepared once per machine; a second prepare is a no-op; it answers like SmolLM2."""
     import torch

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -209,41 +208,20 @@ def busy_python(n: int) -> int:
     return total
 
 
-def median_gil_wait(share_gil: GilYield | None) -> float:
-    """How long a thread typically waited to run Python again while a background call of
-    ``busy_python`` ran (each wait starts by dropping the GIL, as a torch op does)."""
-    started, done = threading.Event(), threading.Event()
+def test_a_yielding_call_pauses_once_every_every_profile_events(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-back is a sleep (which releases the GIL) after every ``every`` profile
+    events, counted exactly; how short the step thread's waits become is a measurement,
+    made by ``loadtests.experiments.preload_placement``, not a timed test."""
+    pauses: list[float] = []
+    monkeypatch.setattr(time, "sleep", pauses.append)
     urgent = threading.Event()
-
-    def background() -> None:
-        started.set()
-        if share_gil is None:
-            busy_python(400_000)
-        else:
-            share_gil.run(busy_python, 400_000, urgent)
-        done.set()
-
-    thread = threading.Thread(target=background)
-    thread.start()
-    assert started.wait(10)
-    waits: list[float] = []
-    while not done.is_set():
-        t0 = time.perf_counter()
-        time.sleep(0)  # drop the GIL, then wait to get it back
-        waits.append(time.perf_counter() - t0)
-    thread.join()
-    return statistics.median(waits)
-
-
-def test_a_yielding_call_hands_the_gil_back_within_a_short_slice() -> None:
-    """Without yielding, a thread that drops the GIL waits CPython's switch interval
-    (5 ms) for it; a GilYield call gives it back every ``every`` events. Compared side by
-    side in one run, with a wide margin: the typical wait, not a fixed time."""
-    assert sys.getswitchinterval() >= 0.004
-    holding = median_gil_wait(None)
-    yielding = median_gil_wait(GilYield(every=50, pause_s=0.0002))
-    assert holding >= 0.5 * sys.getswitchinterval()
-    assert yielding < holding / 5
+    GilYield(every=1, pause_s=0.0002).run(busy_python, 2000, urgent)
+    events = len(pauses)  # one pause per event
+    pauses.clear()
+    GilYield(every=50, pause_s=0.0002).run(busy_python, 2000, urgent)
+    assert events > 1000
+    assert len(pauses) == events // 50 and set(pauses) == {0.0002}
 
 
 def test_a_yielding_call_returns_its_result_and_raises_its_errors() -> None:
