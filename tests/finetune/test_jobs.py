@@ -17,6 +17,7 @@ import redis
 
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune.jobs import JobRecord
+from preft_serve.registry.finetune.models import JobStatus
 from tests.finetune.conftest import Api, chat_jsonl
 from tests.support.ports import free_port
 from tests.support.processes import service
@@ -228,3 +229,33 @@ def test_an_unknown_target_module_is_named_clipped(serve: Callable[..., Api]) ->
     message = reply.json()["error"]["message"]
     assert "unknown 'mmmm" in message and "(140000 characters)" in message
     assert len(reply.content) < 2000
+
+
+def test_a_cancel_that_loses_a_race_to_another_cancel_is_still_200(
+        serve: Callable[..., Api], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two cancels of one job at once: the second finds it cancelled inside its own
+    transaction (after its pre-check passed) and answers like a repeated cancel."""
+    from preft_serve.registry.finetune.jobs import JobStore
+
+    api = serve(max_steps=60)
+    key = api.tenant("acme")
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
+        "model": "tiny-llama", "training_file": file_id}).json()["id"]
+    real_update = JobStore.update
+    raced: list[str] = []
+
+    def update_after_a_rival(self: JobStore, job: str, change: Any, *args: Any) -> Any:
+        if job == job_id and args[:1] == ("Job cancelled",) and not raced:
+            raced.append(job)  # the rival cancel commits first
+            def rival(r: JobRecord) -> JobRecord:
+                r.job.status, r.job.finished_at = JobStatus.CANCELLED, int(time.time())
+                return r
+            real_update(self, job, rival, "Job cancelled")
+        return real_update(self, job, change, *args)
+
+    monkeypatch.setattr(JobStore, "update", update_after_a_rival)
+    reply = api.call(key, "POST", f"/v1/fine_tuning/jobs/{job_id}/cancel")
+    assert raced == [job_id]
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "cancelled"

@@ -127,6 +127,8 @@ class FineTuningService:
             return record.job
 
         def change(r: JobRecord) -> JobRecord | None:
+            if r.status is JobStatus.CANCELLED:
+                return None  # a concurrent cancel won: cancelling is idempotent
             if r.status.finished:
                 raise Conflict(f"job {job_id} already {r.status.value}; only queued or "
                                "running jobs can be cancelled", code="job_not_cancellable")
@@ -134,7 +136,8 @@ class FineTuningService:
             return r
 
         new = self.store.update(job_id, change, "Job cancelled")
-        assert new is not None
+        if new is None:
+            return self.record(tenant, job_id).job
         if self.metrics is not None:
             self.metrics.finetune_finished.labels("cancelled").inc()
         if self.canceller is not None and record.status is JobStatus.RUNNING:
