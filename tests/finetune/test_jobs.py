@@ -259,3 +259,20 @@ def test_a_cancel_that_loses_a_race_to_another_cancel_is_still_200(
     assert raced == [job_id]
     assert reply.status_code == 200, reply.text
     assert reply.json()["status"] == "cancelled"
+
+
+def test_a_file_a_queued_job_reads_cannot_be_deleted_until_the_job_ends(
+        serve: Callable[..., Api]) -> None:
+    api = serve(max_steps=60)
+    key = api.tenant("acme")
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
+        "model": "tiny-llama", "training_file": file_id}).json()["id"]
+    refused = api.call(key, "DELETE", f"/v1/files/{file_id}")
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "file_in_use" and job_id in error["message"]
+    assert "files/" not in error["message"]  # no store key
+    assert api.call(key, "GET", f"/v1/files/{file_id}").status_code == 200
+    api.call(key, "POST", f"/v1/fine_tuning/jobs/{job_id}/cancel")
+    assert api.call(key, "DELETE", f"/v1/files/{file_id}").status_code == 200

@@ -13,10 +13,11 @@ import hashlib
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from preft_serve.common.errors import BadRequest, NotFound, QuotaExceeded
+from preft_serve.common.errors import BadRequest, Conflict, NotFound, QuotaExceeded
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.common.text import clip, shown
@@ -81,6 +82,8 @@ class FileService:
                  settings: FinetuneSettings, staging_dir: Path | None) -> None:
         self.redis, self.keys, self.store = client, keys, store
         self.settings, self.staging_dir = settings, staging_dir
+        # The tenant's queued or running jobs that read a file (set by the wiring).
+        self.jobs_using: Callable[[str, str], list[str]] = lambda tenant, file_id: []
 
     def upload(self, tenant: str, filename: str, purpose: str, stream: IO[bytes]) -> FileObject:
         if purpose != FINE_TUNE_PURPOSE:
@@ -164,8 +167,13 @@ class FileService:
                         last_id=page[-1].id if page else None)
 
     def delete(self, tenant: str, file_id: str) -> None:
-        """Metadata first; the blob goes when no other file (of any tenant) references it."""
+        """Metadata first; the blob goes when no other file (of any tenant) references it.
+        A file a queued or running job still reads is refused (409)."""
         sha256 = self.info(tenant, file_id)["sha256"]
+        if jobs := self.jobs_using(tenant, file_id):
+            raise Conflict(f"file {file_id} is read by fine-tuning job {jobs[0]}, which has "
+                           "not finished; cancel it or wait for it to end, then delete the "
+                           "file", code="file_in_use")
         refs = self.keys.file_blob_refs(sha256)
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.file(file_id))

@@ -157,6 +157,11 @@ class JobStore:
 
     # -- runner liveness ------------------------------------------------------------------
 
+    def using_file(self, tenant: str, file_id: str) -> list[str]:
+        """Ids of the tenant's queued or running jobs that read ``file_id``."""
+        return [r.id for r in self.active() if r.tenant == tenant
+                and file_id in (r.job.training_file, r.job.validation_file)]
+
     def beat(self, instance: str, ttl_s: float) -> None:
         self.redis.set(self.keys.runner_heartbeat(instance), "1", px=int(ttl_s * 1000))
 

@@ -38,6 +38,7 @@ def build_finetune(state: RegistryState, metrics: RegistryMetrics | None = None
     keys = state.adapters.keys
     files = FileService(state.redis, keys, state.store, ft, settings.staging_dir)
     store = JobStore(state.redis, keys, ft.events_maxlen)
+    files.jobs_using = store.using_file
     jobs = FineTuningService(store, files, ft, settings.base_model_label,
                              settings.max_lora_rank, settings.max_reft_rank,
                              ModelShape.read(settings.base_model_config))
