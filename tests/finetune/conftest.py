@@ -42,13 +42,15 @@ def namespace() -> str:
 
 
 def registry_settings(redis_url: str, namespace: str, model: Path, root: Path,
+                      registry: dict[str, Any] | None = None,
                       **finetune: Any) -> RegistrySettings:
+    """The registry's settings; ``registry``: its own fields, the rest fine-tuning's."""
     ft = {"poll_s": 0.2, "heartbeat_s": 2, "work_dir": root / "work", **finetune}
     (root / "work").mkdir(parents=True, exist_ok=True)
     return RegistrySettings(
         admin_token=ADMIN_TOKEN, redis_url=redis_url, namespace=namespace, base_model=model,
         object_store=ObjectStoreSettings(url=str(root / "objects")), staging_dir=root,
-        finetune=FinetuneSettings(**ft))
+        finetune=FinetuneSettings(**ft), **(registry or {}))
 
 
 class Api:

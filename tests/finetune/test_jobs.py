@@ -276,3 +276,26 @@ def test_a_file_a_queued_job_reads_cannot_be_deleted_until_the_job_ends(
     assert api.call(key, "GET", f"/v1/files/{file_id}").status_code == 200
     api.call(key, "POST", f"/v1/fine_tuning/jobs/{job_id}/cancel")
     assert api.call(key, "DELETE", f"/v1/files/{file_id}").status_code == 200
+
+
+def test_a_job_that_fails_after_training_leaves_nothing_in_the_store(
+        serve: Callable[..., Api], model_dir: Path, tmp_path: Path) -> None:
+    """The tenant is at its adapter quota, so the trained adapter is refused at
+    registration: the job fails, and what its trainer stored (in no quota) is removed."""
+    from preft_serve.toymodels import make_lora_adapter
+
+    api = serve(registry={"tenant_max_adapters": 1}, max_steps=60)
+    key = api.tenant("acme")
+    adapter = make_lora_adapter(model_dir, tmp_path / "mine", seed=3)
+    files = [("files", (p.name, p.read_bytes(), "application/octet-stream"))
+             for p in sorted(adapter.iterdir())]
+    assert api.call(key, "POST", "/v1/adapters", data={"name": "mine", "mode": "prefill"},
+                    files=files).status_code == 201
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
+        "model": "tiny-llama", "training_file": file_id, "suffix": "second",
+        "method": {"type": "preft", "preft": {"steps": 2}}}).json()["id"]
+    job = api.wait(key, job_id, lambda j: j["status"] in ("failed", "succeeded"))
+    assert job["status"] == "failed" and job["error"]["code"] == "invalid_adapter", job
+    assert "quota" in job["error"]["message"]
+    assert not list((tmp_path / "objects").rglob(f"finetune/{job_id}/*"))

@@ -25,7 +25,7 @@ from preft_serve.registry.finetune.models import JobError, JobStatus
 from preft_serve.registry.finetune.register import register_output
 from preft_serve.registry.finetune.runners import Observation, Runner, RunState
 from preft_serve.registry.finetune.settings import FinetuneSettings
-from preft_serve.registry.finetune.spec import TrainerSpec
+from preft_serve.registry.finetune.spec import TrainerSpec, output_prefix
 from preft_serve.registry.metrics import RegistryMetrics
 
 logger = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class Dispatcher:
             self._polled.pop(job_id, None)
             if record is not None:
                 self.runner.cancel(job_id, record.runner)
+            self._discard_output(job_id)
         for record in active:
             if record.status is not JobStatus.RUNNING:
                 continue
@@ -211,6 +212,7 @@ class Dispatcher:
     def _succeed(self, record: JobRecord) -> None:
         current = self.store.get(record.id)
         if current is None or current.status is not JobStatus.RUNNING:
+            self._discard_output(record.id)
             return  # cancelled meanwhile: nothing is registered
         try:
             done = register_output(current, self.adapters, self.files)
@@ -270,6 +272,7 @@ class Dispatcher:
             return r
 
         self._owned.discard(job_id)
+        self._discard_output(job_id)
         if self.store.update(job_id, change, f"Job failed: {reason}", level="error"):
             if self.metrics is not None:
                 self.metrics.finetune_finished.labels("failed").inc()
@@ -281,3 +284,14 @@ class Dispatcher:
         if record.runner.get("instance") == self.instance:
             self._owned.discard(record.id)
             self.runner.cancel(record.id, record.runner)
+            self._discard_output(record.id)
+
+    def _discard_output(self, job_id: str) -> None:
+        """What a trainer of a job that did not succeed stored: in no tenant's quota, so it
+        must not stay (a tenant could otherwise fill the store with failing jobs)."""
+        store = self.adapters.store
+        try:
+            for key in list(store.list_keys(output_prefix(job_id))):
+                store.delete(key)
+        except Exception as exc:  # noqa: BLE001 (the store's outage is not the job's)
+            logger.warning("job %s: its trainer output stays in the store: %s", job_id, exc)
