@@ -299,3 +299,19 @@ def test_a_job_that_fails_after_training_leaves_nothing_in_the_store(
     assert job["status"] == "failed" and job["error"]["code"] == "invalid_adapter", job
     assert "quota" in job["error"]["message"]
     assert not list((tmp_path / "objects").rglob(f"finetune/{job_id}/*"))
+
+
+def test_a_result_file_is_not_stored_past_the_tenants_file_limit(
+        serve: Callable[..., Api]) -> None:
+    api = serve(tenant_max_files=1, max_steps=60)
+    key = api.tenant("acme")
+    file_id = api.upload(key, chat_jsonl()).json()["id"]  # the tenant's one file
+    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
+        "model": "tiny-llama", "training_file": file_id,
+        "method": {"type": "preft", "preft": {"steps": 2}}}).json()["id"]
+    job = api.wait(key, job_id, lambda j: j["status"] in ("failed", "succeeded"))
+    assert job["status"] == "succeeded" and job["result_files"] == [], job
+    assert [f["id"] for f in api.call(key, "GET", "/v1/files").json()["data"]] == [file_id]
+    events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
+    assert any("result file was not stored" in e["message"] and e["level"] == "warn"
+               for e in events)

@@ -232,12 +232,16 @@ class Dispatcher:
             r.job.status, r.job.finished_at = JobStatus.SUCCEEDED, int(time.time())
             r.job.fine_tuned_model = done.name
             r.job.trained_tokens = done.trained_tokens
-            r.job.result_files = [done.result_file]
+            r.job.result_files = [done.result_file] if done.result_file else []
             r.checkpoints = [done.checkpoint]
             return r
 
         self.store.add_event(record.id, f"New fine-tuned model created: {done.name} "
                              f"(version {done.version}, sha256 {done.sha256[:12]})")
+        if done.result_file is None:
+            self.store.add_event(record.id, "The result file was not stored: this tenant "
+                                 f"keeps at most {self.settings.tenant_max_files} files; "
+                                 "delete some to keep the next ones", "warn")
         if self.store.update(record.id, change, "The job has successfully completed") \
                 and self.metrics is not None:
             self.metrics.finetune_finished.labels("succeeded").inc()

@@ -89,7 +89,7 @@ class FileService:
         if purpose != FINE_TUNE_PURPOSE:
             raise BadRequest(f"purpose {shown(purpose)} is not supported here; use "
                              f"'{FINE_TUNE_PURPOSE}'", param="purpose")
-        if self.redis.zcard(self.keys.tenant_files(tenant)) >= self.settings.tenant_max_files:
+        if self.room(tenant) <= 0:
             raise QuotaExceeded(f"this tenant already has {self.settings.tenant_max_files} "
                                 "files; delete some with DELETE /v1/files/{id}", param="file")
         with tempfile.TemporaryDirectory(dir=self.staging_dir, prefix="preft-file-") as tmp:
@@ -105,8 +105,17 @@ class FileService:
                     checked.conversations)
         return record
 
-    def put_result(self, tenant: str, filename: str, data: bytes) -> FileObject:
-        """Store a job's result file (its metrics) as a file the tenant can download."""
+    def room(self, tenant: str) -> int:
+        """How many more files the tenant may keep."""
+        held = int(self.redis.zcard(self.keys.tenant_files(tenant)))
+        return self.settings.tenant_max_files - held
+
+    def put_result(self, tenant: str, filename: str, data: bytes) -> FileObject | None:
+        """Store a job's result file (its metrics) as a file the tenant can download; None
+        when the tenant has no room left for it (``TENANT_MAX_FILES`` holds for the files
+        the registry makes too)."""
+        if self.room(tenant) <= 0:
+            return None
         sha256 = hashlib.sha256(data).hexdigest()
         key = blob_key(sha256)
         if not self.store.exists(key):

@@ -31,7 +31,7 @@ class Registered:
     version: int
     sha256: str
     trained_tokens: int
-    result_file: str
+    result_file: str | None  # None: the tenant had no room for it
     checkpoint: Checkpoint
     warnings: tuple[str, ...]
 
@@ -69,5 +69,6 @@ def register_output(record: JobRecord, adapters: AdapterService,
         fine_tuning_job_id=record.id, metrics=values,
         step_number=int(metrics.get("steps", 0)))
     return Registered(record.adapter_name, result.version.version, result.version.sha256,
-                      int(metrics.get("tokens_seen", 0)), result_file.id, checkpoint,
+                      int(metrics.get("tokens_seen", 0)),
+                      result_file.id if result_file is not None else None, checkpoint,
                       result.warnings)
