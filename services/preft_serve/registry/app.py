@@ -14,7 +14,7 @@ from preft_serve import __version__
 from preft_serve.common.access_log import AccessLogMiddleware
 from preft_serve.common.bodylimit import BodySizeLimitMiddleware
 from preft_serve.common.errors import error_response, install_error_handlers
-from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
+from preft_serve.common.objectstore import ObjectStore, ObjectStoreError, StoreFull
 from preft_serve.common.registry_client import InvalidKeyPart
 from preft_serve.registry.limits import JsonBodyGuardMiddleware
 from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
@@ -42,7 +42,13 @@ OpenAI's `{"error": {"message", "type", "param", "code"}}` with a message that s
 """
 
 
-async def _backend_unavailable(_: Request, exc: Exception) -> JSONResponse:
+async def _backend_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, StoreFull):
+        # Not an outage to wait out: an operator must act (507, its own code and counter).
+        logger.error("object store full: %s", exc)
+        request.app.state.metrics.store_full.inc()
+        return error_response(507, "store_full", "the object store is full, so nothing was "
+                              "stored; the operator must free or add space")
     what = "Redis" if isinstance(exc, redis.RedisError) else "the object store"
     logger.error("%s unavailable: %s", what, exc)
     return error_response(503, "service_unavailable", f"{what} is unavailable; retry shortly")

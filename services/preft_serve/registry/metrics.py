@@ -20,6 +20,9 @@ class RegistryMetrics:
             ["method", "route"], registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
+        self.store_full = Counter(
+            "preft_registry_store_full_total", "Writes refused because the object store "
+            "had no space left (answered 507 store_full)", registry=self.registry)
         # Fine-tuning (registry.finetune): written by the dispatcher and the cancel route.
         self.finetune_jobs = Gauge(
             "preft_registry_finetune_jobs", "Fine-tuning jobs queued or running (all "

@@ -23,6 +23,7 @@ from preft_serve.common.objectstore.base import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreKind,
+    StoreFull,
     StoreUnavailable,
     adapter_key,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ObjectStoreKind",
     "ObjectStoreSettings",
     "S3ObjectStore",
+    "StoreFull",
     "StoreUnavailable",
     "adapter_key",
     "create_object_store",

@@ -52,6 +52,14 @@ class StoreUnavailable(ObjectStoreError):
         self.reason = reason
 
 
+class StoreFull(StoreUnavailable):
+    """The store has no space left: an operator must free or add space (retrying soon will
+    not help, so callers say so instead of "retry shortly")."""
+
+    def __init__(self, detail: object = None) -> None:
+        super().__init__("the object store is full", detail)
+
+
 class ObjectNotFound(ObjectStoreError, KeyError):
     """No object under that key (the store itself is fine)."""
 

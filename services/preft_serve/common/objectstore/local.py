@@ -10,6 +10,7 @@ volume later hides. A missing key under a healthy root is :class:`ObjectNotFound
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -23,6 +24,7 @@ from preft_serve.common.objectstore.base import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreKind,
+    StoreFull,
     StoreUnavailable,
 )
 
@@ -67,6 +69,8 @@ class LocalObjectStore(ObjectStore):
     def _error(self, key: str, exc: OSError, *, reading: bool) -> ObjectStoreError:
         """What ``exc`` from an operation on ``key`` means: the whole store is unavailable,
         or (reads only, root healthy) the key is absent."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFull(f"{self.root}: {exc.strerror or exc}")
         problem = self._root_problem()
         if problem is not None:
             return StoreUnavailable(problem, f"{self.root}: {exc.strerror or exc}")

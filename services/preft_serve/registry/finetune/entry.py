@@ -9,6 +9,7 @@ Exit status 0 means the outputs are in the object store under ``finetune/<job id
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.common.objectstore import ObjectStoreSettings, StoreFull
 from preft_serve.registry.finetune.spec import OUTPUT_FILES, TrainerSpec, train_config
 
 _PATHS = re.compile(r"(?<=loading )\S+ |(?<=saved )\S+ ")
@@ -85,8 +86,19 @@ def main() -> int:
     try:
         return run(TrainerSettings())
     except Exception as exc:  # noqa: BLE001  (reported as the job's error, then exit 1)
-        emit("error", f"{type(exc).__name__}: {exc}"[:2000], level="error")
+        emit("error", tenant_message(exc)[:2000], level="error")
         return 1
+
+
+def tenant_message(exc: Exception) -> str:
+    """The job's error as its tenant reads it: what happened, without paths or errno
+    text from this machine."""
+    if isinstance(exc, StoreFull) or (isinstance(exc, OSError)
+                                      and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+        return "the trainer ran out of disk space (its scratch disk or the object store)"
+    if isinstance(exc, OSError):
+        return f"the trainer could not read or write its files ({type(exc).__name__})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":
