@@ -88,8 +88,10 @@ def test_continuous_usage_stats_count_the_stream_once() -> None:
                                           "total_tokens": 8}, choices=False))
     usages: list[Any] = []
     rewriter = EventRewriter(WORKER, "bot", False, usages.append)
-    out = [rewriter.rewrite(e)[0] for e in [*events, b"data: [DONE]"]]
+    out = [rewriter.rewrite(e)[0] for e in events]
     assert usages == []  # nothing counted before the stream ends
+    out.append(rewriter.rewrite(b"data: [DONE]")[0])  # counted before [DONE] is passed on
+    assert len(usages) == 1
     rewriter.finish()
     rewriter.finish()  # idempotent
     assert usages == [{"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}]

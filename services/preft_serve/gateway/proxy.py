@@ -227,7 +227,11 @@ class EventRewriter:
 
     def rewrite(self, event: bytes) -> tuple[bytes | None, bool]:
         """The event to send on (None: drop it), and whether it is the first with text."""
-        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+        if event == b"data: [DONE]":
+            # Counted before the client can read the end: it may ask for the counts next.
+            self.finish()
+            return event, False
+        if not event.startswith(b"data: "):
             return event, False
         if self._seen_text and self._from in event:
             if b'"usage"' not in event:
