@@ -33,3 +33,23 @@ def test_pooled_connections_survive_a_redis_restart(tmp_path: Path) -> None:
         assert asyncio.run(scenario()) == [str(i) for i in range(8)]  # from the AOF
     finally:
         server.stop()
+
+
+def test_the_registrys_blocking_client_survives_a_redis_restart(tmp_path: Path) -> None:
+    """The registry and the blocking registry client connect with the same one retry."""
+    from preft_serve.common.registry_client.sync import connect_redis as connect_blocking
+
+    server = RedisProcess(tmp_path).start()
+    client = connect_blocking(server.url)
+    try:
+        pool = [client.connection_pool.get_connection() for _ in range(4)]
+        for connection in pool:  # several pooled connections, as under concurrent requests
+            client.connection_pool.release(connection)
+        for i in range(4):
+            client.set(f"k{i}", str(i))
+        server.kill()
+        server.start()
+        assert [client.get(f"k{i}") for i in range(4)] == [str(i) for i in range(4)]
+    finally:
+        client.close()
+        server.stop()

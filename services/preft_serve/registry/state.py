@@ -9,6 +9,7 @@ import redis
 
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.common.registry_client.sync import connect_redis
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
 from preft_serve.registry.quotas import Quota
@@ -35,8 +36,7 @@ class RegistryState:
 
     @classmethod
     def build(cls, settings: RegistrySettings, store: ObjectStore | None = None) -> RegistryState:
-        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                      health_check_interval=30)
+        client = connect_redis(settings.redis_url, health_check_interval=30)
         keys = RegistryKeys(settings.namespace)
         store = store or settings.object_store.create()
         base = BaseModelSpec.load(settings.base_model_label, settings.base_model_config)

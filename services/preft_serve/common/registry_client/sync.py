@@ -6,6 +6,8 @@ import threading
 from typing import Any, Self
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from preft_serve.common.registry_client.contract import (
     AdapterRef,
@@ -14,6 +16,17 @@ from preft_serve.common.registry_client.contract import (
     KeyOwner,
 )
 from preft_serve.common.registry_client.core import RegistryCore, drive
+
+
+def connect_redis(url: str, **kwargs: Any) -> redis.Redis:
+    """A blocking Redis client whose commands survive a Redis restart: a command on a
+    connection pooled before the restart is retried once on a fresh one (as the gateway's
+    :func:`~preft_serve.common.registry_client.aio.connect_redis`), instead of failing
+    with "Connection closed by server" after Redis is back. A transaction that was
+    watching keys raises ``WatchError`` and is redone from the start by its caller."""
+    return redis.Redis.from_url(url, decode_responses=True,
+                                retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 2),
+                                **kwargs)
 
 
 class RegistryClient(RegistryCore):
@@ -32,10 +45,21 @@ class RegistryClient(RegistryCore):
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listen_redis: redis.Redis | None = None
+
+    def _new_pubsub(self) -> Any:
+        """The listener's subscription, on connections that never retry: a lost
+        connection must reach the listener, which then catches up on missed events."""
+        if self._listen_redis is None:
+            pool = self.redis.connection_pool
+            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "retry"}
+            self._listen_redis = redis.Redis(connection_pool=redis.ConnectionPool(
+                connection_class=pool.connection_class, **kwargs))
+        return self._listen_redis.pubsub()  # type: ignore[no-untyped-call]
 
     @staticmethod
     def _connect(redis_url: str) -> redis.Redis:
-        return redis.Redis.from_url(redis_url, decode_responses=True)
+        return connect_redis(redis_url)
 
     def start(self, timeout: float = 10.0) -> Self:
         """Start the event listener; return once it is live (or raise TimeoutError)."""
@@ -53,6 +77,8 @@ class RegistryClient(RegistryCore):
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._live = False
+        if self._listen_redis is not None:
+            self._listen_redis.close()
         if self._owns_client:
             self.redis.close()
 
