@@ -1,4 +1,4 @@
-"""Adapters saved by plain peft with ``target_modules="all-linear"`` or a regex (issue #13):
+"""Adapters saved by plain peft with ``target_modules="all-linear"`` or a regex:
 accepted by the registry's validation unchanged, stored as the registry stores them, served
 by the shared engine equal to the HF + peft oracle (and not equal to the base model)."""
 

@@ -1,12 +1,12 @@
 """Hold a waiting request back until the worker holds its adapter's weights in memory.
 
-The worker parses adapters off the engine loop (``preload.py``), but only those it is
-told about: a new adapter through ``add_lora``, which the server calls once per adapter.
-An adapter the worker later evicted from host memory (more adapters in use than
-``--max-cpu-loras``) is not new to the server, so its next request used to be scheduled
-at once and the step that ran it parsed the weights inline, stalling every running
-request; and a request whose adapter was still parsing made its first step wait for the
-parse.
+The worker parses adapters off the engine loop (``background_parse.py``), but only those
+it is told about: a new adapter through ``add_lora``, which the server calls once per
+adapter. An adapter the worker later evicted from host memory (more adapters in use than
+``--max-cpu-loras``) is not new to the server, so without the gate its next request would
+be scheduled at once and the step that ran it would parse the weights inline, stalling
+every running request; and a request whose adapter was still parsing would make its first
+step wait for the parse.
 
 :class:`AdapterGate` lives in the scheduler (engine-core process). Each step the worker
 reports which adapter ids it can run without parsing (in host memory, or parsed ahead:
