@@ -37,7 +37,7 @@ lint: $(STAMP)  ## ruff, then mypy (strict on preft_serve.common and preft_kerne
 
 # Test processes in parallel (pytest-xdist); tests sharing an expensive fixture stay together.
 TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
+XDIST = -n $(TEST_WORKERS)
 
 test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 server, vLLM engines)
 	@scripts/system-packages.sh test

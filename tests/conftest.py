@@ -7,9 +7,9 @@ than restarting the servers.
 
 Tiers: :data:`TIERS` marks each test by what it starts (pyproject.toml lists the markers);
 every tier's tests are also ``slow``. ``make test`` runs them all; ``make test-fast``
-(``-m "not slow"``) is the edit loop. Each test also gets an ``xdist_group``: its module, or
-its whole directory where the directory shares an expensive fixture (the engines, the e2e
-stack), so ``pytest -n 2 --dist loadgroup`` starts each of those once.
+(``-m "not slow"``) is the edit loop. Under ``pytest -n N`` a test file is one unit of work,
+and so is a whole directory that shares an expensive fixture (the engines, the e2e stack),
+so each of those starts once (:func:`pytest_xdist_make_scheduler`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,18 +63,32 @@ def tiers_of(relative: str) -> set[str]:
             for tier in tiers}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    tier_names = {tier for tiers in TIERS.values() for tier in tiers}
-    for item in items:
-        relative = item.path.relative_to(TESTS).as_posix()
-        for tier in sorted(tiers_of(relative)):
-            item.add_marker(getattr(pytest.mark, tier))
-        if any(m.name in tier_names for m in item.iter_markers()):
-            item.add_marker(pytest.mark.slow)
-        top = relative.split("/", 1)[0]
-        group = top if top in SHARED_FIXTURE_DIRS else relative
-        item.add_marker(pytest.mark.xdist_group(group))
+_TIER_NAMES = {tier for tiers in TIERS.values() for tier in tiers}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Tier markers and the xdist group, set while collecting: before any
+    ``pytest_collection_modifyitems`` (``-m`` deselection, xdist's grouping) reads them."""
+    relative = item.path.relative_to(TESTS).as_posix()
+    for tier in sorted(tiers_of(relative)):
+        item.add_marker(getattr(pytest.mark, tier))
+    if any(m.name in _TIER_NAMES for m in item.iter_markers()):
+        item.add_marker(pytest.mark.slow)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``pytest -n N``: a test file is one unit of work (its module fixtures start once),
+    and so is each directory in :data:`SHARED_FIXTURE_DIRS` (its session or package
+    fixtures, vLLM engines and servers, start on one worker only)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            parts = path.split("/")
+            return parts[1] if len(parts) > 2 and parts[1] in SHARED_FIXTURE_DIRS else path
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
