@@ -56,11 +56,6 @@ TIERS: dict[str, tuple[str, ...]] = {
 }
 # Directories whose tests share one expensive fixture: kept on one xdist worker together.
 SHARED_FIXTURE_DIRS = ("engine", "e2e")
-# The longest units of work, longest first: started first, so that under `-n 2` the run
-# ends when the short ones have filled the gaps, not with one long file left alone.
-LONGEST_FIRST = ("e2e/*", "onebox/test_make_run_real.py", "onebox/test_soak.py", "engine/*",
-                 "finetune/test_openai_e2e.py", "loadtests/test_quality_bench.py",
-                 "onebox/test_make_run.py", "finetune/*", "fuzz/*")
 
 
 def tiers_of(relative: str) -> set[str]:
@@ -72,24 +67,12 @@ _TIER_NAMES = {tier for tiers in TIERS.values() for tier in tiers}
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Tier markers and the xdist group, set while collecting: before any
-    ``pytest_collection_modifyitems`` (``-m`` deselection, xdist's grouping) reads them."""
+    """Tier markers, set while collecting: before ``-m`` deselects by them."""
     relative = item.path.relative_to(TESTS).as_posix()
     for tier in sorted(tiers_of(relative)):
         item.add_marker(getattr(pytest.mark, tier))
     if any(m.name in _TIER_NAMES for m in item.iter_markers()):
         item.add_marker(pytest.mark.slow)
-
-
-def _start_rank(item: pytest.Item) -> int:
-    relative = item.path.relative_to(TESTS).as_posix()
-    return next((i for i, pattern in enumerate(LONGEST_FIRST)
-                 if fnmatch.fnmatch(relative, pattern)), len(LONGEST_FIRST))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first (a stable sort: files stay whole and in their order)."""
-    items.sort(key=_start_rank)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -99,10 +82,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedFixtureScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        def schedule(self) -> None:
-            self.config.option.loadscopereorder = False  # keep the collection's order
-            super().schedule()
-
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             parts = path.split("/")
