@@ -8,7 +8,6 @@ from typing import Any, Self
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
 from preft_serve.common.registry_client.contract import (
     AdapterRef,
@@ -16,7 +15,13 @@ from preft_serve.common.registry_client.contract import (
     ChangeBatch,
     KeyOwner,
 )
-from preft_serve.common.registry_client.core import RegistryCore, drive_async
+from preft_serve.common.registry_client.core import (
+    RETRY_ATTEMPTS,
+    RegistryCore,
+    drive_async,
+    retry_backoff,
+    without_retry,
+)
 
 
 def connect_redis(url: str) -> aioredis.Redis:
@@ -28,7 +33,7 @@ def connect_redis(url: str) -> aioredis.Redis:
     TimeoutError) drops the broken connection and tries a fresh one.
     """
     return aioredis.Redis.from_url(url, decode_responses=True,
-                                   retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 2))
+                                   retry=Retry(retry_backoff(), RETRY_ATTEMPTS))
 
 
 class AsyncRegistryClient(RegistryCore):
@@ -41,14 +46,10 @@ class AsyncRegistryClient(RegistryCore):
         self._listen_redis: aioredis.Redis | None = None
 
     def _new_pubsub(self) -> Any:
-        """The listener's subscription, on connections that never retry: the listener must
-        see a lost connection, because that is when it catches up on the events it missed
-        (a retrying connection resubscribes silently, and those events are gone)."""
+        """The listener's subscription, on connections that never retry (``without_retry``)."""
         if self._listen_redis is None:
-            pool = self.redis.connection_pool
-            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "retry"}
             self._listen_redis = aioredis.Redis(connection_pool=aioredis.ConnectionPool(
-                connection_class=pool.connection_class, **kwargs))
+                **without_retry(self.redis.connection_pool)))
         return self._listen_redis.pubsub()
 
     @staticmethod

@@ -52,6 +52,25 @@ T = TypeVar("T")
 CATCH_UP_PAGE = 1000  # events per changes_since round trip while catching up
 
 
+# One quick retry on a fresh connection (commands on connections pooled before a Redis
+# restart fail once); the same policy for the blocking and the asyncio client.
+RETRY_ATTEMPTS = 2
+
+
+def retry_backoff() -> Any:
+    from redis.backoff import ExponentialBackoff
+
+    return ExponentialBackoff(cap=0.1, base=0.01)
+
+
+def without_retry(pool: Any) -> dict[str, Any]:
+    """Arguments for a pool like ``pool`` whose connections never retry: the event
+    listener must see a lost connection, because that is when it catches up on the events
+    it missed (a retrying connection resubscribes silently, and those events are gone)."""
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "retry"}
+    return {"connection_class": pool.connection_class, **kwargs}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Call:
     """One I/O step: ``fn(*args, **kwargs)``; the async driver awaits what it returns."""

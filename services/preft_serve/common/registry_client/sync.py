@@ -6,7 +6,6 @@ import threading
 from typing import Any, Self
 
 import redis
-from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from preft_serve.common.registry_client.contract import (
@@ -15,7 +14,13 @@ from preft_serve.common.registry_client.contract import (
     ChangeBatch,
     KeyOwner,
 )
-from preft_serve.common.registry_client.core import RegistryCore, drive
+from preft_serve.common.registry_client.core import (
+    RETRY_ATTEMPTS,
+    RegistryCore,
+    drive,
+    retry_backoff,
+    without_retry,
+)
 
 
 def connect_redis(url: str, **kwargs: Any) -> redis.Redis:
@@ -25,8 +30,7 @@ def connect_redis(url: str, **kwargs: Any) -> redis.Redis:
     with "Connection closed by server" after Redis is back. A transaction that was
     watching keys raises ``WatchError`` and is redone from the start by its caller."""
     return redis.Redis.from_url(url, decode_responses=True,
-                                retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 2),
-                                **kwargs)
+                                retry=Retry(retry_backoff(), RETRY_ATTEMPTS), **kwargs)
 
 
 class RegistryClient(RegistryCore):
@@ -48,13 +52,10 @@ class RegistryClient(RegistryCore):
         self._listen_redis: redis.Redis | None = None
 
     def _new_pubsub(self) -> Any:
-        """The listener's subscription, on connections that never retry: a lost
-        connection must reach the listener, which then catches up on missed events."""
+        """The listener's subscription, on connections that never retry (``without_retry``)."""
         if self._listen_redis is None:
-            pool = self.redis.connection_pool
-            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "retry"}
             self._listen_redis = redis.Redis(connection_pool=redis.ConnectionPool(
-                connection_class=pool.connection_class, **kwargs))
+                **without_retry(self.redis.connection_pool)))
         return self._listen_redis.pubsub()  # type: ignore[no-untyped-call]
 
     @staticmethod

@@ -124,9 +124,12 @@ class JobStore:
 
     def events(self, job_id: str, after: str | None, limit: int) -> tuple[list[JobEvent], bool]:
         """Newest first (OpenAI's order); ``after``: an event id, older ones follow it."""
-        if after and tuple(map(int, stream_id(after).split("-"))) == (0, 0):
-            return [], False  # nothing is older than the first possible id
-        top = f"({stream_id(after)}" if after else "+"
+        top = "+"
+        if after:
+            sid = stream_id(after)
+            if tuple(map(int, sid.split("-"))) == (0, 0):
+                return [], False  # nothing is older than the first possible id
+            top = f"({sid}"
         rows = self.redis.xrevrange(self.keys.job_events(job_id), top, "-", count=limit + 1)
         out = []
         for sid, fields in rows[:limit]:

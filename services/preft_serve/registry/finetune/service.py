@@ -69,10 +69,8 @@ class FineTuningService:
         if body.validation_file is not None:
             validation_sha, _, longest_eval = self._file(tenant, body.validation_file,
                                                          "validation_file")
-            if longest is None or longest_eval is None:
-                longest = None
-            else:
-                longest = max(longest, longest_eval)
+            both = (longest, longest_eval)
+            longest = None if None in both else max(longest or 0, longest_eval or 0)
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         options, hyper, method = resolve(body, examples, seed, self.settings.max_steps,
                                          self.max_lora_rank, self.max_reft_rank)
