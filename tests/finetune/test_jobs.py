@@ -18,6 +18,7 @@ import redis
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune.jobs import JobRecord
 from preft_serve.registry.finetune.models import JobStatus
+from preft_serve.registry.finetune.spec import OUTPUT_FILES
 from tests.finetune.conftest import Api, chat_jsonl
 from tests.support.ports import free_port
 from tests.support.processes import service
@@ -165,6 +166,46 @@ def test_registry_killed_mid_job_reports_it_failed_after_restart(
         assert wait_gone(pid)
         events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
         assert events[0]["level"] == "error" and "Job failed" in events[0]["message"]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_registry_killed_after_its_trainer_finished_registers_the_adapter_on_restart(
+    redis_server: str, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """The registry dies between the trainer's exit and the registration (it is paused from
+    the trainer's start, so it never sees the exit): the next registry finds the whole
+    output in the store and registers it; the job succeeds and nothing stays behind."""
+    port = free_port()
+    first = _registry_process(redis_server, namespace, model_dir, tmp_path, port)
+    second = None
+    try:
+        api = Api(first.url)
+        key = api.tenant("acme")
+        file_id = api.upload(key, chat_jsonl()).json()["id"]
+        job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
+            "model": "tiny-llama", "training_file": file_id, "suffix": "survivor",
+            "method": {"type": "preft", "preft": {"steps": 20}}}).json()["id"]
+        deadline = time.monotonic() + 60
+        while "pid" not in (runner := record(redis_server, namespace, job_id).runner):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.killpg(first.proc.pid, signal.SIGSTOP)  # the trainer (own session) runs on
+        output = tmp_path / "objects" / "finetune" / job_id
+        assert wait_gone(runner["pid"], 120)
+        assert sorted(p.name for p in output.iterdir()) == sorted(OUTPUT_FILES)
+        first.kill()
+        second = _registry_process(redis_server, namespace, model_dir, tmp_path, port)
+        job = api.wait(key, job_id, lambda j: j["status"] != "running", timeout=60)
+        assert job["status"] == "succeeded" and job["fine_tuned_model"] == "survivor", job
+        versions = api.call(key, "GET", "/v1/adapters/survivor").json()["versions"]
+        assert [v["version"] for v in versions] == [1]
+        assert not output.exists() or not any(output.iterdir())
+        events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
+        assert any("had finished before its registry stopped" in e["message"]
+                   for e in events), events
     finally:
         first.stop()
         if second is not None:

@@ -25,7 +25,7 @@ from preft_serve.registry.finetune.models import JobError, JobStatus
 from preft_serve.registry.finetune.register import register_output
 from preft_serve.registry.finetune.runners import Observation, Runner, RunState
 from preft_serve.registry.finetune.settings import FinetuneSettings
-from preft_serve.registry.finetune.spec import TrainerSpec, output_prefix
+from preft_serve.registry.finetune.spec import OUTPUT_FILES, TrainerSpec, output_prefix
 from preft_serve.registry.metrics import RegistryMetrics
 
 logger = logging.getLogger(__name__)
@@ -254,18 +254,40 @@ class Dispatcher:
         reason = (f"the job ran on the {backend} backend; this registry uses "
                   f"{self.runner.name}" if backend != self.runner.name
                   else self.runner.orphan(record.id, record.runner))
-        if reason is not None:
+        if reason is None:
+            self._adopt(record, "Followed by a new registry instance")
+        elif self._output_complete(record.id) and self._adopt(
+                record, "The trainer had finished before its registry stopped; registering "
+                "its adapter"):
+            # Killed between the trainer's exit and the job's success (mid-registration):
+            # the output is whole, and registering is idempotent (same content, same version).
+            self._owned.discard(record.id)
+            self._succeed(record)
+        else:
             self._fail(record.id, reason, "runner_lost")
-            return
 
+    def _adopt(self, record: JobRecord, message: str) -> bool:
+        """Claim a dead registry's running job (one transaction: one registry wins)."""
         def adopt(r: JobRecord) -> JobRecord | None:
             if r.status is not JobStatus.RUNNING or r.runner != record.runner:
                 return None
             r.runner = {**r.runner, "instance": self.instance}
             return r
 
-        if self.store.update(record.id, adopt, "Followed by a new registry instance"):
-            self._owned.add(record.id)
+        if self.store.update(record.id, adopt, message) is None:
+            return False
+        self._owned.add(record.id)
+        return True
+
+    def _output_complete(self, job_id: str) -> bool:
+        """Whether the trainer stored all of its output (it stores the metrics file last
+        and exits 0 right after)."""
+        prefix = output_prefix(job_id)
+        try:
+            return all(self.adapters.store.exists(prefix + name) for name in OUTPUT_FILES)
+        except Exception as exc:  # noqa: BLE001 (the store's outage: the job fails as lost)
+            logger.warning("job %s: cannot read its trainer's output (%s)", job_id, exc)
+            return False
 
     def _fail(self, job_id: str, reason: str, code: str) -> None:
         def change(r: JobRecord) -> JobRecord | None:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 OUTPUT_FILES = ("adapter_config.json", "adapter_model.safetensors", "training_metrics.json")
+"""What a trainer stores, in this order: the last one present means the output is whole."""
 
 
 def output_prefix(job_id: str) -> str:
