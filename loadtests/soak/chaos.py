@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import signal
 import threading
@@ -15,11 +16,13 @@ from typing import Any
 import httpx
 
 from loadtests.soak.churn import Tenants
+from loadtests.soak.finetune import TERMINAL, FineTuning, trainers
 from loadtests.soak.journal import Journal, say
 from loadtests.soak.processes import Stack
 from loadtests.soak.verify import KINDS, ok
 
 S3_PAUSE_S, WORKER_PAUSE_S, REDIS_DOWN_S = 20.0, 10.0, 5.0
+REGISTERING_S = 2.5  # after the trainer's output is stored: the registry is registering it
 
 
 def _poll(check: Callable[[], bool], timeout: float, interval: float = 0.25) -> bool:
@@ -40,9 +43,10 @@ class Chaos:
     (a killed worker's restart takes minutes); a part that is not back yet gets no new
     fault."""
 
-    def __init__(self, stack: Stack, tenants: Tenants, journal: Journal, rng: random.Random,
-                 probe_sha: str) -> None:
+    def __init__(self, stack: Stack, tenants: Tenants, ft: FineTuning, journal: Journal,
+                 rng: random.Random, probe_sha: str) -> None:
         self.stack, self.tenants, self.journal, self.rng = stack, tenants, journal, rng
+        self.ft = ft
         self.probe_sha = probe_sha
         self.busy: set[str] = set()  # parts not recovered yet
         self.restarting: set[str] = set()  # killed workers among them
@@ -136,6 +140,16 @@ class Chaos:
             fault["end"] = self.journal.now()
             parts["redis"].start()
             probe, timeout = self._registry_and_gateway, 120.0
+        elif kind == "trainer_kill":
+            fault["job"] = job = self._kill_trainer()
+            fault["start"] = fault["end"] = self.journal.now()  # after the hunt for one
+            probe, timeout = self._job_ended(fault, job), 120.0
+        elif kind == "registry_kill_registering":
+            fault.update(self._kill_registering())
+            fault["end"] = self.journal.now()
+            parts["registry"].start()
+            ended = self._job_ended(fault, fault.get("job"))
+            probe, timeout = (lambda: ended() and self._registry_writes()), 180.0
         else:
             parts["s3"].signal(signal.SIGSTOP)
             time.sleep(S3_PAUSE_S)
@@ -157,6 +171,77 @@ class Chaos:
         thread = threading.Thread(target=wait, daemon=True)
         thread.start()
         self.waiting.append(thread)
+
+    def _job_ended(self, fault: dict[str, Any], job: str | None) -> Callable[[], bool]:
+        """A probe: the job the fault hit has ended (its final status goes to the fault)."""
+        def ended() -> bool:
+            seen: dict[str, Any] | None = (self.ft.status(job) if job is not None
+                                           else {"status": "none"})
+            if seen is None or seen["status"] not in (*TERMINAL, "none"):
+                return False
+            fault["job_status"] = seen["status"]
+            fault["job_error"] = (seen.get("error") or {}).get("code")
+            return True
+        return ended
+
+    def _running_trainer(self, timeout: float = 180) -> tuple[int, str] | None:
+        """A trainer process and its job, once one runs (the tenant keeps jobs coming)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if found := trainers():
+                pid = self.rng.choice(sorted(found))
+                return pid, found[pid]
+            time.sleep(0.2)
+        return None
+
+    def _kill_trainer(self) -> str | None:
+        """SIGKILL a training process (its own session: the whole group)."""
+        found = self._running_trainer()
+        if found is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(found[0], signal.SIGKILL)
+        return found[1]
+
+    def _kill_registering(self) -> dict[str, Any]:
+        """Kill the registry while it registers a finished trainer's adapter: the moment a
+        trainer exits with its whole output stored, pause S3 (the registration reads that
+        output back from S3, so it blocks there), give the registry time to see the exit
+        and start registering, then SIGKILL the registry and resume S3."""
+        from preft_serve.registry.finetune.spec import OUTPUT_FILES, output_prefix
+
+        store = self.stack.store()
+
+        def stored(job: str) -> bool:
+            with contextlib.suppress(Exception):
+                return all(store.exists(output_prefix(job) + n) for n in OUTPUT_FILES)
+            return False
+
+        deadline = time.monotonic() + 300
+        watched: dict[int, str] = {}
+        paused_at: float | None = None  # the fault starts at the first pause, not the hunt
+        while time.monotonic() < deadline:
+            running = trainers()
+            job = next((j for pid, j in watched.items()
+                        if pid not in running and stored(j)), None)
+            watched = running
+            if job is None:
+                time.sleep(0.02)
+                continue
+            s3 = self.stack.parts["s3"]
+            s3.signal(signal.SIGSTOP)
+            paused_at = self.journal.now() if paused_at is None else paused_at
+            time.sleep(REGISTERING_S)
+            seen = self.ft.status(job)  # the job's record is in Redis: readable now
+            if seen is None or seen["status"] != "running":  # registered before the pause
+                s3.signal(signal.SIGCONT)
+                continue
+            self.stack.parts["registry"].kill()
+            s3.signal(signal.SIGCONT)
+            # The registry died before it recorded the job's success.
+            return {"job": job, "start": paused_at, "status_at_kill": seen["status"]}
+        self.stack.parts["registry"].kill()
+        return {"job": None, **({"start": paused_at} if paused_at is not None else {})}
 
     def _kill_mid_upload(self) -> dict[str, Any]:
         """Send an upload's first half, SIGKILL the registry, then try to send the rest."""
@@ -192,18 +277,18 @@ def chaos_loop(chaos: Chaos, args: argparse.Namespace, end: float, stop: threadi
     """Faults one at a time at random gaps, each kind in shuffled rounds, until ``end``
     (the time left must fit the fault) or, with --faults-per-kind, until all are done."""
     expected = {"worker_kill": 90, "worker_stop": 25, "registry_kill": 15, "redis_kill": 15,
-                "s3_stop": 30}
+                "s3_stop": 30, "trainer_kill": 30, "registry_kill_registering": 60}
     fixed = args.faults_per_kind
     # Fixed: the worker pause first, then the kill, whose minutes of restart the other
     # faults overlap (any worker fault waits for both workers).
-    plan: list[str] = ["worker_stop", "worker_kill"] if fixed else []
-    for _ in range(fixed or 100):
+    plan: list[str] = []
+    for i in range(fixed or 100):
         round_ = list(KINDS)
         rng.shuffle(round_)
+        if fixed and i == 0:
+            first = ["worker_stop", "worker_kill"]
+            round_ = first + [k for k in round_ if k not in first]
         plan += round_
-    if fixed:
-        plan.remove("worker_kill")
-        plan.remove("worker_stop")
     short = args.minutes <= 5
     for kind in plan:
         gap = rng.uniform(3, 8) if short else rng.uniform(10, 45)

@@ -12,16 +12,23 @@ Two tenants upload ``--adapters`` LoRA adapters and bind one user to each; then,
   the capacity measured just before (closed loop, 24 clients), arrivals at random (Poisson);
 * tenant changes on both tenants at once: uploads of new adapters, new versions of bound
   ones (hot swaps), rebinds of users, deletes of unbound adapters;
+* fine-tuning on the first tenant: short jobs on the toy model (two in flight), one in
+  five cancelled 1-40 s after its creation (queued or training);
 * chaos, at random times, one fault at a time, each kind in turn (shuffled rounds): a
   worker SIGKILLed and restarted; the registry SIGKILLed in the middle of an upload and
   restarted; Redis SIGKILLed, down 5 s, restarted from its AOF; the S3 server paused
-  (SIGSTOP) for 20 s; a worker paused (SIGSTOP) for 10 s. moto keeps its objects in
+  (SIGSTOP) for 20 s; a worker paused (SIGSTOP) for 10 s; a trainer SIGKILLed while it
+  trains; the registry SIGKILLed while it registers a finished job's adapter (S3 paused
+  from the moment the trainer's output is stored, so the registration is caught midway;
+  resumed right after the kill). moto keeps its objects in
   memory, so a killed moto would come back empty (a lost disk, not an outage): "S3 down"
   is a pause, which clients see as a server that accepts connections and does not answer.
 
 At the end it checks, prints as a table and writes to ``--out`` (JSON + a timeline plot):
 nothing lost (every acknowledged upload listed, downloadable, its sha256 what was sent;
-every acknowledged binding resolves; no referenced blob missing), no wrong answer (another
+every acknowledged binding resolves; no referenced blob missing; every acknowledged
+fine-tuning job ended, an acknowledged cancel kept, every succeeded job's adapter listed
+and served, no trainer output left in the store), no wrong answer (another
 tenant's adapter, or a version older than one acknowledged before the request was sent,
 named by the gateway's ``x-preft-adapter*`` headers), errors accounted for (429, or
 502/503 inside a fault's window, with an error envelope; no 500), recovery time per fault,
@@ -50,6 +57,7 @@ from loadtests import RESULTS
 from loadtests.soak import verify
 from loadtests.soak.chaos import Chaos, chaos_loop
 from loadtests.soak.churn import Tenants, change_loop
+from loadtests.soak.finetune import FineTuning, verify_jobs
 from loadtests.soak.journal import Journal, say
 from loadtests.soak.processes import Stack, StackView, monitor, sample
 from loadtests.soak.state import verify_state
@@ -70,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "as fit)")
     p.add_argument("--mutation-interval", type=float, default=1.5,
                    help="seconds between tenant changes, per tenant (default 1.5)")
+    p.add_argument("--finetune-interval", type=float, default=3.0,
+                   help="seconds between one tenant's fine-tuning moves: keep two jobs "
+                        "in flight, cancel the one in five due for it (default 3)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds a chaos window extends beyond a fault and its recovery")
     p.add_argument("--swap-grace", type=float, default=0.0,
@@ -110,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for i, b in enumerate(bound)]
         tenants = Tenants(stack.urls["registry"], keys, seeded,
                           list(reversed(folders[args.adapters:])))
+        ft = FineTuning(tenants, 0, model.name, journal, random.Random(args.seed))
         clients = [Client(s["tenant"], keys[s["tenant"]], s["user"]) for s in seeded]
         capacity_s = 10.0 if args.minutes <= 5 else 20.0
         say(f"[4/6] capacity: 24 clients back to back for {capacity_s:.0f} s")
@@ -119,15 +131,20 @@ def main(argv: list[str] | None = None) -> int:
         say(f"[5/6] soak for {args.minutes:g} min with chaos (seed {args.seed})")
         rng = random.Random(args.seed)
         journal = Journal()
+        ft.journal = journal
+        ft.upload_data()
         sample(stack, journal)
         end = time.monotonic() + run_s
-        chaos = Chaos(stack, tenants, journal, random.Random(rng.random()), seeded[0]["sha"])
+        chaos = Chaos(stack, tenants, ft, journal, random.Random(rng.random()),
+                      seeded[0]["sha"])
         every = 15.0 if args.minutes <= 5 else 30.0
         threads = [threading.Thread(target=monitor, args=(stack, journal, stop, every),
                                     daemon=True)]
         threads += [threading.Thread(target=change_loop, daemon=True, args=(
             tenants, t, args.mutation_interval, stop, rng.randrange(1 << 30), journal))
             for t in range(2)]
+        threads.append(threading.Thread(target=ft.loop, args=(args.finetune_interval, stop),
+                                        daemon=True))
         traffic = threading.Thread(target=lambda: asyncio.run(open_loop(
             stack.urls["gateway"], clients, rate, stop, random.Random(rng.random()),
             journal)), daemon=True)
@@ -143,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             th.join(90)
         sample(stack, journal)
         finished = journal.now()
-        say("[6/6] checks: state in the registry and the store, answers, errors")
+        say("[6/6] checks: state in the registry and the store, jobs, answers, errors")
+        ft.settle(600)
         state = verify_state(stack, tenants, journal)
+        state["finetune"] = verify_jobs(ft, stack.urls["gateway"], stack.store())
         result = verify.verdicts(args, journal, state, tenants, finished)
     finally:
         stop.set()

@@ -38,12 +38,14 @@ if TYPE_CHECKING:
     from loadtests.soak.journal import Journal
 
 Record = dict[str, Any]
-KINDS = ("worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop")
+KINDS = ("worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop",
+         "trainer_kill", "registry_kill_registering")
 """The faults the soak injects; every kind must have happened and recovered."""
 CHAOS_STATUSES = (502, 503)
 WORKER_URL = re.compile(r"http://[\w.:-]+")  # as the gateway names a worker in its errors
 FAULT_COLOURS = {"worker_kill": "#f4a6a6", "worker_stop": "#f8d5a0", "registry_kill": "#b7d7f2",
-                 "redis_kill": "#d4b8ec", "s3_stop": "#b9e4c4"}
+                 "redis_kill": "#d4b8ec", "s3_stop": "#b9e4c4", "trainer_kill": "#e8e39a",
+                 "registry_kill_registering": "#9fc9c9"}
 
 
 def ok(status: int) -> bool:
@@ -68,8 +70,9 @@ def inside(t0: float, t1: float, spans: Iterable[tuple[float, float]]) -> bool:
 
 def account_errors(records: Sequence[Record], faults: Sequence[Record], grace: float,
                    end: float) -> dict[str, Any]:
-    """Every non-2xx must be a 429, or a 502/503 (a broken stream, or for registry calls no
-    answer at all while the registry is down) inside a chaos window, with an error envelope.
+    """Every non-2xx must be a 429, a cancel that lost the race to its job's end (409
+    ``job_not_cancellable``), or a 502/503 (a broken stream, or for registry calls no answer
+    at all while the registry is down) inside a chaos window, with an error envelope.
     Returns counts by class and the offending records (at most 20)."""
     spans = windows(faults, grace, end)
     classes: Counter[str] = Counter()
@@ -95,6 +98,8 @@ def account_errors(records: Sequence[Record], faults: Sequence[Record], grace: f
             if not r.get("shape_ok"):
                 classes["bad_error_body"] += 1
                 bad.append(r)
+        elif status == 409 and r.get("code") == "job_not_cancellable":
+            classes["cancel_after_job_ended"] += 1  # the job ended while the cancel was sent
         elif inside(r["t0"], r["t1"], own) and (
                 status in CHAOS_STATUSES or r.get("err")
                 or (status == 0 and r["k"] != "chat")):
@@ -284,6 +289,7 @@ def verdicts(args: argparse.Namespace, journal: Journal, state: dict[str, Any],
         ("every fault recovered", ", ".join(
             f"{k} {r['recovered']}/{r['faults']} (max {r['max_s']} s)"
             for k, r in recovered.items()), all_recovered and kinds_seen == set(KINDS)),
+        *finetune_rows(state.get("finetune")),
         ("resources (RSS MB, FDs: start -> end)", "; ".join(
             f"{p} {r['rss_mb_start']:.0f}->{r['rss_mb_end']:.0f} MB "
             f"{r['fds_start']}->{r['fds_end']} fds"
@@ -294,6 +300,27 @@ def verdicts(args: argparse.Namespace, journal: Journal, state: dict[str, Any],
     ]
     return {"rows": rows, "wrong": wrong, "errors": errors, "recovery": recovered,
             "resources": used, "passed": all(passed for _, _, passed in rows)}
+
+
+def finetune_rows(jobs: dict[str, Any] | None) -> list[tuple[str, str, bool]]:
+    """The fine-tuning checks, from :func:`loadtests.soak.finetune.verify_jobs`."""
+    if jobs is None:
+        return []
+    succeeded = jobs["by_status"].get("succeeded", 0)
+    return [
+        ("fine-tuning jobs acknowledged: all ended, cancels kept",
+         (f"{jobs['acknowledged']} jobs {jobs['by_status']}, failures {jobs['errors']}, "
+          f"{len(jobs['not_terminal'])} not ended, {len(jobs['cancel_ignored'])} cancels "
+          "ignored"),
+         jobs["acknowledged"] > 0 and succeeded > 0 and not jobs["not_terminal"]
+         and not jobs["cancel_ignored"]),
+        ("succeeded jobs' adapters listed and served",
+         (f"{jobs['served']}/{succeeded} served, {len(jobs['not_listed'])} not listed, "
+          f"{len(jobs['not_served'])} not served"),
+         not jobs["not_listed"] and not jobs["not_served"]),
+        ("no trainer output left in the store", f"{len(jobs['output_left'])} jobs' left",
+         not jobs["output_left"]),
+    ]
 
 
 # -- presentation --------------------------------------------------------------------------

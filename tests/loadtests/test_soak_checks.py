@@ -110,3 +110,25 @@ def test_a_worker_error_needs_a_fault_on_that_worker() -> None:
                         msg="the registry's Redis is unavailable; retry shortly"))
     out = checks.account_errors(records, faults, grace=5, end=300)
     assert out["classes"] == {"chaos_window": 1, "unexpected_502": 1, "unexpected_503": 1}
+
+
+def test_a_cancel_that_arrives_after_its_job_ended_is_accounted_only_as_such() -> None:
+    cancel = {"k": "ft_cancel", "t0": 50, "t1": 51, "tenant": 0, "status": 409,
+              "shape_ok": True}
+    records = [{**cancel, "code": "job_not_cancellable"}, {**cancel, "code": "conflict"}]
+    out = checks.account_errors(records, [], grace=5, end=300)
+    assert out["classes"] == {"cancel_after_job_ended": 1, "unexpected_409": 1}
+
+
+def test_fine_tuning_checks_fail_on_an_unended_job_a_lost_cancel_or_an_unserved_adapter(
+) -> None:
+    good = {"acknowledged": 3, "by_status": {"succeeded": 2, "cancelled": 1}, "errors": {},
+            "not_terminal": [], "cancel_ignored": [], "not_listed": [], "not_served": [],
+            "output_left": [], "served": 2}
+    assert all(passed for _, _, passed in checks.finetune_rows(good))
+    for field in ("not_terminal", "cancel_ignored", "not_served", "output_left"):
+        rows = checks.finetune_rows({**good, field: [["ftjob-x", "running"]]})
+        assert [passed for _, _, passed in rows].count(False) == 1, field
+    none_succeeded = {**good, "by_status": {"failed": 3}, "served": 0}
+    assert not checks.finetune_rows(none_succeeded)[0][2]
+    assert checks.finetune_rows(None) == []

@@ -3,8 +3,10 @@
 The whole stack as processes (moto S3, Redis with AOF, registry, two CPU workers, gateway)
 under traffic at 70% of measured capacity and concurrent tenant changes, while a worker is
 SIGKILLed, the registry SIGKILLed mid-upload, Redis SIGKILLed and restarted from its AOF,
-S3 paused for 20 s and a worker paused for 10 s. The test reads the soak's own JSON and
-asserts each check's numbers, not only that it ran.
+S3 paused for 20 s, a worker paused for 10 s, a trainer SIGKILLed and the registry
+SIGKILLed while it registers a finished job's adapter; fine-tuning jobs are created and
+cancelled throughout. The test reads the soak's own JSON and asserts each check's numbers,
+not only that it ran.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pytest
 from loadtests import soak
 
 pytestmark = pytest.mark.timeout(900)
-KINDS = {"worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop"}
+KINDS = {"worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop",
+         "trainer_kill", "registry_kill_registering"}
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +65,20 @@ def test_no_wrong_answer_and_no_unaccounted_error(result: dict[str, Any]) -> Non
 def test_every_check_passes(result: dict[str, Any]) -> None:
     failed = [c for c in result["checks"] if not c["pass"]]
     assert not failed and result["passed"] and result["exit_code"] == 0, failed
+
+
+def test_fine_tuning_jobs_survive_their_faults(result: dict[str, Any]) -> None:
+    """The killed trainer's job failed with that reason; the job whose registration the
+    registry's death interrupted was registered by the restarted registry; every other job
+    ended, and every succeeded one is served."""
+    faults = {f["kind"]: f for f in result["faults"]}
+    killed = faults["trainer_kill"]
+    assert killed["job"] and (killed["job_status"], killed["job_error"]) == (
+        "failed", "training_failed"), killed
+    registering = faults["registry_kill_registering"]
+    assert registering["job"] and registering["status_at_kill"] == "running", registering
+    assert registering["job_status"] == "succeeded", registering
+    jobs = result["state"]["finetune"]
+    assert jobs["not_terminal"] == jobs["cancel_ignored"] == jobs["output_left"] == []
+    assert jobs["not_listed"] == jobs["not_served"] == []
+    assert jobs["served"] == jobs["by_status"]["succeeded"] >= 1
