@@ -1,5 +1,7 @@
 """Every answer says which adapter version served it (``x-preft-adapter*`` headers), so a
-client can tell whether a hot swap has reached its request (the soak test checks this)."""
+client can tell whether a hot swap has reached its request (the soak test checks this), and
+an answer from the base model says so. No request that names an adapter the way another
+server does (LoRAX's ``adapter_id``) is silently answered by the base model."""
 
 from __future__ import annotations
 
@@ -17,10 +19,15 @@ HEADERS = ("x-preft-adapter", "x-preft-adapter-version", "x-preft-adapter-sha256
 
 
 @pytest.fixture
-def client() -> Iterator[TestClient]:
+def workers() -> Workers:
+    return Workers()
+
+
+@pytest.fixture
+def client(workers: Workers) -> Iterator[TestClient]:
     settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
                                worker_base_model="/models/tiny")
-    app = create_app(settings, transport=httpx.MockTransport(Workers()),
+    app = create_app(settings, transport=httpx.MockTransport(workers),
                      registry=FakeRegistry())
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
@@ -43,5 +50,44 @@ def test_base_model_and_errors_name_no_adapter(client: TestClient) -> None:
     unbound = client.post("/v1/chat/completions", json={"messages": MSGS, "user": "u2"},
                           headers=AUTH)
     assert unbound.status_code == 404
-    for resp in (base, unbound):
-        assert not any(h in resp.headers for h in HEADERS)
+    assert base.headers["x-preft-adapter"] == "none"
+    assert not any(h in base.headers for h in HEADERS[1:])
+    assert not any(h in unbound.headers for h in HEADERS)
+
+
+@pytest.mark.parametrize("model", [None, "tiny", "bot"])
+def test_loraxs_adapter_id_names_the_adapter_like_model(
+        client: TestClient, workers: Workers, model: str | None) -> None:
+    resp = client.post("/v1/chat/completions", headers=AUTH, json={
+        "messages": MSGS, "adapter_id": "bot", **({"model": model} if model else {})})
+    assert resp.status_code == 200, resp.text
+    assert [resp.headers[h] for h in HEADERS] == ["bot", "1", SHA]
+    assert workers.seen[-1]["model"] == f"sha256:{SHA}"
+    assert "adapter_id" not in workers.seen[-1]
+
+
+@pytest.mark.parametrize(("extra", "param", "says"), [
+    ({"adapter_id": "bot", "model": "other"}, "adapter_id", "name different models"),
+    ({"adapter_id": 7}, "adapter_id", "must be an adapter's name"),
+    ({"adapter_id": "x" * 300}, "adapter_id", "300 characters"),
+    ({"adapter_id": "bot", "adapter_source": "hub"}, "adapter_source", "uploaded to the"),
+    ({"model": "tiny", "merged_adapters": {"ids": ["a", "b"]}}, "merged_adapters",
+     "is not supported"),
+])
+def test_adapter_fields_the_gateway_cannot_honour_are_refused_not_ignored(
+        client: TestClient, workers: Workers, extra: dict[str, object], param: str,
+        says: str) -> None:
+    resp = client.post("/v1/chat/completions", headers=AUTH,
+                       json={"messages": MSGS, "user": "u1", **extra})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+    assert workers.seen == []
+
+
+def test_another_tenants_adapter_by_adapter_id_is_not_found(
+        client: TestClient, workers: Workers) -> None:
+    resp = client.post("/v1/chat/completions", headers=AUTH,
+                       json={"messages": MSGS, "adapter_id": "rival"})
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+    assert workers.seen == []

@@ -27,7 +27,12 @@ from preft_serve.gateway.proxy import (
 from preft_serve.gateway.relay_response import RelayResponse
 from preft_serve.gateway.selection import select_target
 from preft_serve.gateway.state import GatewayState
-from preft_serve.gateway.validation import parse_body, request_user, validate_body
+from preft_serve.gateway.validation import (
+    parse_body,
+    request_user,
+    requested_model,
+    validate_body,
+)
 
 NO_ADAPTER = "none"
 
@@ -45,9 +50,10 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         output_tokens = validate_body(body, chat=chat, caps=state.caps)
         user = request_user(body, request.headers.get("x-user-id"))
         log["user"] = user
+        model = requested_model(body, settings.base_model_name)  # a 400 is never charged
         await state.limiter.check(tenant, user, output_tokens)
         target = await select_target(
-            state.registry, tenant, body.get("model"), user,
+            state.registry, tenant, model, user,
             base_name=settings.base_model_name, worker_base_model=settings.worker_model)
         log.update(target.log_fields())
         label = metrics.adapter_label(target.public_name)

@@ -20,6 +20,8 @@ _COMMON: dict[str, Any] = {
               "omitted: the adapter bound to `user`"},
     "user": {**_NAME, "description": "End user whose adapter binding applies (or the "
              "X-User-Id header)"},
+    "adapter_id": {"type": "string", "minLength": 1, "maxLength": 256,
+                   "description": "LoRAX's way to name one of your adapters, as `model` does"},
     "max_tokens": {**_POSITIVE, "description": "At most PREFT_GATEWAY_MAX_TOKENS_CAP; "
                    "omitted: filled in by the gateway"},
     "n": {**_POSITIVE, "description": "Choices; at most PREFT_GATEWAY_MAX_CHOICES"},

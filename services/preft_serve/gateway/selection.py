@@ -42,9 +42,10 @@ class Target:
 
     def response_headers(self) -> dict[str, str]:
         """Which adapter version answered, for the client (``x-preft-adapter*``): the name
-        alone does not say whether a hot swap has reached this request."""
+        alone does not say whether a hot swap has reached this request. The base model's
+        answers say ``none``, so an answer that is not personalised is never silent."""
         if self.adapter is None:
-            return {}
+            return {ADAPTER_HEADER: BASE_MODEL_ADAPTER}
         return {ADAPTER_HEADER: self.adapter.name,
                 ADAPTER_VERSION_HEADER: str(self.adapter.version),
                 ADAPTER_SHA256_HEADER: self.adapter.sha256}
@@ -58,6 +59,7 @@ class Target:
 
 
 ADAPTER_HEADER = "x-preft-adapter"
+BASE_MODEL_ADAPTER = "none"
 ADAPTER_VERSION_HEADER = "x-preft-adapter-version"
 ADAPTER_SHA256_HEADER = "x-preft-adapter-sha256"
 

@@ -151,6 +151,36 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
+# Fields other servers read to pick an adapter (LoRAX): the gateway must not ignore them
+# and answer from the base model. ``adapter_id`` names an adapter as ``model`` does.
+ADAPTER_ID_FIELD = "adapter_id"
+FOREIGN_ADAPTER_FIELDS = ("adapter_source", "merged_adapters")
+
+
+def requested_model(body: dict[str, Any], base_name: str) -> str | None:
+    """The model the client named: ``model``, or LoRAX's ``adapter_id`` (removed from the
+    body; with ``model`` it must agree, unless ``model`` is the base model's name, as LoRAX
+    clients send it). Fields that load adapters from elsewhere are refused, never ignored."""
+    for field in FOREIGN_ADAPTER_FIELDS:
+        if field in body:
+            raise BadRequest(f"'{field}' is not supported: adapters are uploaded to the "
+                             "registry (POST /v1/adapters) and named with 'model' (or "
+                             "'adapter_id'), or chosen by 'user'", param=field)
+    model = body.get("model")
+    if ADAPTER_ID_FIELD not in body:
+        return model
+    adapter_id = body.pop(ADAPTER_ID_FIELD)
+    if not isinstance(adapter_id, str) or not adapter_id:
+        raise BadRequest("'adapter_id' must be an adapter's name", param=ADAPTER_ID_FIELD)
+    if len(adapter_id) > MAX_NAME_CHARS:
+        raise BadRequest(f"'adapter_id' is {len(adapter_id)} characters long; at most "
+                         f"{MAX_NAME_CHARS} are accepted", param=ADAPTER_ID_FIELD)
+    if model not in (None, base_name, adapter_id):
+        raise BadRequest("'model' and 'adapter_id' name different models; send one of them "
+                         "(both name the adapter that runs)", param=ADAPTER_ID_FIELD)
+    return adapter_id
+
+
 def request_user(body: dict[str, Any], header: str | None) -> str | None:
     """The end user: the body's ``user`` field or ``safety_identifier`` (the openai SDK's
     successor of ``user``; both at once must agree), else the ``X-User-Id`` header."""
