@@ -242,6 +242,9 @@ ALERT_CASES: dict[str, tuple[list[dict[str, str]], dict[str, str], list[dict[str
                  "0+50x40"),
          _series("preft_registry_requests_total", 'method="PUT",route="/v1/x",status="404"',
                  "0+5x40")], 30),
+    "PreftObjectStoreFull": (
+        [_series("preft_registry_store_full_total", "", "0 0 0 1 1 1 1 1 1 1 1")], {},
+        [_series("preft_registry_store_full_total", "", "0x10")], 8),
 }
 
 
