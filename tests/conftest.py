@@ -45,6 +45,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "onebox/test_soak.py": ("stack", "soak"),
     "worker/test_resolver.py": ("stack",),
     "worker/test_launcher_observability.py": ("stack",),
+    "common/test_service_keepalive.py": ("stack",),
     "gateway/test_e2e.py": ("stack",),
     "loadtests/test_gateway_ab.py": ("stack",),
     "finetune/*": ("trainer",),  # real trainer processes

@@ -16,7 +16,7 @@ from preft_serve.registry.__main__ import FLAGS as REGISTRY_FLAGS
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.worker.settings import WorkerSettings
 
-SHARED = ("redis_url", "namespace", "host", "port", "log_level", "log_json")
+SHARED = ("redis_url", "namespace", "host", "port", "log_level", "log_json", "keepalive_s")
 
 
 @pytest.mark.parametrize("cls", [GatewaySettings, RegistrySettings])

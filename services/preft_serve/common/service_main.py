@@ -38,7 +38,7 @@ def serve(settings: Any, create_app: Callable[[Any], Any]) -> int:
     access lines are off: the apps log one richer line per request, common.access_log)."""
     setup_logging(settings.log_level, json_output=settings.log_json)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None,
-                access_log=False)
+                access_log=False, timeout_keep_alive=settings.keepalive_s)
     return 0
 
 
