@@ -217,7 +217,7 @@ class Chaos:
                 return all(store.exists(output_prefix(job) + n) for n in OUTPUT_FILES)
             return False
 
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600  # a job takes minutes on a busy machine
         watched: dict[int, str] = {}
         paused_at: float | None = None  # the fault starts at the first pause, not the hunt
         while time.monotonic() < deadline:

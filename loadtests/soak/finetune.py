@@ -57,8 +57,9 @@ class FineTuning:
     tenant change (``ft_file``, ``ft_create``, ``ft_cancel``) for the error accounting."""
 
     def __init__(self, tenants: Tenants, tenant: int, base_model: str, journal: Journal,
-                 rng: random.Random) -> None:
+                 rng: random.Random, steps: tuple[int, ...] = (10, 20, 40, 200)) -> None:
         self.tenants, self.tenant, self.base_model = tenants, tenant, base_model
+        self.steps = steps  # a job's length is one of these, at random
         self.journal, self.rng = journal, rng
         self.file_id: str | None = None
         self.jobs: dict[str, dict[str, Any]] = {}  # acknowledged: id -> what we know
@@ -105,8 +106,7 @@ class FineTuning:
         with self.lock:
             self.seq += 1
             suffix = f"ft-{self.seq:04d}"
-        # Mostly short jobs; some long enough to be cancelled or killed while training.
-        steps = self.rng.choice([10, 20, 40, 200])
+        steps = self.rng.choice(self.steps)
         rec, body = self._call("ft_create", "POST", "/v1/fine_tuning/jobs", json={
             "model": self.base_model, "training_file": self.file_id, "suffix": suffix,
             "seed": self.seq, "method": {"type": "preft", "preft": {"steps": steps}}})
