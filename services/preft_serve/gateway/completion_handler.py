@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,8 @@ from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
 from preft_serve.common.access_log import access_fields, request_id_of
-from preft_serve.common.errors import ServiceError
+from preft_serve.common.errors import ServiceError, ServiceUnavailable
+from preft_serve.gateway.handoff import FirstToken, Handoff, unified_reason
 from preft_serve.gateway.metrics import token_counts
 from preft_serve.gateway.proxy import (
     BadGateway,
@@ -35,6 +37,7 @@ from preft_serve.gateway.validation import (
 )
 
 NO_ADAPTER = "none"
+logger = logging.getLogger(__name__)
 
 
 async def handle(state: GatewayState, tenant: str, request: Request, path: str,
@@ -58,6 +61,17 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         log.update(target.log_fields())
         label = metrics.adapter_label(target.public_name)
         body["model"] = target.worker_model
+        if state.decode_pool is not None:
+            reason = unified_reason(body, chat, target)
+            if reason is None:
+                handoff = Handoff(state, target, body, chat, path, request_id_of(request))
+                served = await _two_pools(state, handoff, tenant, tenant_label, label, log,
+                                          start)
+                if served is not None:
+                    return served
+                metrics.handoffs.labels("fallback").inc()
+            else:
+                metrics.unified.labels(reason).inc()
         stream = bool(body.get("stream"))
         strip_usage, keep_chunk_usage = False, True
         if stream:  # counted from the worker's running totals, also if the stream ends early
@@ -83,12 +97,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     if status >= 400:
         metrics.errors.labels(f"worker_{status // 100}xx").inc()
 
-    def on_usage(usage: Any) -> None:
-        metrics.record_usage(label, usage, tenant_label)
-        log_usage(log, usage)
-        prompt, completion = token_counts(usage)
-        state.usage.record(tenant, target.public_name, requests=1, prompt_tokens=prompt or 0,
-                           completion_tokens=completion or 0)
+    on_usage = usage_counter(state, tenant, tenant_label, target.public_name, label, log)
 
     if stream and status == 200:
         def first_token() -> None:
@@ -113,6 +122,118 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     response = await _buffered(upstream, state, on_usage, target.public_name, start, label)
     response.headers.update(target.response_headers())
     return response
+
+
+def usage_counter(state: GatewayState, tenant: str, tenant_label: str, public_name: str,
+                  label: str, log: dict[str, Any]) -> Callable[[Any], None]:
+    """What counts a request's usage (metrics, access log, per-day usage) once it is known."""
+    def on_usage(usage: Any) -> None:
+        state.metrics.record_usage(label, usage, tenant_label)
+        log_usage(log, usage)
+        prompt, completion = token_counts(usage)
+        state.usage.record(tenant, public_name, requests=1, prompt_tokens=prompt or 0,
+                           completion_tokens=completion or 0)
+    return on_usage
+
+
+async def _two_pools(state: GatewayState, handoff: Handoff, tenant: str, tenant_label: str,
+                     label: str, log: dict[str, Any], start: float) -> Response | None:
+    """Serve the request as a prefill hop and a decode hop (``gateway.handoff``); None when
+    it must be served whole instead (no decode worker reachable, or the adapter's worker
+    is not a prefill worker). Errors of the prefill hop propagate as without a decode pool."""
+    metrics, target = state.metrics, handoff.target
+    prefilled, raw = await handoff.prefill()
+    metrics.routing_of(prefilled.result.value).inc()
+    log["worker"] = prefilled.worker
+    status = prefilled.response.status_code
+    on_usage = usage_counter(state, tenant, tenant_label, target.public_name, label, log)
+    if status != 200:
+        return _worker_refusal(state, raw, status, tenant_label, label)
+    first = FirstToken.parse(orjson.loads(raw), handoff.chat)
+    if first.complete:
+        metrics.handoffs.labels("first_token").inc()
+        return _answer(state, handoff, first, None, on_usage, tenant_label, label, start)
+    if not first.handed_off:
+        logger.warning("worker %s kept no KV for a decode worker: start the workers a "
+                       "decode pool serves with --role prefill", prefilled.worker)
+        return None
+    handed_at = time.perf_counter()
+    try:
+        decoding = await handoff.open_decode(first)
+    except ServiceUnavailable as exc:
+        logger.warning("decode pool unavailable, serving whole on %s: %s",
+                       prefilled.worker, exc)
+        return None
+    metrics.handoff_seconds.observe(time.perf_counter() - handed_at)
+    log["decode_worker"] = decoding.worker
+    status = decoding.response.status_code
+    if status != 200:
+        raw = await decoding.response.aread()
+        await decoding.aclose()
+        metrics.handoffs.labels("decode_failed").inc()
+        return _worker_refusal(state, raw, status, tenant_label, label)
+    metrics.handoffs.labels("decoded").inc()
+    if not handoff.stream:
+        try:
+            raw = await decoding.response.aread()
+        except httpx.HTTPError as exc:
+            metrics.errors.labels("bad_gateway").inc()
+            raise BadGateway(f"decode worker {decoding.worker} failed mid-response: "
+                             f"{exc.__class__.__name__}") from None
+        finally:
+            await decoding.aclose()
+        return _answer(state, handoff, first, orjson.loads(raw), on_usage, tenant_label,
+                       label, start)
+    metrics.record_request(tenant_label, label, 200)
+    options = handoff.body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+
+    async def body_iter() -> Any:
+        try:
+            yield b"".join(handoff.first_events(first))
+            metrics.ttft_of(label).observe(time.perf_counter() - start)
+            async for piece in handoff.relay_decode(first, decoding, on_usage, include_usage):
+                yield piece
+        finally:
+            metrics.latency_of(label).observe(time.perf_counter() - start)
+
+    return RelayResponse(body_iter(), status_code=200, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", **target.response_headers()},
+                         background=BackgroundTask(decoding.aclose))
+
+
+def _worker_refusal(state: GatewayState, raw: bytes, status: int, tenant_label: str,
+                    label: str) -> Response:
+    """A worker's error answer, in the gateway's envelope, as the client's answer."""
+    state.metrics.record_request(tenant_label, label, status)
+    state.metrics.errors.labels(f"worker_{status // 100}xx").inc()
+    try:
+        payload = worker_error(orjson.loads(raw), status)
+    except orjson.JSONDecodeError:
+        payload = None
+    if payload is None:
+        return Response(raw, status_code=status)
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _answer(state: GatewayState, handoff: Handoff, first: FirstToken,
+            decoded: dict[str, Any] | None, on_usage: Callable[[Any], None],
+            tenant_label: str, label: str, start: float) -> Response:
+    """The two hops' answer as one (streamed when the client asked for a stream)."""
+    answer = handoff.answer(first, decoded)
+    on_usage(answer.get("usage"))
+    state.metrics.record_request(tenant_label, label, 200)
+    state.metrics.latency_of(label).observe(time.perf_counter() - start)
+    headers = handoff.target.response_headers()
+    if not handoff.stream:
+        return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
+    options = handoff.body.get("stream_options")
+    events = handoff.first_events(first)
+    if isinstance(options, dict) and options.get("include_usage") and answer.get("usage"):
+        events.append(handoff.usage_event(first, answer["usage"]))
+    events.append(b"data: [DONE]\n\n")
+    return Response(b"".join(events), media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", **headers})
 
 
 def log_usage(log: dict[str, Any], usage: Any) -> None:

@@ -143,6 +143,16 @@ def create_source(settings: GatewaySettings) -> WorkerSource:
     return factory(settings)
 
 
+def create_decode_source(settings: GatewaySettings) -> WorkerSource | None:
+    """The decode pool's source, of the same discovery kind (None: no decode pool)."""
+    if not settings.has_decode_pool:
+        return None
+    return create_source(settings.model_copy(update={
+        "worker_urls": settings.decode_worker_urls,
+        "worker_dns_name": settings.decode_worker_dns_name,
+        "worker_service": settings.decode_worker_service}))
+
+
 def _static(settings: GatewaySettings) -> WorkerSource:
     return StaticSource(settings.worker_urls)
 

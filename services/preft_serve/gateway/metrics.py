@@ -98,6 +98,24 @@ class GatewayMetrics:
         self.workers = Gauge(
             "preft_gateway_workers", "Workers known to this gateway by health state",
             ["state"], registry=self.registry)
+        self.decode_workers = Gauge(
+            "preft_gateway_decode_workers", "Decode-pool workers (no adapters) known to this "
+            "gateway by health state", ["state"], registry=self.registry)
+        self.handoffs = Counter(
+            "preft_gateway_handoffs_total", "Requests served by the two pools: decoded (the "
+            "decode pool continued it), first_token (it ended at its first token, no decode "
+            "hop), fallback (no decode worker reachable: served whole by the prefill pool), "
+            "decode_failed (the decode hop failed after the prefill)",
+            ["result"], registry=self.registry)
+        self.unified = Counter(
+            "preft_gateway_unified_total", "Requests a gateway with a decode pool served "
+            "whole on one worker, by why: all_token_adapter, one_token, option (a field "
+            "whose meaning spans both hops: n, logprobs, tools, structured output...)",
+            ["reason"], registry=self.registry)
+        self.handoff_seconds = Histogram(
+            "preft_gateway_handoff_seconds", "From the prefill worker's answer to the decode "
+            "worker's first byte: KV transfer plus the decode worker's queue",
+            registry=self.registry, buckets=TTFT_BUCKETS)
         self.routing = Counter(
             "preft_gateway_routing_total", "Routing decisions: the adapter's own worker "
             "(affinity) or the next one because of the load cap (spill)",

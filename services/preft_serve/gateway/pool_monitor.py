@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import httpx
+from prometheus_client import Gauge
 
 from preft_serve.adapters.format import MODEL_NAME_PREFIX
 from preft_serve.gateway.discovery import WorkerSource
@@ -33,8 +34,11 @@ CHECK_TIMEOUT_S = 2.0
 class WorkerMonitor:
     def __init__(self, pool: WorkerPool, source: WorkerSource, http: httpx.AsyncClient,
                  metrics: GatewayMetrics, *, discovery_interval_s: float,
-                 health_interval_s: float) -> None:
+                 health_interval_s: float, gauge: Gauge | None = None) -> None:
+        """``gauge``: where the healthy/unhealthy counts go (default the workers gauge;
+        the decode pool has its own)."""
         self.pool, self.source, self.http, self.metrics = pool, source, http, metrics
+        self.gauge = gauge if gauge is not None else metrics.workers
         self.discovery_interval_s = discovery_interval_s
         self.health_interval_s = health_interval_s
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,5 +110,5 @@ class WorkerMonitor:
 
     def _export(self) -> None:
         healthy = sum(map(self.pool.is_healthy, self.pool.workers))
-        self.metrics.workers.labels("healthy").set(healthy)
-        self.metrics.workers.labels("unhealthy").set(len(self.pool.workers) - healthy)
+        self.gauge.labels("healthy").set(healthy)
+        self.gauge.labels("unhealthy").set(len(self.pool.workers) - healthy)

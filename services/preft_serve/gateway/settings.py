@@ -44,6 +44,15 @@ class GatewaySettings(ServiceSettings):
     worker_port: int = Field(8000, ge=1, le=65535, description="dns/kubernetes: worker port "
                              "(kubernetes uses the EndpointSlice port named 'http' if any)")
     worker_scheme: Literal["http", "https"] = "http"
+    decode_worker_urls: Annotated[list[str], NoDecode] = Field(
+        [], description="static: decode-pool workers (started with --role decode). Set, "
+        "prefill-only (PreFT) and base-model requests are prefilled on a worker above "
+        "(started with --role prefill) and decoded on one of these, which hold no adapter")
+    decode_worker_dns_name: str | None = Field(
+        None, description="dns: the decode workers' headless Service name (unset: no "
+        "decode pool)")
+    decode_worker_service: str | None = Field(
+        None, description="kubernetes: the decode workers' Service (unset: no decode pool)")
     discovery_interval_s: float = Field(5.0, gt=0, description="dns/kubernetes refresh period")
     health_interval_s: float = Field(2.0, gt=0, description="Worker /health and residency "
                                      "poll period")
@@ -119,7 +128,7 @@ class GatewaySettings(ServiceSettings):
 
     port: int = Field(8080, ge=1, le=65535, description="Port")
 
-    @field_validator("worker_urls", mode="before")
+    @field_validator("worker_urls", "decode_worker_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         """Accept a comma-separated string as well as a JSON list (friendlier for env/flags)."""
@@ -129,7 +138,7 @@ class GatewaySettings(ServiceSettings):
             return [u.strip() for u in value.split(",") if u.strip()]
         return value
 
-    @field_validator("worker_urls")
+    @field_validator("worker_urls", "decode_worker_urls")
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
         for url in value:
@@ -147,6 +156,13 @@ class GatewaySettings(ServiceSettings):
             raise ValueError(f"{name} is required when discovery is "
                              f"'{self.discovery.value}'")
         return self
+
+    @property
+    def has_decode_pool(self) -> bool:
+        """Whether a decode pool is configured for the discovery kind in use."""
+        field = {"static": "decode_worker_urls", "dns": "decode_worker_dns_name",
+                 "kubernetes": "decode_worker_service"}[self.discovery.value]
+        return bool(getattr(self, field))
 
     @property
     def worker_model(self) -> str:

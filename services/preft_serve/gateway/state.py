@@ -14,7 +14,7 @@ from preft_serve.common.registry_client import AsyncRegistryClient, AsyncRegistr
 from preft_serve.common.registry_client.aio import connect_redis
 from preft_serve.common.tenant_limits import LIMIT_FIELDS
 from preft_serve.common.tracing import instrument_client
-from preft_serve.gateway.discovery import WorkerSource, create_source
+from preft_serve.gateway.discovery import WorkerSource, create_decode_source, create_source
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.pool_monitor import WorkerMonitor
 from preft_serve.gateway.ratelimit import RateLimiter
@@ -54,6 +54,9 @@ class GatewayState:
     caps: Caps
     usage: UsageRecorder
     owns_redis: bool = False
+    # The decode pool (workers with --role decode; no adapters), when configured.
+    decode_pool: WorkerPool | None = None
+    decode_monitor: WorkerMonitor | None = None
     # Unix seconds this gateway started: the base model's ``created`` in /v1/models.
     started_at: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -63,7 +66,8 @@ class GatewayState:
                     registry: AsyncRegistryReader | None = None,
                     source: WorkerSource | None = None,
                     redis: aioredis.Redis | None = None,
-                    tracer_provider: TracerProvider | None = None) -> GatewayState:
+                    tracer_provider: TracerProvider | None = None,
+                    decode_source: WorkerSource | None = None) -> GatewayState:
         """Start the registry client (waits for its event listener), find the workers and
         check them once, then keep doing so in the background. ``registry`` and ``redis``
         replace the real ones (tests). With ``tracer_provider`` (tracing on) a call to a worker
@@ -99,13 +103,26 @@ class GatewayState:
                     max_json_depth=settings.max_json_depth)
         usage = UsageRecorder(redis, settings.namespace, metrics, settings.usage_timeout_s)
         await monitor.start()
+        decode_pool, decode_monitor = None, None
+        decode_source = decode_source or create_decode_source(settings)
+        if decode_source is not None:
+            decode_pool = WorkerPool(load_factor=settings.load_factor,
+                                     unhealthy_after=settings.unhealthy_after)
+            decode_monitor = WorkerMonitor(
+                decode_pool, decode_source, http, metrics,
+                discovery_interval_s=settings.discovery_interval_s,
+                health_interval_s=settings.health_interval_s, gauge=metrics.decode_workers)
+            await decode_monitor.start()
         calls = worker_calls(transport, timeout, traced=tracer_provider is not None)
         return cls(settings, registry, redis, http, calls, pool,
-                   monitor, limiter, metrics, caps, usage, owns_redis)
+                   monitor, limiter, metrics, caps, usage, owns_redis,
+                   decode_pool=decode_pool, decode_monitor=decode_monitor)
 
     async def aclose(self) -> None:
         await self.usage.drain()
         await self.monitor.aclose()
+        if self.decode_monitor is not None:
+            await self.decode_monitor.aclose()
         await self.http.aclose()
         await self.registry.aclose()
         if self.owns_redis and self.redis is not None:

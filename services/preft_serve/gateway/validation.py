@@ -142,6 +142,11 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
         if isinstance(body.get(field), str) and len(body[field]) > MAX_NAME_CHARS:
             raise BadRequest(f"'{field}' is {len(body[field])} characters long; at most "
                              f"{MAX_NAME_CHARS} are accepted", param=field)
+    if "kv_transfer_params" in body:
+        # It names KV blocks on a worker: a client could read another request's prompt KV.
+        raise BadRequest("'kv_transfer_params' is set by the gateway between its prefill "
+                         "and decode workers, never by clients; remove it",
+                         param="kv_transfer_params")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be true or false", param="stream")
     return total

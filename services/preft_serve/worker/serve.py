@@ -24,8 +24,10 @@ from preft_serve.common.serving_limits import SERVING_LIMITS
 from preft_serve.common.tracing import OtlpProtocol
 from preft_serve.worker.engine_config import preft_cli_args
 from preft_serve.worker.settings import ENV_PREFIX
+from preft_serve.worker.vllm_compat.kv_connector import kv_transfer_config
 
 VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+ROLES = ("unified", "prefill", "decode")
 
 
 def adapter_modules(adapter_dir: Path) -> list[str]:
@@ -89,6 +91,25 @@ def parser() -> argparse.ArgumentParser:
                        f"({ENV_PREFIX}REGISTRY_REDIS_URL)")
     store.add_argument("--registry-namespace", default="preft",
                        help="the registry's Redis namespace (default preft)")
+    pools = p.add_argument_group(
+        "prefill/decode pools",
+        "A PreFT adapter touches prompt positions only, so a prefill worker (adapters, "
+        "routed by adapter) can hand a request's prompt KV to a decode worker that holds no "
+        "adapter at all (routed by load) over vLLM's NIXL connector. The gateway runs the "
+        "two hops; see docs/disaggregation.md.")
+    pools.add_argument("--role", choices=ROLES, default="unified",
+                       help="unified (default): adapters, prefill and decode in one worker; "
+                       "prefill: the same, and it hands prompt KV to decode workers; "
+                       "decode: the base model only (no adapter slots, no resolver, no "
+                       "prefix cache), continuing requests from their prompt KV")
+    pools.add_argument("--kv-host", default="127.0.0.1",
+                       help="address the other pool reaches this worker's NIXL side "
+                       "channel on (VLLM_NIXL_SIDE_CHANNEL_HOST; in Kubernetes the pod IP)")
+    pools.add_argument("--kv-port", type=int, default=5600,
+                       help="NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT)")
+    pools.add_argument("--kv-lease-s", type=int, default=30,
+                       help="prefill: how long a handed-off prompt's KV blocks wait for a "
+                       "decode worker that does not claim them (default %(default)s)")
     obs = p.add_argument_group(
         "logs and traces",
         "vLLM's loggers, uvicorn's access lines and the plugin's own logs; OpenTelemetry spans "
@@ -166,15 +187,44 @@ def tracing_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def pool_env(args: argparse.Namespace) -> dict[str, str]:
+    """NIXL's side-channel address, for the prefill and decode roles."""
+    if args.role == "unified":
+        return {}
+    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": args.kv_host,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(args.kv_port)}
+
+
+def role_argv(args: argparse.Namespace) -> list[str]:
+    """Adapter flags for unified and prefill workers; none for a decode worker, which runs
+    stock vLLM on the base model (a PreFT request's decode needs no adapter)."""
+    if args.role == "decode":
+        for flag in ("adapter_dir", "object_store"):
+            if getattr(args, flag):
+                raise SystemExit(f"--{flag.replace('_', '-')} is for unified and prefill "
+                                 "workers: a decode worker holds no adapter")
+        transfer = kv_transfer_config("decode", device=args.device)
+        # Received KV is the adapted prompt's: never reusable by another request.
+        return ["--no-enable-prefix-caching", "--kv-transfer-config", json.dumps(transfer)]
+    argv = [
+        "--max-loras", str(args.max_loras),
+        "--max-cpu-loras", str(max(args.max_cpu_loras, args.max_loras)),
+        "--max-lora-rank", str(args.max_lora_rank),
+        *preft_cli_args(args.device),
+    ]
+    if args.role == "prefill":
+        transfer = kv_transfer_config("prefill", device=args.device,
+                                      lease_s=args.kv_lease_s)
+        argv += ["--kv-transfer-config", json.dumps(transfer)]
+    return argv
+
+
 def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
     argv = [
         "--model", args.model,
         "--host", args.host,
         "--port", str(args.port),
-        "--max-loras", str(args.max_loras),
-        "--max-cpu-loras", str(max(args.max_cpu_loras, args.max_loras)),
-        "--max-lora-rank", str(args.max_lora_rank),
-        *preft_cli_args(args.device),
+        *role_argv(args),
     ]
     if args.device == "cpu":
         argv += [
@@ -195,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(resolver_env(args))
     os.environ.update(tracing_env(args))
     os.environ.update(logging_env(args))
+    os.environ.update(pool_env(args))
     command = [sys.executable, "-m", VLLM_SERVER, *vllm_argv(args, passthrough)]
     print("preft worker:", " ".join(command), flush=True)
     os.execv(sys.executable, command)

@@ -56,7 +56,9 @@ class RegistryClient(RegistryCore):
         if self._listen_redis is None:
             self._listen_redis = redis.Redis(connection_pool=redis.ConnectionPool(
                 **without_retry(self.redis.connection_pool)))
-        return self._listen_redis.pubsub()  # type: ignore[no-untyped-call]
+        # Through Any: redis-py types pubsub() from 8.2 on, earlier versions leave it untyped.
+        listen: Any = self._listen_redis
+        return listen.pubsub()
 
     @staticmethod
     def _connect(redis_url: str) -> redis.Redis:

@@ -1,0 +1,297 @@
+"""Adapter-free decode through the gateway: a prefill worker (``--role prefill``, adapters)
+hands each PreFT request's prompt KV over NIXL to a decode worker (``--role decode``, the
+base model only), and the answer equals one worker's and the HF+peft oracle's.
+
+Real processes throughout: two vLLM workers, the registry, the gateway, Redis. Prompt
+lengths straddle the KV block size (32 on CPU): a prompt of exactly 64 tokens is the case
+stock NIXL crashes the decode engine on (``vllm_compat.kv_connector``).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from preft_serve.adapters.format import AdapterMode, AdapterType
+from preft_serve.toymodels import (
+    LoraSpec,
+    ReftSpec,
+    make_lora_adapter,
+    make_model,
+    make_reft_adapter,
+)
+from tests.e2e.stack import (
+    BASE_NAME,
+    WORKER_MAX_MODEL_LEN,
+    Base,
+    Registry,
+    complete,
+    metric_total,
+    running_gateway,
+    running_registry,
+    token_ids,
+)
+from tests.engine import oracle, reft_oracle
+from tests.support.ports import free_port
+from tests.support.processes import ServiceProcess
+from tests.support.worker_process import start_worker
+
+MAX_TOKENS = 10
+LENGTHS = (20, 64, 45)  # below, at and between multiples of the block size
+
+
+def prompt_of(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 250) for _ in range(length)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    root = tmp_path_factory.mktemp("two-pools")
+    return Base(root, make_model("tiny-llama", root / "model"), root / "objects")
+
+
+@pytest.fixture(scope="module")
+def adapters(base: Base) -> dict[str, Path]:
+    root = base.root / "adapters"
+    return {
+        "lora": make_lora_adapter(base.model, root / "lora", seed=31,
+                                  spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL)),
+        "lora2": make_lora_adapter(base.model, root / "lora2", seed=35,
+                                   spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL)),
+        "direft": make_reft_adapter(base.model, root / "direft", seed=32,
+                                    spec=ReftSpec(AdapterType.DIREFT, rank=4, layers=(0, 1),
+                                                  positions="f3+l3")),
+        "loreft": make_reft_adapter(base.model, root / "loreft", seed=33,
+                                    spec=ReftSpec(AdapterType.LOREFT, rank=4, layers=(0, 1),
+                                                  positions="l4")),
+    }
+
+
+@pytest.fixture(scope="module")
+def prefill_worker(base: Base) -> Iterator[ServiceProcess]:
+    args = ["--object-store", str(base.objects), "--adapter-cache-dir",
+            str(base.root / "cache"), "--max-model-len", str(WORKER_MAX_MODEL_LEN),
+            "--role", "prefill", "--kv-port", str(free_port())]
+    process = start_worker(base.model, base.root, args, name="prefill")
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def decode_worker(base: Base) -> Iterator[ServiceProcess]:
+    args = ["--max-model-len", str(WORKER_MAX_MODEL_LEN), "--role", "decode",
+            "--kv-port", str(free_port())]
+    process = start_worker(base.model, base.root, args, name="decode")
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(base: Base, redis_server: str, prefill_worker: ServiceProcess,
+          decode_worker: ServiceProcess) -> Iterator[tuple[Registry, ServiceProcess]]:
+    namespace = "twopools"
+    with running_registry(base.root, redis_server, namespace, base.model,
+                          base.objects) as registry, \
+            running_gateway(base.root, redis_server, namespace, base.model,
+                            [prefill_worker.url], extra_env={
+                                "PREFT_GATEWAY_DECODE_WORKER_URLS": decode_worker.url,
+                                "PREFT_GATEWAY_HEALTH_INTERVAL_S": "0.5"}) as gateway:
+        yield registry, gateway
+
+
+SHAS: dict[str, str] = {}  # adapter name -> content hash, filled by ``tenants``
+
+
+@pytest.fixture(scope="module")
+def tenants(stack: tuple[Registry, ServiceProcess], adapters: dict[str, Path]
+            ) -> dict[str, str]:
+    """Two tenants' API keys; users bound to each adapter (``u-all``: the LoRA as
+    all-token)."""
+    registry, _ = stack
+    keys = {"a": registry.create_tenant("pools-a"), "b": registry.create_tenant("pools-b")}
+    for user, (name, folder, mode) in {
+        "u-lora": ("lora", adapters["lora"], "prefill"),
+        "u-direft": ("direft", adapters["direft"], "prefill"),
+        "u-loreft": ("loreft", adapters["loreft"], "prefill"),
+        "u-all": ("lora-all", adapters["lora"], "all"),
+    }.items():
+        SHAS[name] = registry.upload(keys["a"], name, folder, mode)["sha256"]
+        registry.bind(keys["a"], user, name)
+    registry.upload(keys["b"], "lora2", adapters["lora2"], "prefill")
+    registry.bind(keys["b"], "u-lora2", "lora2")
+    return keys
+
+
+def expected(base: Base, adapters: dict[str, Path], kind: str, prompt: list[int],
+             max_tokens: int = MAX_TOKENS) -> list[int]:
+    if kind == "base":
+        return oracle.generate_base(base.model, prompt, max_tokens)
+    if kind in ("lora", "lora2"):
+        return oracle.generate_prefill(base.model, adapters[kind], prompt, max_tokens)
+    return reft_oracle.generate_reft(base.model, adapters[kind], prompt, max_tokens)
+
+
+def counts(usage: dict[str, Any]) -> tuple[int, int, int]:
+    return usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]
+
+
+def handoffs(gateway: ServiceProcess, result: str) -> float:
+    return metric_total(gateway.url, "preft_gateway_handoffs_total", result=result)
+
+
+def test_decode_worker_holds_no_adapter(decode_worker: ServiceProcess) -> None:
+    models = httpx.get(f"{decode_worker.url}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in models] == [str(decode_worker_model(decode_worker))]
+    reply = complete(decode_worker.url, model="sha256:" + "ab" * 32, max_tokens=2)
+    assert reply.status_code == 404, reply.text
+    assert "does not exist" in reply.json()["error"]["message"]
+    # Started without LoRA support, it has no runtime adapter loading either.
+    load = httpx.post(f"{decode_worker.url}/v1/load_lora_adapter",
+                      json={"lora_name": "x", "lora_path": "/tmp"}, timeout=10)
+    assert load.status_code == 404
+
+
+def decode_worker_model(worker: ServiceProcess) -> str:
+    return str(httpx.get(f"{worker.url}/v1/models", timeout=10).json()["data"][0]["id"])
+
+
+def test_two_pools_equal_the_oracle(base: Base, adapters: dict[str, Path],
+                                    stack: tuple[Registry, ServiceProcess],
+                                    tenants: dict[str, str]) -> None:
+    _, gateway = stack
+    before = handoffs(gateway, "decoded")
+    got: dict[tuple[str, int], list[int]] = {}
+    want: dict[tuple[str, int], list[int]] = {}
+    for length in LENGTHS:
+        prompt = prompt_of(length, seed=length)
+        for kind, who in (("lora", {"user": "u-lora"}), ("direft", {"user": "u-direft"}),
+                          ("loreft", {"user": "u-loreft"}), ("base", {"model": BASE_NAME})):
+            got[kind, length] = token_ids(complete(gateway.url, api_key=tenants["a"],
+                                                   prompt=prompt, max_tokens=MAX_TOKENS,
+                                                   **who))
+            want[kind, length] = expected(base, adapters, kind, prompt)
+    assert got == want
+    for length in LENGTHS:  # the adapters make a difference, or this proves nothing
+        assert len({tuple(got[kind, length])
+                    for kind in ("lora", "direft", "loreft", "base")}) == 4
+    assert handoffs(gateway, "decoded") - before == len(got)
+
+
+def stream_text(reply: httpx.Response, chat: bool) -> tuple[str, dict[str, Any] | None, str]:
+    """The streamed text, the usage chunk's usage and the last finish reason."""
+    text, usage, finish = "", None, ""
+    for line in reply.text.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = orjson.loads(line[6:])
+        assert "error" not in event, event
+        usage = event.get("usage") or usage
+        for choice in event["choices"]:
+            text += (choice.get("delta") or {}).get("content") or "" if chat else choice["text"]
+            finish = choice.get("finish_reason") or finish
+    return text, usage, finish
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "text"])
+def test_streams_and_stop_strings_equal_one_worker(stack: tuple[Registry, ServiceProcess],
+                                                   tenants: dict[str, str],
+                                                   prefill_worker: ServiceProcess,
+                                                   chat: bool) -> None:
+    """Streamed and not, with and without a stop string: the same text, usage and finish
+    reason as the prefill worker answering alone (the gateway's decode pool not used)."""
+    _, gateway = stack
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    prompt: dict[str, Any] = ({"messages": [{"role": "user", "content": "Tell me a story"}]}
+                              if chat else {"prompt": "Once upon a time"})
+    body = {**prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    sha = SHAS["lora"]
+    auth = {"Authorization": f"Bearer {tenants['a']}"}
+
+    def alone(**extra: Any) -> dict[str, Any]:
+        reply = httpx.post(f"{prefill_worker.url}{path}",
+                           json={**body, **extra, "model": f"sha256:{sha}"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()  # type: ignore[no-any-return]
+
+    def text_of(answer: dict[str, Any]) -> str:
+        choice = answer["choices"][0]
+        return str(choice["message"]["content"] if chat else choice["text"])
+
+    whole, first = text_of(alone()), text_of(alone(max_tokens=1))
+    assert whole.startswith(first) and len(whole) > len(first) + 2, (first, whole)
+    stop = whole[len(first) + 1:len(first) + 3]  # a stop string after the first token
+    for extra in ({}, {"stop": [stop]}):
+        expect = alone(**extra)
+        want_finish = expect["choices"][0]["finish_reason"]
+        plain = httpx.post(f"{gateway.url}{path}", json={**body, **extra, "user": "u-lora"},
+                           headers=auth, timeout=60)
+        assert plain.status_code == 200, plain.text
+        got = plain.json()
+        assert text_of(got) == text_of(expect)
+        assert got["choices"][0]["finish_reason"] == want_finish
+        assert got["usage"] == expect["usage"]
+        assert got["model"] == "lora" and "kv_transfer_params" not in got
+        streamed = httpx.post(f"{gateway.url}{path}",
+                              json={**body, **extra, "user": "u-lora", "stream": True,
+                                    "stream_options": {"include_usage": True}},
+                              headers=auth, timeout=60)
+        assert streamed.status_code == 200, streamed.text
+        text, usage, finish = stream_text(streamed, chat)
+        assert (text, finish) == (text_of(expect), want_finish)
+        assert usage is not None
+        assert counts(usage) == counts(expect["usage"])
+        if extra:  # the stop string ended both answers early
+            assert want_finish == "stop" and stop not in text
+
+
+def test_one_token_and_all_token_adapters_are_served_whole(
+        base: Base, adapters: dict[str, Path], stack: tuple[Registry, ServiceProcess],
+        tenants: dict[str, str]) -> None:
+    _, gateway = stack
+    prompt = prompt_of(40, seed=7)
+    decoded = handoffs(gateway, "decoded")
+    one = token_ids(complete(gateway.url, api_key=tenants["a"], user="u-lora", prompt=prompt,
+                             max_tokens=1))
+    assert one == expected(base, adapters, "lora", prompt, 1)
+    every = token_ids(complete(gateway.url, api_key=tenants["a"], user="u-all", prompt=prompt,
+                               max_tokens=MAX_TOKENS))
+    assert every == oracle.generate_all(base.model, adapters["lora"], prompt, MAX_TOKENS)
+    assert every != expected(base, adapters, "lora", prompt)
+    assert handoffs(gateway, "decoded") == decoded
+    unified = "preft_gateway_unified_total"
+    assert metric_total(gateway.url, unified, reason="one_token") >= 1
+    assert metric_total(gateway.url, unified, reason="all_token_adapter") >= 1
+
+
+def test_same_prompt_of_two_tenants_and_the_base_model_never_share_kv(
+        base: Base, adapters: dict[str, Path], stack: tuple[Registry, ServiceProcess],
+        tenants: dict[str, str]) -> None:
+    """Interleaved at once on one decode worker: each answer is its own adapter's."""
+    _, gateway = stack
+    prompt = prompt_of(64, seed=99)
+    calls = [("lora", tenants["a"], {"user": "u-lora"}),
+             ("lora2", tenants["b"], {"user": "u-lora2"}),
+             ("base", tenants["a"], {"model": BASE_NAME})] * 3
+    got: dict[int, list[int]] = {}
+
+    def call(index: int, api_key: str, who: dict[str, str]) -> None:
+        got[index] = token_ids(complete(gateway.url, api_key=api_key, prompt=prompt,
+                                        max_tokens=MAX_TOKENS, **who))
+
+    threads = [threading.Thread(target=call, args=(i, key, who))
+               for i, (_, key, who) in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    want = {kind: expected(base, adapters, kind, prompt) for kind in ("lora", "lora2", "base")}
+    assert len({tuple(w) for w in want.values()}) == 3
+    assert [got.get(i) for i in range(len(calls))] == [want[kind] for kind, _, _ in calls]

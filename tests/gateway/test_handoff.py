@@ -1,0 +1,185 @@
+"""The gateway's two-pool path against scripted workers: which requests are split, how the
+two answers become one, and the fallback when no decode worker can be reached. The real
+workers' side (NIXL, oracle-exact tokens) is tests/disagg."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from preft_serve.gateway.app import create_app
+from preft_serve.gateway.settings import GatewaySettings
+from tests.support.gateway import AUTH, MSGS, SHA, FakeRegistry
+
+PREFILL, DECODE = "http://prefill:8000", "http://decode:8000"
+KV = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_block_ids": [[1, 2]],
+      "remote_host": "10.0.0.5", "remote_port": 5600, "remote_num_tokens": 4}
+
+
+class TwoPools:
+    """A prefill worker answering one token with KV params, and a decode worker (or none)."""
+
+    def __init__(self, decode_up: bool = True) -> None:
+        self.decode_up = decode_up
+        self.prefill_seen: list[dict[str, Any]] = []
+        self.decode_seen: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        worker = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if worker == DECODE and not self.decode_up:
+            raise httpx.ConnectError("refused", request=request)
+        if request.method == "GET":
+            return httpx.Response(200, json={"object": "list", "data": []})
+        body = json.loads(request.content)
+        if worker == PREFILL:
+            self.prefill_seen.append(body)
+            return self._prefill(body, request.url.path == "/v1/chat/completions")
+        self.decode_seen.append(body)
+        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        if body.get("stream"):
+            chunks = [{"id": "cmpl-d", "model": body["model"],
+                       "choices": [{"index": 0, "text": t, "token_ids": [i],
+                                    "finish_reason": f}], "usage": usage}
+                      for t, i, f in (("b", 11, None), ("c", 12, "length"))]
+            chunks.append({"id": "cmpl-d", "model": body["model"], "choices": [],
+                           "usage": usage})
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={
+            "id": "cmpl-d", "model": body["model"], "usage": usage,
+            "choices": [{"index": 0, "text": "bc", "token_ids": [11, 12],
+                         "finish_reason": "length", "stop_reason": None}]})
+
+    @staticmethod
+    def _prefill(body: dict[str, Any], chat: bool) -> httpx.Response:
+        usage = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+        whole = body.get("max_tokens") != 1  # served unified: the whole answer at once
+        content = "abc" if whole else "a"
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length",
+                                  "token_ids": [10, 11, 12] if whole else [10]}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": content}
+        else:
+            choice.update(text=content, prompt_token_ids=[1, 2, 3, 4])
+        answer: dict[str, Any] = {"id": "chatcmpl-p", "created": 1, "model": body["model"],
+                                  "choices": [choice], "usage": usage}
+        if chat:
+            answer["prompt_token_ids"] = [1, 2, 3, 4]
+        if body.get("kv_transfer_params"):
+            answer["kv_transfer_params"] = KV
+        return httpx.Response(200, json=answer)
+
+
+def client_for(workers: TwoPools) -> Iterator[TestClient]:
+    settings = GatewaySettings(worker_urls=[PREFILL], decode_worker_urls=[DECODE],
+                               base_model_name="tiny", unhealthy_after=1)
+    app = create_app(settings, transport=httpx.MockTransport(workers),
+                     registry=FakeRegistry())
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.fixture
+def pools() -> TwoPools:
+    return TwoPools()
+
+
+@pytest.fixture
+def client(pools: TwoPools) -> Iterator[TestClient]:
+    yield from client_for(pools)
+
+
+def metric(client: TestClient, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    total = 0.0
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v
+                                           for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def test_chat_is_prefilled_then_decoded_and_answers_as_one(client: TestClient,
+                                                           pools: TwoPools) -> None:
+    reply = client.post("/v1/chat/completions", headers=AUTH,
+                        json={"messages": MSGS, "user": "u1", "max_tokens": 3,
+                              "temperature": 0, "stop": ["zz"]})
+    assert reply.status_code == 200, reply.text
+    hop1, = pools.prefill_seen
+    assert (hop1["max_tokens"], hop1["max_completion_tokens"]) == (1, 1)
+    assert hop1["kv_transfer_params"]["do_remote_decode"] is True
+    assert hop1["model"] == f"sha256:{SHA}"
+    hop2, = pools.decode_seen
+    assert hop2["prompt"] == [1, 2, 3, 4, 10]  # prompt + first token
+    assert hop2["max_tokens"] == 2 and hop2["kv_transfer_params"] == KV
+    assert (hop2["temperature"], hop2["stop"]) == (0, ["zz"])
+    assert "messages" not in hop2 and hop2["model"] == "tiny"  # the base model, no adapter
+    answer = reply.json()
+    assert answer["model"] == "bot" and answer["id"] == "chatcmpl-p"
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": "abc"}
+    assert answer["usage"]["prompt_tokens"] == 4
+    assert (answer["usage"]["completion_tokens"], answer["usage"]["total_tokens"]) == (3, 7)
+    for hidden in ("kv_transfer_params", "prompt_token_ids"):
+        assert hidden not in answer
+    assert "token_ids" not in answer["choices"][0]
+    assert metric(client, "preft_gateway_handoffs_total", result="decoded") == 1
+    assert metric(client, "preft_gateway_generation_tokens_total", adapter="bot") == 3
+
+
+def test_streamed_text_completion_joins_both_hops(client: TestClient, pools: TwoPools) -> None:
+    reply = client.post("/v1/completions", headers=AUTH,
+                        json={"model": "bot", "prompt": "hi", "max_tokens": 3, "stream": True,
+                              "stream_options": {"include_usage": True}})
+    assert reply.status_code == 200, reply.text
+    events = [json.loads(line[6:]) for line in reply.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert reply.text.rstrip().endswith("data: [DONE]")
+    assert "".join(c["text"] for e in events for c in e["choices"]) == "abc"
+    assert {e["model"] for e in events} == {"bot"} and {e["id"] for e in events} == {
+        "chatcmpl-p"}
+    assert [c["finish_reason"] for e in events for c in e["choices"]][-1] == "length"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+    assert pools.decode_seen[0]["stream"] is True
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ({"n": 2}, "option"), ({"logprobs": True, "top_logprobs": 2}, "option"),
+    ({"max_tokens": 1}, "one_token"), ({"presence_penalty": 0.5}, "option"),
+    ({"response_format": {"type": "json_object"}}, "option"),
+])
+def test_options_spanning_both_hops_are_served_whole(client: TestClient, pools: TwoPools,
+                                                     extra: dict[str, Any],
+                                                     reason: str) -> None:
+    body = {"messages": MSGS, "user": "u1", "max_tokens": 3, **extra}
+    reply = client.post("/v1/chat/completions", headers=AUTH, json=body)
+    assert reply.status_code == 200, reply.text
+    assert pools.decode_seen == [] and "kv_transfer_params" not in pools.prefill_seen[0]
+    assert metric(client, "preft_gateway_unified_total", reason=reason) == 1
+
+
+def test_neutral_values_of_those_options_still_split(client: TestClient,
+                                                     pools: TwoPools) -> None:
+    body = {"messages": MSGS, "user": "u1", "max_tokens": 3, "n": 1, "logprobs": False,
+            "presence_penalty": 0}
+    assert client.post("/v1/chat/completions", headers=AUTH, json=body).status_code == 200
+    assert len(pools.decode_seen) == 1
+
+
+def test_no_reachable_decode_worker_serves_whole_on_the_prefill_worker() -> None:
+    pools = TwoPools(decode_up=False)
+    for client in client_for(pools):
+        reply = client.post("/v1/chat/completions", headers=AUTH,
+                            json={"messages": MSGS, "user": "u1", "max_tokens": 3})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == "abc"
+        # The prefill hop, then the same request whole on the same worker.
+        assert [b["max_tokens"] for b in pools.prefill_seen] == [1, 3]
+        assert "kv_transfer_params" not in pools.prefill_seen[1]
+        assert metric(client, "preft_gateway_handoffs_total", result="fallback") == 1
+        assert metric(client, "preft_gateway_decode_workers", state="unhealthy") == 1
