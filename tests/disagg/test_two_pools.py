@@ -9,8 +9,10 @@ stock NIXL crashes the decode engine on (``vllm_compat.kv_connector``).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import orjson
 import pytest
 
 from preft_serve.adapters.format import AdapterMode, AdapterType
+from preft_serve.gateway.handoff import REMOTE_DECODE
 from preft_serve.toymodels import (
     LoraSpec,
     ReftSpec,
@@ -44,6 +47,7 @@ from tests.support.processes import ServiceProcess
 from tests.support.worker_process import start_worker
 
 MAX_TOKENS = 10
+KV_LEASE_S = 5  # how long the prefill worker keeps KV no decode worker claims
 LENGTHS = (20, 64, 45)  # below, at and between multiples of the block size
 
 
@@ -79,7 +83,8 @@ def adapters(base: Base) -> dict[str, Path]:
 def prefill_worker(base: Base) -> Iterator[ServiceProcess]:
     args = ["--object-store", str(base.objects), "--adapter-cache-dir",
             str(base.root / "cache"), "--max-model-len", str(WORKER_MAX_MODEL_LEN),
-            "--role", "prefill", "--kv-port", str(free_port())]
+            "--role", "prefill", "--kv-port", str(free_port()),
+            "--kv-lease-s", str(KV_LEASE_S)]
     process = start_worker(base.model, base.root, args, name="prefill")
     yield process
     process.stop()
@@ -295,3 +300,85 @@ def test_same_prompt_of_two_tenants_and_the_base_model_never_share_kv(
     want = {kind: expected(base, adapters, kind, prompt) for kind in ("lora", "lora2", "base")}
     assert len({tuple(w) for w in want.values()}) == 3
     assert [got.get(i) for i in range(len(calls))] == [want[kind] for kind, _, _ in calls]
+
+
+def kv_usage(worker: ServiceProcess) -> float:
+    return metric_total(worker.url, "vllm:kv_cache_usage_perc")
+
+
+def test_abandoned_handoffs_free_the_prefill_workers_kv(prefill_worker: ServiceProcess,
+                                                       tenants: dict[str, str]) -> None:
+    """1,000 prompts handed off that no decode worker ever claims (a client gone between
+    the hops, a decode worker lost): their KV is released after the lease, and the worker
+    serves on."""
+    async def abandon(count: int) -> list[int]:
+        limit = asyncio.Semaphore(16)
+        async with httpx.AsyncClient(base_url=prefill_worker.url, timeout=120) as client:
+            async def one(index: int) -> int:
+                async with limit:
+                    reply = await client.post("/v1/completions", json={
+                        "model": f"sha256:{SHAS['lora']}", "prompt": prompt_of(40, index),
+                        "max_tokens": 1, "kv_transfer_params": REMOTE_DECODE})
+                    assert reply.json()["kv_transfer_params"]["remote_block_ids"]
+                    return reply.status_code
+            return await asyncio.gather(*(one(i) for i in range(count)))
+
+    statuses = asyncio.run(abandon(1000))
+    assert statuses == [200] * 1000
+    assert kv_usage(prefill_worker) > 0  # the last ones still wait for a decode worker
+    deadline = time.monotonic() + KV_LEASE_S + 30
+    while kv_usage(prefill_worker) > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert kv_usage(prefill_worker) == 0
+    again = complete(prefill_worker.url, model=f"sha256:{SHAS['lora']}", max_tokens=2)
+    assert again.status_code == 200, again.text
+
+
+def test_prefill_worker_lost_after_its_handoff_fails_the_decode_cleanly(
+        prefill_worker: ServiceProcess, decode_worker: ServiceProcess) -> None:
+    """The KV a decode worker was told to read is gone with its worker: the request fails
+    with an error, never an answer computed without the adapter, and the decode worker
+    serves on. The prefill worker then restarts on its address."""
+    prompt = prompt_of(45, seed=3)
+    first = complete(prefill_worker.url, model=f"sha256:{SHAS['lora']}", prompt=prompt,
+                     max_tokens=1, kv_transfer_params=REMOTE_DECODE).json()
+    first_token = first["choices"][0]["token_ids"]
+    prefill_worker.kill()
+    started = time.monotonic()
+    reply = complete(decode_worker.url, model=decode_worker_model(decode_worker),
+                     prompt=prompt + first_token, max_tokens=MAX_TOKENS - 1,
+                     kv_transfer_params=first["kv_transfer_params"], timeout=90)
+    assert time.monotonic() - started < 60
+    assert reply.status_code != 200 or reply.json()["choices"][0]["finish_reason"] == "error", \
+        reply.text
+    base = complete(decode_worker.url, model=decode_worker_model(decode_worker), max_tokens=3)
+    assert base.status_code == 200, base.text
+    prefill_worker.start()
+    prefill_worker.wait_http("/health", 180)
+
+
+def test_decode_worker_lost_mid_stream_ends_the_stream_and_prefill_serves_on(
+        base: Base, adapters: dict[str, Path], stack: tuple[Registry, ServiceProcess],
+        tenants: dict[str, str], decode_worker: ServiceProcess) -> None:
+    _, gateway = stack
+    prompt = prompt_of(30, seed=5)
+    body = {"prompt": prompt, "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
+            "user": "u-lora", "stream": True}
+    auth = {"Authorization": f"Bearer {tenants['a']}"}
+    events = 0
+    with httpx.stream("POST", f"{gateway.url}/v1/completions", json=body, headers=auth,
+                      timeout=60) as reply:
+        assert reply.status_code == 200
+        lines = reply.iter_lines()
+        for line in lines:
+            events += line.startswith("data: ")
+            if events == 20:
+                decode_worker.kill()
+                break
+        rest = list(lines)  # the stream must end, not hang
+    assert any('"bad_gateway"' in line for line in rest), rest[-3:]
+    fallbacks = handoffs(gateway, "fallback")
+    served = token_ids(complete(gateway.url, api_key=tenants["a"], user="u-lora",
+                                prompt=prompt, max_tokens=MAX_TOKENS))
+    assert served == expected(base, adapters, "lora", prompt)
+    assert handoffs(gateway, "fallback") == fallbacks + 1
