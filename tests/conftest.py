@@ -49,6 +49,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "gateway/test_e2e.py": ("stack",),
     "disagg/*": ("stack",),  # a prefill and a decode worker with the registry and gateway
     "loadtests/test_gateway_ab.py": ("stack",),
+    "loadtests/test_disagg_bench.py": ("stack",),
     "finetune/*": ("trainer",),  # real trainer processes
     "training/test_trainer.py": ("trainer",),
     "chart/*": ("helm",),  # helm template, kubernetes schemas, promtool

