@@ -24,8 +24,9 @@ KV = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_block_ids": [
 class TwoPools:
     """A prefill worker answering one token with KV params, and a decode worker (or none)."""
 
-    def __init__(self, decode_up: bool = True) -> None:
+    def __init__(self, decode_up: bool = True, prefill_answers: bool = True) -> None:
         self.decode_up = decode_up
+        self.prefill_answers = prefill_answers
         self.prefill_seen: list[dict[str, Any]] = []
         self.decode_seen: list[dict[str, Any]] = []
 
@@ -38,6 +39,8 @@ class TwoPools:
         body = json.loads(request.content)
         if worker == PREFILL:
             self.prefill_seen.append(body)
+            if not self.prefill_answers:
+                return httpx.Response(200, json={"object": "text_completion", "choices": []})
             return self._prefill(body, request.url.path == "/v1/chat/completions")
         self.decode_seen.append(body)
         usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
@@ -183,3 +186,11 @@ def test_no_reachable_decode_worker_serves_whole_on_the_prefill_worker() -> None
         assert "kv_transfer_params" not in pools.prefill_seen[1]
         assert metric(client, "preft_gateway_handoffs_total", result="fallback") == 1
         assert metric(client, "preft_gateway_decode_workers", state="unhealthy") == 1
+
+
+def test_a_prefill_answer_without_a_choice_is_a_502() -> None:
+    for client in client_for(TwoPools(prefill_answers=False)):
+        reply = client.post("/v1/chat/completions", headers=AUTH,
+                            json={"messages": MSGS, "user": "u1", "max_tokens": 3})
+        assert reply.status_code == 502, reply.text
+        assert "other than a completion" in reply.json()["error"]["message"]

@@ -149,7 +149,12 @@ async def _two_pools(state: GatewayState, handoff: Handoff, tenant: str, tenant_
     on_usage = usage_counter(state, tenant, tenant_label, target.public_name, label, log)
     if status != 200:
         return _worker_refusal(state, raw, status, tenant_label, label)
-    first = FirstToken.parse(orjson.loads(raw), handoff.chat)
+    try:
+        first = FirstToken.parse(orjson.loads(raw), handoff.chat)
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        metrics.errors.labels("bad_gateway").inc()
+        raise BadGateway(f"worker {prefilled.worker} answered the prefill hop with "
+                         "something other than a completion") from None
     if first.complete:
         metrics.handoffs.labels("first_token").inc()
         return _answer(state, handoff, first, None, on_usage, tenant_label, label, start)

@@ -35,6 +35,10 @@ the plugin reaches vLLM's internals only through these modules.
    vLLM accepts. :mod:`.engine_args`
 7. Adapter use (``vllm/entrypoints/serve/engine/serving.py``): the resolver hears of each
    request for an adapter the server already holds. :mod:`.serving`
+8. KV transfer (``vllm/distributed/kv_transfer/kv_connector/v1/nixl/``): a decode worker
+   loads exactly the prompt positions a prefill worker computed, for adapter-free decode.
+   :mod:`.kv_connector` (named by ``--kv-transfer-config``, see
+   :mod:`preft_serve.worker.serve`)
 
 Shared by 1, 2 and 4: what is read of a ``LoRARequest`` (``vllm/lora/request.py``).
 :mod:`.lora_request`
