@@ -18,9 +18,10 @@ Measured, side by side: time to first token (first text event) and to the last b
 p50 of each and the pools/unified ratio; the KV transfer per request, read from the decode
 worker's NIXL metrics (``vllm:nixl_xfer_time_seconds``, ``vllm:nixl_bytes_transferred``),
 per 1k prompt tokens; the gateway's handoff time (prefill answer to decode worker's first
-byte: transfer plus queue). On this machine the two workers share two CPU cores, so the
-pools cannot show their throughput benefit (decode batches without adapter work, on its own
-hardware); what this run measures is what the split costs a single request.
+byte: transfer plus queue). Each worker's model threads get a CPU of their own
+(``VLLM_CPU_OMP_THREADS_BIND``), as on two machines; unified serving uses the prefill worker's
+CPU alone. One request at a time, the pools cannot show their throughput benefit (decode
+batches without adapter work); what this run measures is what the split costs one request.
 
     python -m loadtests.disagg_bench            # writes loadtests/results/disagg_bench.*
     python -m loadtests.disagg_bench --quick    # 2 lengths, 4 rounds: disagg_bench_quick.*
@@ -58,6 +59,14 @@ NIXL_METRICS = ("vllm:nixl_xfer_time_seconds_sum", "vllm:nixl_xfer_time_seconds_
                 "vllm:nixl_bytes_transferred_sum")
 HANDOFF_METRICS = ("preft_gateway_handoff_seconds_sum", "preft_gateway_handoff_seconds_count",
                    "preft_gateway_handoffs_total")
+
+
+def core_of(index: int) -> dict[str, str]:
+    """Each worker's model threads on a CPU of their own (as on two machines), when there
+    are two: otherwise both workers' OpenMP threads share every core and each one's steps
+    stall the other's."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[index])} if len(cpus) >= 2 else {}
 
 
 def timed_stream(url: str, user: BoundUser, prompt: list[int], output: int, salt: str
@@ -124,6 +133,9 @@ def measure_length(urls: dict[str, str], decode_url: str, users: list[BoundUser]
     for mode in MODES:
         row[f"{mode}_ttft_ms"] = 1000 * median(samples[mode]["ttft"])
         row[f"{mode}_e2e_ms"] = 1000 * median(samples[mode]["e2e"])
+        # Every sample, so a reader sees the spread behind each median.
+        row[f"{mode}_samples_ms"] = {k: [round(1000 * v, 1) for v in vs]
+                                     for k, vs in samples[mode].items()}
     row["ttft_ratio"] = row["pools_ttft_ms"] / row["unified_ttft_ms"]
     row["e2e_ratio"] = row["pools_e2e_ms"] / row["unified_e2e_ms"]
     per_request = max(transfers, 1)
@@ -202,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.lengths, args.rounds, args.output = "64,256", 4, 16
+    args.var = args.var.resolve()  # the stack's parts run in their own directories
     lengths = [int(x) for x in args.lengths.split(",")]
     if args.rounds < 2:
         p.error("--rounds must be at least 2 (the first is warm-up)")
@@ -217,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         var=args.var, redis_port=ports["redis"], registry_port=ports["registry"],
         worker_port=ports["worker"], gateway_port=ports["gateway"],
         max_model_len=max(lengths) + args.output + 64, kv_cache_gib=0.5,
-        worker_args=["--role", "prefill", "--kv-port", str(ports["kv_prefill"])])
+        worker_args=["--role", "prefill", "--kv-port", str(ports["kv_prefill"])],
+        worker_env=core_of(0))
     stack = OneBox(config)
     decode_url = f"http://127.0.0.1:{ports['decode']}"
 
@@ -230,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
             "--port", str(ports["decode"]), "--role", "decode",
             "--kv-port", str(ports["kv_decode"]), "--kv-cache-gib", "0.5",
-            "--max-model-len", str(config.max_model_len)])
+            "--max-model-len", str(config.max_model_len)], core_of(1))
         stack.wait_worker()
         decode.wait_ready(lambda: httpx.get(f"{decode_url}/health", timeout=2).status_code
                           == 200, config.worker_timeout_s, 0.5)
