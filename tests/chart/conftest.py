@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,15 @@ from tests.chart.support import (
     run_helm,
     template_args,
 )
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No PREFT_* settings leak in from the developer's shell."""
+    for name in list(os.environ):
+        if name.startswith("PREFT_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
 
 
 @pytest.fixture(scope="session")

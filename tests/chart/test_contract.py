@@ -5,7 +5,6 @@ serve; the worker's command line is accepted by our launcher and by vLLM's own p
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import typing
 from collections.abc import Iterator
@@ -30,15 +29,6 @@ ALL = list(SCENARIOS)
 # A small Llama config.json, enough for the registry's settings check.
 MODEL_CONFIG = ('{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, '
                 '"num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256}')
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No PREFT_* settings leak in from the developer's shell."""
-    for name in list(os.environ):
-        if name.startswith("PREFT_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 def with_secrets(values: dict[str, str]) -> dict[str, str]:

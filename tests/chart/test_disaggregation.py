@@ -7,7 +7,6 @@ accept."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -58,14 +57,6 @@ def on(render: Callable[..., Rendered]) -> Rendered:
 @pytest.fixture(scope="module")
 def on_dns(render: Callable[..., Rendered]) -> Rendered:
     return render(["ci/external-s3-values.yaml"], ON)
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("PREFT_"):
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 # --- Off (the default): nothing changes -------------------------------------------------

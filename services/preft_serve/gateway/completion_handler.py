@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import orjson
 import redis
 from fastapi import Request
@@ -22,6 +21,7 @@ from preft_serve.gateway.proxy import (
     BadGateway,
     Upstream,
     open_upstream,
+    read_whole,
     relay_sse,
     rewrite_json,
     worker_error,
@@ -152,7 +152,7 @@ async def _two_pools(state: GatewayState, handoff: Handoff, tenant: str, tenant_
     try:
         first = FirstToken.parse(orjson.loads(raw), handoff.chat)
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-        metrics.errors.labels("bad_gateway").inc()
+        # Counted as bad_gateway by the caller, like every ServiceError before a response.
         raise BadGateway(f"worker {prefilled.worker} answered the prefill hop with "
                          "something other than a completion") from None
     if first.complete:
@@ -179,25 +179,16 @@ async def _two_pools(state: GatewayState, handoff: Handoff, tenant: str, tenant_
         return _worker_refusal(state, raw, status, tenant_label, label)
     metrics.handoffs.labels("decoded").inc()
     if not handoff.stream:
-        try:
-            raw = await decoding.response.aread()
-        except httpx.HTTPError as exc:
-            metrics.errors.labels("bad_gateway").inc()
-            raise BadGateway(f"decode worker {decoding.worker} failed mid-response: "
-                             f"{exc.__class__.__name__}") from None
-        finally:
-            await decoding.aclose()
+        raw = await read_whole(decoding, "decode worker")
         return _answer(state, handoff, first, orjson.loads(raw), on_usage, tenant_label,
                        label, start)
     metrics.record_request(tenant_label, label, 200)
-    options = handoff.body.get("stream_options")
-    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
     async def body_iter() -> Any:
         try:
             yield b"".join(handoff.first_events(first))
             metrics.ttft_of(label).observe(time.perf_counter() - start)
-            async for piece in handoff.relay_decode(first, decoding, on_usage, include_usage):
+            async for piece in handoff.relay_decode(first, decoding, on_usage):
                 yield piece
         finally:
             metrics.latency_of(label).observe(time.perf_counter() - start)
@@ -232,9 +223,8 @@ def _answer(state: GatewayState, handoff: Handoff, first: FirstToken,
     headers = handoff.target.response_headers()
     if not handoff.stream:
         return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
-    options = handoff.body.get("stream_options")
     events = handoff.first_events(first)
-    if isinstance(options, dict) and options.get("include_usage") and answer.get("usage"):
+    if handoff.include_usage and answer.get("usage"):
         events.append(handoff.usage_event(first, answer["usage"]))
     events.append(b"data: [DONE]\n\n")
     return Response(b"".join(events), media_type="text/event-stream",
@@ -253,13 +243,10 @@ async def _buffered(upstream: Upstream, state: GatewayState, on_usage: Callable[
                     public_name: str, start: float, label: str) -> Response:
     """Read the worker's whole JSON answer, rewrite ``model``, count its usage."""
     try:
-        raw = await upstream.response.aread()
-    except httpx.HTTPError as exc:
+        raw = await read_whole(upstream)
+    except BadGateway:  # after the request was counted: its failure is counted here
         state.metrics.errors.labels("bad_gateway").inc()
-        raise BadGateway(f"worker {upstream.worker} failed mid-response: "
-                         f"{exc.__class__.__name__}") from None
-    finally:
-        await upstream.aclose()
+        raise
     state.metrics.latency_of(label).observe(time.perf_counter() - start)
     status = upstream.response.status_code
     media_type = upstream.response.headers.get("content-type", "application/json")

@@ -31,7 +31,13 @@ import orjson
 from preft_serve.adapters.format import AdapterMode
 from preft_serve.common.error_envelope import error_body
 from preft_serve.common.errors import ServiceUnavailable
-from preft_serve.gateway.proxy import BadGateway, Upstream, open_upstream, worker_error
+from preft_serve.gateway.proxy import (
+    SseSplitter,
+    Upstream,
+    open_upstream,
+    read_whole,
+    worker_error,
+)
 from preft_serve.gateway.selection import Target
 from preft_serve.gateway.state import GatewayState
 
@@ -161,20 +167,16 @@ class Handoff:
         self.chat, self.path, self.request_id = chat, path, request_id
         self.stream = bool(body.get("stream"))
         self.want_ids = bool(body.get("return_token_ids"))
+        options = body.get("stream_options")
+        # The client's own choice (the decode hop always asks for usage, to count it).
+        self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
     async def prefill(self) -> tuple[Upstream, bytes]:
         """The prefill hop, on the adapter's worker: its answer, read whole (closed)."""
         upstream = await open_upstream(self.state.calls, self.state.pool,
                                        self.target.routing_key, self.path,
                                        prefill_body(self.body, self.chat), self.request_id)
-        try:
-            raw = await upstream.response.aread()
-        except httpx.HTTPError as exc:
-            raise BadGateway(f"worker {upstream.worker} failed mid-response: "
-                             f"{exc.__class__.__name__}") from None
-        finally:
-            await upstream.aclose()
-        return upstream, raw
+        return upstream, await read_whole(upstream)
 
     async def open_decode(self, first: FirstToken) -> Upstream:
         """The decode hop's worker, by load alone (any decode worker serves any user)."""
@@ -246,20 +248,15 @@ class Handoff:
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
     async def relay_decode(self, first: FirstToken, upstream: Upstream,
-                           on_usage: Callable[[Any], None],
-                           include_usage: bool) -> AsyncIterator[bytes]:
+                           on_usage: Callable[[Any], None]) -> AsyncIterator[bytes]:
         """The decode worker's stream as the rest of the client's stream."""
         base = self._chunk_fields(first)
         usage: dict[str, Any] | None = None
-        buffer = b""
+        splitter = SseSplitter()
         try:
             async for piece in upstream.response.aiter_bytes():
-                buffer += piece
-                if b"\n\n" not in buffer:
-                    continue
-                *events, buffer = buffer.split(b"\n\n")
                 out = []
-                for event in events:
+                for event in splitter.feed(piece):
                     if not event.startswith(b"data: ") or event == b"data: [DONE]":
                         continue
                     payload = orjson.loads(event[6:])
@@ -286,6 +283,6 @@ class Handoff:
             if usage is not None:
                 on_usage(usage)
             await upstream.aclose()
-        if usage is not None and include_usage:
+        if usage is not None and self.include_usage:
             yield self.usage_event(first, usage)
         yield b"data: [DONE]\n\n"

@@ -117,6 +117,32 @@ def worker_error(payload: Any, status_code: int) -> dict[str, Any] | None:
     return error_body(status_code, message, code=code, param=param)
 
 
+async def read_whole(upstream: Upstream, what: str = "worker") -> bytes:
+    """A worker's whole answer, its slot released; a 502 if the answer breaks off."""
+    try:
+        return await upstream.response.aread()
+    except httpx.HTTPError as exc:
+        raise BadGateway(f"{what} {upstream.worker} failed mid-response: "
+                         f"{exc.__class__.__name__}") from None
+    finally:
+        await upstream.aclose()
+
+
+class SseSplitter:
+    """A worker's SSE bytes as whole events (without their blank-line separator), however
+    the network cut them; ``rest`` is what follows the last separator so far."""
+
+    def __init__(self) -> None:
+        self.rest = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self.rest += chunk
+        if b"\n\n" not in self.rest:
+            return []
+        *events, self.rest = self.rest.split(b"\n\n")
+        return events
+
+
 def rewrite_json(payload: Any, public_name: str) -> Any:
     """Show the client the adapter's name, not the content address the worker saw."""
     if isinstance(payload, dict) and "model" in payload:
@@ -139,15 +165,11 @@ async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
     """
     rewriter = EventRewriter(worker_model, public_name, strip_usage, on_usage,
                              keep_chunk_usage)
-    buffer = b""
+    splitter = SseSplitter()
     try:
         async for chunk in upstream.response.aiter_bytes():
-            buffer += chunk
-            if b"\n\n" not in buffer:
-                continue
-            *events, buffer = buffer.split(b"\n\n")
             out = []
-            for event in events:
+            for event in splitter.feed(chunk):
                 rewritten, first_text = rewriter.rewrite(event)
                 if first_text:
                     on_first_token()
@@ -155,8 +177,8 @@ async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
                     out.append(rewritten + b"\n\n")
             if out:
                 yield b"".join(out)
-        if buffer.strip():
-            yield buffer
+        if splitter.rest.strip():
+            yield splitter.rest
     except httpx.HTTPError as exc:
         # Headers are already sent: the best we can do is end the stream with an error event.
         logger.warning("stream from %s broke: %s", upstream.worker, exc)
