@@ -11,9 +11,12 @@ COPY services ./services
 COPY kernels ./kernels
 # vllm==0.32.0 (the gpu extra) is already in the image, so pip adds only our own package and
 # its small dependencies. The image's Python is 3.12 while pyproject.toml still declares
-# <3.12 (the CPU development venv), hence --ignore-requires-python.
-RUN python3 -m pip install --ignore-requires-python ".[gpu]" \
-    && python3 -c "import preft_serve.worker.plugin, vllm; assert vllm.__version__.startswith('0.32.0')" \
+# <3.12 (the CPU development venv), hence --ignore-requires-python. The disagg extra is
+# NIXL's CUDA build (nixl-cu12) for the prefill/decode pools; vLLM imports it as `nixl`, a
+# meta package installed without its dependencies so it adds no second CUDA stack.
+RUN python3 -m pip install --ignore-requires-python ".[gpu,disagg]" \
+    && python3 -m pip install --no-deps "nixl==1.5.1" \
+    && python3 -c "import preft_serve.worker.plugin, vllm, nixl._api; assert vllm.__version__.startswith('0.32.0')" \
     && rm -rf /tmp/preft-serve
 
 RUN groupadd --system --gid 10001 app \

@@ -121,6 +121,9 @@ def known_label_values() -> dict[tuple[str, str], set[str]]:
         ("preft_worker_adapter_loads_total", "outcome"): outcomes,
         ("preft_worker_adapter_loads_total", "tier"): {"disk"},
         ("preft_gateway_workers", "state"): states,
+        ("preft_gateway_decode_workers", "state"): states,
+        ("preft_gateway_handoffs_total", "result"): _source_strings(
+            "preft_serve.gateway.completion_handler", r'handoffs\.labels\("(\w+)"\)'),
     }
 
 
@@ -198,6 +201,15 @@ ALERT_CASES: dict[str, tuple[list[dict[str, str]], dict[str, str], list[dict[str
     "PreftNoHealthyWorkers": (
         [_series("preft_gateway_workers", 'pod="g-1",state="healthy"', "0x20")], {},
         [_series("preft_gateway_workers", 'pod="g-1",state="healthy"', "2x20")], 10),
+    "PreftNoHealthyDecodeWorkers": (
+        [_series("preft_gateway_decode_workers", 'pod="g-1",state="healthy"', "0x20")], {},
+        [_series("preft_gateway_decode_workers", 'pod="g-1",state="healthy"', "1x20")], 10),
+    "PreftHandoffFailures": (
+        [_series("preft_gateway_handoffs_total", 'result="decoded"', "0+80x40"),
+         _series("preft_gateway_handoffs_total", 'result="fallback"', "0+20x40")], {},
+        [_series("preft_gateway_handoffs_total", 'result="decoded"', "0+99x40"),
+         _series("preft_gateway_handoffs_total", 'result="first_token"', "0+20x40"),
+         _series("preft_gateway_handoffs_total", 'result="decode_failed"', "0+1x40")], 30),
     "PreftWorkerQueueBacklog": (
         [_series("vllm:num_requests_waiting", 'pod="w-1"', "25x40"),
          _series("vllm:num_requests_waiting", 'pod="w-2"', "0x40")], {"pod": "w-1"},
