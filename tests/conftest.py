@@ -59,6 +59,11 @@ TIERS: dict[str, tuple[str, ...]] = {
 }
 # Directories whose tests share one expensive fixture: kept on one xdist worker together.
 SHARED_FIXTURE_DIRS = ("engine", "e2e")
+# Files (globs) that take minutes, longest first: handed out before everything else, so
+# none of them starts last and runs alone at the end of the suite. Then the other tiers'
+# files, then the fast ones.
+LONGEST = ("onebox/test_make_run_real.py", "e2e/*", "onebox/test_soak.py",
+           "loadtests/test_disagg_bench.py", "disagg/*")
 
 
 def tiers_of(relative: str) -> set[str]:
@@ -78,11 +83,28 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.slow)
 
 
+def run_order(relative: str) -> int:
+    """Where a test file's work is handed out: :data:`LONGEST` first, then the slow tiers,
+    then the fast tests (a greedy longest-first schedule keeps both workers busy)."""
+    for rank, pattern in enumerate(LONGEST):
+        if fnmatch.fnmatch(relative, pattern):
+            return rank
+    return len(LONGEST) + (0 if tiers_of(relative) else 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest work first; a stable sort keeps the order within each file."""
+    items.sort(key=lambda item: run_order(item.path.relative_to(TESTS).as_posix()))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``pytest -n N``: a test file is one unit of work (its module fixtures start once),
     and so is each directory in :data:`SHARED_FIXTURE_DIRS` (its session or package
-    fixtures, vLLM engines and servers, start on one worker only)."""
+    fixtures, vLLM engines and servers, start on one worker only). Units are handed out
+    in collection order (:func:`run_order`), not xdist's largest-test-count-first."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class SharedFixtureScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:

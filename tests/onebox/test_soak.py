@@ -1,4 +1,4 @@
-"""The soak with chaos, short: 3 minutes, one fault of each kind (``loadtests/soak/``).
+"""The soak with chaos, short: 2 minutes, one fault of each kind (``loadtests/soak/``).
 
 The whole stack as processes (moto S3, Redis with AOF, registry, two CPU workers, gateway)
 under traffic at 70% of measured capacity and concurrent tenant changes, while a worker is
@@ -28,7 +28,7 @@ KINDS = {"worker_kill", "registry_kill", "redis_kill", "s3_stop", "worker_stop",
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     var = tmp_path_factory.mktemp("soak")
     out = var / "soak.json"
-    code = soak.main(["--minutes", "3", "--adapters", "120", "--faults-per-kind", "1",
+    code = soak.main(["--minutes", "2", "--adapters", "120", "--faults-per-kind", "1",
                       "--seed", "1", "--var", str(var), "--out", str(out)])
     data: dict[str, Any] = json.loads(out.read_text())
     data["exit_code"] = code

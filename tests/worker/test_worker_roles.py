@@ -60,3 +60,30 @@ def test_an_operators_transport_settings_win(monkeypatch: pytest.MonkeyPatch) ->
 def test_decode_refuses_adapter_sources(flag: list[str]) -> None:
     with pytest.raises(SystemExit, match="a decode worker holds no adapter"):
         argv_of("--role", "decode", *flag)
+
+
+@pytest.mark.parametrize(("env", "flags", "want"), [
+    ({}, [], {}),  # vLLM's multiprocess executor: the model has a process of its own
+    ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, [], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": "ACTIVE"}, [], {}),
+    ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ["--device", "gpu"], {}),
+], ids=["multiprocess", "engine-core", "operator-wins", "gpu"])
+def test_openmp_waits_passively_beside_the_engine_cores_threads(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], flags: list[str],
+        want: dict[str, str]) -> None:
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = serve.parser().parse_args(["--model", "m", *flags])
+    assert serve.omp_env(args) == want
+
+
+def test_cpu_pool_roles_get_the_passive_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool roles choose the engine-core layout on CPU, so they wait passively too."""
+    for name in (*serve.CPU_POOL_ENV, "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    args = serve.parser().parse_args(["--model", "m", "--role", "prefill"])
+    for name, value in serve.pool_env(args).items():
+        monkeypatch.setenv(name, value)
+    assert serve.omp_env(args) == {"OMP_WAIT_POLICY": "PASSIVE"}
