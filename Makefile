@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz clean
+.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg bench-scale loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -88,6 +88,9 @@ bench-gateway-ab: $(STAMP)  ## Gateway change A/B: a git ref's gateway vs the wo
 
 bench-disagg: $(STAMP)  ## Two pools vs one worker: TTFT, latency and NIXL KV transfer per 1k prompt tokens (ARGS=--quick)
 	$(PY) -m loadtests.disagg_bench $(ARGS)
+
+bench-scale: $(STAMP)  ## Cluster scale simulated on the product's routing and tier code: 100 workers, 1M users (ARGS=--quick)
+	$(PY) -m loadtests.scale_sim $(ARGS)
 
 bench-cold: $(STAMP)  ## Engine steps (step trace) and running streams' token gaps while cold adapters arrive (store / disk / warm)
 	$(PY) -m loadtests.cold_bench $(ARGS)

@@ -1,0 +1,350 @@
+"""The discrete-event loop: requests through gateways to workers, and the cluster's
+membership, health and residency as each gateway sees them.
+
+Time only moves between events (a heap); nothing sleeps. Per request: one routing decision by
+a gateway's own :class:`WorkerPool` (``choose``, then ``acquire`` / ``release`` around the
+request, exactly as ``gateway/proxy.py`` does), one registry lookup through its
+:class:`ResolveCache`, the worker's tiers and step model. Background events: each gateway's
+health/residency poll and discovery refresh (each with its own phase), usage flushes, load
+samples, and the scenario's actions.
+
+Pod lifecycle (Kubernetes Deployment): a pod added becomes an endpoint once ready; a pod
+terminated leaves the endpoints at once, refuses new connections and finishes what it runs;
+a lost node keeps its endpoint for ``node_lost_endpoint_s`` (the node controller's grace
+period) while connections to it time out after ``connect_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loadtests.scale_sim.gateway import SimGateway
+from loadtests.scale_sim.model import GatewayConfig, Profile, WorkerConfig
+from loadtests.scale_sim.worker import Req, SimWorker
+from loadtests.scale_sim.workload import Population, Requests
+from preft_serve.gateway.routing import RouteResult, WorkerPool
+
+DONE, ARRIVE, POLL, DISCOVER, FLUSH, ACTION, SAMPLE, HANDOFF = range(8)
+REFUSED_S = 0.001  # a terminated pod's address refuses at once
+SAMPLE_S = 0.5
+MAX_TRIES = 3  # routing attempts of one request (choose, then its order)
+DRAIN_S = 300.0  # after the last arrival, how long running requests may still take
+
+
+@dataclass
+class Options:
+    """What shapes one cluster run."""
+
+    profile: Profile
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    workers: int = 100
+    gateways: int = 10
+    decode_workers: int = 0  # > 0: a decode pool (prefill pool = ``workers``)
+    node_lost_endpoint_s: float = 40.0
+    pre_stop_s: float = 15.0  # worker.preStopSleepSeconds
+    # A proposal, not the product: at each poll a gateway takes the worker's own count of
+    # running and waiting requests (vLLM's /metrics) as its in-flight count, so the cap
+    # sees the whole cluster's load instead of this gateway's share of it.
+    cluster_load_view: bool = False
+    proposed_cap: bool = False  # gateway.NoSlackPool (a proposal, not the product)
+    seed: int = 0
+
+
+class Cluster:
+    def __init__(self, pop: Population, options: Options) -> None:
+        self.pop, self.opt = pop, options
+        self.profile = options.profile
+        self.rng = np.random.default_rng([options.seed, 2])
+        self.t = 0.0
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.workers: dict[str, SimWorker] = {}
+        self.gone: dict[str, SimWorker] = {}  # terminated, still finishing
+        self.retired: list[SimWorker] = []  # no longer running (their counters still count)
+        self.endpoints: list[str] = []
+        self.decode_endpoints: list[str] = []
+        self.generation: Counter[str] = Counter()
+        self.spawned = 0
+        role = "prefill" if options.decode_workers else "unified"
+        for k in range(options.workers):
+            self.add_worker(f"w{k}", role, ready=True)
+        for k in range(options.decode_workers):
+            self.add_worker(f"d{k}", "decode", ready=True)
+        self.gateways = [SimGateway(g, options.gateway, list(self.endpoints),
+                                    list(self.decode_endpoints) or None,
+                                    proposed_cap=options.proposed_cap)
+                         for g in range(options.gateways)]
+        self.finished: list[Req] = []
+        self.on_finish: Callable[[Req], None] | None = None
+        self.redis: Counter[tuple[str, str]] = Counter()  # (component, command), not gateway
+        self.load_sum: Counter[str] = Counter()
+        self.load_n: Counter[str] = Counter()
+        self.next_id = 0
+        self.open = 0  # requests submitted and not yet done or failed
+        gcfg = options.gateway
+        for g in range(options.gateways):
+            self.push(self.rng.uniform(0, gcfg.health_interval_s), POLL, g)
+            self.push(self.rng.uniform(0, gcfg.discovery_interval_s), DISCOVER, g)
+            self.push(self.rng.uniform(0, gcfg.usage_flush_s), FLUSH, g)
+        self.push(SAMPLE_S, SAMPLE, None)
+
+    # -- membership ----------------------------------------------------------------------
+
+    def add_worker(self, name: str, role: str, ready: bool = False,
+                   start_s: float | None = None) -> str:
+        """A new pod (a new address: Deployments give every pod its own); an endpoint now
+        (``ready``) or after ``start_s`` (default the profile's ``pod_start_s``)."""
+        url = f"http://{name}.{self.generation[name]}:8000"
+        self.generation[name] += 1
+        self.spawned += 1  # each pod its own random stream
+        self.workers[url] = SimWorker(url, self.profile, self.opt.worker,
+                                      np.random.default_rng([self.opt.seed, 3, self.spawned]),
+                                      self.t, role)
+        if ready:
+            self._endpoint(url)
+        else:
+            delay = self.profile.pod_start_s if start_s is None else start_s
+            self.at(self.t + delay, lambda: self._endpoint(url))
+        return url
+
+    def _endpoint(self, url: str) -> None:
+        worker = self.workers.get(url)
+        if worker is not None and worker.alive:
+            (self.decode_endpoints if worker.role == "decode" else self.endpoints).append(url)
+
+    def _unlist(self, url: str) -> None:
+        for listed in (self.endpoints, self.decode_endpoints):
+            if url in listed:
+                listed.remove(url)
+
+    def terminate(self, url: str) -> None:
+        """Graceful (the chart's preStop sleep): out of the endpoints at once, still serving
+        for ``pre_stop_s`` while gateways notice, then refuses connections and finishes
+        what it runs."""
+        self._unlist(url)
+        self.at(self.t + self.opt.pre_stop_s, lambda: self._stop(url))
+
+    def _stop(self, url: str) -> None:
+        worker = self.workers.pop(url)
+        worker.accepting = False
+        if worker.running or worker.waiting:
+            self.gone[url] = worker
+        else:
+            self.retired.append(worker)
+
+    def lose(self, url: str) -> None:
+        """The node is gone: its requests fail, its endpoint stays a while."""
+        worker = self.workers[url]
+        for req in worker.kill():
+            pool = self._pool(req)
+            if pool is not None:
+                pool.release(url)
+            self.fail(req, "worker_lost")
+        self.at(self.t + self.opt.node_lost_endpoint_s, lambda: self._drop(url))
+
+    def _drop(self, url: str) -> None:
+        self._unlist(url)
+        worker = self.workers.pop(url, None)
+        if worker is not None:
+            self.retired.append(worker)
+
+    # -- events --------------------------------------------------------------------------
+
+    def push(self, t: float, kind: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+
+    def at(self, t: float, action: Callable[[], None]) -> None:
+        self.push(t, ACTION, action)
+
+    def run(self, requests: Requests, until: float) -> None:
+        """Serve ``requests`` (arrivals before ``until``), then let running ones finish
+        (for at most ``DRAIN_S``)."""
+        times, users = requests.t, requests.user
+        prompts, outputs, streams = requests.prompt, requests.output, requests.stream
+        n = int(np.searchsorted(times, until))
+        i = 0
+        heap = self.heap
+        while True:
+            ta = times[i] if i < n else math.inf
+            th = heap[0][0] if heap else math.inf
+            if ta == math.inf and ((self.open == 0 and th >= until) or th > until + DRAIN_S):
+                break
+            if ta <= th:
+                self.t = float(ta)
+                self.submit(int(users[i]), int(prompts[i]), int(outputs[i]), bool(streams[i]))
+                i += 1
+                continue
+            t, _, kind, payload = heapq.heappop(heap)
+            self.t = t
+            self.dispatch(kind, payload)
+
+    def dispatch(self, kind: int, payload: object) -> None:
+        if kind == DONE:
+            self.done(payload)  # type: ignore[arg-type]
+        elif kind == ARRIVE:
+            req, url = payload  # type: ignore[misc]
+            self._arrive_worker(req, url)
+        elif kind == HANDOFF:
+            self.decode_hop(payload)  # type: ignore[arg-type]
+        elif kind == POLL:
+            self.poll(payload)  # type: ignore[arg-type]
+            self.push(self.t + self.opt.gateway.health_interval_s, POLL, payload)
+        elif kind == DISCOVER:
+            gw = self.gateways[payload]  # type: ignore[index]
+            gw.pool.set_workers(self.endpoints)
+            if gw.decode_pool is not None:
+                gw.decode_pool.set_workers(self.decode_endpoints)
+            self.push(self.t + self.opt.gateway.discovery_interval_s, DISCOVER, payload)
+        elif kind == FLUSH:
+            self.gateways[payload].flush_usage()  # type: ignore[index]
+            self.push(self.t + self.opt.gateway.usage_flush_s, FLUSH, payload)
+        elif kind == ACTION:
+            payload()  # type: ignore[operator]
+        elif kind == SAMPLE:
+            for url in (*self.endpoints, *self.decode_endpoints):
+                w = self.workers[url]
+                if w.alive:
+                    self.load_sum[url] += len(w.running) + len(w.waiting)
+                    self.load_n[url] += 1
+            self.push(self.t + SAMPLE_S, SAMPLE, None)
+
+    def poll(self, g: int) -> None:
+        """``WorkerMonitor.check_workers``: health, then the adapters ``/v1/models`` lists."""
+        gw = self.gateways[g]
+        for pool, residency in ((gw.pool, True), (gw.decode_pool, False)):
+            if pool is None:
+                continue
+            for url in pool.workers:
+                worker = self.workers.get(url)
+                if worker is None or not worker.accepting:
+                    pool.mark_failed(url)
+                    continue
+                pool.mark_ok(url)
+                if residency:
+                    pool.set_resident(url, worker.reported.snapshot())
+                if self.opt.cluster_load_view:
+                    pool.status[url].inflight = len(worker.running) + len(worker.waiting)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def submit(self, user: int, prompt: int, output: int, stream: bool) -> Req:
+        """A request arrives at a gateway (picked at random, as a Service spreads them)."""
+        pop = self.pop
+        g = int(self.rng.integers(len(self.gateways)))
+        gw = self.gateways[g]
+        ref, hit = gw.resolve(pop, user)
+        adapter = int(ref.name[1:])
+        req = Req(self.next_id, self.t, user, adapter, int(pop.adapter_tenant[adapter]),
+                  ref.sha256, prompt, output, stream, ref.mode.value == "all", gateway=g)
+        self.next_id += 1
+        self.open += 1
+        delay = self.profile.gateway_cpu_s + (0.0 if hit else self.profile.redis_rtt_s)
+        req.two_pools = gw.decode_pool is not None and not req.all_token
+        self.route(req, gw, delay)
+        return req
+
+    def _pool(self, req: Req) -> WorkerPool | None:
+        gw = self.gateways[req.gateway]
+        return gw.decode_pool if req.decode_worker else gw.pool
+
+    def route(self, req: Req, gw: SimGateway, delay: float, tries: int = 0) -> None:
+        """``open_upstream``: the pool's choice, then its order past unreachable workers."""
+        pool = gw.pool
+        choice = pool.choose(req.sha)
+        for url in choice.order:
+            worker = self.workers.get(url)
+            if worker is None or not worker.accepting:
+                pool.mark_failed(url)
+                lost = worker is not None and not worker.alive
+                delay += self.opt.gateway.connect_timeout_s if lost else REFUSED_S
+                continue
+            pool.acquire(url)
+            req.route = (choice.result.value if url == choice.order[0]
+                         else RouteResult.SPILL.value)
+            req.worker = url
+            if delay > 0.05:
+                self.push(self.t + delay, ARRIVE, (req, url))
+            else:
+                self._start(req, worker, self.t + delay)
+            return
+        self.fail(req, "no_worker")
+
+    def _arrive_worker(self, req: Req, url: str) -> None:
+        worker = self.workers.get(url)
+        if worker is None or not worker.accepting:
+            gw = self.gateways[req.gateway]
+            gw.pool.release(url)
+            gw.pool.mark_failed(url)
+            if req.state == "new":
+                self.route(req, gw, self.opt.gateway.connect_timeout_s)
+            return
+        self._start(req, worker, self.t)
+
+    def _start(self, req: Req, worker: SimWorker, t: float) -> None:
+        leave = worker.admit(req, t)
+        if leave is not None:
+            self.push(leave, DONE, req)
+
+    def done(self, req: Req) -> None:
+        if req.state in ("done", "failed"):
+            return
+        decoding = bool(req.decode_worker)
+        url = req.decode_worker if decoding else req.worker
+        worker = self.workers.get(url) or self.gone.get(url)
+        gw = self.gateways[req.gateway]
+        pool = gw.decode_pool if decoding else gw.pool
+        if worker is not None:
+            for nxt, leave in worker.finish(req, self.t):
+                self.push(leave, DONE, nxt)
+            if not worker.accepting and worker.alive and not worker.running \
+                    and not worker.waiting and url in self.gone:
+                self.retired.append(self.gone.pop(url))
+        assert pool is not None
+        pool.release(url)
+        if req.two_pools and not decoding:
+            transfer = req.prompt * self.profile.kv_bytes_per_token / self.profile.kv_link_bytes_s
+            self.push(self.t + self.profile.handoff_s + transfer, HANDOFF, req)
+            return
+        req.done = self.t
+        req.state = "done"
+        self.open -= 1
+        gw.usage.add((req.tenant, req.adapter))
+        self.finished.append(req)
+        if self.on_finish is not None:
+            self.on_finish(req)
+
+    def decode_hop(self, req: Req) -> None:
+        """``Handoff.open_decode``: the decode pool by load alone (a per-request key)."""
+        gw = self.gateways[req.gateway]
+        pool = gw.decode_pool
+        assert pool is not None
+        choice = pool.choose(f"r{req.id}")
+        for url in choice.order:
+            worker = self.workers.get(url)
+            if worker is None or not worker.accepting:
+                pool.mark_failed(url)
+                continue
+            pool.acquire(url)
+            req.decode_worker = url
+            leave = worker.admit(req, self.t)
+            if leave is not None:
+                self.push(leave, DONE, req)
+            return
+        self.fail(req, "no_decode_worker")
+
+    def fail(self, req: Req, why: str) -> None:
+        if req.state in ("done", "failed"):
+            return
+        req.state, req.error, req.done = "failed", why, self.t
+        self.open -= 1
+        self.finished.append(req)
+        if self.on_finish is not None:
+            self.on_finish(req)

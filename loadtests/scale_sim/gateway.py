@@ -1,0 +1,68 @@
+"""One simulated gateway replica: the product's own :class:`WorkerPool` (routing: rendezvous
+order, bounded-load cap, resident preference, health) and :class:`ResolveCache` (the registry
+client's user -> adapter cache), each gateway with its own view: its own in-flight counts,
+the resident sets it polled last, the membership it discovered last.
+
+What the gateway does with them mirrors ``gateway/proxy.py:open_upstream`` (try
+``choice.order`` in turn; a worker that cannot be reached is marked failed and the next one
+is tried; a request that lands anywhere but the first choice counts as a spill) and
+``gateway/pool_monitor.py`` (health and ``/v1/models`` every ``health_interval_s``,
+membership every ``discovery_interval_s``). Redis commands are counted per kind.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from loadtests.scale_sim.model import GatewayConfig
+from loadtests.scale_sim.workload import Population
+from preft_serve.common.registry_client import AdapterRef
+from preft_serve.common.registry_client.cache import MISSING, ResolveCache
+from preft_serve.gateway.routing import WorkerPool
+
+
+class NoSlackPool(WorkerPool):
+    """A proposal, not the product: the cap without the ``+ 1`` (``ceil(avg * load_factor)``),
+    meant for in-flight counts that are the cluster's (``Options.cluster_load_view``)."""
+
+    def cap(self, candidates: Sequence[str] | None = None) -> int:
+        return super().cap(candidates) - 1
+
+
+class SimGateway:
+    def __init__(self, index: int, config: GatewayConfig, workers: list[str],
+                 decode_workers: list[str] | None = None, proposed_cap: bool = False) -> None:
+        self.index = index
+        self.config = config
+        pool = NoSlackPool if proposed_cap else WorkerPool
+        self.pool = pool(workers, load_factor=config.load_factor,
+                         unhealthy_after=config.unhealthy_after)
+        self.decode_pool = (WorkerPool(decode_workers, load_factor=config.load_factor,
+                                       unhealthy_after=config.unhealthy_after)
+                            if decode_workers else None)
+        self.cache = ResolveCache(config.registry_cache_entries)
+        self.redis: Counter[str] = Counter()
+        self.usage: set[tuple[int, int]] = set()  # (tenant, adapter) counted since the flush
+
+    def resolve(self, pop: Population, user: int) -> tuple[AdapterRef, bool]:
+        """The user's adapter through the registry cache; whether the cache answered
+        (a miss is one EVALSHA of ``RESOLVE_USER_LUA``)."""
+        tenant = f"t{pop.user_tenant[user]}"
+        uid = f"u{user}"
+        hit = self.cache.get_user(tenant, uid)
+        if hit is not MISSING and hit is not None:
+            return hit, True
+        epoch = self.cache.epoch
+        ref = pop.ref(int(pop.user_adapter[user]))
+        self.redis["EVALSHA resolve_user"] += 1
+        self.cache.put(epoch, tenant, uid, ref.name, ref)
+        return ref, False
+
+    def flush_usage(self) -> None:
+        """``UsageRecorder.flush``: per (tenant, model) three HINCRBY, per tenant-day key
+        one EXPIRE, one pipeline."""
+        if self.usage:
+            self.redis["HINCRBY usage"] += 3 * len(self.usage)
+            self.redis["EXPIRE usage"] += len({tenant for tenant, _ in self.usage})
+            self.usage.clear()

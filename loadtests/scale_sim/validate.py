@@ -1,0 +1,148 @@
+"""The simulator against a real run: the 2,000-adapter load test (``loadtests/loadtest.py``),
+simulated with the configuration its summary records, side by side with what it measured.
+
+The load test runs one worker, one gateway, Redis and the registry on the same 2 cores as
+locust's 50 closed-loop users (each sends its next request when the last one ends, for a
+uniformly random user; user i is bound to adapter i). How fast that machine runs is a
+property of its phase, not of the product (the same command measured 46.7 to 99.5 req/s), so
+**one number is fitted per run**: ``phase``, the factor on every CPU cost of the ``cpu``
+profile that makes the simulated throughput equal the measured one. Everything compared is
+then a prediction: the routing counts (resident / preferred / spill), the share of requests
+that fetched their adapter from the store, and TTFT p50 (streamed requests, as locust
+measures it).
+
+Agreement required: shares within 5 points, TTFT p50 within 25%.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtests import RESULTS
+from loadtests.scale_sim import metrics
+from loadtests.scale_sim.cluster import Cluster, Options
+from loadtests.scale_sim.model import CPU, GIB, GatewayConfig, Profile, WorkerConfig
+from loadtests.scale_sim.worker import Req
+from loadtests.scale_sim.workload import Population, Requests
+
+RECORDED = (RESULTS / "locust_summary.json",
+            RESULTS / "loadtest_stalls" / "run1_summary.json",
+            RESULTS / "loadtest_stalls" / "run2_summary.json")
+SPAWN_RATE = 10.0  # loadtest.py --spawn-rate default (the summary does not record it)
+TEMPLATE_TOKENS = 22  # the toy tokenizer's chat template around one user message, bytes
+WORD_TOKENS = 5.7  # mean bytes of a locustfile word and its space (byte-level tokenizer)
+SERVE_DEFAULTS = WorkerConfig(max_loras=8, max_cpu_loras=64, disk_bytes=10 * GIB,
+                              prefetch_on_update=False)
+SHARE_POINTS = 0.05
+TTFT_RATIO = 0.25
+
+
+def recorded(path: Path) -> dict[str, Any]:
+    """What a load-test summary measured, in the simulator's terms."""
+    data = json.loads(path.read_text())
+    s = data["summary"]
+    routes = {k.split("result=")[1].rstrip("}"): v
+              for k, v in data["gateway_metrics"].items() if "routing_total" in k}
+    routed = sum(routes.values())
+    misses = sum(v for k, v in data["worker_metrics"].items()
+                 if "tier=disk" in k and "outcome=miss" in k)
+    name = (str(path.resolve().relative_to(RESULTS.parent.parent))
+            if path.resolve().is_relative_to(RESULTS.parent.parent) else str(path))
+    return {"file": name,
+            "setup": data["setup"], "requests": s["requests"],
+            "throughput_rps": s["throughput_rps"], "ttft_p50_ms": s["ttft_ms"]["p50"],
+            "ttft_p99_ms": s["ttft_ms"]["p99"],
+            "routing_share": {r: round(routes.get(r, 0) / routed, 4)
+                              for r in ("resident", "preferred", "spill")},
+            "store_share": round(misses / s["requests"], 4),
+            "distinct_users": s["distinct_users"]}
+
+
+def worker_config(setup: dict[str, Any]) -> WorkerConfig:
+    """``serve.py``'s defaults, with ``--max-loras`` / ``--max-cpu-loras`` from the run's
+    ``worker_args`` if it set them."""
+    args = str(setup.get("worker_args", "")).replace("=", " ").split()
+    flags = {a: int(b) for a, b in pairwise(args) if a.startswith("--") and b.isdigit()}
+    return replace(SERVE_DEFAULTS, max_loras=flags.get("--max-loras", 8),
+                   max_cpu_loras=flags.get("--max-cpu-loras", 64))
+
+
+def simulate(setup: dict[str, Any], profile: Profile, seed: int) -> dict[str, Any]:
+    """One load-test run in the simulator: closed-loop users for the recorded duration, on
+    ``setup["workers"]`` workers (1 when the summary does not say) behind one gateway."""
+    adapters, users = int(setup["adapters"]), int(setup["users"])
+    duration = float(str(setup["duration"]).rstrip("s"))
+    low, high = setup["max_tokens"]
+    wlow, whigh = setup["prompt_words"]
+    pop = Population(adapters, adapters, int(setup["tenants"]), 0.0, seed,
+                     all_fraction=0.0, tenant_exponent=0.0, one_to_one=True)
+    cluster = Cluster(pop, Options(profile, worker_config(setup), GatewayConfig(),
+                                   workers=int(setup.get("workers", 1)), gateways=1,
+                                   seed=seed))
+    rng = np.random.default_rng([seed, 8])
+
+    def send() -> None:
+        words = int(rng.integers(wlow, whigh + 1))
+        cluster.submit(int(rng.integers(adapters)), int(TEMPLATE_TOKENS + WORD_TOKENS * words),
+                       int(rng.integers(low, high + 1)),
+                       bool(rng.random() < setup["stream_fraction"]))
+
+    def again(req: Req) -> None:
+        if cluster.t < duration:
+            cluster.at(cluster.t, send)
+
+    cluster.on_finish = again
+    for k in range(users):
+        cluster.at(k / SPAWN_RATE, send)
+    before = metrics.snapshot(cluster)
+    empty = np.zeros(0)
+    cluster.run(Requests(empty, empty.astype(np.int64), empty.astype(np.int64),
+                         empty.astype(np.int64), empty.astype(bool)), duration)
+    after = metrics.snapshot(cluster)
+    window = metrics.summarize(cluster, 0.0, duration, before, after)
+    done = [r for r in cluster.finished if r.state == "done"]
+    span = max(r.done for r in done) - min(r.t0 for r in done)
+    lat = metrics.latency(cluster.finished, stream_only=True)
+    return {"requests": len(cluster.finished), "throughput_rps": round(len(done) / span, 2),
+            "ttft_p50_ms": lat["ttft_p50_ms"], "ttft_p99_ms": lat["ttft_p99_ms"],
+            "routing_share": window["routing_share"],
+            "store_share": round(after["fetches"] / max(len(done), 1), 4),
+            "tier_share": window["tier_share"],
+            "distinct_users": len({r.user for r in cluster.finished}),
+            "open_at_end": cluster.open}
+
+
+def fit_phase(setup: dict[str, Any], target_rps: float, seed: int) -> tuple[float, dict]:
+    """The CPU-cost factor whose simulated throughput matches ``target_rps`` (bisection on
+    a log scale; throughput falls as costs grow)."""
+    lo, hi = 0.2, 5.0
+    best: tuple[float, dict[str, Any]] = (1.0, {})
+    for _ in range(11):
+        mid = float(np.sqrt(lo * hi))
+        sim = simulate(setup, CPU.scaled(mid), seed)
+        best = (mid, sim)
+        if sim["throughput_rps"] > target_rps:
+            lo = mid
+        else:
+            hi = mid
+    return best
+
+
+def compare(path: Path, seed: int = 0) -> dict[str, Any]:
+    """Fit, predict, and judge one recorded run."""
+    real = recorded(path)
+    phase, sim = fit_phase(real["setup"], real["throughput_rps"], seed)
+    checks = {f"routing {r}": abs(sim["routing_share"][r] - real["routing_share"][r])
+              <= SHARE_POINTS for r in real["routing_share"]}
+    checks["store share"] = abs(sim["store_share"] - real["store_share"]) <= SHARE_POINTS
+    ratio = sim["ttft_p50_ms"] / real["ttft_p50_ms"] if real["ttft_p50_ms"] else None
+    checks["ttft p50"] = ratio is not None and abs(ratio - 1) <= TTFT_RATIO
+    return {"recorded": real, "simulated": sim, "phase": round(phase, 3),
+            "ttft_p50_ratio": round(ratio, 3) if ratio else None,
+            "checks": checks, "agrees": all(checks.values())}

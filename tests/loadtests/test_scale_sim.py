@@ -1,0 +1,165 @@
+"""The scale simulator keeps its invariants, routes with the product's own code, and agrees
+with a recorded load test. Small configurations only (the whole file runs in well under a
+minute): the default run's numbers are in docs/scale.md."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtests.scale_sim import scenarios, validate
+from loadtests.scale_sim.model import CPU
+from loadtests.scale_sim.prewarm import top_choice
+from loadtests.scale_sim.tiers import DiskTier
+from preft_serve.gateway.routing import WorkerPool, rendezvous_order
+from preft_serve.worker.adapter_tiers.disk_cache import AdapterDiskCache
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = scenarios.QUICK
+
+
+@pytest.fixture(scope="module")
+def loss_run() -> scenarios.Run:
+    """A quick worker-loss run, its cluster kept for inspection, every choice recorded."""
+    calls: list[tuple[str, str, str]] = []
+    choose = WorkerPool.choose
+
+    def spy(self: WorkerPool, key: str):  # type: ignore[no-untyped-def]
+        choice = choose(self, key)
+        calls.append((key, choice.order[0], choice.result.value))
+        return choice
+
+    WorkerPool.choose = spy  # type: ignore[method-assign]
+    try:
+        run = scenarios.Run("worker_loss", QUICK, CPU, 0)
+        end = QUICK.warm_s + QUICK.measure_s
+        run.traffic(0, end)
+        victim = run.cluster.endpoints[3]
+        run.cluster.at(QUICK.warm_s, lambda: run.cluster.lose(victim))
+        run.mark(0.0, end)
+        run.go(end)
+    finally:
+        WorkerPool.choose = choose  # type: ignore[method-assign]
+    run.extra["calls"] = calls
+    run.extra["victim"] = victim
+    return run
+
+
+def test_no_request_is_lost_and_load_is_conserved(loss_run: scenarios.Run) -> None:
+    cluster = loss_run.cluster
+    assert cluster.next_id > 1000
+    assert cluster.open == 0
+    assert sorted(r.id for r in cluster.finished) == list(range(cluster.next_id))
+    states = {r.state for r in cluster.finished}
+    assert states <= {"done", "failed"}
+    failed = [r for r in cluster.finished if r.state == "failed"]
+    assert failed and {r.error for r in failed} == {"worker_lost"}
+    assert all(r.worker == loss_run.extra["victim"] for r in failed)
+    # Every acquire was released: no gateway holds an in-flight count, no worker a request.
+    for gw in cluster.gateways:
+        assert gw.pool.open_requests() == 0, gw.pool.inflight
+    for worker in [*cluster.workers.values(), *cluster.gone.values(), *cluster.retired]:
+        assert not worker.running and not worker.waiting
+    done = [r for r in cluster.finished if r.state == "done"]
+    assert all(r.t0 <= r.first <= r.done for r in done)
+    assert all(r.tier and r.route for r in done)
+
+
+def test_the_products_worker_pool_routes(loss_run: scenarios.Run) -> None:
+    cluster, calls = loss_run.cluster, loss_run.extra["calls"]
+    workers = [f"http://w{k}.0:8000" for k in range(QUICK.workers)]  # before the loss
+    checked = 0
+    for req in cluster.finished:
+        if req.state != "done" or req.t0 >= QUICK.warm_s:
+            continue  # before the loss: one choice per request, every worker reachable
+        key, first, result = calls[req.id]
+        assert key == req.sha
+        assert (req.worker, req.route) == (first, result)
+        if result == "preferred":  # nothing resident under the cap: the rendezvous favourite
+            assert req.worker == rendezvous_order(req.sha, workers)[0]
+        checked += 1
+    assert checked > 300
+
+
+def _blake_top(key: str, workers: list[str]) -> str:
+    return max(workers, key=lambda w: hashlib.blake2b(f"{key}\0{w}".encode(),
+                                                      digest_size=8).digest())
+
+
+def test_movement_matches_an_independent_count() -> None:
+    workers = [f"http://w{k}.0:8000" for k in range(QUICK.workers)]
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(QUICK.adapters)]
+    weights = np.ones(len(keys))
+    for after in (workers[:-1], [*workers, "http://w10.0:8000"]):
+        sim = scenarios.moved(keys, weights, workers, after)
+        independent = sum(_blake_top(k, workers) != _blake_top(k, after) for k in keys)
+        assert sim["adapters_moved"] == round(independent / len(keys), 4)
+        assert sim["adapters_moved"] <= sim["bound"]
+    homes = top_choice(keys[:200], workers)
+    assert [workers[h] for h in homes] == [rendezvous_order(k, workers)[0] for k in keys[:200]]
+
+
+class _Store:
+    """An object store of adapters of given sizes, for the product's disk cache."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.sizes = sizes
+
+    def fetch_adapter(self, sha: str, dest: Path, *, verify: bool = True) -> Path:
+        dest.mkdir(parents=True)
+        (dest / "adapter_config.json").write_text("{}")
+        (dest / "adapter_model.safetensors").write_bytes(b"x" * (self.sizes[sha] - 2))
+        return dest
+
+
+def test_disk_tier_evicts_like_adapter_disk_cache(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    shas = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(30)]
+    sizes = {s: int(rng.integers(1000, 5000)) for s in shas}
+    real = AdapterDiskCache(_Store(sizes), tmp_path, max_bytes=20_000)
+    sim = DiskTier(20_000)
+    for step in range(300):
+        sha = shas[int(rng.zipf(1.3)) % len(shas)]
+        if step % 17 == 5 and sha in sim:
+            real.demote(sha)
+            sim.demote(sha)
+            continue
+        real.get(sha)
+        if not sim.note_use(sha):
+            sim.insert(sha, sizes[sha])
+        assert real.lru_order() == list(sim.entries), step
+    assert real.total_bytes == sim.bytes and sim.evictions > 0
+
+
+def test_same_seed_same_json_and_another_seed_differs(tmp_path: Path) -> None:
+    def run(seed: int, name: str) -> str:
+        out = tmp_path / name
+        subprocess.run([sys.executable, "-m", "loadtests.scale_sim", "--quick", "--seed",
+                        str(seed), "--out", str(out), "--scenario", "steady", "--scenario",
+                        "hot_swap", "--no-validate"], check=True, cwd=ROOT,
+                       capture_output=True, timeout=120)
+        return out.with_suffix(".json").read_text()
+
+    a, b, c = run(3, "a"), run(3, "b"), run(4, "c")
+    assert a == b
+    assert a != c
+    result = json.loads(a)
+    for res in result["scenarios"].values():
+        assert res["requests_open_at_end"] == 0
+        for window in res["windows"].values():
+            assert abs(sum(window["tier_share"].values()) - 1) < 1e-3
+            assert abs(sum(window["routing_share"].values()) - 1) < 1e-3
+    swap = result["scenarios"]["hot_swap"]
+    assert swap["windows"]["first_10s"]["redis_per_s"]["worker HVALS prefetch"] > 0
+
+
+def test_agrees_with_the_recorded_load_test() -> None:
+    check = validate.compare(validate.RECORDED[0])
+    assert check["agrees"], json.dumps(check, indent=1)
+    assert check["simulated"]["open_at_end"] == 0
