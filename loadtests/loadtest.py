@@ -1,14 +1,14 @@
 """Load test: locust users through the gateway, spread over thousands of bound adapters.
 
-Brings up a local stack (:mod:`preft_serve.onebox`: Redis, registry, one CPU worker,
-gateway) under ``--var``, creates ``--adapters`` rank-4 LoRA adapters with distinct seeds
-(so distinct hashes), uploads them over the registry's REST API to ``--tenants`` tenants
-and binds one user per adapter, then runs locust headless (``loadtests/locustfile.py``):
-``--users`` concurrent clients, each sending chat completions back to back for random
-users, ``--stream-fraction`` of them streamed. Writes ``<out>_summary.json`` (throughput
-in requests/s and completion tokens/s, TTFT and latency percentiles, errors by type,
-worker adapter loads, gateway routing, and the engine's own steps from its step trace),
-``<out>_summary.png`` and locust's CSVs.
+Brings up a local stack (:mod:`preft_serve.onebox`: Redis, registry, ``--workers`` CPU
+workers (one by default), gateway) under ``--var``, creates ``--adapters`` rank-4 LoRA
+adapters with distinct seeds (so distinct hashes), uploads them over the registry's REST API
+to ``--tenants`` tenants and binds one user per adapter, then runs locust headless
+(``loadtests/locustfile.py``): ``--users`` concurrent clients, each sending chat completions
+back to back for random users, ``--stream-fraction`` of them streamed. Writes
+``<out>_summary.json`` (throughput in requests/s and completion tokens/s, TTFT and latency
+percentiles, errors by type, worker adapter loads, gateway routing, and the engine's own
+steps from its step trace), ``<out>_summary.png`` and locust's CSVs.
 
 The engine part says whether a dip in completions happened in the engine or before it: a
 long step stalls every running request; a second of many small steps with few scheduled
@@ -17,6 +17,9 @@ tokens ("starved") means requests were not reaching the scheduler (docs/benchmar
 
     python -m loadtests.loadtest --adapters 2000 --users 50 --duration 60s
     python -m loadtests.loadtest --quick          # 200 adapters, 10 users, 20 s
+    python -m loadtests.loadtest --workers 2 --out loadtests/results/locust_2w
+    # then: python -m loadtests.scale_sim --scenario validate \
+    #           --recorded loadtests/results/locust_2w_summary.json   (docs/scale.md)
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from loadtests import RESULTS
 from loadtests.stack_setup import make_adapters, scrape, seed_tenants
@@ -62,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", default="8,32", help="min,max completion tokens")
     p.add_argument("--prompt-words", default="4,40", help="min,max prompt words")
     p.add_argument("--var", type=Path, default=Path("var/loadtest"))
+    p.add_argument("--workers", type=int, default=1,
+                   help="CPU workers behind the gateway, each with its own adapter cache "
+                   "(default 1); engine numbers are the first worker's")
     p.add_argument("--worker-args", default="--max-num-seqs 64",
                    help="extra worker/vLLM flags, one shell-quoted string")
     p.add_argument("--out", default=str(RESULTS / "locust"),
@@ -69,10 +77,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="200 adapters, 10 users, 20 s, output prefix locust_quick")
     args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error("--workers must be at least 1")
     if args.quick:
         args.adapters, args.users, args.duration = 200, 10, "20s"
         args.out = str(RESULTS / "locust_quick")
     return args
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def scrape_sum(urls: list[str], names: tuple[str, ...]) -> dict[str, float]:
+    """:func:`scrape` summed over workers: the cluster's adapter loads by tier and outcome."""
+    total: dict[str, float] = {}
+    for url in urls:
+        for key, value in scrape(url, names).items():
+            total[key] = total.get(key, 0.0) + value
+    return total
 
 
 def _pair(text: str) -> list[int]:
@@ -250,12 +276,19 @@ def main(argv: list[str] | None = None) -> int:
         adapters = make_adapters(model, var / "adapters", args.adapters,
                                  all_fraction=args.all_fraction)
         say(f"  {len(adapters)} adapters ready in {time.monotonic() - t0:.0f} s")
-        # Every run starts with a cold worker cache (hashes repeat between runs).
-        shutil.rmtree(config.run_dir / "adapter-cache", ignore_errors=True)
+        # Every run starts with cold worker caches (hashes repeat between runs).
+        extra = {f"worker{i + 1}": (free_port(), config.run_dir / f"adapter-cache-{i + 1}")
+                 for i in range(1, args.workers)}
+        for cache in [config.run_dir / "adapter-cache", *(c for _, c in extra.values())]:
+            shutil.rmtree(cache, ignore_errors=True)
         trace.parent.mkdir(parents=True, exist_ok=True)
         trace.unlink(missing_ok=True)
-        say("[2/5] stack: worker (background), redis, registry")
+        say(f"[2/5] stack: {args.workers} worker(s) (background), redis, registry")
         stack.start_worker(model)
+        others = {name: stack.start(name, stack.worker_command(model, port, cache))
+                  for name, (port, cache) in extra.items()}
+        worker_urls = [stack.worker_url,
+                       *(f"http://127.0.0.1:{port}" for port, _ in extra.values())]
         stack.start_redis()
         stack.start_registry(model)
         say(f"[3/5] {args.tenants} tenants, uploads and bindings over REST")
@@ -265,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  {len(bound)} adapters uploaded and bound in {seed_s:.0f} s "
             f"({len(bound) / seed_s:.0f}/s)")
         stack.wait_worker()
-        stack.start_gateway(model)
+        for url, child in zip(worker_urls[1:], others.values(), strict=True):
+            child.wait_ready(lambda url=url: _healthy(url), config.worker_timeout_s, 0.5)
+        stack.start_gateway(model, worker_urls)
         plan_path, samples_path = out.with_suffix(".plan.json"), out.with_suffix(".jsonl")
         plan_path.write_text(json.dumps({
             "users": [[b.api_key, b.user] for b in bound], "model": config.base_model_name,
@@ -295,12 +330,13 @@ def main(argv: list[str] | None = None) -> int:
                       "duration": args.duration, "stream_fraction": args.stream_fraction,
                       "max_tokens": _pair(args.max_tokens),
                       "prompt_words": _pair(args.prompt_words), "model": "tiny-llama",
+                      "workers": args.workers,
                       "worker_args": args.worker_args, "seed_s": round(seed_s, 1),
                       "locust_exit_code": code},
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
             "summary": summary,
             "engine": engine,
-            "worker_metrics": scrape(stack.worker_url, WORKER_METRICS),
+            "worker_metrics": scrape_sum(worker_urls, WORKER_METRICS),
             "gateway_metrics": scrape(stack.gateway_url, GATEWAY_METRICS),
         }
         out.with_name(out.name + "_summary.json").write_text(json.dumps(result, indent=2))

@@ -147,3 +147,32 @@ def test_engine_summary_finds_the_starved_second_but_not_the_ramp_or_the_tail() 
     assert summary["scheduled_tokens_per_s"] == {"median": 8000, "lowest": 2000}
     assert summary["starved_seconds"] == [3]  # not 0 (ramp-up) nor 7 (the tail)
     assert summary["steady_seconds"] == [1, 7]
+
+
+def test_worker_metrics_are_summed_over_every_worker() -> None:
+    """Two workers' adapter-load counters, each served over HTTP by prometheus-client: the
+    load test's summary holds their sums per label set (the cluster's tier hit counts)."""
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    from loadtests.loadtest import WORKER_METRICS, scrape_sum
+    from tests.support.ports import free_port
+
+    urls, servers = [], []
+    for hits, misses in ((5, 1), (2, 3)):
+        registry = CollectorRegistry()
+        loads = Counter("preft_worker_adapter_loads", "loads", ["tier", "outcome"],
+                        registry=registry)
+        loads.labels("disk", "hit").inc(hits)
+        loads.labels("disk", "miss").inc(misses)
+        port = free_port()
+        server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+        servers.append((server, thread))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        summed = scrape_sum(urls, WORKER_METRICS)
+    finally:
+        for server, thread in servers:
+            server.shutdown()
+            thread.join(5)
+    assert summed == {"preft_worker_adapter_loads_total{outcome=hit,tier=disk}": 7.0,
+                      "preft_worker_adapter_loads_total{outcome=miss,tier=disk}": 4.0}

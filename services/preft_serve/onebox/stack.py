@@ -153,11 +153,15 @@ class OneBox:
         child.wait_ready(_http_ok(f"{self.registry_url}/readyz"), self.config.service_timeout_s)
         return child
 
-    def worker_command(self, model: Path) -> list[str]:
+    def worker_command(self, model: Path, port: int | None = None,
+                       cache_dir: Path | None = None) -> list[str]:
+        """The worker's command line; benchmarks with more workers give each its own
+        ``port`` and adapter ``cache_dir``."""
+        cache_dir = cache_dir or self.config.run_dir / "adapter-cache"
         argv = [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
-                "--port", str(self.config.worker_port),
+                "--port", str(port or self.config.worker_port),
                 "--object-store", self.config.store_url,
-                "--adapter-cache-dir", str((self.config.run_dir / "adapter-cache").resolve()),
+                "--adapter-cache-dir", str(cache_dir.resolve()),
                 "--adapter-cache-gib", "1",
                 "--kv-cache-gib", str(self.config.kv_cache_gib),
                 "--max-model-len", str(self.config.max_model_len),
