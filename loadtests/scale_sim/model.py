@@ -91,8 +91,8 @@ CPU = Profile(
     gateway_cpu_s=0.0015,  # 1.46-1.61 ms per request with a real worker (gateway_bench)
     redis_rtt_s=0.00017,  # resolve p99 through Redis (registry_bench)
     kv_bytes_per_token=8_190,  # 8.19 MB per 1k prompt tokens (disagg_bench)
-    kv_link_bytes_s=8.19e6 / 0.01185,  # ~12 ms per 1k tokens at 2,048 tokens (disagg_bench)
-    handoff_s=0.005,  # gateway handoff 5.1-5.5 ms (disagg_bench)
+    kv_link_bytes_s=8.19e6 / 0.02676,  # ~27 ms per 1k tokens at 2,048 tokens (disagg_bench)
+    handoff_s=0.0067,  # gateway handoff 5.2-7.5 ms (disagg_bench)
     pod_start_s=30.0,
     source={"steps": "loadtests/results/loadtest_stalls/stall_trace.json",
             "all_token": "loadtests/results/engine_bench_512.json",
