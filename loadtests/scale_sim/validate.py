@@ -33,7 +33,8 @@ from loadtests.scale_sim.workload import Population, Requests
 
 RECORDED = (RESULTS / "locust_summary.json",
             RESULTS / "loadtest_stalls" / "run1_summary.json",
-            RESULTS / "loadtest_stalls" / "run2_summary.json")
+            RESULTS / "loadtest_stalls" / "run2_summary.json",
+            RESULTS / "locust_2w_summary.json")  # two workers: the only run with spills
 SPAWN_RATE = 10.0  # loadtest.py --spawn-rate default (the summary does not record it)
 TEMPLATE_TOKENS = 22  # the toy tokenizer's chat template around one user message, bytes
 WORD_TOKENS = 5.7  # mean bytes of a locustfile word and its space (byte-level tokenizer)
