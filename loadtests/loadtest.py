@@ -39,12 +39,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from loadtests import RESULTS
 from loadtests.stack_setup import make_adapters, scrape, seed_tenants
 from loadtests.stats import percentile
 from preft_serve.onebox import OneBox, StackConfig, StackError, free_port
+from preft_serve.onebox.stack import http_ok
 from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
 from preft_serve.worker.step_trace import Step, read_steps
 
@@ -83,13 +82,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.adapters, args.users, args.duration = 200, 10, "20s"
         args.out = str(RESULTS / "locust_quick")
     return args
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def scrape_sum(urls: list[str], names: tuple[str, ...]) -> dict[str, float]:
@@ -299,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(bound) / seed_s:.0f}/s)")
         stack.wait_worker()
         for url, child in zip(worker_urls[1:], others.values(), strict=True):
-            child.wait_ready(lambda url=url: _healthy(url), config.worker_timeout_s, 0.5)
+            child.wait_ready(http_ok(f"{url}/health"), config.worker_timeout_s, 0.5)
         stack.start_gateway(model, worker_urls)
         plan_path, samples_path = out.with_suffix(".plan.json"), out.with_suffix(".jsonl")
         plan_path.write_text(json.dumps({

@@ -21,12 +21,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 
-class LruTier:
-    """Count-bounded LRU of adapter shas (vLLM's slot and host caches)."""
+class _Recency:
+    """Adapter shas oldest first, with a size each (what the bounded tiers share)."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.entries: OrderedDict[str, None] = OrderedDict()
+    def __init__(self) -> None:
+        self.entries: OrderedDict[str, int] = OrderedDict()
 
     def __contains__(self, sha: str) -> bool:
         return sha in self.entries
@@ -41,9 +40,17 @@ class LruTier:
             return True
         return False
 
+
+class LruTier(_Recency):
+    """Count-bounded LRU of adapter shas (vLLM's slot and host caches)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
     def add(self, sha: str) -> list[str]:
         """Insert (most recent); returns what was evicted."""
-        self.entries[sha] = None
+        self.entries[sha] = 1
         self.entries.move_to_end(sha)
         evicted = []
         while len(self.entries) > self.capacity:
@@ -51,28 +58,18 @@ class LruTier:
         return evicted
 
 
-class DiskTier:
+class DiskTier(_Recency):
     """Bytes-bounded LRU mirroring ``AdapterDiskCache`` (no pins: a simulated download is
     inserted whole at once, so no load is ever in flight during an eviction)."""
 
     def __init__(self, max_bytes: int) -> None:
+        super().__init__()
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[str, int] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
 
-    def __contains__(self, sha: str) -> bool:
-        return sha in self.entries
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def note_use(self, sha: str) -> bool:
-        """``AdapterDiskCache.note_use`` / a ``get`` hit: move to the young end."""
-        if sha in self.entries:
-            self.entries.move_to_end(sha)
-            return True
-        return False
+    # ``AdapterDiskCache.note_use`` / a ``get`` hit: move to the young end.
+    note_use = _Recency.touch
 
     def demote(self, sha: str) -> None:
         """``AdapterDiskCache.demote``: next to evict."""

@@ -66,7 +66,8 @@ class StackConfig:
                 "--worker-port": self.worker_port, "--gateway-port": self.gateway_port}
 
 
-def _http_ok(url: str) -> Callable[[], bool]:
+def http_ok(url: str) -> Callable[[], bool]:
+    """A readiness check for :meth:`Child.wait_ready`: ``url`` answers 200."""
     return lambda: httpx.get(url, timeout=2.0).status_code == 200
 
 
@@ -150,7 +151,7 @@ class OneBox:
         (self.config.run_dir / "staging").mkdir(parents=True, exist_ok=True)
         argv, env = self.registry_command(model)
         child = self.start("registry", argv, env)
-        child.wait_ready(_http_ok(f"{self.registry_url}/readyz"), self.config.service_timeout_s)
+        child.wait_ready(http_ok(f"{self.registry_url}/readyz"), self.config.service_timeout_s)
         return child
 
     def worker_command(self, model: Path, port: int | None = None,
@@ -177,7 +178,7 @@ class OneBox:
 
     def wait_worker(self) -> float:
         worker = next(c for c in self.children if c.name == "worker")
-        return worker.wait_ready(_http_ok(f"{self.worker_url}/health"),
+        return worker.wait_ready(http_ok(f"{self.worker_url}/health"),
                                  self.config.worker_timeout_s, 0.5)
 
     def gateway_command(self, model: Path, worker_urls: list[str] | None = None,
@@ -198,7 +199,7 @@ class OneBox:
         port = port or self.config.gateway_port
         argv, env = self.gateway_command(model, worker_urls, port)
         child = self.start(name, argv, {**env, **(extra_env or {})})
-        child.wait_ready(_http_ok(f"http://127.0.0.1:{port}/readyz"),
+        child.wait_ready(http_ok(f"http://127.0.0.1:{port}/readyz"),
                          self.config.service_timeout_s)
         return child
 
