@@ -15,6 +15,7 @@ so each of those starts once (:func:`pytest_xdist_make_scheduler`).
 from __future__ import annotations
 
 import fnmatch
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,11 @@ from preft_serve.common.local_redis import NOT_INSTALLED, running_redis
 from tests.support.ports import free_port, wait_for_port
 
 TESTS = Path(__file__).parent
+# Two test processes share the cores, each starting vLLM engines, trainers and whole stacks:
+# OpenMP's default active wait keeps idle threads spinning, so one process's spinning
+# threads take the cores the other's (and its own I/O threads) are waiting for. Passive
+# waiting, inherited by every process the suite starts, unless the caller chose otherwise.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Test files (globs under tests/) -> what they start. Everything else is fast: in-process
 # apps against the session's Redis and S3 server, helm-free units.
 TIERS: dict[str, tuple[str, ...]] = {

@@ -9,7 +9,6 @@ checked on the printed answers themselves, not only on the demo's own verdict li
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -38,12 +37,8 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> str:
             "--models-dir", str(models), "--exit-after-demo",
             *[a for name in ("redis", "registry", "worker", "gateway")
               for a in (f"--{name}-port", str(free_port()))]]
-    # The suite's other worker process shares the cores: OpenMP threads that sleep instead
-    # of spinning while they wait leave it the CPU (in the full suite this demo took 574 s
-    # without it, 158 s with it; 98 s alone).
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-                          env=env)
+    # OpenMP waits passively (tests/conftest.py): the suite's other process shares the cores.
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr
     return done.stdout
