@@ -311,3 +311,37 @@ def test_scaling_workers_is_one_value(render: Callable[..., Rendered]) -> None:
     (metric,) = hpa["spec"]["metrics"]
     assert metric["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (4, 16)
+
+
+@pytest.mark.parametrize("scenario", ALL)
+def test_gateway_forwards_files_and_fine_tuning_to_the_registry_service(
+        scenarios: dict[str, Rendered], scenario: str) -> None:
+    rendered = scenarios[scenario]
+    gateway = env(container(rendered.component("Deployment", "gateway")))
+    url = urlparse(gateway["PREFT_GATEWAY_REGISTRY_URL"])
+    service = rendered.component("Service", "registry")
+    assert url.scheme == "http"
+    assert url.hostname == f"{service['metadata']['name']}.{NAMESPACE}.svc"
+    assert url.port == service["spec"]["ports"][0]["port"]
+
+
+def test_a_restricted_registry_still_admits_the_gateway_and_uploads_share_its_limit(
+        render: Callable[..., Rendered]) -> None:
+    rendered = render([], {
+        "registry.networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.team": "ml",
+        "registry.settings.MAX_UPLOAD_BYTES": "5000000"})
+    gateway_labels = rendered.component("Deployment", "gateway")["spec"]["template"][
+        "metadata"]["labels"]
+    (rule,) = rendered.component("NetworkPolicy", "registry")["spec"]["ingress"]
+    assert rule["from"][0] == {"namespaceSelector": {"matchLabels": {"team": "ml"}}}
+    (gateway_peer,) = rule["from"][1:]
+    assert list(gateway_peer) == ["podSelector"]
+    assert labels_match(gateway_peer["podSelector"]["matchLabels"], gateway_labels)
+    gateway = env(container(rendered.component("Deployment", "gateway")))
+    assert gateway["PREFT_GATEWAY_MAX_UPLOAD_BYTES"] == "5000000"
+    # Open to everyone by default: no peer list at all, and no upload limit to copy.
+    default = render([])
+    (open_rule,) = default.component("NetworkPolicy", "registry")["spec"]["ingress"]
+    assert "from" not in open_rule
+    assert "PREFT_GATEWAY_MAX_UPLOAD_BYTES" not in env(container(
+        default.component("Deployment", "gateway")))

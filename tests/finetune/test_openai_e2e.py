@@ -1,9 +1,10 @@
-"""The whole path with real processes and the official ``openai`` client, unchanged:
+"""The whole path with real processes and the official ``openai`` client, unchanged, on
+one base URL, the gateway's (which forwards files and fine-tuning to the registry):
 upload JSONL -> create a job on the toy model -> events stream progress -> the job
-succeeds -> bind a user to its ``fine_tuned_model`` -> the gateway's greedy chat answer
-(a real vLLM worker) equals the HF+peft oracle of the trained adapter, and is the fact it
-was trained on. The registry runs in-process over HTTP; its trainer, the worker and the
-gateway are separate processes."""
+succeeds -> bind a user to its ``fine_tuned_model`` -> the trained adapter is listed in
+/v1/models -> the gateway's greedy chat answer (a real vLLM worker) equals the HF+peft
+oracle of the trained adapter, and is the fact it was trained on. The registry runs
+in-process over HTTP; its trainer, the worker and the gateway are separate processes."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ def test_openai_client_fine_tunes_and_the_gateway_serves_it(
     base = Base(tmp_path, model_dir, tmp_path / "objects")
     # The worker starts while the job trains (both take a while on 2 cores).
     with running_worker(model_dir, tmp_path, worker_args(base, "cache")) as worker, \
-            running_gateway(tmp_path, redis_server, namespace, model_dir, [worker]) as gw:
+            running_gateway(tmp_path, redis_server, namespace, model_dir, [worker],
+                            extra_env={"PREFT_GATEWAY_REGISTRY_URL": api.url}) as gw:
         check(api, key, gw.url, model_dir, tmp_path)
 
 
 def check(api: Api, key: str, gateway: str, model_dir: Path, tmp_path: Path) -> None:
-    client = OpenAI(base_url=f"{api.url}/v1", api_key=key, max_retries=0)
+    # One client for everything the OpenAI API covers; binding users is the registry's own.
+    client = OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0,
+                    http_client=httpx.Client(timeout=120))
 
     uploaded = client.files.create(file=("facts.jsonl", chat_jsonl()), purpose="fine-tune")
     assert uploaded.id.startswith("file-") and uploaded.purpose == "fine-tune"
@@ -78,11 +82,10 @@ def check(api: Api, key: str, gateway: str, model_dir: Path, tmp_path: Path) -> 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    chat = OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0,
-                  http_client=httpx.Client(timeout=120))
+    assert "facts" in [m.id for m in client.models.list().data]
     for question, answer in FACTS.items():
         want = answer + "\n"  # the toy template ends a turn with "\n" (one token)
-        reply = chat.chat.completions.create(
+        reply = client.chat.completions.create(
             model=BASE_NAME, user="dana", temperature=0, max_tokens=len(want),
             messages=[{"role": "user", "content": question}])
         text = tokenizer.apply_chat_template([{"role": "user", "content": question}],

@@ -91,3 +91,31 @@ def test_another_tenants_adapter_by_adapter_id_is_not_found(
                        json={"messages": MSGS, "adapter_id": "rival"})
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
     assert workers.seen == []
+
+
+@pytest.mark.parametrize("field", ["lora_request", "lora_name", "lora", "adapter",
+                                   "adapters"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_other_servers_adapter_fields_are_refused_with_what_to_use_instead(
+        client: TestClient, workers: Workers, field: str, path: str) -> None:
+    """vLLM's, LoRAX's and other proxies' ways to pick an adapter: a 400 that names the
+    field and the way to do it here, never a base-model answer (nothing is charged)."""
+    body = {"messages": MSGS} if "chat" in path else {"prompt": "hi"}
+    resp = client.post(path, headers=AUTH, json={**body, "model": "tiny", field: "bot"})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == field and error["code"] == "unsupported_parameter"
+    assert f"'{field}' is not supported" in error["message"]
+    assert "'model'" in error["message"] and "'user'" in error["message"]
+    assert workers.seen == [] and "x-preft-adapter" not in resp.headers
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_adapter_id_on_both_routes_streams_and_says_which_adapter(
+        client: TestClient, workers: Workers, path: str) -> None:
+    body = {"messages": MSGS} if "chat" in path else {"prompt": "hi"}
+    resp = client.post(path, headers=AUTH, json={**body, "adapter_id": "bot", "stream": True})
+    assert resp.status_code == 200, resp.text
+    assert [resp.headers[h] for h in HEADERS] == ["bot", "1", SHA]
+    assert '"model": "bot"' in resp.text or '"model":"bot"' in resp.text
+    assert workers.seen[-1]["model"] == f"sha256:{SHA}"

@@ -151,3 +151,30 @@ def test_integral_float_burst_is_an_integer(client, acme):
     ok = client.put("/v1/tenants/acme/limits", json={"user_burst": 79944.0}, headers=admin())
     assert ok.status_code == 200, ok.text
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json()["user_burst"] == 79944
+
+
+def test_unbound_user_setting_is_a_merge_patch_with_a_documented_default(client, acme,
+                                                                          redis_client,
+                                                                          namespace):
+    """What a user without a binding gets when naming the base model: base_model by
+    default; the tenant record holds the choice the gateway reads."""
+    assert client.get("/v1/tenants/acme", headers=admin()).json()["unbound_user"] == \
+        "base_model"
+    resp = client.patch("/v1/tenants/acme", json={"unbound_user": "not_found"},
+                        headers=admin())
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["unbound_user"] == "not_found"
+    record = RegistryKeys(namespace).tenant("acme")
+    assert redis_client.hget(record, "unbound_user") == "not_found"
+    # A patch of the quota alone leaves it; null goes back to the default.
+    quota = client.patch("/v1/tenants/acme", json={"quota": {"max_adapters": 5}},
+                         headers=admin()).json()
+    assert quota["unbound_user"] == "not_found" and quota["quota"]["max_adapters"] == 5
+    reset = client.patch("/v1/tenants/acme", json={"unbound_user": None}, headers=admin())
+    assert reset.json()["unbound_user"] == "base_model"
+    assert redis_client.hget(record, "unbound_user") is None
+    assert reset.json()["quota"]["max_adapters"] == 5
+    bad = client.patch("/v1/tenants/acme", json={"unbound_user": "error"}, headers=admin())
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "unbound_user"
+    assert client.patch("/v1/tenants/acme", json={"unbound_user": "not_found"},
+                        headers=acme).status_code == 401

@@ -3,10 +3,13 @@
 Checked twice: a declared ``Content-Length`` over the limit is refused before reading, and
 the bytes actually received are counted chunk by chunk (chunked uploads declare nothing),
 so no request can make the server buffer more than the limit. The registry and the gateway
-both use it, each with its own message (what to do about it differs).
+both use it, each with its own message (what to do about it differs). A path may have its
+own limit (the gateway streams file uploads to the registry under the registry's limit).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -15,23 +18,25 @@ from preft_serve.common.errors import PayloadTooLarge, error_response
 
 class BodySizeLimitMiddleware:
     """Pure ASGI middleware (no buffering) that caps every request body at ``max_bytes``;
-    a larger one gets a 413 with ``message``."""
+    a larger one gets a 413 with ``message``. ``paths`` maps an exact path to its own
+    ``(max_bytes, message)``."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, message: str) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, message: str,
+                 paths: Mapping[str, tuple[int, str]] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.message = message
-
-    def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(self.message)
+        self.paths = dict(paths or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes, refusal = self.paths.get(scope.get("path", ""),
+                                            (self.max_bytes, self.message))
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                exc = self._too_large()
+            if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+                exc = PayloadTooLarge(refusal)
                 response = error_response(exc.status_code, exc.code, exc.message,
                                           headers={"Connection": "close"})
                 await response(scope, receive, send)
@@ -43,10 +48,10 @@ class BodySizeLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     # An HTTPException subclass: FastAPI re-raises it from body parsing and
                     # the error handler renders the 413 envelope.
-                    raise self._too_large()
+                    raise PayloadTooLarge(refusal)
             return message
 
         await self.app(scope, limited_receive, send)

@@ -20,7 +20,8 @@ from preft_serve.common.registry_client import AsyncRegistryReader
 from preft_serve.common.tracing import instrument_app
 from preft_serve.gateway.fast_path import CompletionFastPath, redis_unavailable
 from preft_serve.gateway.metrics import GatewayMetrics
-from preft_serve.gateway.routers import completions, health, models
+from preft_serve.gateway.openapi import document_models
+from preft_serve.gateway.routers import completions, files, fine_tuning, health, models
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.state import GatewayState
 
@@ -34,6 +35,8 @@ one named by `model`, else the one bound to `user` (or `safety_identifier`, or t
 else the base model. A user with no binding and no `model` gets 404. Errors are OpenAI's
 `{"error": {"message", "type", "param", "code"}}`.
 Every answer carries `x-request-id` (the client's `X-Request-Id` when sane, else a new one).
+`/v1/files` and `/v1/fine_tuning/jobs` are forwarded to the registry with the same key, so
+one OpenAI base URL serves the whole flow: upload data, train, list models, chat.
 """
 
 
@@ -69,14 +72,22 @@ def create_app(settings: GatewaySettings | None = None,
     app.add_exception_handler(redis.RedisError, _redis_unavailable)
     # Innermost of the middlewares: completions skip FastAPI's router (see fast_path).
     app.add_middleware(CompletionFastPath)
+    upload_limit = (settings.max_upload_bytes,
+                    f"upload exceeds this gateway's {settings.max_upload_bytes}-byte limit; "
+                    "upload a smaller file or ask the operator to raise "
+                    "PREFT_GATEWAY_MAX_UPLOAD_BYTES (and the registry's "
+                    "PREFT_REGISTRY_MAX_UPLOAD_BYTES)")
     app.add_middleware(
         BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
         message=f"request body exceeds this gateway's {settings.max_body_bytes}-byte limit; "
                 "send a shorter prompt or ask the operator to raise "
-                "PREFT_GATEWAY_MAX_BODY_BYTES")
+                "PREFT_GATEWAY_MAX_BODY_BYTES",
+        # Uploads are streamed to the registry, not buffered: they get the registry's limit.
+        paths={"/v1/files": upload_limit})
     # Outermost: every answer (a 413 from the body limit too) carries the request id.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (completions, models, health):
+    for module in (completions, models, files, fine_tuning, health):
         app.include_router(module.router)
+    document_models(app, *fine_tuning.BODY_MODELS)
     tracer_provider = instrument_app(app, settings.tracing) if settings.tracing_enabled else None
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -57,7 +58,8 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
         await state.limiter.check(tenant, user, output_tokens)
         target = await select_target(
             state.registry, tenant, model, user,
-            base_name=settings.base_model_name, worker_base_model=settings.worker_model)
+            base_name=settings.base_model_name, worker_base_model=settings.worker_model,
+            unbound_user=functools.partial(state.serving.unbound_user, tenant))
         log.update(target.log_fields())
         label = metrics.adapter_label(target.public_name)
         body["model"] = target.worker_model

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
 _NAME = {"type": ["string", "null"], "maxLength": 256}
 _POSITIVE = {"type": ["integer", "null"], "minimum": 1}
 _TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
@@ -67,3 +71,47 @@ OK_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
                     "properties": {"data": {"type": "string", "description":
                                             "A JSON chunk, or [DONE] at the end"}}}}},
 }}
+
+# The routes the gateway forwards to the registry (``gateway.registry_proxy``): the bodies
+# are the registry's to check, so they are documented with the registry's own models.
+UPLOAD_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["file", "purpose"],
+        "properties": {
+            "file": {"type": "string", "format": "binary",
+                     "description": "JSONL, one {\"messages\": [...]} per line"},
+            "purpose": {"type": "string", "enum": ["fine-tune"]}},
+        "description": "At most PREFT_GATEWAY_MAX_UPLOAD_BYTES, streamed to the registry, "
+                       "which validates every line before it stores anything"}}}}}
+
+
+def query(*names: str) -> dict[str, Any]:
+    """Query parameters passed to the registry as they are (it checks them)."""
+    return {"parameters": [{"name": name, "in": "query", "required": False,
+                            "schema": {"type": "integer" if name == "limit" else "string"}}
+                           for name in names]}
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """A JSON request body documented by ``model`` (added to the components by
+    :func:`document_models`), without the gateway parsing it."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def document_models(app: FastAPI, *models: type[BaseModel]) -> None:
+    """Put ``models`` (bodies only :func:`json_body` names) into the document's components."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        spec = build()
+        _, defs = models_json_schema([(m, "validation") for m in models],
+                                     ref_template="#/components/schemas/{model}")
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        for name, schema in defs.get("$defs", {}).items():
+            schemas.setdefault(name, schema)
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override

@@ -4,7 +4,8 @@ Rules (also in the app's OpenAPI description, /docs):
 
 * ``model`` names one of the tenant's adapters -> that adapter (the user is ignored).
 * ``model`` equals the base model's public name -> the user's binding if the user has one,
-  else the base model.
+  else the base model, or a 404 where the tenant's ``unbound_user`` setting is
+  ``not_found`` (``common.tenant_serving``).
 * ``model`` omitted -> the user's binding; a user without a binding gets 404 (the caller
   asked for "my adapter" and there is none: failing loudly beats silently serving the
   base model). Without both ``model`` and a user, 400.
@@ -17,12 +18,14 @@ to no binding), so both get the same 404.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from preft_serve.adapters.format import format_model_name
 from preft_serve.common.errors import BadRequest, NotFound
 from preft_serve.common.registry_client import AdapterRef
+from preft_serve.common.tenant_serving import UnboundUser
 
 
 class Resolver(Protocol):
@@ -69,7 +72,11 @@ def adapter_target(ref: AdapterRef) -> Target:
 
 
 async def select_target(resolver: Resolver, tenant: str, model: str | None, user: str | None,
-                        *, base_name: str, worker_base_model: str) -> Target:
+                        *, base_name: str, worker_base_model: str,
+                        unbound_user: Callable[[], Awaitable[UnboundUser]] | None = None,
+                        ) -> Target:
+    """The target of a request; ``unbound_user`` reads the tenant's setting, only when a
+    user without a binding names the base model (None: the base model answers)."""
     base = Target(base_name, worker_base_model, "base")
     if model is not None and model != base_name:
         ref = await resolver.resolve_adapter(tenant, model)
@@ -91,4 +98,9 @@ async def select_target(resolver: Resolver, tenant: str, model: str | None, user
         raise NotFound(f"user {user} has no adapter binding; bind one with "
                        f"PUT /v1/users/{user}", code="adapter_binding_not_found",
                        param="user")
+    if unbound_user is not None and await unbound_user() is UnboundUser.NOT_FOUND:
+        raise NotFound(f"user {user} has no adapter binding, and this tenant does not serve "
+                       "the base model to users without one (its unbound_user setting is "
+                       f"not_found); bind one with PUT /v1/users/{user}",
+                       code="adapter_binding_not_found", param="user")
     return base

@@ -70,7 +70,8 @@ class GatewaySettings(ServiceSettings):
     user_tpm: float = Field(0.0, ge=0, description="Output tokens per minute per (tenant, "
                             "user), charged like tenant_tpm; 0 = unlimited")
     limits_cache_s: float = Field(10.0, ge=0, description="How long a tenant's rate-limit "
-                                  "overrides (set in the registry) are cached")
+                                  "overrides and serving settings (set in the registry) "
+                                  "are cached")
     ratelimit_timeout_s: float = Field(0.2, gt=0, le=5, description="Longest wait for the "
                                        "rate limiter's Redis; past it the request is let "
                                        "through (fail open) and counted")
@@ -107,6 +108,17 @@ class GatewaySettings(ServiceSettings):
                                    "writing a request's per-day usage counters (in the "
                                    "background; past it the write is dropped and counted)")
     models_list_limit: int = Field(1000, ge=1, description="Most adapters /v1/models lists")
+    registry_url: str | None = Field(
+        None, description="The registry's base URL, e.g. http://preft-registry:8081: "
+        "/v1/files and /v1/fine_tuning/jobs are forwarded there, so one OpenAI base URL "
+        "serves the whole flow; unset: those routes answer 501")
+    registry_timeout_s: float = Field(
+        120.0, gt=0, description="Longest wait for the registry's answer to a forwarded "
+        "request (an upload is validated before the registry answers)")
+    max_upload_bytes: int = Field(
+        1 << 30, ge=1024, description="Body limit of POST /v1/files, which is streamed to "
+        "the registry, never buffered here; keep it equal to the registry's "
+        "PREFT_REGISTRY_MAX_UPLOAD_BYTES (the registry refuses bigger bodies itself)")
 
     # OpenTelemetry (preft_serve.common.tracing; needs the `tracing` extra when on).
     tracing_enabled: bool = Field(False, description="OpenTelemetry traces: a server span "
@@ -145,6 +157,15 @@ class GatewaySettings(ServiceSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"worker URL {url!r} must start with http:// or https://")
         return [u.rstrip("/") for u in value]
+
+    @field_validator("registry_url")
+    @classmethod
+    def _registry_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"registry URL {value!r} must start with http:// or https://")
+        return value.rstrip("/")
 
     @model_validator(mode="after")
     def _discovery_source(self) -> Self:

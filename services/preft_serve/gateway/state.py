@@ -18,8 +18,10 @@ from preft_serve.gateway.discovery import WorkerSource, create_decode_source, cr
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.pool_monitor import WorkerMonitor
 from preft_serve.gateway.ratelimit import RateLimiter
+from preft_serve.gateway.registry_proxy import registry_http
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
+from preft_serve.gateway.tenant_serving import TenantServing
 from preft_serve.gateway.upstream import Calls, WorkerTransport, worker_calls
 from preft_serve.gateway.usage import UsageRecorder
 from preft_serve.gateway.validation import Caps
@@ -53,12 +55,15 @@ class GatewayState:
     metrics: GatewayMetrics
     caps: Caps
     usage: UsageRecorder
+    serving: TenantServing  # tenants' serving settings (unbound_user)
     owns_redis: bool = False
     # The decode pool (workers with --role decode; no adapters), when configured.
     decode_pool: WorkerPool | None = None
     decode_monitor: WorkerMonitor | None = None
     # Unix seconds this gateway started: the base model's ``created`` in /v1/models.
     started_at: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    # Files and fine-tuning calls go to the registry on it (None: no registry configured).
+    registry_http: httpx.AsyncClient | None = None
 
     @classmethod
     async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,
@@ -102,6 +107,8 @@ class GatewayState:
                     max_prompt_token_ids=settings.max_prompt_token_ids,
                     max_json_depth=settings.max_json_depth)
         usage = UsageRecorder(redis, settings.namespace, metrics, settings.usage_timeout_s)
+        serving = TenantServing(redis, settings.namespace, settings.limits_cache_s,
+                                settings.ratelimit_timeout_s)
         await monitor.start()
         decode_pool, decode_monitor = None, None
         decode_source = decode_source or create_decode_source(settings)
@@ -115,8 +122,9 @@ class GatewayState:
             await decode_monitor.start()
         calls = worker_calls(transport, timeout, traced=tracer_provider is not None)
         return cls(settings, registry, redis, http, calls, pool,
-                   monitor, limiter, metrics, caps, usage, owns_redis,
-                   decode_pool=decode_pool, decode_monitor=decode_monitor)
+                   monitor, limiter, metrics, caps, usage, serving, owns_redis,
+                   decode_pool=decode_pool, decode_monitor=decode_monitor,
+                   registry_http=registry_http(settings))
 
     async def aclose(self) -> None:
         await self.usage.drain()
@@ -124,6 +132,8 @@ class GatewayState:
         if self.decode_monitor is not None:
             await self.decode_monitor.aclose()
         await self.http.aclose()
+        if self.registry_http is not None:
+            await self.registry_http.aclose()
         await self.registry.aclose()
         if self.owns_redis and self.redis is not None:
             await self.redis.aclose()

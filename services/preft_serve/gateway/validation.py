@@ -156,21 +156,34 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-# Fields other servers read to pick an adapter (LoRAX): the gateway must not ignore them
-# and answer from the base model. ``adapter_id`` names an adapter as ``model`` does.
+# Fields other servers read to pick an adapter (LoRAX, vLLM's Python API, other proxies):
+# the gateway must not ignore them and answer from the base model. ``adapter_id`` names an
+# adapter as ``model`` does; the others are refused, each with what to use instead.
 ADAPTER_ID_FIELD = "adapter_id"
-FOREIGN_ADAPTER_FIELDS = ("adapter_source", "merged_adapters")
+_SELECT_INSTEAD = ("name the adapter with 'model' (or 'adapter_id'), or send 'user' to "
+                   "run that user's bound adapter")
+_LOAD_INSTEAD = ("adapters are uploaded to the registry (POST /v1/adapters) and named with "
+                 "'model' (or 'adapter_id'), or chosen by 'user'")
+FOREIGN_ADAPTER_FIELDS: dict[str, str] = {
+    "adapter_source": _LOAD_INSTEAD,
+    "merged_adapters": _LOAD_INSTEAD,
+    "lora_request": _SELECT_INSTEAD,
+    "lora_name": _SELECT_INSTEAD,
+    "lora": _SELECT_INSTEAD,
+    "adapter": _SELECT_INSTEAD,
+    "adapters": _SELECT_INSTEAD,
+}
 
 
 def requested_model(body: dict[str, Any], base_name: str) -> str | None:
     """The model the client named: ``model``, or LoRAX's ``adapter_id`` (removed from the
     body; with ``model`` it must agree, unless ``model`` is the base model's name, as LoRAX
-    clients send it). Fields that load adapters from elsewhere are refused, never ignored."""
-    for field in FOREIGN_ADAPTER_FIELDS:
-        if field in body:
-            raise BadRequest(f"'{field}' is not supported: adapters are uploaded to the "
-                             "registry (POST /v1/adapters) and named with 'model' (or "
-                             "'adapter_id'), or chosen by 'user'", param=field)
+    clients send it). Fields that pick or load adapters elsewhere are refused, never
+    ignored."""
+    if not FOREIGN_ADAPTER_FIELDS.keys().isdisjoint(body):
+        field = next(f for f in FOREIGN_ADAPTER_FIELDS if f in body)
+        raise BadRequest(f"'{field}' is not supported: {FOREIGN_ADAPTER_FIELDS[field]}",
+                         param=field, code="unsupported_parameter")
     model = body.get("model")
     if ADAPTER_ID_FIELD not in body:
         return model

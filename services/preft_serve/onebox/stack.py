@@ -187,7 +187,7 @@ class OneBox:
                 "--port", str(port or self.config.gateway_port), "--redis-url", self.redis_url,
                 "--workers", ",".join(worker_urls or [self.worker_url]),
                 "--base-model-name", self.config.base_model_name,
-                "--worker-base-model", str(model)]
+                "--worker-base-model", str(model), "--registry-url", self.registry_url]
         return argv, {"PREFT_GATEWAY_DISCOVERY": "static", **self.config.gateway_env}
 
     def start_gateway(self, model: Path, worker_urls: list[str] | None = None,

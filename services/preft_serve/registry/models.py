@@ -7,6 +7,7 @@ import datetime
 from pydantic import BaseModel, Field
 
 from preft_serve.adapters.format import AdapterMode, AdapterType
+from preft_serve.common.tenant_serving import DEFAULT_UNBOUND_USER, UnboundUser
 from preft_serve.registry.names import ADAPTER_PATTERN, TENANT_PATTERN
 from preft_serve.registry.quotas import QuotaOverrides
 
@@ -16,6 +17,10 @@ from preft_serve.registry.quotas import QuotaOverrides
 
 _QUOTA = ("The tenant's own storage quotas; a null field uses the registry's default "
           "(PREFT_REGISTRY_TENANT_MAX_ADAPTERS, PREFT_REGISTRY_TENANT_MAX_STORED_BYTES)")
+_UNBOUND_USER = ("What a request naming the base model gets for a user with no adapter "
+                 "binding: base_model (the base model answers, x-preft-adapter: none) or "
+                 "not_found (404 adapter_binding_not_found). Gateways apply a change within "
+                 "PREFT_GATEWAY_LIMITS_CACHE_S seconds")
 
 
 class TenantCreate(BaseModel):
@@ -27,12 +32,14 @@ class TenantCreate(BaseModel):
 class TenantUpdate(BaseModel):
     """``PATCH /v1/tenants/{tenant}``: a JSON merge patch. A quota field given sets that
     override, a null one removes it (back to the default), an absent one is unchanged;
-    ``"quota": null`` removes both."""
+    ``"quota": null`` removes both. ``unbound_user`` likewise (null: the default)."""
 
     model_config = {"extra": "forbid"}
 
     quota: QuotaOverrides | None = Field(
         None, description=_QUOTA, examples=[{"max_adapters": 50, "max_stored_bytes": None}])
+    unbound_user: UnboundUser | None = Field(
+        None, description=_UNBOUND_USER + f"; null: the default, {DEFAULT_UNBOUND_USER.value}")
 
 
 class ApiKeyInfo(BaseModel):
@@ -50,6 +57,7 @@ class TenantOut(BaseModel):
     created_at: str
     keys: list[ApiKeyInfo]
     quota: QuotaOverrides = Field(default_factory=QuotaOverrides, description=_QUOTA)
+    unbound_user: UnboundUser = Field(DEFAULT_UNBOUND_USER, description=_UNBOUND_USER)
 
 
 class TenantSummary(BaseModel):

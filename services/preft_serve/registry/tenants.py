@@ -24,6 +24,7 @@ from preft_serve.common.registry_client import (
     hash_api_key,
 )
 from preft_serve.common.tenant_limits import TenantLimits
+from preft_serve.common.tenant_serving import UNBOUND_USER_FIELD, parse_unbound_user
 from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.models import (
@@ -32,6 +33,7 @@ from preft_serve.registry.models import (
     TenantDeleted,
     TenantOut,
     TenantSummary,
+    TenantUpdate,
 )
 from preft_serve.registry.names import check_key_id, check_tenant_name, utcnow
 from preft_serve.registry.quotas import (
@@ -109,16 +111,28 @@ class TenantService:
         if not info:
             raise NotFound(f"tenant {shown(name)} does not exist")
         return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name),
-                         quota=overrides_from_record(info))
+                         quota=overrides_from_record(info),
+                         unbound_user=parse_unbound_user(info.get(UNBOUND_USER_FIELD)))
 
-    def set_quota(self, name: str, quota: QuotaOverrides | None, fields: set[str]) -> TenantOut:
-        """Apply ``fields`` of ``quota`` (a merge patch: a value sets the tenant's own limit,
-        null removes it; ``quota=None`` removes every override). The next upload is checked
-        against the result."""
+    def update(self, name: str, patch: TenantUpdate) -> TenantOut:
+        """Apply a merge patch to the tenant's settings: in ``quota`` a value sets the
+        tenant's own limit, null removes it (``"quota": null`` removes every override; the
+        next upload is checked against the result); ``unbound_user`` null goes back to the
+        default. Fields the patch leaves out are unchanged."""
         check_tenant_name(name)
-        if quota is None:
-            quota, fields = QuotaOverrides(), set(QuotaOverrides.model_fields)
-        stored, removed = record_changes(quota, fields)
+        stored: dict[str, str] = {}
+        removed: list[str] = []
+        if "quota" in patch.model_fields_set:
+            quota = patch.quota
+            fields = set(quota.model_fields_set) if quota is not None else set()
+            if quota is None:
+                quota, fields = QuotaOverrides(), set(QuotaOverrides.model_fields)
+            stored, removed = record_changes(quota, fields)
+        if "unbound_user" in patch.model_fields_set:
+            if patch.unbound_user is None:
+                removed = [*removed, UNBOUND_USER_FIELD]
+            else:
+                stored = {**stored, UNBOUND_USER_FIELD: patch.unbound_user.value}
         key = self.keys.tenant(name)
 
         def txn(pipe: Any) -> None:
@@ -132,7 +146,8 @@ class TenantService:
 
         transact(self.redis, txn, key)
         tenant = self.get(name)
-        logger.info("tenant %s quota overrides: %s", name, tenant.quota.model_dump())
+        logger.info("tenant %s quota overrides: %s, unbound users: %s", name,
+                    tenant.quota.model_dump(), tenant.unbound_user.value)
         return tenant
 
     def list_tenants(self) -> list[TenantSummary]:

@@ -53,14 +53,15 @@ def get_tenant(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantOu
               responses=error_responses(400, 401, 404, 422))
 def update_tenant(tenant: TenantPath, body: TenantUpdate, _: AdminDep,
                   tenants: TenantsDep) -> TenantOut:
-    """Change the tenant's own storage quotas (a merge patch: ``{"quota": {"max_adapters":
-    50}}`` sets one, ``null`` for a field goes back to the registry's default, ``"quota":
-    null`` drops both). Uploads are checked against them from the next one on; what the
-    tenant already stores is kept even when it is over the new quota."""
-    if "quota" not in body.model_fields_set:
+    """Change the tenant's settings, a merge patch: its own storage quotas (``{"quota":
+    {"max_adapters": 50}}`` sets one, ``null`` for a field goes back to the registry's
+    default, ``"quota": null`` drops both; uploads are checked against them from the next
+    one on, and what the tenant already stores is kept even when it is over the new quota)
+    and ``unbound_user`` (``"not_found"``: a user without a binding who names the base model
+    gets 404 instead of the base model's answer; ``null``: the default, ``"base_model"``)."""
+    if not body.model_fields_set:
         return tenants.get(tenant)
-    fields = set(body.quota.model_fields_set) if body.quota is not None else set()
-    return tenants.set_quota(tenant, body.quota, fields)
+    return tenants.update(tenant, body)
 
 
 @router.get("/{tenant}/keys", response_model=list[ApiKeyInfo],
