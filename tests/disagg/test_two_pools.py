@@ -233,7 +233,10 @@ def test_streams_and_stop_strings_equal_one_worker(stack: tuple[Registry, Servic
     whole, first = text_of(alone()), text_of(alone(max_tokens=1))
     assert whole.startswith(first) and len(whole) > len(first) + 2, (first, whole)
     stop = whole[len(first) + 1:len(first) + 3]  # a stop string after the first token
-    for extra in ({}, {"stop": [stop]}):
+    cases: list[dict[str, Any]] = [{}, {"stop": [stop]}]
+    if first:  # and one that begins in the first token's text (when it has text)
+        cases.append({"stop": [whole[len(first) - 1:len(first) + 1]]})
+    for extra in cases:
         expect = alone(**extra)
         want_finish = expect["choices"][0]["finish_reason"]
         plain = httpx.post(f"{gateway.url}{path}", json={**body, **extra, "user": "u-lora"},
@@ -254,7 +257,7 @@ def test_streams_and_stop_strings_equal_one_worker(stack: tuple[Registry, Servic
         assert usage is not None
         assert counts(usage) == counts(expect["usage"])
         if extra:  # the stop string ended both answers early
-            assert want_finish == "stop" and stop not in text
+            assert want_finish == "stop" and extra["stop"][0] not in text
 
 
 def test_one_token_and_all_token_adapters_are_served_whole(

@@ -47,8 +47,9 @@ class TwoPools:
         if body.get("stream"):
             chunks = [{"id": "cmpl-d", "model": body["model"],
                        "choices": [{"index": 0, "text": t, "token_ids": [i],
-                                    "finish_reason": f}], "usage": usage}
-                      for t, i, f in (("b", 11, None), ("c", 12, "length"))]
+                                    "finish_reason": f}],
+                       "usage": {**usage, "completion_tokens": n, "total_tokens": 5 + n}}
+                      for n, (t, i, f) in enumerate((("b", 11, None), ("c", 12, "length")), 1)]
             chunks.append({"id": "cmpl-d", "model": body["model"], "choices": [],
                            "usage": usage})
             text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
@@ -73,8 +74,8 @@ class TwoPools:
                                   "choices": [choice], "usage": usage}
         if chat:
             answer["prompt_token_ids"] = [1, 2, 3, 4]
-        if body.get("kv_transfer_params"):
-            answer["kv_transfer_params"] = KV
+        # A prefill worker's answers always carry the field: null when served whole.
+        answer["kv_transfer_params"] = KV if body.get("kv_transfer_params") else None
         return httpx.Response(200, json=answer)
 
 
@@ -149,6 +150,44 @@ def test_streamed_text_completion_joins_both_hops(client: TestClient, pools: Two
     assert [c["finish_reason"] for e in events for c in e["choices"]][-1] == "length"
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
     assert pools.decode_seen[0]["stream"] is True
+
+
+@pytest.mark.parametrize("stop, decoded", [(["ab"], False), ("zab", True), (["xa"], True),
+                                           (["a"], True), (["b", "qa"], True)])
+def test_a_stop_string_that_may_span_both_hops_is_served_whole(
+        client: TestClient, pools: TwoPools, stop: Any, decoded: bool) -> None:
+    """The first token is "a": a stop string starting with "a" could end in the decode hop,
+    where the decode worker cannot see it; the prefill worker serves such a request whole."""
+    reply = client.post("/v1/completions", headers=AUTH, json={
+        "model": "bot", "prompt": "hi", "max_tokens": 3, "stop": stop})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == "abc"
+    assert "kv_transfer_params" not in reply.json()
+    assert len(pools.decode_seen) == int(decoded)
+    assert [hop["max_tokens"] for hop in pools.prefill_seen] == ([1] if decoded else [1, 3])
+    assert metric(client, "preft_gateway_handoffs_total",
+                  result="decoded" if decoded else "fallback") == 1
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_a_streamed_chat_shows_running_usage_on_every_chunk_when_asked(
+        client: TestClient, continuous: bool) -> None:
+    """``continuous_usage_stats``: every chunk carries the totals so far, counted across both
+    hops (the prompt once, the first token as output), as one worker's stream would."""
+    reply = client.post("/v1/chat/completions", headers=AUTH, json={
+        "messages": MSGS, "user": "u1", "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous}})
+    assert reply.status_code == 200, reply.text
+    events = [json.loads(line[6:]) for line in reply.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    chunks, final = events[:-1], events[-1]
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 3
+    if not continuous:
+        assert all("usage" not in e for e in chunks)
+        return
+    totals = [(e["usage"]["prompt_tokens"], e["usage"]["completion_tokens"],
+               e["usage"]["total_tokens"]) for e in chunks]
+    assert totals == [(4, 0, 4), (4, 1, 5), (4, 2, 6), (4, 3, 7)]
 
 
 @pytest.mark.parametrize("extra, reason", [

@@ -164,6 +164,8 @@ async def _two_pools(state: GatewayState, handoff: Handoff, tenant: str, tenant_
         logger.warning("worker %s kept no KV for a decode worker: start the workers a "
                        "decode pool serves with --role prefill", prefilled.worker)
         return None
+    if handoff.stop_may_span(first):
+        return None
     handed_at = time.perf_counter()
     try:
         decoding = await handoff.open_decode(first)

@@ -168,8 +168,21 @@ class Handoff:
         self.stream = bool(body.get("stream"))
         self.want_ids = bool(body.get("return_token_ids"))
         options = body.get("stream_options")
-        # The client's own choice (the decode hop always asks for usage, to count it).
+        # The client's own choices (the decode hop always asks for usage, to count it):
+        # a final usage event, and running totals on every chunk (as vLLM, only with both).
         self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        self.chunk_usage = self.include_usage and bool(options.get("continuous_usage_stats"))
+
+    def stop_may_span(self, first: FirstToken) -> bool:
+        """Whether a stop string could begin in the first token's text and end in the decode
+        hop's: the decode worker matches stop strings in its own output only (the first
+        token is its prompt), so such a request is served whole instead."""
+        stops = self.body.get("stop")
+        stops = [stops] if isinstance(stops, str) else stops
+        text = first.text
+        return isinstance(stops, list) and any(
+            isinstance(stop, str) and any(text.endswith(stop[:k]) for k in range(1, len(stop)))
+            for stop in stops)
 
     async def prefill(self) -> tuple[Upstream, bytes]:
         """The prefill hop, on the adapter's worker: its answer, read whole (closed)."""
@@ -221,10 +234,22 @@ class Handoff:
         its finish reason when the answer ends there)."""
         finish = first.finish_reason if first.complete else None
         base = self._chunk_fields(first)
+        usage = self._first_usage(first) if self.chunk_usage else None
+        text = self._chunk(base, {"content": first.text} if self.chat else first.text, finish,
+                           first.token_ids, usage)
         if self.chat:
-            return [self._chunk(base, {"role": "assistant", "content": ""}, None),
-                    self._chunk(base, {"content": first.text}, finish, first.token_ids)]
-        return [self._chunk(base, first.text, finish, first.token_ids)]
+            opening = {**usage, "completion_tokens": 0,
+                       "total_tokens": usage["prompt_tokens"]} if usage else None
+            return [self._chunk(base, {"role": "assistant", "content": ""}, None,
+                                usage=opening), text]
+        return [text]
+
+    @staticmethod
+    def _first_usage(first: FirstToken) -> dict[str, Any]:
+        """The running totals up to the first token, as the chunk that carries it shows."""
+        prompt = len(first.prompt_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": len(first.token_ids),
+                "total_tokens": prompt + len(first.token_ids)}
 
     def _chunk_fields(self, first: FirstToken) -> dict[str, Any]:
         """What every event of the stream says: the prefill answer's id and time."""
@@ -233,7 +258,7 @@ class Handoff:
                 "object": "chat.completion.chunk" if self.chat else "text_completion"}
 
     def _chunk(self, base: dict[str, Any], content: Any, finish: str | None,
-               ids: list[int] | None = None) -> bytes:
+               ids: list[int] | None = None, usage: dict[str, Any] | None = None) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
         if self.chat:
             choice["delta"] = content
@@ -241,7 +266,10 @@ class Handoff:
             choice["text"] = content
         if ids is not None and self.want_ids:
             choice["token_ids"] = ids
-        return b"data: " + orjson.dumps({**base, "choices": [choice]}) + b"\n\n"
+        event = {**base, "choices": [choice]}
+        if usage is not None:
+            event["usage"] = usage
+        return b"data: " + orjson.dumps(event) + b"\n\n"
 
     def usage_event(self, first: FirstToken, usage: dict[str, Any]) -> bytes:
         payload = {**self._chunk_fields(first), "choices": [], "usage": usage}
@@ -270,7 +298,8 @@ class Handoff:
                         if self.chat:
                             content = {"content": content}
                         out.append(self._chunk(base, content, choice.get("finish_reason"),
-                                               choice.get("token_ids")))
+                                               choice.get("token_ids"),
+                                               usage if self.chunk_usage else None))
                 if out:
                     yield b"".join(out)
         except (httpx.HTTPError, orjson.JSONDecodeError) as exc:

@@ -104,7 +104,8 @@ class GatewayMetrics:
         self.handoffs = Counter(
             "preft_gateway_handoffs_total", "Requests served by the two pools: decoded (the "
             "decode pool continued it), first_token (it ended at its first token, no decode "
-            "hop), fallback (no decode worker reachable: served whole by the prefill pool), "
+            "hop), fallback (no decode worker reachable, or a stop string could span the "
+            "hops: served whole by the prefill pool), "
             "decode_failed (the decode hop failed after the prefill)",
             ["result"], registry=self.registry)
         self.unified = Counter(

@@ -144,9 +144,13 @@ class SseSplitter:
 
 
 def rewrite_json(payload: Any, public_name: str) -> Any:
-    """Show the client the adapter's name, not the content address the worker saw."""
-    if isinstance(payload, dict) and "model" in payload:
-        payload["model"] = public_name
+    """Show the client the adapter's name, not the content address the worker saw, and
+    none of the KV-transfer fields a prefill worker adds to its answers (null when it
+    served the request whole): they are between the gateway and its workers."""
+    if isinstance(payload, dict):
+        if "model" in payload:
+            payload["model"] = public_name
+        payload.pop("kv_transfer_params", None)
     return payload
 
 
