@@ -37,6 +37,16 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
     code, out, _ = run_cli(capsys, *common, "--json", "fine-tune", "get", job_id)
     job = json.loads(out)
     assert job["status"] == "succeeded" and job["method"]["preft"]["steps"] == 4
+    code, out, err = run_cli(capsys, *common, "fine-tune", "checkpoints", job_id)
+    assert code == 0, err
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "STEP", "CHECKPOINT", "METRICS", "CREATED_AT"]
+    assert row.split()[1:3] == ["4", "cli-facts@1"] and "train_loss=" in row
+    code, out, _ = run_cli(capsys, *common, "fine-tune", "checkpoints", job_id, "-o", "json")
+    assert code == 0 and json.loads(out) == api.call(
+        key, "GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()
+    code, _, err = run_cli(capsys, *common, "fine-tune", "checkpoints", "ftjob-nope")
+    assert code == 1 and "(HTTP 404)" in err
     code, _, err = run_cli(capsys, *common, "fine-tune", "cancel", job_id)
     assert code == 1 and "already succeeded" in err and "(HTTP 409)" in err
     code, out, _ = run_cli(capsys, *common, "fine-tune", "events", job_id)

@@ -13,6 +13,8 @@ Examples:
     preft adapter list
     preft usage --start 2026-03-01 --end 2026-03-31
     preft fine-tune create data.jsonl --model base --suffix alice --follow
+    preft fine-tune checkpoints ftjob-...
+    preft --output json adapter list              # the API's JSON, for scripts
     PREFT_ADMIN_TOKEN=... preft tenant create acme
     PREFT_ADMIN_TOKEN=... preft tenant list
 
@@ -20,9 +22,13 @@ Local commands (no registry needed):
 
     preft model prepare smollm2-135m-instruct      # a real base model in var/models/
     preft train data.jsonl --model var/models/smollm2-135m-instruct --out my-adapter
+    source <(preft completion bash)               # tab completion (zsh: completion zsh)
+
+Output: --output table (default) prints tables and key/value lines for people; --output json
+(or --json) prints the registry's JSON response as it sent it.
 
 Exit status: 0 success, 1 the registry refused or could not be reached (the message says
-why; with --json the error is {"error": {...}} on stdout), 2 bad command line.
+why; with --output json the error is {"error": {...}} on stdout), 2 bad command line.
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from preft_serve.cli import adapter, files, finetune, tenant, usage, user
+from preft_serve.cli import adapter, completion, files, finetune, tenant, usage, user
 from preft_serve.cli.client import CliError, Registry
 from preft_serve.cli.output import render, report_error
 from preft_serve.models.cli import add_parser as add_model_parser
 from preft_serve.training.cli import add_parser as add_train_parser
 
 __all__ = ["CliError", "Registry", "build_parser", "main"]
+OUTPUTS = ("table", "json")
 
 
 def _version() -> str:
@@ -55,11 +62,23 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     parser.add_argument("--url", default=default,
                         help="registry URL (env PREFT_REGISTRY_URL, default http://127.0.0.1:8081)")
     parser.add_argument("--api-key", default=default, help="tenant API key (env PREFT_API_KEY)")
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default=default,
+                        help="table: for people (default); json: the registry's JSON "
+                        "response as it sent it (errors too, as {\"error\": ...})")
     parser.add_argument("--json", action="store_true",
                         default=argparse.SUPPRESS if suppress else False,
-                        help="print the raw JSON response (errors too, as {\"error\": ...})")
+                        help="the same as --output json")
     parser.add_argument("--timeout", type=float, default=argparse.SUPPRESS if suppress else 600,
                         help="seconds to wait for the registry (default 600)")
+
+
+def _as_json(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
+    """``--output`` / ``--json`` as one choice, which commands read as ``args.json``."""
+    output = getattr(args, "output", None)
+    if args.json and output == "table":
+        parser.error("--json and --output table contradict each other; give one")
+    args.json = bool(args.json or output == "json")
+    return bool(args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"preft {_version()}")
     _add_common(parser, suppress=False)
     groups = parser.add_subparsers(dest="group", required=True,
-                                   metavar="{adapter,user,usage,files,fine-tune,tenant,model,train}")
+                                   metavar="{adapter,user,usage,files,fine-tune,tenant,model,train,"
+                                   "completion}")
 
     def leaf(sub: Any, name: str, help_: str, func: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
@@ -86,13 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     # Local commands: they set `local` and never talk to the registry.
     add_model_parser(groups)
     add_train_parser(groups)
+    completion.add_parser(groups)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    as_json = bool(getattr(args, "json", False))
+    as_json = _as_json(parser, args)
     if getattr(args, "local", None) is not None:
         try:
             return int(args.local(args))

@@ -11,7 +11,7 @@ from preft_serve.common.error_envelope import error_body
 
 
 class CliError(Exception):
-    """A failure to report with exit status 1: ``error: <message>``, or under ``--json``
+    """A failure to report with exit status 1: ``error: <message>``, or under ``--output json``
     ``{"error": {...}}`` on stdout.
 
     ``error`` is the registry's envelope body (OpenAI's ``message``, ``type``, ``param``,

@@ -1,4 +1,5 @@
-"""``preft fine-tune ...``: create, list, show, cancel and follow fine-tuning jobs.
+"""``preft fine-tune ...``: create, list, show, cancel and follow fine-tuning jobs, and list
+a job's checkpoints.
 
 ``create`` takes a file id, or a path it uploads first; ``events --follow`` (and
 ``create --follow``) prints each new event and keeps a live progress line on stderr
@@ -131,6 +132,13 @@ def cmd_events(reg: Registry, args: argparse.Namespace) -> Any:
     return {"events": len(result["data"]), "more": result["has_more"]}
 
 
+def cmd_checkpoints(reg: Registry, args: argparse.Namespace) -> Any:
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.after:
+        params["after"] = args.after
+    return reg.call("GET", f"{JOBS}/{args.job_id}/checkpoints", params=params)
+
+
 def add_parser(groups: Any, leaf: Any) -> None:
     ft = groups.add_parser("fine-tune", help="fine-tuning jobs (train adapters on the "
                            "registry's trainers)")
@@ -166,3 +174,11 @@ def add_parser(groups: Any, leaf: Any) -> None:
     events.add_argument("--follow", action="store_true",
                         help="keep printing new events, with a live progress line, until "
                         "the job finishes")
+    checkpoints = leaf(sub, "checkpoints", "List a job's checkpoints, newest first (a "
+                       "succeeded job has one: the adapter version it registered)",
+                       cmd_checkpoints)
+    checkpoints.add_argument("job_id")
+    checkpoints.add_argument("--limit", type=int, default=10, help="page size (1-100, "
+                             "default 10)")
+    checkpoints.add_argument("--after", metavar="CHECKPOINT_ID",
+                             help="the page after this checkpoint")

@@ -1,7 +1,7 @@
 """What the CLI prints: tables, key/value blocks, JSON, errors and progress bars.
 
-Results go to stdout; warnings, errors (except under ``--json``) and progress bars go to
-stderr, so ``--json`` output is always one clean JSON document.
+Results go to stdout; warnings, errors (except under ``--output json``) and progress bars
+go to stderr, so JSON output is always one clean JSON document.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from typing import IO, Any
 
 from preft_serve.cli.client import CliError
@@ -36,7 +37,7 @@ def cli_terms(message: str) -> str:
 def report_error(exc: CliError, as_json: bool) -> int:
     """Print ``exc`` and return the exit status (1).
 
-    Under ``--json``: ``{"error": {...}}`` on stdout, the registry's envelope body as it
+    Under ``--output json``: ``{"error": {...}}`` on stdout, the registry's envelope body as it
     sent it (plus ``http_status``), or the CLI's own ``code``/``message``/``details``.
     """
     if as_json:
@@ -89,6 +90,21 @@ def _usage(result: dict[str, Any], out: IO[str]) -> None:
     out.write(f"({result['tenant']}, {result['start']} .. {result['end']}, UTC days)\n")
 
 
+def _checkpoints(result: dict[str, Any], out: IO[str]) -> None:
+    """One row per checkpoint: its step, the adapter version it is, its final metrics."""
+    if not result["data"]:
+        out.write("no checkpoints (a job has one once it succeeds)\n")
+        return
+    rows = [{"id": c["id"], "step": c["step_number"],
+             "checkpoint": c["fine_tuned_model_checkpoint"],
+             "metrics": " ".join(f"{k}={v:.4g}" for k, v in sorted(c["metrics"].items())),
+             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c["created_at"]))}
+            for c in result["data"]]
+    print_table(rows, ["id", "step", "checkpoint", "metrics", "created_at"], out)
+    if result["has_more"]:
+        out.write(f"(more: --after {rows[-1]['id']})\n")
+
+
 def render(result: Any, command: str, out: IO[str]) -> None:
     """Human output of one command's result."""
     if command == "adapter list":
@@ -106,6 +122,8 @@ def render(result: Any, command: str, out: IO[str]) -> None:
         print_table(result["items"], ["user", "adapter"], out)
     elif command == "usage show":
         _usage(result, out)
+    elif command == "fine-tune checkpoints":
+        _checkpoints(result, out)
     elif command == "tenant list":
         rows = [{**t, **{f"quota_{k}": ("default" if v is None else v)
                          for k, v in (t.get("quota") or {}).items()}} for t in result]

@@ -1,0 +1,140 @@
+"""``preft completion bash|zsh``: a tab-completion script generated from the argparse tree.
+
+Static on purpose: the script lists every command, option and option choice, so completing
+a word runs no Python (argparse has no completion of its own, and a dynamic helper would
+start the interpreter on every Tab). It is regenerated from the parser, so it cannot drift
+from the commands. zsh runs the same functions through its ``bashcompinit`` layer.
+
+    source <(preft completion bash)      # in ~/.bashrc
+    source <(preft completion zsh)       # in ~/.zshrc, after compinit
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from typing import Any
+
+SHELLS = ("bash", "zsh")
+
+
+@dataclasses.dataclass
+class Level:
+    """What may follow one command path (``""``, ``"adapter"``, ``"adapter upload"``)."""
+
+    commands: list[str]
+    options: list[str]
+    choices: list[str]  # of positional arguments (``completion SHELL``, ``model prepare NAME``)
+    # option -> its choices ("" when it takes a free value); flags are absent.
+    values: dict[str, str]
+
+
+def levels(parser: argparse.ArgumentParser, path: str = "") -> dict[str, Level]:
+    """Every command path of ``parser``, depth first."""
+    level = Level([], [], [], {})
+    found = {path: level}
+    for action in parser._actions:  # argparse keeps no public list of them
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                level.commands.append(name)
+                found.update(levels(sub, f"{path} {name}".strip()))
+        elif action.option_strings and action.help != argparse.SUPPRESS:
+            level.options += action.option_strings
+            if action.nargs != 0:
+                choices = " ".join(map(str, action.choices or ()))
+                level.values.update(dict.fromkeys(action.option_strings, choices))
+        elif action.choices:
+            level.choices += map(str, action.choices)
+    return found
+
+
+def _case(name: str, arms: dict[str, str], doc: str) -> str:
+    """A shell function that sets ``_preft_reply`` from a ``case`` on its arguments, and
+    fails when no arm matches."""
+    lines = [f"# {doc}", f"{name}() {{", '    case "$1|$2" in']
+    for key, value in arms.items():
+        lines.append(f"        {shlex.quote(key)}) _preft_reply={shlex.quote(value)} ;;")
+    lines += ["        *) return 1 ;;", "    esac", "}"]
+    return "\n".join(lines)
+
+
+_DRIVER = r"""
+_preft() {
+    local cur="${COMP_WORDS[COMP_CWORD]}" prev="" cmd="" word i=1
+    local _preft_reply="" _preft_commands="" _preft_words="" _preft_options=""
+    ((COMP_CWORD > 1)) && prev="${COMP_WORDS[COMP_CWORD-1]}"
+    # The command path so far: words naming a subcommand, skipping options and their values.
+    while ((i < COMP_CWORD)); do
+        word="${COMP_WORDS[i]}"
+        if [[ "$word" == -* ]]; then
+            if [[ "$word" != *=* ]] && _preft_value "$cmd" "$word"; then
+                i=$((i + 1))
+            fi
+        elif _preft_level "$cmd" && [[ " $_preft_commands " == *" $word "* ]]; then
+            cmd="${cmd:+$cmd }$word"
+        fi
+        i=$((i + 1))
+    done
+    COMPREPLY=()
+    if [[ "$cur" != -* ]] && [[ -n "$prev" ]] && _preft_value "$cmd" "$prev"; then
+        # An option's value: its choices, or the shell's default (file names).
+        [[ -n "$_preft_reply" ]] && COMPREPLY=($(compgen -W "$_preft_reply" -- "$cur"))
+        return 0
+    fi
+    _preft_level "$cmd" || return 0
+    if [[ "$cur" == -* ]]; then
+        COMPREPLY=($(compgen -W "$_preft_options" -- "$cur"))
+    elif [[ -n "$_preft_words" ]]; then
+        COMPREPLY=($(compgen -W "$_preft_words" -- "$cur"))
+    fi
+    return 0
+}
+complete -o default -F _preft preft
+"""
+
+
+def script(parser: argparse.ArgumentParser, shell: str) -> str:
+    """The completion script of ``parser`` (its ``prog``) for ``shell``."""
+    if shell not in SHELLS:
+        raise ValueError(f"unknown shell {shell!r}; choose one of {', '.join(SHELLS)}")
+    tree = levels(parser)
+    level_fn = ["# Sets what may follow command path $1: _preft_commands (subcommands), "
+                "_preft_words (them and positional choices), _preft_options.",
+                "_preft_level() {", '    case "$1" in']
+    for path, level in tree.items():
+        level_fn.append(f"        {shlex.quote(path)}) "
+                        f"_preft_commands={shlex.quote(' '.join(level.commands))}; "
+                        f"_preft_words={shlex.quote(' '.join(level.commands + level.choices))}; "
+                        f"_preft_options={shlex.quote(' '.join(level.options))} ;;")
+    level_fn += ["        *) return 1 ;;", "    esac", "}"]
+    values = {f"{path}|{option}": choices for path, level in tree.items()
+              for option, choices in level.values.items()}
+    head = [f"# {shell} completion for {parser.prog}: generated by `{parser.prog} completion "
+            f"{shell}`; regenerate it after upgrading."]
+    if shell == "zsh":
+        head.append("autoload -U +X bashcompinit && bashcompinit")
+    body = [*head, "\n".join(level_fn),
+            _case("_preft_value", values, "Fails unless option $2 of command path $1 takes a "
+                  "value; sets _preft_reply to its choices (empty: any value)."),
+            _DRIVER.strip()]
+    return "\n\n".join(body) + "\n"
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from preft_serve.cli import build_parser  # the whole tree, this command included
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return 0
+
+
+def add_parser(groups: Any) -> None:
+    comp = groups.add_parser(
+        "completion", help="print a shell completion script (bash or zsh)",
+        description="Print a tab-completion script for preft's commands, options and option "
+        "choices. bash: `source <(preft completion bash)` in ~/.bashrc, or save it as "
+        "~/.local/share/bash-completion/completions/preft. zsh: `source <(preft completion "
+        "zsh)` in ~/.zshrc, after compinit.")
+    comp.add_argument("shell", choices=SHELLS)
+    comp.set_defaults(local=cmd_completion)
