@@ -2,19 +2,23 @@
 
 Each user gets a prefill-only LoRA trained with ``preft train``'s trainer on their
 synthetic personal facts (:mod:`preft_serve.training.synthetic`). Training runs on the
-first start only: an adapter is reused while its data and training recipe are unchanged.
+first start only: an adapter is reused while its data, training recipe and base model are
+unchanged. The cache key is made of their content, not their paths, so a moved or copied
+``var/`` keeps its adapters.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from preft_serve.adapters.format import AdapterMode
+from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
+from preft_serve.models.prepare import MARKER
 from preft_serve.training.synthetic import PERSONAS, Fact, held_out_pairs, training_records
 
 if TYPE_CHECKING:
@@ -28,6 +32,9 @@ STEPS = 16
 LEARNING_RATE = 5e-3
 RANK = 8
 QUESTION_KEY = "pet"  # the fact the demo asks about, in a phrasing never trained on
+CACHE_KEY_FILE = "demo_cache_key"  # beside the adapter's files; uploads take only those two
+# Where a run reads and writes, not what it learns: left out of the cache key.
+_PLACES = ("data", "model", "out", "progress")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,14 +60,35 @@ def _config(data: Path, model: Path, out: Path) -> TrainConfig:
                        learning_rate=LEARNING_RATE, warmup_steps=1, progress=False)
 
 
-def _is_current(out: Path, config: TrainConfig, data_text: str, data: Path) -> bool:
-    from preft_serve.training.trainer import METRICS_FILE
+def model_identity(model: Path) -> str:
+    """What the base model is, wherever it lies: the marker of ``preft model prepare`` (it
+    pins the wheel's sha256) with config.json, else a digest of every file in the folder."""
+    digest = hashlib.sha256()
+    names = [MARKER, "config.json"] if (model / MARKER).is_file() else sorted(
+        p.name for p in model.iterdir() if p.is_file())
+    for name in names:
+        digest.update(name.encode() + b"\0")
+        with open(model / name, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        digest.update(b"\0")
+    return digest.hexdigest()
 
+
+def cache_key(config: TrainConfig, data_text: str, model_id: str) -> str:
+    """The content an adapter was trained from: data, recipe and base model."""
+    recipe = {k: v for k, v in config.as_json().items() if k not in _PLACES}
+    return hashlib.sha256(json.dumps(
+        {"data": data_text, "recipe": recipe, "model": model_id}, sort_keys=True).encode()
+    ).hexdigest()
+
+
+def _is_current(out: Path, key: str) -> bool:
     try:
-        metrics = json.loads((out / METRICS_FILE).read_text())
-        return bool(metrics["config"] == config.as_json() and data.read_text() == data_text)
-    except (OSError, ValueError, KeyError):
+        stored = (out / CACHE_KEY_FILE).read_text().strip()
+    except OSError:
         return False
+    return stored == key and all((out / n).is_file() for n in (CONFIG_FILE, WEIGHTS_FILE))
 
 
 def train_demo_users(root: Path, model: Path, say: Say) -> list[TrainedUser]:
@@ -68,23 +96,28 @@ def train_demo_users(root: Path, model: Path, say: Say) -> list[TrainedUser]:
     from preft_serve.training.trainer import train
 
     trained = []
+    model_id = model_identity(model)
     for user in DEMO_USERS:
         persona = PERSONAS[user]
         data = root / "data" / f"{user}.jsonl"
         text = "".join(json.dumps(r) + "\n" for r in training_records(persona))
         out = root / "adapters" / f"{user}-preft"
         config = _config(data, model, out)
-        if _is_current(out, config, text, data):
-            say(f"  {user}: PreFT adapter already trained ({out})")
-        else:
+        key = cache_key(config, text, model_id)
+        if not data.is_file() or data.read_text() != text:
             data.parent.mkdir(parents=True, exist_ok=True)
             data.write_text(text)
+        if _is_current(out, key):
+            say(f"  {user}: PreFT adapter already trained ({out})")
+        else:
+            (out / CACHE_KEY_FILE).unlink(missing_ok=True)
             say(f"  {user}: training a PreFT LoRA on {len(training_records(persona))} "
                 f"examples of their facts ({STEPS} steps, about a minute)")
             start = time.monotonic()
             result = train(config, say=lambda _: None)
             say(f"  {user}: loss {result.metrics['train_loss'][0]['loss']:.2f} -> "
                 f"{result.train_loss:.3f} in {time.monotonic() - start:.0f} s")
+            (out / CACHE_KEY_FILE).write_text(key + "\n")
         fact = next(f for f in persona.facts if f.key == QUESTION_KEY)
         trained.append(TrainedUser(user, f"{user}-preft", out, fact))
     return trained
