@@ -26,6 +26,8 @@ from tests.chart.support import CHART, NAMESPACE, Rendered
 
 DASHBOARD = CHART / "dashboards" / "preft-serve.json"
 NS = f'namespace="{NAMESPACE}"'
+ZERO_FALLBACK = " or on() vector(0)"
+_COUNTER_RATE = re.compile(r"\b(?:rate|increase)\([\w:]+_total\b")
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,20 @@ def dashboard() -> dict[str, Any]:
 
 def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
     return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def counter_rate_exprs(dashboard: dict[str, Any]) -> list[str]:
+    """Stat and time-series queries on counter rates. A labelled counter has no series
+    before its first event, so such a query needs a fallback to show 0, not "No data".
+    Ratios are left out: with no events they have no value, and 0 would claim, say, a 0 %
+    hit rate."""
+    return [t["expr"] for p in dashboard["panels"] if p["type"] in ("stat", "timeseries")
+            for t in p["targets"] if _COUNTER_RATE.search(t["expr"]) and "/" not in t["expr"]]
+
+
+def _filled(expr: str) -> str:
+    """A panel query with Grafana's variables filled in."""
+    return expr.replace("$__rate_interval", "5m").replace("$namespace", NAMESPACE)
 
 
 @pytest.fixture(scope="module")
@@ -170,14 +186,40 @@ def test_dashboard_queries_parse(promtool: str, dashboard: dict[str, Any],
                                  tmp_path: Path) -> None:
     """Each panel query, with Grafana's variables filled in, as a recording rule."""
     exprs = dashboard_exprs(dashboard)
-    rules = [{"record": f"dashboard:query_{i}",
-              "expr": e.replace("$__rate_interval", "5m").replace("$namespace", NAMESPACE)}
+    rules = [{"record": f"dashboard:query_{i}", "expr": _filled(e)}
              for i, e in enumerate(exprs)]
     (tmp_path / "dashboard.yaml").write_text(
         yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = _promtool(promtool, "check", "rules", "dashboard.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in result.stdout
+
+
+def test_counter_panels_have_a_zero_fallback(dashboard: dict[str, Any]) -> None:
+    exprs = counter_rate_exprs(dashboard)
+    assert len(exprs) >= 10  # the selection itself works
+    missing = [e for e in exprs if not e.endswith(ZERO_FALLBACK)]
+    assert not missing, f"these show No data before their first event: {missing}"
+
+
+def test_counter_panels_show_zero_until_the_first_event(
+        promtool: str, dashboard: dict[str, Any], tmp_path: Path) -> None:
+    """Evaluated by promtool: every counter query is 0 with no series at all, and the
+    fallback leaves once a series exists (``on()`` matches any labels)."""
+    zero = [{"labels": "{}", "value": 0}]
+    errors = next(e for e in counter_rate_exprs(dashboard) if "preft_gateway_errors_total" in e)
+    tests = [{"interval": "1m", "input_series": [], "promql_expr_test": [
+        {"expr": _filled(e), "eval_time": "10m", "exp_samples": zero}
+        for e in counter_rate_exprs(dashboard)]},
+        {"interval": "1m", "input_series": [
+            _series("preft_gateway_errors_total", 'cause="bad_gateway"', "0+60x20")],
+         "promql_expr_test": [{"expr": _filled(errors), "eval_time": "10m", "exp_samples": [
+             {"labels": '{cause="bad_gateway"}', "value": 1}]}]}]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": []}))
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(
+        {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}))
+    result = _promtool(promtool, "test", "rules", "tests.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _series(name: str, labels: str, values: str) -> dict[str, str]:
