@@ -119,6 +119,40 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert _complete(tmp_path, "bash", "--url", "") == []
 
 
+_ZSH_DRIVER = """
+autoload -U compinit && compinit -u
+source {script}
+print -r -- "registered: ${{_comps[preft]}}"
+local -a words COMP_WORDS
+local CURRENT COMP_CWORD
+words=( preft {words} ); COMP_WORDS=( "${{words[@]}}" ); CURRENT=${{#words}}
+COMP_CWORD=$(( CURRENT - 1 ))
+compgen -F _preft -- "${{words[-1]}}"
+"""
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="needs zsh")
+@pytest.mark.parametrize(("words", "offered"), [
+    (["''"], {"adapter", "fine-tune", "completion"}),
+    (["--url", "http://x", "-o", "json", "adapter", "upload", "dir", "--mode", "''"],
+     {"prefill", "all"}),
+    (["completion", "''"], {"bash", "zsh"}),
+    (["fine-tune", "checkpoints", "-"], {"--limit", "--after", "--output"}),
+    (["fine-tune", "create", "''"], set())])
+def test_zsh_completion(tmp_path: Path, words: list[str], offered: set[str]) -> None:
+    """zsh's bashcompinit calls the functions as ``_bash_complete`` does (in sh emulation,
+    0-based arrays); zsh itself then matches the candidates against the typed prefix."""
+    path = tmp_path / "preft.zsh"
+    path.write_text(script(build_parser(), "zsh"))
+    driver = _ZSH_DRIVER.format(script=path, words=" ".join(words))
+    result = subprocess.run(["zsh", "-f", "-c", driver], capture_output=True, text=True,
+                            timeout=60, check=True, cwd=tmp_path)
+    first, *lines = result.stdout.splitlines()
+    assert first == "registered: _bash_complete -o default -F _preft", result.stderr
+    candidates = {line for line in lines if line}
+    assert offered <= candidates and (offered or not candidates), candidates
+
+
 def test_zsh_script_runs_the_bash_functions_through_bashcompinit(tmp_path: Path,
                                                                  capsys: Any) -> None:
     zsh = script(build_parser(), "zsh")
