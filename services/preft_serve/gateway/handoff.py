@@ -168,9 +168,10 @@ class Handoff:
         self.stream = bool(body.get("stream"))
         self.want_ids = bool(body.get("return_token_ids"))
         options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
         # The client's own choices (the decode hop always asks for usage, to count it):
         # a final usage event, and running totals on every chunk (as vLLM, only with both).
-        self.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        self.include_usage = bool(options.get("include_usage"))
         self.chunk_usage = self.include_usage and bool(options.get("continuous_usage_stats"))
 
     def stop_may_span(self, first: FirstToken) -> bool:
