@@ -1,13 +1,14 @@
 """A worker stand-in that answers instantly, to measure the gateway's own cost.
 
-Raw ASGI (no framework) under uvicorn: ``/health``, ``/v1/models`` (nothing resident) and
+Raw ASGI (no framework) under uvicorn: ``/health``, ``/v1/models`` (nothing resident),
 the two completion endpoints, which return ``max_tokens`` one-character tokens at once, as
-one JSON body or as one SSE event per token plus vLLM's usage chunk. With an upstream this
-cheap, the time a request spends in the gateway is most of what is left. JSON is compact,
-as vLLM writes it (pydantic's ``model_dump_json`` for stream chunks, Starlette's
-``JSONResponse`` for whole answers): the gateway rewrites ``model`` in such SSE events as
-bytes and parses only the events that need it, so spaced JSON would make every event look
-unusual and cost a parse, overstating the gateway's CPU.
+one JSON body or as one SSE event per token plus vLLM's usage chunk, and ``/v1/responses``
+(``max_output_tokens`` characters, as one response object or vLLM's typed events). With an
+upstream this cheap, the time a request spends in the gateway is most of what is left.
+JSON is compact, as vLLM writes it (pydantic's ``model_dump_json`` for stream chunks,
+Starlette's ``JSONResponse`` for whole answers): the gateway rewrites ``model`` in such SSE
+events as bytes and parses only the events that need it, so spaced JSON would make every
+event look unusual and cost a parse, overstating the gateway's CPU.
 
     python -m uvicorn loadtests.fake_worker:app --port 9001 --no-access-log
 """
@@ -72,6 +73,24 @@ def _completion(request: dict[str, Any], chat: bool) -> tuple[dict[str, Any], li
     return whole, [*sse, b"data: [DONE]\n\n"]
 
 
+def _response(request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    """A Responses API answer for ``request`` and its events, as vLLM writes them."""
+    tokens = int(request.get("max_output_tokens") or 16)
+    usage = {"input_tokens": 8, "output_tokens": tokens, "total_tokens": 8 + tokens}
+    text = {"type": "output_text", "text": "x" * tokens, "annotations": []}
+    whole = {"id": "resp_fake", "object": "response", "created_at": int(time.time()),
+             "model": request.get("model", "fake"), "status": "completed",
+             "output": [{"type": "message", "id": "msg_fake", "role": "assistant",
+                         "status": "completed", "content": [text]}], "usage": usage}
+    events = [{"type": "response.created", "response": {**whole, "status": "in_progress",
+                                                         "output": [], "usage": None}}]
+    events += [{"type": "response.output_text.delta", "item_id": "msg_fake", "delta": "x",
+                "output_index": 0, "content_index": 0} for _ in range(tokens)]
+    events.append({"type": "response.completed", "response": whole})
+    return whole, [b"event: " + e["type"].encode() + b"\ndata: " +
+                   _json({**e, "sequence_number": i}) + b"\n\n" for i, e in enumerate(events)]
+
+
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
         while (await receive())["type"] != "lifespan.shutdown":
@@ -83,9 +102,11 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await _respond(send, 200, b"")
     elif path == "/v1/models":
         await _respond(send, 200, b'{"object": "list", "data": []}')
-    elif path in ("/v1/chat/completions", "/v1/completions") and scope["method"] == "POST":
+    elif path in ("/v1/chat/completions", "/v1/completions", "/v1/responses") and \
+            scope["method"] == "POST":
         request = json.loads(await _read_body(receive))
-        whole, events = _completion(request, chat=path.endswith("chat/completions"))
+        whole, events = _response(request) if path == "/v1/responses" else \
+            _completion(request, chat=path.endswith("chat/completions"))
         if not request.get("stream"):
             await _respond(send, 200, _json(whole))
             return

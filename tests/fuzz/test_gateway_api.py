@@ -54,10 +54,11 @@ from tests.support.inprocess import serving
 
 ADMIN_TOKEN = "fuzz-admin-0123456789abcdef"
 BASE = "tiny-llama"
-COMPLETIONS = ("/v1/chat/completions", "/v1/completions")
+COMPLETIONS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 STEER = {"model": ["support-bot", "bot2", BASE, "nobody"],
          "user": ["alice", "bob", "carol", "dave"]}
-BELOW_CAPS = {"max_tokens": 64, "max_completion_tokens": 64, "n": 2, "best_of": 2}
+BELOW_CAPS = {"max_tokens": 64, "max_completion_tokens": 64, "max_output_tokens": 64,
+              "n": 2, "best_of": 2}
 
 
 @dataclass

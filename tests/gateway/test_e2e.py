@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from preft_serve.adapters.format import AdapterMode
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.gateway.app import create_app as create_gateway
+from preft_serve.gateway.proxy import TOOLS_OFF
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
@@ -168,3 +169,19 @@ def test_errors_reach_the_openai_client_in_openais_terms(stack: Stack) -> None:
         assert (too_long.value.status_code, too_long.value.type, too_long.value.code) == (
             400, "invalid_request_error", "context_length_exceeded")
         assert too_long.value.body["message"] == direct.json()["error"]["message"]  # type: ignore[index]
+
+    # This worker runs without a tool-call parser: vLLM's refusal names its server flags,
+    # which the gateway turns into something a client can act on.
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {
+        "type": "object", "properties": {}}}}]
+    direct = httpx.post(f"{stack.worker}/v1/chat/completions", timeout=60, json={
+        "model": f"sha256:{stack.sha}", "messages": PROMPT, "max_tokens": 8,
+        "tools": tools, "tool_choice": "auto"})
+    assert direct.status_code == 400 and "--tool-call-parser" in direct.text
+    with pytest.raises(openai.BadRequestError) as tools_off:
+        client.chat.completions.create(model="tiny-llama", messages=PROMPT, user="u1",  # type: ignore[arg-type]
+                                       max_tokens=8, tools=tools, tool_choice="auto")  # type: ignore[arg-type]
+    assert (tools_off.value.code, tools_off.value.param) == ("tool_calling_disabled",
+                                                             "tool_choice")
+    message = tools_off.value.body["message"]  # type: ignore[index]
+    assert message == TOOLS_OFF and "--" not in message

@@ -21,7 +21,14 @@ from preft_serve.common.tracing import instrument_app
 from preft_serve.gateway.fast_path import CompletionFastPath, redis_unavailable
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.openapi import document_models
-from preft_serve.gateway.routers import completions, files, fine_tuning, health, models
+from preft_serve.gateway.routers import (
+    completions,
+    files,
+    fine_tuning,
+    health,
+    models,
+    responses,
+)
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.state import GatewayState
 
@@ -86,7 +93,7 @@ def create_app(settings: GatewaySettings | None = None,
         paths={"/v1/files": upload_limit})
     # Outermost: every answer (a 413 from the body limit too) carries the request id.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (completions, models, files, fine_tuning, health):
+    for module in (completions, responses, models, files, fine_tuning, health):
         app.include_router(module.router)
     document_models(app, *fine_tuning.BODY_MODELS)
     tracer_provider = instrument_app(app, settings.tracing) if settings.tracing_enabled else None

@@ -115,3 +115,33 @@ def document_models(app: FastAPI, *models: type[BaseModel]) -> None:
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
+
+RESPONSES_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {
+        "type": "object", "required": ["input"], "additionalProperties": True,
+        "properties": {
+            "input": {"anyOf": [{"type": "string", "minLength": 1},
+                                {"type": "array", "minItems": 1}],
+                      "description": "The whole conversation (responses are not stored: "
+                                     "previous_response_id, conversation and background "
+                                     "are refused)"},
+            "max_output_tokens": {**_POSITIVE, "description": "At most "
+                                  "PREFT_GATEWAY_MAX_TOKENS_CAP; omitted: filled in"},
+            **{k: v for k, v in _COMMON.items() if k in ("model", "user", "adapter_id",
+                                                         "stream")}},
+        "examples": [{"model": "support-bot", "input": "Hello!", "max_output_tokens": 32}],
+        "description": "An OpenAI Responses request; other fields go to the worker "
+                       "unchanged."}}}}}
+
+# The worker's answer: a response object, or typed server-sent events with "stream": true.
+RESPONSES_OK: dict[int | str, dict[str, Any]] = {200: {
+    "description": "The worker's response object, `model` rewritten to the adapter's name",
+    "content": {"application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {
+                    "type": "object", "required": ["event", "data"],
+                    "properties": {"event": {"type": "string", "description":
+                                             "The event's type, e.g. "
+                                             "response.output_text.delta"},
+                                   "data": {"type": "string", "description":
+                                            "The event as JSON"}}}}},
+}}

@@ -88,6 +88,10 @@ async def open_upstream(calls: Calls, pool: WorkerPool, key: str, path: str,
                              "shortly")
 
 
+TOOLS_OFF = ("tool calling is not enabled on this deployment: send the request without "
+             "'tool_choice' (or with \"none\"), or ask its operator to enable tool calling")
+
+
 def worker_error(payload: Any, status_code: int) -> dict[str, Any] | None:
     """A worker's error answer in the gateway's (OpenAI's) envelope, or None when
     ``payload`` is not one.
@@ -106,6 +110,9 @@ def worker_error(payload: Any, status_code: int) -> dict[str, Any] | None:
     if isinstance(error.get("code"), int) and 400 <= error["code"] < 600:
         status_code = error["code"]
     param = error.get("param") if isinstance(error.get("param"), str) else None
+    if "--tool-call-parser" in message:  # names server flags a client cannot act on
+        return error_body(status_code, TOOLS_OFF, code="tool_calling_disabled",
+                          param="tool_choice")
     if any(hint in message for hint in ("context length", "max_model_len")):
         code = "context_length_exceeded"
     elif status_code == 404:

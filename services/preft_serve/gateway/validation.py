@@ -136,6 +136,41 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
             f"x {_plural(choices, 'choice')} x {max_tokens} max tokens), above this "
             f"gateway's limit of {caps.max_request_tokens} per request; lower n or max_tokens"
             + ("" if chat else " or send fewer prompts"), param="max_tokens")
+    _check_fields(body)
+    return total
+
+
+def validate_responses_body(body: dict[str, Any], caps: Caps) -> int:
+    """:func:`validate_body` for ``/v1/responses``: ``input`` instead of messages, one
+    output of at most ``max_output_tokens`` (filled in when absent), and nothing that reads
+    a stored response: responses are not stored here (a worker's store would be one
+    replica's, and readable by whoever has a response's id), so a conversation is sent whole
+    in ``input``. Returns the output tokens the request may use."""
+    given = body.get("input")
+    if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):
+        raise BadRequest("'input' must be a non-empty string or list of input items",
+                         param="input", code="missing_required_parameter"
+                         if given is None else "invalid_value")
+    for field in ("previous_response_id", "conversation", "background"):
+        if body.get(field):
+            raise BadRequest(f"'{field}' is not supported: responses are not stored here; "
+                             "send the whole conversation in 'input' (and 'stream' to "
+                             "follow a long answer)", param=field, code="unsupported_parameter")
+    cap = min(caps.max_tokens, caps.max_request_tokens)
+    max_tokens = _positive_int(body, RESPONSES_MAX_TOKENS, cap,
+                               "cap of {cap}; ask for at most {cap} tokens")
+    if max_tokens is None:
+        max_tokens = body[RESPONSES_MAX_TOKENS] = cap
+    body["store"] = False
+    _check_fields(body)
+    return max_tokens
+
+
+RESPONSES_MAX_TOKENS = "max_output_tokens"
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    """What every route checks alike: names, the gateway's own fields, ``stream``."""
     for field in ("model", "user", "safety_identifier"):
         if body.get(field) is not None and not isinstance(body[field], str):
             raise BadRequest(f"'{field}' must be a string", param=field)
@@ -149,7 +184,6 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
                          param="kv_transfer_params")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be true or false", param="stream")
-    return total
 
 
 def _plural(count: int, noun: str) -> str:
