@@ -5,15 +5,20 @@ server does (LoRAX's ``adapter_id``) is silently answered by the base model."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
+import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
 
+from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 from tests.support.gateway import AUTH, MSGS, SHA, FakeRegistry, Workers
+from tests.support.ports import free_port
 
 HEADERS = ("x-preft-adapter", "x-preft-adapter-version", "x-preft-adapter-sha256")
 
@@ -119,3 +124,48 @@ def test_adapter_id_on_both_routes_streams_and_says_which_adapter(
     assert [resp.headers[h] for h in HEADERS] == ["bot", "1", SHA]
     assert '"model": "bot"' in resp.text or '"model":"bot"' in resp.text
     assert workers.seen[-1]["model"] == f"sha256:{SHA}"
+
+
+def _gateway(redis_url: str, namespace: str) -> TestClient:
+    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
+                               namespace=namespace, limits_cache_s=0,
+                               ratelimit_timeout_s=0.2)
+    app = create_app(settings, transport=httpx.MockTransport(Workers()),
+                     registry=FakeRegistry(), redis_client=aioredis.Redis.from_url(redis_url))
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_the_tenants_unbound_user_setting_decides_base_model_or_404(redis_server: str) -> None:
+    """Read from the tenant's record in the registry's Redis (where ``PATCH
+    /v1/tenants/{tenant}`` writes it); the default is the base model."""
+    namespace = f"ub{uuid.uuid4().hex[:8]}"
+    record = RegistryKeys(namespace).tenant("acme")
+    store = redis.Redis.from_url(redis_server)
+    body = {"model": "tiny", "messages": MSGS, "user": "u2"}
+    try:
+        with _gateway(redis_server, namespace) as client:
+            served = client.post("/v1/chat/completions", headers=AUTH, json=body)
+            assert served.status_code == 200 and served.headers["x-preft-adapter"] == "none"
+            store.hset(record, "unbound_user", "not_found")
+            refused = client.post("/v1/chat/completions", headers=AUTH, json=body)
+            assert refused.status_code == 404, refused.text
+            assert refused.json()["error"]["code"] == "adapter_binding_not_found"
+            assert "x-preft-adapter" not in refused.headers
+            bound = client.post("/v1/chat/completions", headers=AUTH,
+                                json={**body, "user": "u1"})
+            assert bound.status_code == 200 and bound.headers["x-preft-adapter"] == "bot"
+            store.hset(record, "unbound_user", "base_model")
+            again = client.post("/v1/chat/completions", headers=AUTH, json=body)
+            assert again.status_code == 200 and again.headers["x-preft-adapter"] == "none"
+    finally:
+        store.delete(record)
+        store.close()
+
+
+def test_an_unreadable_setting_falls_back_to_the_default() -> None:
+    """Redis down: the default (the base model, which says so), not an error for every
+    request the gateway can still serve."""
+    with _gateway(f"redis://127.0.0.1:{free_port()}/0", "ub") as client:
+        resp = client.post("/v1/chat/completions", headers=AUTH,
+                           json={"model": "tiny", "messages": MSGS, "user": "u2"})
+    assert resp.status_code == 200 and resp.headers["x-preft-adapter"] == "none"
