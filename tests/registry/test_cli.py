@@ -269,3 +269,15 @@ def test_tenant_quotas(live_server, tenant_key, capsys):
     code, _, err = run_cli(capsys, "tenant", "set-quota", "globex", "--max-adapters", "lots",
                            *common)
     assert code == 2 and "expected a whole number or 'default'" in err
+
+
+def test_tenant_unbound_user_setting(live_server, tenant_key, capsys):
+    common = ("--url", live_server, "--admin-token", ADMIN_TOKEN, "--json")
+    code, out, _ = run_cli(capsys, "tenant", "set-unbound-user", "acme", "not_found", *common)
+    assert code == 0 and json.loads(out)["unbound_user"] == "not_found"
+    code, out, _ = run_cli(capsys, "tenant", "show", "acme", *common)
+    assert json.loads(out)["unbound_user"] == "not_found"
+    code, out, _ = run_cli(capsys, "tenant", "set-unbound-user", "acme", "default", *common)
+    assert code == 0 and json.loads(out)["unbound_user"] == "base_model"
+    code, _, err = run_cli(capsys, "tenant", "set-unbound-user", "acme", "error", *common)
+    assert code == 2 and "invalid choice" in err

@@ -1,5 +1,5 @@
 """``preft tenant ...`` (admin token): create, list, show and delete tenants, their keys,
-rate limits and storage quotas."""
+rate limits, storage quotas and serving settings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from preft_serve.cli.client import CliError, Registry
+from preft_serve.common.tenant_serving import UnboundUser
 
 LIMIT_FLAGS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst", "tenant_tpm", "user_tpm")
 QUOTA_FLAGS = ("max_adapters", "max_stored_bytes")
@@ -43,6 +44,11 @@ def cmd_set_quota(reg: Registry, args: argparse.Namespace) -> Any:
         raise CliError("nothing to change: give --max-adapters and/or --max-stored-bytes "
                        f"(a number, or '{DEFAULT}' for the registry's default)")
     return reg.call("PATCH", f"/v1/tenants/{args.tenant}", json={"quota": quota})
+
+
+def cmd_set_unbound_user(reg: Registry, args: argparse.Namespace) -> Any:
+    value = None if args.value == DEFAULT else args.value
+    return reg.call("PATCH", f"/v1/tenants/{args.tenant}", json={"unbound_user": value})
 
 
 def _quota_flags(parser: argparse.ArgumentParser) -> None:
@@ -120,3 +126,9 @@ def add_parser(groups: Any, leaf: Any) -> None:
                             "default); the next upload is checked against them", cmd_set_quota))
     set_quota.add_argument("tenant")
     _quota_flags(set_quota)
+    unbound = _admin(leaf(t_sub, "set-unbound-user", "What a user without an adapter "
+                          "binding gets when a request names the base model: base_model "
+                          "(its answer; the default) or not_found (404); 'default' goes "
+                          "back to the default", cmd_set_unbound_user))
+    unbound.add_argument("tenant")
+    unbound.add_argument("value", choices=[*(u.value for u in UnboundUser), DEFAULT])
