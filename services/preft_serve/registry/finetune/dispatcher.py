@@ -204,10 +204,16 @@ class Dispatcher:
             message = str(line.get("message", ""))
             if kind == "metrics":
                 self.store.add_event(job_id, message, "info", "metrics", data)
+                self._progress(job_id, data)
             elif kind == "error":
                 self.store.add_event(job_id, message, "error")
             elif kind in ("message", "result"):
                 self.store.add_event(job_id, message, "info", "message", data)
+
+    def _progress(self, job_id: str, data: dict[str, object] | None) -> None:
+        step, total = (data or {}).get("step"), (data or {}).get("total_steps")
+        if isinstance(step, int) and isinstance(total, int):
+            self.store.progress(job_id, step, total)
 
     def _succeed(self, record: JobRecord) -> None:
         current = self.store.get(record.id)
@@ -230,6 +236,7 @@ class Dispatcher:
             if r.status is not JobStatus.RUNNING:
                 return None
             r.job.status, r.job.finished_at = JobStatus.SUCCEEDED, int(time.time())
+            r.job.estimated_finish = None
             r.job.fine_tuned_model = done.name
             r.job.trained_tokens = done.trained_tokens
             r.job.result_files = [done.result_file] if done.result_file else []
@@ -294,6 +301,7 @@ class Dispatcher:
             if r.status.finished:
                 return None
             r.job.status, r.job.finished_at = JobStatus.FAILED, int(time.time())
+            r.job.estimated_finish = None
             r.job.error = JobError(code=code, message=reason)
             return r
 

@@ -24,6 +24,14 @@ from preft_serve.registry.txn import transact
 MAX_MESSAGE = 1000
 
 
+def estimate_finish(started_at: float, now: float, step: int, total: int) -> int | None:
+    """When a job at ``step`` of ``total`` ends at its pace so far (the start counts:
+    loading the model is part of any job's time); None before the first step."""
+    if step <= 0 or total <= 0:
+        return None
+    return int(started_at + (now - started_at) * max(total, step) / step)
+
+
 class JobRecord(BaseModel):
     """The public job plus what the registry needs to run and follow it."""
 
@@ -140,8 +148,11 @@ class JobStore:
                                 type=fields.get("type", "message")))
         return out, len(rows) > limit
 
-    def page(self, tenant: str, after: str | None, limit: int) -> tuple[list[JobRecord], bool]:
-        """Newest first; ``after``: a job id, older ones follow it."""
+    def page(self, tenant: str, after: str | None, limit: int,
+             match: Callable[[JobRecord], bool] | None = None,
+             ) -> tuple[list[JobRecord], bool]:
+        """Newest first; ``after``: a job id, older ones follow it. ``match``: only the jobs
+        it accepts (read in batches, newest first, until the page is full)."""
         key = self.keys.tenant_jobs(tenant)
         top: str | float = "+inf"
         if after is not None:
@@ -149,14 +160,38 @@ class JobStore:
             if score is None:
                 return [], False
             top = f"({score}"
-        ids = self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=limit + 1)
-        records = [r for r in (self.get(i) for i in ids[:limit]) if r is not None]
-        return records, len(ids) > limit
+        want = limit + 1
+        batch = want if match is None else max(want, 100)
+        found: list[JobRecord] = []
+        while True:
+            rows = self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=batch,
+                                               withscores=True)
+            for job_id, _ in rows:
+                record = self.get(job_id)
+                if record is not None and (match is None or match(record)):
+                    found.append(record)
+                    if len(found) == want:
+                        return found[:limit], True
+            if len(rows) < batch:
+                return found, False
+            top = f"({rows[-1][1]}"
 
     def active(self) -> list[JobRecord]:
         """Queued and running jobs, oldest first."""
         ids = self.redis.zrange(self.keys.active_jobs, 0, -1)
         return [r for r in (self.get(i) for i in ids) if r is not None]
+
+    def progress(self, job_id: str, step: int, total: int) -> JobRecord | None:
+        """A running job reached ``step`` of ``total``: its ``estimated_finish`` follows."""
+        now = time.time()
+
+        def change(r: JobRecord) -> JobRecord | None:
+            if r.status is not JobStatus.RUNNING or r.started_at is None:
+                return None
+            r.job.estimated_finish = estimate_finish(r.started_at, now, step, total)
+            return r
+
+        return self.update(job_id, change)
 
     # -- runner liveness ------------------------------------------------------------------
 

@@ -112,7 +112,8 @@ class PreftMethod(BaseModel):
 
 
 class Method(BaseModel):
-    """``supervised`` (OpenAI's; trains the default PreFT LoRA) or ``preft``."""
+    """``supervised`` (OpenAI's; trains a PreFT LoRA unless the top-level ``preft`` says
+    otherwise) or ``preft``; the type is read back as sent."""
 
     model_config = {"extra": "forbid"}
 
@@ -122,8 +123,12 @@ class Method(BaseModel):
                                               "hyperparameters are read")
 
 
+METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
+"""OpenAI's bounds on ``metadata``."""
+
+
 class JobCreate(BaseModel):
-    model_config = {"extra": "ignore"}  # OpenAI's integrations, metadata: not supported
+    model_config = {"extra": "ignore"}  # fields of OpenAI's we do not read (none today)
 
     model: str = Field(max_length=256, description="The served base model's name")
     training_file: str = Field(max_length=64, description="A file id (purpose fine-tune)")
@@ -134,6 +139,13 @@ class JobCreate(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
     hyperparameters: Hyperparameters | None = None
     method: Method | None = None
+    preft: PreftMethod | None = Field(None, description="PreFT options for method.type "
+                                      "'supervised' (the SDK's extra_body): the SDK's "
+                                      "method types have no room for them")
+    metadata: dict[str, str] | None = Field(None, description="At most 16 pairs; keys up "
+                                            "to 64, values up to 512 characters")
+    integrations: list[Any] | None = Field(None, description="Not supported: a non-empty "
+                                           "list is refused")
 
 
 class JobError(BaseModel):

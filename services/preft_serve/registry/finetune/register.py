@@ -4,7 +4,8 @@ The adapter files are fetched from ``finetune/<job id>/`` in the object store an
 to the registry's own upload path (``AdapterService.upload``: staging, validation against
 the base model, content-addressed blob, one Redis transaction, the ``adapter.updated``
 event), as a new version of the job's adapter name (a later job with the same suffix is
-the next version, so bound users move to it). The metrics file becomes a result file.
+the next version, so bound users move to it). The trainer's metrics become the result
+file, OpenAI's per-step CSV (``results.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.finetune.files import FileService
 from preft_serve.registry.finetune.jobs import JobRecord
 from preft_serve.registry.finetune.models import Checkpoint
+from preft_serve.registry.finetune.results import step_metrics_csv
 from preft_serve.registry.finetune.spec import OUTPUT_FILES, output_prefix
 from preft_serve.registry.ingest import UploadedFile
 
@@ -53,8 +55,8 @@ def register_output(record: JobRecord, adapters: AdapterService,
                 record.tenant, record.adapter_name, mode,
                 [UploadedFile(OUTPUT_FILES[0], config), UploadedFile(OUTPUT_FILES[1], weights)],
                 create=False)
-        result_file = files.put_result(record.tenant, f"{record.id}-metrics.json",
-                                       (root / OUTPUT_FILES[2]).read_bytes())
+        result_file = files.put_result(record.tenant, f"{record.id}-step_metrics.csv",
+                                       step_metrics_csv(metrics))
     for name in OUTPUT_FILES:
         store.delete(prefix + name)
     train = metrics.get("train_loss") or [{}]

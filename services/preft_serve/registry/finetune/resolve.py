@@ -4,6 +4,10 @@ OpenAI's ``hyperparameters`` (top level, or inside ``method.supervised`` / ``met
 map onto ``preft train``: ``n_epochs`` -> epochs, ``batch_size`` -> examples per step,
 ``learning_rate_multiplier`` x 2e-3 (the trainer's default peak rate). ``auto`` is 3
 epochs, a batch of up to 8 examples and a multiplier of 1.
+
+The PreFT options come from ``method.preft`` (type ``preft``) or the top-level ``preft``
+(type ``supervised``, sent with the SDK's ``extra_body``); the job reads back the type it
+was sent with, and the options it trained with under ``method.preft``.
 """
 
 from __future__ import annotations
@@ -46,10 +50,15 @@ def resolve(body: JobCreate, examples: int, seed: int, max_steps: int, max_lora_
             max_reft_rank: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(trainer options, the job's ``hyperparameters``, the job's ``method``)."""
     method = body.method
-    preft = (method.preft if method is not None else None) or PreftMethod()
+    kind = method.type if method is not None else "preft"
     if method is not None and method.type == "supervised" and method.preft is not None:
-        raise BadRequest("method.type 'supervised' takes no 'preft' object; use type "
-                         "'preft'", param="method")
+        raise BadRequest("method.type 'supervised' takes no 'preft' object; send the PreFT "
+                         "options as the top-level 'preft' (the SDK's extra_body), or use "
+                         "type 'preft'", param="method")
+    if method is not None and method.preft is not None and body.preft is not None:
+        raise BadRequest("give the PreFT options once: in method.preft or the top-level "
+                         "'preft'", param="preft")
+    preft = (method.preft if method is not None else None) or body.preft or PreftMethod()
     hp = _hyperparameters(body, preft)
     if preft.adapter is AdapterType.LORA:
         if preft.rank > max_lora_rank:
@@ -71,7 +80,10 @@ def resolve(body: JobCreate, examples: int, seed: int, max_steps: int, max_lora_
     batch = min(DEFAULT_BATCH, examples) if hp.batch_size == "auto" else int(hp.batch_size)
     multiplier = 1.0 if hp.learning_rate_multiplier == "auto" \
         else float(hp.learning_rate_multiplier)
-    steps = preft.steps or epochs * math.ceil(examples / batch)
+    per_epoch = math.ceil(examples / batch)
+    steps = preft.steps or epochs * per_epoch
+    if preft.steps:  # the trainer stops at ``steps``: the passes over the data it starts
+        epochs = math.ceil(steps / per_epoch)
     if steps > max_steps:
         raise BadRequest(f"this job would run {steps} optimizer steps; at most {max_steps} "
                          "(fewer epochs, a larger batch or method.preft.steps)",
@@ -84,8 +96,11 @@ def resolve(body: JobCreate, examples: int, seed: int, max_steps: int, max_lora_
         "max_seq_len": preft.max_seq_len,
     }
     hyper = {"n_epochs": epochs, "batch_size": batch, "learning_rate_multiplier": multiplier}
-    shown_method = {"type": "preft", "preft": {
+    shown_preft = {
         **{k: options[k] for k in ("adapter", "mode", "rank", "alpha", "target_modules",
                                    "layers", "positions", "max_seq_len")},
-        "steps": steps, "hyperparameters": hyper}}
+        "steps": steps, "hyperparameters": hyper}
+    shown_method: dict[str, Any] = {"type": kind, "preft": shown_preft}
+    if kind == "supervised":
+        shown_method["supervised"] = {"hyperparameters": hyper}
     return options, hyper, shown_method

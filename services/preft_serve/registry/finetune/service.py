@@ -7,7 +7,7 @@ import logging
 import re
 import secrets
 import time
-from typing import Protocol
+from typing import Literal, Protocol
 
 from preft_serve.common.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from preft_serve.common.text import shown
@@ -17,6 +17,9 @@ from preft_serve.registry.finetune.ids import check_job_id, new_job_id
 from preft_serve.registry.finetune.jobs import JobRecord, JobStore
 from preft_serve.registry.finetune.models import (
     FINE_TUNE_PURPOSE,
+    METADATA_MAX_KEY,
+    METADATA_MAX_PAIRS,
+    METADATA_MAX_VALUE,
     SUFFIX_PATTERN,
     CheckpointList,
     EventList,
@@ -30,6 +33,25 @@ from preft_serve.registry.finetune.settings import FinetuneSettings
 from preft_serve.registry.metrics import RegistryMetrics
 
 logger = logging.getLogger(__name__)
+
+
+MetadataFilter = dict[str, str] | Literal["null"] | None
+
+
+def check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's bounds, refused whole before anything is stored."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise BadRequest(f"metadata has {len(metadata)} pairs; at most {METADATA_MAX_PAIRS}",
+                         param="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY:
+            raise BadRequest(f"metadata key {shown(key)} is over {METADATA_MAX_KEY} "
+                             "characters", param="metadata")
+        if len(value) > METADATA_MAX_VALUE:
+            raise BadRequest(f"metadata[{shown(key)}] is over {METADATA_MAX_VALUE} "
+                             "characters", param="metadata")
 
 
 class Canceller(Protocol):
@@ -56,6 +78,11 @@ class FineTuningService:
         return info["sha256"], int(info.get("examples", "0")), longest
 
     def create(self, tenant: str, body: JobCreate) -> FineTuningJob:
+        check_metadata(body.metadata)
+        if body.integrations:
+            raise BadRequest("integrations are not supported here (nothing would receive "
+                             "them); send none, and follow the job's events instead",
+                             param="integrations", code="unsupported_parameter")
         if body.model != self.base_model:
             raise NotFound(f"model {shown(body.model)} is not served here; fine-tune the base "
                            f"model {self.base_model!r}", code="model_not_found", param="model")
@@ -83,7 +110,7 @@ class FineTuningService:
             organization_id=tenant, status=JobStatus.QUEUED,
             training_file=body.training_file, validation_file=body.validation_file,
             hyperparameters=hyper, seed=seed, method=method,
-            user_provided_suffix=body.suffix)
+            user_provided_suffix=body.suffix, metadata=body.metadata)
         record = JobRecord(job=job, tenant=tenant,
                            adapter_name=body.suffix or f"ft-{job_id[6:]}",
                            training_sha256=training_sha, validation_sha256=validation_sha,
@@ -113,10 +140,20 @@ class FineTuningService:
     def get(self, tenant: str, job_id: str) -> FineTuningJob:
         return self.record(tenant, job_id).job
 
-    def list(self, tenant: str, after: str | None, limit: int) -> JobList:
+    def list(self, tenant: str, after: str | None, limit: int,
+             metadata: MetadataFilter = None) -> JobList:
+        """``metadata``: pairs a job's metadata must hold, or ``"null"``: jobs without."""
         if after is not None:
             check_job_id(after)
-        records, more = self.store.page(tenant, after, limit)
+
+        def match(record: JobRecord) -> bool:
+            held = record.job.metadata
+            if metadata == "null":
+                return held is None
+            return all((held or {}).get(k) == v for k, v in (metadata or {}).items())
+
+        records, more = self.store.page(tenant, after, limit,
+                                        match if metadata else None)
         return JobList(data=[r.job for r in records], has_more=more)
 
     def cancel(self, tenant: str, job_id: str) -> FineTuningJob:
@@ -131,6 +168,7 @@ class FineTuningService:
                 raise Conflict(f"job {job_id} already {r.status.value}; only queued or "
                                "running jobs can be cancelled", code="job_not_cancellable")
             r.job.status, r.job.finished_at = JobStatus.CANCELLED, int(time.time())
+            r.job.estimated_finish = None
             return r
 
         new = self.store.update(job_id, change, "Job cancelled")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from starlette.datastructures import QueryParams
 
-from preft_serve.common.errors import error_responses
+from preft_serve.common.errors import BadRequest, error_responses
 from preft_serve.registry.deps import PrincipalDep
 from preft_serve.registry.finetune.deps import JobsDep
 from preft_serve.registry.finetune.models import (
@@ -17,6 +18,7 @@ from preft_serve.registry.finetune.models import (
     JobCreate,
     JobList,
 )
+from preft_serve.registry.finetune.service import MetadataFilter, check_metadata
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 Limit = Annotated[int, Query(ge=1, le=100)]
@@ -32,11 +34,24 @@ def create_job(body: JobCreate, principal: PrincipalDep, jobs: JobsDep) -> FineT
     return jobs.create(principal.tenant, body)
 
 
-@router.get("", response_model=JobList, responses=error_responses(401, 404))
-def list_jobs(principal: PrincipalDep, jobs: JobsDep, after: After = None,
+@router.get("", response_model=JobList, responses=error_responses(400, 401, 404))
+def list_jobs(request: Request, principal: PrincipalDep, jobs: JobsDep, after: After = None,
               limit: Limit = 20) -> JobList:
-    """Your jobs, newest first."""
-    return jobs.list(principal.tenant, after, limit)
+    """Your jobs, newest first. ``metadata[k]=v`` (repeatable) keeps the jobs whose metadata
+    holds every such pair; ``metadata=null`` keeps those created without metadata."""
+    return jobs.list(principal.tenant, after, limit, metadata_filter(request.query_params))
+
+
+def metadata_filter(query: QueryParams) -> MetadataFilter:
+    """OpenAI's deep-object form (``metadata[k]=v``), as the SDK sends ``metadata=``."""
+    pairs = {key[len("metadata["):-1]: value for key, value in query.multi_items()
+             if key.startswith("metadata[") and key.endswith("]")}
+    plain = query.get("metadata")
+    if plain is not None and (pairs or plain != "null"):
+        raise BadRequest("filter with metadata[key]=value pairs, or metadata=null alone",
+                         param="metadata")
+    check_metadata(pairs)
+    return "null" if plain is not None else pairs or None
 
 
 @router.get("/{job_id}", response_model=FineTuningJob, responses=error_responses(401, 404))

@@ -1,0 +1,79 @@
+"""The fast parts of OpenAI fine-tuning parity, without a trainer: the per-step CSV result
+file, ``estimated_finish`` from a running job's progress, and the ``metadata[k]=v`` list
+filter's parsing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+from starlette.datastructures import QueryParams
+
+from preft_serve.common.errors import BadRequest
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.registry.finetune.jobs import JobRecord, JobStore, estimate_finish
+from preft_serve.registry.finetune.models import FineTuningJob, JobStatus
+from preft_serve.registry.finetune.results import step_metrics_csv
+from preft_serve.registry.routers.fine_tuning import metadata_filter
+
+
+def test_the_result_csv_has_openais_columns_the_recorded_values_and_no_paths() -> None:
+    metrics = {
+        "config": {"data": "/srv/scratch/train.jsonl", "model": "/models/base"},
+        "train_loss": [{"step": 1, "loss": 2.5, "lr": 1e-3}, {"step": 2, "loss": 1.25},
+                       {"step": 3, "loss": float("nan")}],
+        "eval_loss": [{"step": 2, "loss": 1.5}, {"step": 3, "loss": 1.0}],
+    }
+    assert step_metrics_csv(metrics).decode() == (
+        "step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy\n"
+        "1,2.5,,,\n"
+        "2,1.25,,1.5,\n"
+        "3,,,1.0,\n")
+    assert step_metrics_csv({}).decode().count("\n") == 1  # the header alone
+
+
+def test_estimated_finish_is_the_pace_so_far() -> None:
+    assert estimate_finish(1000.0, 1010.0, 5, 20) == 1040
+    assert estimate_finish(1000.0, 1010.0, 20, 20) == 1010
+    assert estimate_finish(1000.0, 1010.0, 0, 20) is None
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis) -> JobStore:
+    return JobStore(redis_client, RegistryKeys(f"t{uuid.uuid4().hex[:8]}"), 100)
+
+
+def _record(status: JobStatus, started_at: float | None) -> JobRecord:
+    job = FineTuningJob(id=f"ftjob-{uuid.uuid4().hex[:24]}", created_at=int(time.time()),
+                        model="m", organization_id="acme", status=status,
+                        training_file="file-x", hyperparameters={}, seed=0, method={})
+    return JobRecord(job=job, tenant="acme", adapter_name="a", training_sha256="0" * 64,
+                     started_at=started_at)
+
+
+def test_a_running_jobs_progress_sets_its_estimate_and_nothing_else_does(
+        store: JobStore) -> None:
+    running = _record(JobStatus.RUNNING, time.time() - 30)
+    store.create(running, "queued")
+    store.progress(running.id, 10, 40)
+    found = store.get(running.id)
+    assert found is not None and found.job.estimated_finish is not None
+    assert abs(found.job.estimated_finish - (running.started_at or 0) - 120) <= 2
+    for status in (JobStatus.QUEUED, JobStatus.SUCCEEDED):
+        other = _record(status, time.time() - 30)
+        store.create(other, "queued")
+        assert store.progress(other.id, 10, 40) is None
+        assert (read := store.get(other.id)) is not None and read.job.estimated_finish is None
+
+
+def test_the_metadata_filter_reads_openais_deep_object_form() -> None:
+    assert metadata_filter(QueryParams("limit=5")) is None
+    assert metadata_filter(QueryParams("metadata%5Bteam%5D=blue&metadata%5Brun%5D=")) == {
+        "team": "blue", "run": ""}
+    assert metadata_filter(QueryParams("metadata=null")) == "null"
+    for bad in ("metadata=x", "metadata=null&metadata%5Ba%5D=b",
+                "&".join(f"metadata%5Bk{i}%5D=v" for i in range(17))):
+        with pytest.raises(BadRequest):
+            metadata_filter(QueryParams(bad))
