@@ -3,7 +3,8 @@
 Raw ASGI (no framework) under uvicorn: ``/health``, ``/v1/models`` (nothing resident),
 the two completion endpoints, which return ``max_tokens`` one-character tokens at once, as
 one JSON body or as one SSE event per token plus vLLM's usage chunk, and ``/v1/responses``
-(``max_output_tokens`` characters, as one response object or vLLM's typed events). With an
+(``max_output_tokens`` characters, as one response object or vLLM's typed events), and
+fixed answers for ``/tokenize``, ``/detokenize`` and ``/version``. With an
 upstream this cheap, the time a request spends in the gateway is most of what is left.
 JSON is compact, as vLLM writes it (pydantic's ``model_dump_json`` for stream chunks,
 Starlette's ``JSONResponse`` for whole answers): the gateway rewrites ``model`` in such SSE
@@ -102,6 +103,12 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await _respond(send, 200, b"")
     elif path == "/v1/models":
         await _respond(send, 200, b'{"object": "list", "data": []}')
+    elif path == "/version":
+        await _respond(send, 200, b'{"version": "fake"}')
+    elif path in ("/tokenize", "/detokenize") and scope["method"] == "POST":
+        await _read_body(receive)  # vLLM's shapes, whatever was asked
+        await _respond(send, 200, b'{"tokens": [1, 2], "count": 2, "max_model_len": 256}'
+                       if path == "/tokenize" else b'{"prompt": "fake"}')
     elif path in ("/v1/chat/completions", "/v1/completions", "/v1/responses") and \
             scope["method"] == "POST":
         request = json.loads(await _read_body(receive))

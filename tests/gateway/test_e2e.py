@@ -185,3 +185,23 @@ def test_errors_reach_the_openai_client_in_openais_terms(stack: Stack) -> None:
                                                              "tool_choice")
     message = tools_off.value.body["message"]  # type: ignore[index]
     assert message == TOOLS_OFF and "--" not in message
+
+
+def test_tokenizer_routes_are_the_workers(stack: Stack) -> None:
+    """``/tokenize`` and ``/detokenize`` through the gateway, for an adapter: the worker's
+    own answers for its base model (every adapter shares the tokenizer)."""
+    auth = {"Authorization": f"Bearer {stack.api_key}"}
+    direct = httpx.post(f"{stack.worker}/tokenize", timeout=30,
+                        json={"prompt": "the quick brown fox"}).json()
+    through = httpx.post(f"{stack.gateway}/tokenize", headers=auth, timeout=30,
+                         json={"model": "tiny-llama", "user": "u1",
+                               "prompt": "the quick brown fox"})
+    assert through.status_code == 200, through.text
+    assert through.json()["tokens"] == direct["tokens"] and len(direct["tokens"]) > 2
+    back = httpx.post(f"{stack.gateway}/detokenize", headers=auth, timeout=30,
+                      json={"tokens": direct["tokens"]})
+    assert back.status_code == 200 and back.json()["prompt"] == httpx.post(
+        f"{stack.worker}/detokenize", json={"tokens": direct["tokens"]}, timeout=30).json()[
+        "prompt"]
+    version = httpx.get(f"{stack.gateway}/version", headers=auth, timeout=30)
+    assert version.json() == httpx.get(f"{stack.worker}/version", timeout=30).json()

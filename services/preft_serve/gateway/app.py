@@ -28,6 +28,7 @@ from preft_serve.gateway.routers import (
     health,
     models,
     responses,
+    tokenize,
 )
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.state import GatewayState
@@ -93,7 +94,7 @@ def create_app(settings: GatewaySettings | None = None,
         paths={"/v1/files": upload_limit})
     # Outermost: every answer (a 413 from the body limit too) carries the request id.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (completions, responses, models, files, fine_tuning, health):
+    for module in (completions, responses, models, files, fine_tuning, tokenize, health):
         app.include_router(module.router)
     document_models(app, *fine_tuning.BODY_MODELS)
     tracer_provider = instrument_app(app, settings.tracing) if settings.tracing_enabled else None

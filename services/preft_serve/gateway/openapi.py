@@ -62,6 +62,22 @@ COMPLETION_BODY = _body({
 }, "prompt", "completion", {"model": "support-bot", "prompt": "Once upon a time",
                              "max_tokens": 32})
 
+def _tokenizer_body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "additionalProperties": True, "examples": [example],
+        "properties": {**properties, "model": _COMMON["model"]},
+        "description": "vLLM's tokenizer request; the base model's tokenizer, which every "
+                       "adapter shares"}}}}}
+
+
+TOKENIZE_BODY = _tokenizer_body({
+    "prompt": {"type": "string"},
+    "messages": {"type": "array", "minItems": 1, "description": "Tokenized through the "
+                 "chat template"},
+}, {"prompt": "Once upon a time"})
+DETOKENIZE_BODY = _tokenizer_body({"tokens": {"type": "array", "items": {
+    "type": "integer", "minimum": 0}}}, {"tokens": [9906, 1917]})
+
 # The worker's answer: JSON, or server-sent events with "stream": true.
 OK_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
     "description": "The worker's answer, `model` rewritten to the adapter's name",
