@@ -29,6 +29,7 @@ class TwoPools:
         self.prefill_answers = prefill_answers
         self.prefill_seen: list[dict[str, Any]] = []
         self.decode_seen: list[dict[str, Any]] = []
+        self.request_ids: list[tuple[str, str | None]] = []  # (worker, X-Request-Id)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         worker = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
@@ -37,6 +38,7 @@ class TwoPools:
         if request.method == "GET":
             return httpx.Response(200, json={"object": "list", "data": []})
         body = json.loads(request.content)
+        self.request_ids.append((worker, request.headers.get("x-request-id")))
         if worker == PREFILL:
             self.prefill_seen.append(body)
             if not self.prefill_answers:
@@ -150,6 +152,13 @@ def test_streamed_text_completion_joins_both_hops(client: TestClient, pools: Two
     assert [c["finish_reason"] for e in events for c in e["choices"]][-1] == "length"
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
     assert pools.decode_seen[0]["stream"] is True
+
+
+def test_both_hops_carry_the_clients_request_id(client: TestClient, pools: TwoPools) -> None:
+    reply = client.post("/v1/completions", headers={**AUTH, "X-Request-Id": "req-42"},
+                        json={"model": "bot", "prompt": "hi", "max_tokens": 3})
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "req-42"
+    assert pools.request_ids == [(PREFILL, "req-42"), (DECODE, "req-42")]
 
 
 @pytest.mark.parametrize("stop, decoded", [(["ab"], False), ("zab", True), (["xa"], True),
