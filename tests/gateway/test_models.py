@@ -1,5 +1,7 @@
 """``GET /v1/models`` and ``GET /v1/models/{model}``: OpenAI model objects with ``created``
-(adapter: first upload; base model: gateway start), and no sign of other tenants' adapters."""
+(adapter: first upload; base model: gateway start), and no sign of other tenants' adapters.
+``name@version`` parsing and ``DELETE /v1/models/{model}``'s own refusals (deleting through
+a real registry: tests/finetune/test_fine_tuned_models.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from preft_serve.common.registry_client import split_pinned
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 from tests.support.gateway import AUTH, CREATED, KEY, OTHER_KEY, FakeRegistry, Workers
@@ -79,3 +82,27 @@ def test_openai_client_retrieve(started: tuple[TestClient, int, int]) -> None:
         client.models.retrieve("rival")
     assert "model 'rival' does not exist" in str(info.value)
     assert info.value.request_id
+
+
+@pytest.mark.parametrize(("model", "pinned"), [
+    ("carol@2", ("carol", 2)), ("a.b-c_d@10", ("a.b-c_d", 10)), ("carol", None),
+    ("carol@0", None), ("carol@", None), ("@1", None), ("carol@1@1", None),
+    ("carol@x", None), ("carol@\u0661", None), ("carol@1234567890", None),
+    ("a..b@1", None),
+])
+def test_name_at_version_is_parsed_in_one_place(model: str,
+                                                pinned: tuple[str, int] | None) -> None:
+    assert split_pinned(model) == pinned
+
+
+def test_deleting_the_base_model_or_without_a_registry_says_why(
+        started: tuple[TestClient, int, int]) -> None:
+    client = started[0]
+    base = client.delete("/v1/models/org/tiny", headers=AUTH)
+    assert base.status_code == 400 and base.json()["error"]["code"] == "model_not_deletable"
+    pinned = client.delete("/v1/models/bot@1", headers=AUTH)
+    assert pinned.status_code == 400 and "delete 'bot'" in pinned.json()["error"]["message"]
+    unconfigured = client.delete("/v1/models/bot", headers=AUTH)
+    assert unconfigured.status_code == 501, unconfigured.text
+    assert "PREFT_GATEWAY_REGISTRY_URL" in unconfigured.json()["error"]["message"]
+    assert client.delete("/v1/models/bot").status_code == 401

@@ -49,15 +49,8 @@ def registry_http(settings: GatewaySettings) -> httpx.AsyncClient | None:
 async def forward(client: httpx.AsyncClient | None, request: Request) -> Response:
     """Send ``request`` to the registry as it came (path, query, key, body) and relay the
     answer, status and error envelope included."""
-    if client is None:
-        raise RegistryNotConfigured(
-            f"{request.url.path} is served by the registry, and this gateway has none "
-            "configured; ask the operator to set PREFT_GATEWAY_REGISTRY_URL, or call the "
-            "registry's URL directly")
-    headers = {name: value for name in REQUEST_HEADERS
-               if (value := request.headers.get(name)) is not None}
-    if (request_id := request_id_of(request)) is not None:
-        headers[REQUEST_ID_HEADER] = request_id
+    client = _configured(client, request)
+    headers = _headers(request, REQUEST_HEADERS)
     has_body = "content-length" in headers or "transfer-encoding" in request.headers
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     query = request.scope.get("query_string", b"")
@@ -67,15 +60,49 @@ async def forward(client: httpx.AsyncClient | None, request: Request) -> Respons
     try:
         answer = await client.send(outgoing, stream=True)
     except httpx.TransportError as exc:
-        request.app.state.metrics.errors.labels("registry_unavailable").inc()
-        logger.warning("registry %s unreachable for %s %s: %r", client.base_url,
-                       request.method, request.url.path, exc)
-        raise ServiceUnavailable(
-            f"the registry, which serves {request.url.path}, is not reachable ("
-            f"{type(exc).__name__}); retry shortly, and if this persists ask the operator "
-            "to check that the registry is running and that PREFT_GATEWAY_REGISTRY_URL "
-            "points at it", code="registry_unavailable") from None
+        raise _unavailable(client, request, exc) from None
     kept = {name: value for name in RESPONSE_HEADERS
             if (value := answer.headers.get(name)) is not None}
     return RelayResponse(answer.aiter_raw(), status_code=answer.status_code, headers=kept,
                          background=BackgroundTask(answer.aclose))
+
+
+async def call(client: httpx.AsyncClient | None, request: Request, method: str,
+               path: str) -> httpx.Response:
+    """A bodiless registry call of the gateway's own (another route than the request's),
+    on the request's behalf: its key, its request id; the answer read whole."""
+    client = _configured(client, request)
+    headers = _headers(request, ("authorization", "accept"))
+    try:
+        return await client.request(method, path, headers=headers)
+    except httpx.TransportError as exc:
+        raise _unavailable(client, request, exc) from None
+
+
+def _configured(client: httpx.AsyncClient | None, request: Request) -> httpx.AsyncClient:
+    if client is None:
+        raise RegistryNotConfigured(
+            f"{request.url.path} is served by the registry, and this gateway has none "
+            "configured; ask the operator to set PREFT_GATEWAY_REGISTRY_URL, or call the "
+            "registry's URL directly")
+    return client
+
+
+def _headers(request: Request, names: tuple[str, ...]) -> dict[str, str]:
+    headers = {name: value for name in names
+               if (value := request.headers.get(name)) is not None}
+    if (request_id := request_id_of(request)) is not None:
+        headers[REQUEST_ID_HEADER] = request_id
+    return headers
+
+
+def _unavailable(client: httpx.AsyncClient, request: Request,
+                 exc: httpx.TransportError) -> ServiceUnavailable:
+    request.app.state.metrics.errors.labels("registry_unavailable").inc()
+    logger.warning("registry %s unreachable for %s %s: %r", client.base_url,
+                   request.method, request.url.path, exc)
+    return ServiceUnavailable(
+        f"the registry, which serves {request.url.path}, is not reachable ("
+        f"{type(exc).__name__}); retry shortly, and if this persists ask the operator "
+        "to check that the registry is running and that PREFT_GATEWAY_REGISTRY_URL "
+        "points at it", code="registry_unavailable")

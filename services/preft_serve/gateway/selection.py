@@ -2,7 +2,9 @@
 
 Rules (also in the app's OpenAPI description, /docs):
 
-* ``model`` names one of the tenant's adapters -> that adapter (the user is ignored).
+* ``model`` names one of the tenant's adapters -> that adapter (the user is ignored);
+  ``name@version`` pins one version of it (a version that does not exist: 404 naming the
+  current one).
 * ``model`` equals the base model's public name -> the user's binding if the user has one,
   else the base model, or a 404 where the tenant's ``unbound_user`` setting is
   ``not_found`` (``common.tenant_serving``).
@@ -24,7 +26,7 @@ from typing import Protocol
 
 from preft_serve.adapters.format import format_model_name
 from preft_serve.common.errors import BadRequest, NotFound
-from preft_serve.common.registry_client import AdapterRef
+from preft_serve.common.registry_client import AdapterRef, split_pinned
 from preft_serve.common.tenant_serving import UnboundUser
 
 
@@ -67,6 +69,19 @@ ADAPTER_VERSION_HEADER = "x-preft-adapter-version"
 ADAPTER_SHA256_HEADER = "x-preft-adapter-sha256"
 
 
+async def model_not_found(resolver: Resolver, tenant: str, model: str) -> NotFound:
+    """The 404 of a ``model`` the tenant does not have; for ``name@version`` of an adapter
+    it has, it says which versions exist."""
+    pinned = split_pinned(model)
+    if pinned is not None and (current := await resolver.resolve_adapter(
+            tenant, pinned[0])) is not None:
+        return NotFound(f"adapter '{pinned[0]}' has no version {pinned[1]}; its versions are "
+                        f"1 to {current.version} ('{pinned[0]}' alone is version "
+                        f"{current.version})", code="model_not_found", param="model")
+    return NotFound(f"model '{model}' does not exist; GET /v1/models lists yours",
+                    code="model_not_found", param="model")
+
+
 def adapter_target(ref: AdapterRef) -> Target:
     return Target(ref.name, format_model_name(ref.sha256), ref.sha256, ref)
 
@@ -81,8 +96,7 @@ async def select_target(resolver: Resolver, tenant: str, model: str | None, user
     if model is not None and model != base_name:
         ref = await resolver.resolve_adapter(tenant, model)
         if ref is None:
-            raise NotFound(f"model '{model}' does not exist; GET /v1/models lists yours",
-                           code="model_not_found", param="model")
+            raise await model_not_found(resolver, tenant, model)
         return adapter_target(ref)
     if user is None:
         if model is None:

@@ -51,6 +51,7 @@ from preft_serve.common.registry_client.contract import (
     is_usage_day,
     is_user_id,
     parse_usage,
+    split_pinned,
     stream_id_key,
     usage_field,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "is_usage_day",
     "is_user_id",
     "parse_usage",
+    "split_pinned",
     "stream_id_key",
     "usage_field",
 ]

@@ -71,6 +71,16 @@ def parse_ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:
     )
 
 
+def parse_version(tenant: str, name: str, raw: str, created_at: str | None) -> AdapterRef:
+    """A version history entry (the registry's JSON of the version's fields)."""
+    f = json.loads(raw)
+    return AdapterRef(
+        tenant, name, int(f["version"]), str(f["sha256"]), AdapterType(f["type"]),
+        AdapterMode(f["mode"]), int(f.get("rank") or 0), str(f.get("base_model") or ""),
+        unix_seconds(created_at),
+    )
+
+
 def unix_seconds(iso: str | None) -> int:
     """Whole seconds since the epoch of an ISO 8601 timestamp (0: missing or unreadable)."""
     if not iso:

@@ -47,6 +47,19 @@ def is_adapter_name(name: str) -> bool:
     return _ADAPTER.fullmatch(name) is not None and ".." not in name
 
 
+PIN_SEPARATOR = "@"  # never in an adapter name, so "carol@2" is unambiguous
+
+
+def split_pinned(model: str) -> tuple[str, int] | None:
+    """``name@version`` (version 1 or more, plain digits) -> (name, version); None for
+    anything else, a plain adapter name included."""
+    name, sep, version = model.rpartition(PIN_SEPARATOR)
+    if not sep or not version.isascii() or not version.isdigit() or len(version) > 9 \
+            or int(version) < 1 or not is_adapter_name(name):
+        return None
+    return name, int(version)
+
+
 def is_user_id(user: str) -> bool:
     """1-128 letters, digits or '.', '_', '@', '+', '=', '-'."""
     return _USER.fullmatch(user) is not None

@@ -33,6 +33,7 @@ from preft_serve.common.registry_client.cache import (
     ClientBase,
     parse_blob,
     parse_ref,
+    parse_version,
     valid_adapter,
     valid_user,
 )
@@ -46,6 +47,7 @@ from preft_serve.common.registry_client.contract import (
     RegistryEvent,
     hash_api_key,
     is_tenant_name,
+    split_pinned,
 )
 
 T = TypeVar("T")
@@ -201,6 +203,8 @@ class RegistryCore(ClientBase):
         return ref
 
     def _resolve_adapter(self, tenant: str, name: str) -> Steps[AdapterRef | None]:
+        if (pinned := split_pinned(name)) is not None:
+            return (yield from self._resolve_pinned(tenant, *pinned))
         hit = self._cached_adapter(tenant, name)
         if hit is not MISSING:
             return cast("AdapterRef | None", hit)
@@ -218,6 +222,19 @@ class RegistryCore(ClientBase):
         if self._live and self._use_cache:
             self._cache.put(epoch, tenant, None, name, ref)
         return ref
+
+    def _resolve_pinned(self, tenant: str, name: str,
+                        version: int) -> Steps[AdapterRef | None]:
+        """One version of an adapter (``name@version``), read from its version history.
+        Not cached: a deleted adapter's name may come back with other content as version
+        1, and the events name adapters, not versions."""
+        if not valid_adapter(tenant, name):
+            return None
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(self.keys.adapter(tenant, name), "adapter_created_at")
+        pipe.hget(self.keys.versions(tenant, name), str(version))
+        created, raw = yield Call(pipe.execute)
+        return parse_version(tenant, name, raw, created) if raw else None
 
     def _adapter_names(self, tenant: str, limit: int) -> Steps[list[str]]:
         if not is_tenant_name(tenant):
