@@ -17,7 +17,7 @@ from starlette.background import BackgroundTask
 from preft_serve.common.access_log import access_fields, request_id_of
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
 from preft_serve.gateway.handoff import FirstToken, Handoff, unified_reason
-from preft_serve.gateway.metrics import token_counts
+from preft_serve.gateway.metrics import GatewayMetrics, token_counts
 from preft_serve.gateway.proxy import (
     BadGateway,
     Upstream,
@@ -92,12 +92,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     except redis.RedisError:  # a lookup nothing cached: fast_path answers (and counts) 503
         metrics.record_request(tenant_label, label, 503)
         raise
-    metrics.routing_of(upstream.result.value).inc()
-    log["worker"] = upstream.worker
-    status = upstream.response.status_code
-    metrics.record_request(tenant_label, label, status)
-    if status >= 400:
-        metrics.errors.labels(f"worker_{status // 100}xx").inc()
+    status = record_answer(metrics, upstream, tenant_label, label, log)
 
     on_usage = usage_counter(state, tenant, tenant_label, target.public_name, label, log)
 
@@ -136,6 +131,19 @@ def usage_counter(state: GatewayState, tenant: str, tenant_label: str, public_na
         state.usage.record(tenant, public_name, requests=1, prompt_tokens=prompt or 0,
                            completion_tokens=completion or 0)
     return on_usage
+
+
+def record_answer(metrics: GatewayMetrics, upstream: Upstream, tenant_label: str, label: str,
+                  log: dict[str, Any]) -> int:
+    """Count a worker's answer (where it was routed, its status) and log the worker; its
+    status."""
+    metrics.routing_of(upstream.result.value).inc()
+    log["worker"] = upstream.worker
+    status = upstream.response.status_code
+    metrics.record_request(tenant_label, label, status)
+    if status >= 400:
+        metrics.errors.labels(f"worker_{status // 100}xx").inc()
+    return status
 
 
 async def _two_pools(state: GatewayState, handoff: Handoff, tenant: str, tenant_label: str,

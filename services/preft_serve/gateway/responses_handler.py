@@ -26,7 +26,7 @@ from starlette.background import BackgroundTask
 
 from preft_serve.common.access_log import access_fields, request_id_of
 from preft_serve.common.errors import ServiceError
-from preft_serve.gateway.completion_handler import NO_ADAPTER, usage_counter
+from preft_serve.gateway.completion_handler import NO_ADAPTER, record_answer, usage_counter
 from preft_serve.gateway.deps import authenticate
 from preft_serve.gateway.proxy import (
     BadGateway,
@@ -92,12 +92,7 @@ async def serve(request: Request) -> Response:
     except redis.RedisError:  # the app's handler answers 503
         metrics.record_request(tenant_label, label, 503)
         raise
-    metrics.routing_of(upstream.result.value).inc()
-    log["worker"] = upstream.worker
-    status = upstream.response.status_code
-    metrics.record_request(tenant_label, label, status)
-    if status >= 400:
-        metrics.errors.labels(f"worker_{status // 100}xx").inc()
+    status = record_answer(metrics, upstream, tenant_label, label, log)
     counted = usage_counter(state, tenant, tenant_label, target.public_name, label, log)
 
     def on_usage(usage: Any) -> None:
