@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loadtests.scale_sim.gateway import SimGateway
-from loadtests.scale_sim.model import GatewayConfig, Profile, WorkerConfig
+from loadtests.scale_sim.model import GatewayConfig, Pauses, Profile, WorkerConfig
 from loadtests.scale_sim.worker import Req, SimWorker
 from loadtests.scale_sim.workload import Population, Requests
 from preft_serve.gateway.routing import RouteResult, WorkerPool
@@ -54,6 +54,7 @@ class Options:
     # sees the whole cluster's load instead of this gateway's share of it.
     cluster_load_view: bool = False
     proposed_cap: bool = False  # gateway.NoSlackPool (a proposal, not the product)
+    pauses: Pauses | None = None  # the k-th worker started replays workers[k] (validate.py)
     seed: int = 0
 
 
@@ -104,9 +105,10 @@ class Cluster:
         url = f"http://{name}.{self.generation[name]}:8000"
         self.generation[name] += 1
         self.spawned += 1  # each pod its own random stream
+        pauses = self.opt.pauses.workers if self.opt.pauses else ((),)
         self.workers[url] = SimWorker(url, self.profile, self.opt.worker,
                                       np.random.default_rng([self.opt.seed, 3, self.spawned]),
-                                      self.t, role)
+                                      self.t, role, pauses[(self.spawned - 1) % len(pauses)])
         if ready:
             self._endpoint(url)
         else:

@@ -125,6 +125,16 @@ PROFILES = {p.name: p for p in (CPU, GPU)}
 
 
 @dataclass(frozen=True)
+class Pauses:
+    """When workers' engines made no progress that their step model does not give: per
+    worker, intervals ``(start, end)`` in seconds from the run's start, replayed as a real
+    run's step traces measured them (``stalls.py``), never fitted."""
+
+    workers: tuple[tuple[tuple[float, float], ...], ...]
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """A worker's adapter tiers and engine limits, as ``python -m preft_serve.worker.serve``
     configures them (defaults: ``--max-loras 8 --max-cpu-loras 64``, 10 GiB disk cache)."""

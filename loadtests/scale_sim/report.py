@@ -149,14 +149,20 @@ def pools_table(runs: list[dict[str, Any]]) -> str:
 
 
 def validation_table(checks: list[dict[str, Any]]) -> str:
-    lines = ["| recorded run | phase | req/s | resident real / sim | preferred real / sim | "
-             "spill real / sim | store fetch real / sim | TTFT p50 ms real / sim (ratio) | "
-             "agrees |", "|---|---:|---:|---|---|---|---|---|---|"]
+    lines = ["| recorded run | phase | replayed pauses, measured fetch | req/s | "
+             "resident real / sim | preferred real / sim | spill real / sim | "
+             "store fetch real / sim | TTFT p50 ms real / sim (ratio) | agrees |",
+             "|---|---:|---|---:|---|---|---|---|---|---|"]
     for c in checks:
         real, sim = c["recorded"], c["simulated"]
         shares = [f"{real['routing_share'][r]:.1%} / {sim['routing_share'][r]:.1%}"
                   for r in ("resident", "preferred", "spill")]
-        lines.append(f"| `{real['file']}` | {c['phase']} | {real['throughput_rps']} | "
+        pauses = c.get("pauses")
+        measured = ("-" if pauses is None else
+                    f"{pauses['pauses']} ({' / '.join(f'{x:.0%}' for x in pauses['paused_share'])}"
+                    f" of the run), {c['fetch_ms']} ms")
+        lines.append(f"| `{real['file']}` | {c['phase']} | {measured} | "
+                     f"{real['throughput_rps']} | "
                      + " | ".join(shares) + f" | {real['store_share']:.1%} / "
                      f"{sim['store_share']:.1%} | {real['ttft_p50_ms']} / {sim['ttft_p50_ms']}"
                      f" ({c['ttft_p50_ratio']}) | {'yes' if c['agrees'] else 'no'} |")

@@ -9,7 +9,10 @@ property of its phase, not of the product (the same command measured 46.7 to 99.
 profile that makes the simulated throughput equal the measured one. Everything compared is
 then a prediction: the routing counts (resident / preferred / spill), the share of requests
 that fetched their adapter from the store, and TTFT p50 (streamed requests, as locust
-measures it).
+measures it). Where a run recorded its workers' step traces and fetch times
+(``<out>_steps.json``), each simulated worker replays one real worker's pauses and fetches
+in the measured time, which the phase then leaves alone (``stalls.py``): two workers on the
+2 cores pause in turn, and that is where their spills come from.
 
 Agreement required: shares within 5 points, TTFT p50 within 25%.
 """
@@ -25,16 +28,17 @@ from typing import Any
 import numpy as np
 
 from loadtests import RESULTS
-from loadtests.scale_sim import metrics
+from loadtests.scale_sim import metrics, stalls
 from loadtests.scale_sim.cluster import Cluster, Options
-from loadtests.scale_sim.model import CPU, GIB, GatewayConfig, Profile, WorkerConfig
+from loadtests.scale_sim.model import CPU, GIB, GatewayConfig, Pauses, Profile, WorkerConfig
 from loadtests.scale_sim.worker import Req
 from loadtests.scale_sim.workload import Population, Requests
 
 RECORDED = (RESULTS / "locust_summary.json",
             RESULTS / "loadtest_stalls" / "run1_summary.json",
             RESULTS / "loadtest_stalls" / "run2_summary.json",
-            RESULTS / "locust_2w_summary.json")  # two workers: the only run with spills
+            RESULTS / "locust_2w_summary.json",  # two workers, untraced
+            RESULTS / "locust_2w_traced_summary.json")  # two workers, both traced
 SPAWN_RATE = 10.0  # loadtest.py --spawn-rate default (the summary does not record it)
 TEMPLATE_TOKENS = 22  # the toy tokenizer's chat template around one user message, bytes
 WORD_TOKENS = 5.7  # mean bytes of a locustfile word and its space (byte-level tokenizer)
@@ -74,9 +78,11 @@ def worker_config(setup: dict[str, Any]) -> WorkerConfig:
                    max_cpu_loras=flags.get("--max-cpu-loras", 64))
 
 
-def simulate(setup: dict[str, Any], profile: Profile, seed: int) -> dict[str, Any]:
+def simulate(setup: dict[str, Any], profile: Profile, seed: int,
+             pauses: Pauses | None = None) -> dict[str, Any]:
     """One load-test run in the simulator: closed-loop users for the recorded duration, on
-    ``setup["workers"]`` workers (1 when the summary does not say) behind one gateway."""
+    ``setup["workers"]`` workers (1 when the summary does not say) behind one gateway,
+    each pausing as ``pauses`` says (the run's measured pauses, ``stalls.py``)."""
     adapters, users = int(setup["adapters"]), int(setup["users"])
     duration = float(str(setup["duration"]).rstrip("s"))
     low, high = setup["max_tokens"]
@@ -85,7 +91,7 @@ def simulate(setup: dict[str, Any], profile: Profile, seed: int) -> dict[str, An
                      all_fraction=0.0, tenant_exponent=0.0, one_to_one=True)
     cluster = Cluster(pop, Options(profile, worker_config(setup), GatewayConfig(),
                                    workers=int(setup.get("workers", 1)), gateways=1,
-                                   seed=seed))
+                                   pauses=pauses, seed=seed))
     rng = np.random.default_rng([seed, 8])
 
     def send() -> None:
@@ -119,14 +125,17 @@ def simulate(setup: dict[str, Any], profile: Profile, seed: int) -> dict[str, An
             "open_at_end": cluster.open}
 
 
-def fit_phase(setup: dict[str, Any], target_rps: float, seed: int) -> tuple[float, dict]:
+def fit_phase(setup: dict[str, Any], target_rps: float, seed: int,
+              pauses: Pauses | None = None, fetch_s: float | None = None
+              ) -> tuple[float, dict]:
     """The CPU-cost factor whose simulated throughput matches ``target_rps`` (bisection on
-    a log scale; throughput falls as costs grow)."""
+    a log scale; throughput falls as costs grow). ``fetch_s``: the run's measured mean
+    fetch, which the factor then leaves alone."""
     lo, hi = 0.2, 5.0
     best: tuple[float, dict[str, Any]] = (1.0, {})
     for _ in range(11):
         mid = float(np.sqrt(lo * hi))
-        sim = simulate(setup, CPU.scaled(mid), seed)
+        sim = simulate(setup, stalls.fetch_time(CPU.scaled(mid), fetch_s), seed, pauses)
         best = (mid, sim)
         if sim["throughput_rps"] > target_rps:
             lo = mid
@@ -138,12 +147,16 @@ def fit_phase(setup: dict[str, Any], target_rps: float, seed: int) -> tuple[floa
 def compare(path: Path, seed: int = 0) -> dict[str, Any]:
     """Fit, predict, and judge one recorded run."""
     real = recorded(path)
-    phase, sim = fit_phase(real["setup"], real["throughput_rps"], seed)
+    pauses, fetch_s = stalls.load(path)
+    phase, sim = fit_phase(real["setup"], real["throughput_rps"], seed, pauses, fetch_s)
     checks = {f"routing {r}": abs(sim["routing_share"][r] - real["routing_share"][r])
               <= SHARE_POINTS for r in real["routing_share"]}
     checks["store share"] = abs(sim["store_share"] - real["store_share"]) <= SHARE_POINTS
     ratio = sim["ttft_p50_ms"] / real["ttft_p50_ms"] if real["ttft_p50_ms"] else None
     checks["ttft p50"] = ratio is not None and abs(ratio - 1) <= TTFT_RATIO
     return {"recorded": real, "simulated": sim, "phase": round(phase, 3),
+            "pauses": None if pauses is None else stalls.summary(
+                pauses, float(str(real["setup"]["duration"]).rstrip("s"))),
+            "fetch_ms": None if fetch_s is None else round(1000 * fetch_s, 1),
             "ttft_p50_ratio": round(ratio, 3) if ratio else None,
             "checks": checks, "agrees": all(checks.values())}

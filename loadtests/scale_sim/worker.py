@@ -10,12 +10,14 @@ prompt tokens arriving at ``rate`` a second that is ``(base + token_s * n) / (1 
 rate)``. A request's step time is taken when it starts (not re-evaluated while it runs).
 ``max_num_seqs`` bounds the running requests; vLLM's ``max_loras`` bounds the distinct
 adapters in a batch, which all-token requests hold for their whole life: a request whose
-adapter is not among them waits while they fill every slot.
+adapter is not among them waits while they fill every slot. A worker given ``pauses``
+(``model.Pauses``) makes no progress in them: every request on it waits them out.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -66,9 +68,12 @@ class SimWorker:
     first token only) or decode (no adapters)."""
 
     def __init__(self, url: str, profile: Profile, config: WorkerConfig,
-                 rng: np.random.Generator, born: float, role: str = "unified") -> None:
+                 rng: np.random.Generator, born: float, role: str = "unified",
+                 pauses: tuple[tuple[float, float], ...] = ()) -> None:
         self.url, self.profile, self.config, self.rng, self.role = (
             url, profile, config, rng, role)
+        self.pause_start = [a for a, _ in sorted(pauses)]
+        self.pause_end = [b for _, b in sorted(pauses)]
         self.slots = LruTier(config.max_loras)
         self.host = LruTier(max(config.max_cpu_loras, config.max_loras))
         self.disk = DiskTier(config.disk_bytes)
@@ -152,6 +157,15 @@ class SimWorker:
 
     # -- engine --------------------------------------------------------------------------
 
+    def after(self, t: float, work: float) -> float:
+        """When ``work`` seconds of engine time begun at ``t`` are done, pauses skipped."""
+        i = bisect_right(self.pause_end, t)  # the first pause not over at t
+        while i < len(self.pause_start) and self.pause_start[i] < t + work:
+            work -= max(0.0, self.pause_start[i] - t)
+            t = self.pause_end[i]
+            i += 1
+        return t + work
+
     def step_s(self, t: float) -> float:
         """The current step time (see the module docstring)."""
         p = self.profile
@@ -182,12 +196,12 @@ class SimWorker:
         self.served += 1
         if self.role == "decode":  # the KV arrived: one token a step from the second on
             req.state = "decoding"
-            return t + (req.output - 1) * tau
+            return self.after(t, (req.output - 1) * tau)
         tier, ready = self.load(req.sha, t)
         req.tier = tier
         copy = 0.0 if tier == "slot" else p.slot_copy_s
-        req.first = (max(ready, t) + self.rng.random() * tau + tau + p.token_s * req.prompt
-                     + copy)
+        req.first = self.after(max(ready, t), self.rng.random() * tau + tau
+                               + p.token_s * req.prompt + copy)
         self.rate += req.prompt / RATE_WINDOW_S
         req.state = "running"
         if req.all_token:
@@ -195,7 +209,7 @@ class SimWorker:
             self.all_running += 1
         if self.role == "prefill" and not req.all_token:
             return req.first
-        return req.first + (req.output - 1) * tau
+        return self.after(req.first, (req.output - 1) * tau)
 
     def finish(self, req: Req, t: float) -> list[tuple[Req, float]]:
         """``req`` left; start what waited for room (FIFO, skipping requests whose adapter
