@@ -11,7 +11,8 @@ rate)``. A request's step time is taken when it starts (not re-evaluated while i
 ``max_num_seqs`` bounds the running requests; vLLM's ``max_loras`` bounds the distinct
 adapters in a batch, which all-token requests hold for their whole life: a request whose
 adapter is not among them waits while they fill every slot. A worker given ``pauses``
-(``model.Pauses``) makes no progress in them: every request on it waits them out.
+(``model.Pauses``) makes no engine progress in them: every request on it waits them out
+(its fetch and parse threads go on).
 """
 
 from __future__ import annotations
