@@ -73,6 +73,39 @@ def core_of(index: int) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[index])} if len(cpus) >= 2 else {}
 
 
+def two_pool_stack(var: Path, max_model_len: int, *more_ports: str
+                   ) -> tuple[OneBox, dict[str, int]]:
+    """A local stack whose worker is a prefill worker (on CPU 0), and free ports for it, a
+    decode worker (``decode``, ``kv_decode``) and ``more_ports``."""
+    ports = {name: free_port() for name in ("redis", "registry", "worker", "gateway",
+                                            "decode", "kv_prefill", "kv_decode", *more_ports)}
+    stack = OneBox(StackConfig(
+        var=var, redis_port=ports["redis"], registry_port=ports["registry"],
+        worker_port=ports["worker"], gateway_port=ports["gateway"],
+        max_model_len=max_model_len, kv_cache_gib=0.5,
+        worker_args=["--role", "prefill", "--kv-port", str(ports["kv_prefill"])],
+        worker_env=core_of(0)))
+    return stack, ports
+
+
+def start_two_pools(stack: OneBox, model: Path, ports: dict[str, int]) -> str:
+    """Redis, the registry, the prefill worker and a decode worker (on CPU 1), each ready;
+    the decode worker's URL."""
+    stack.start_redis()
+    stack.start_registry(model)
+    stack.start_worker(model)
+    decode = stack.start("decode", [
+        sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
+        "--port", str(ports["decode"]), "--role", "decode",
+        "--kv-port", str(ports["kv_decode"]), "--kv-cache-gib", "0.5",
+        "--max-model-len", str(stack.config.max_model_len)], core_of(1))
+    stack.wait_worker()
+    url = f"http://127.0.0.1:{ports['decode']}"
+    decode.wait_ready(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,
+                      stack.config.worker_timeout_s, 0.5)
+    return url
+
+
 def timed_stream(url: str, user: BoundUser, prompt: list[int], output: int, salt: str
                  ) -> tuple[float, float, list[int]]:
     """One streamed completion: (seconds to the first text, to the end, token ids)."""
@@ -262,30 +295,11 @@ def main(argv: list[str] | None = None) -> int:
 
     model = (make_model(args.model, args.var / args.model) if args.model in PRESETS
              else Path(args.model))
-    ports = {name: free_port() for name in ("redis", "registry", "worker", "gateway",
-                                            "pools", "decode", "kv_prefill", "kv_decode")}
-    config = StackConfig(
-        var=args.var, redis_port=ports["redis"], registry_port=ports["registry"],
-        worker_port=ports["worker"], gateway_port=ports["gateway"],
-        max_model_len=max(lengths) + args.output + 64, kv_cache_gib=0.5,
-        worker_args=["--role", "prefill", "--kv-port", str(ports["kv_prefill"])],
-        worker_env=core_of(0))
-    stack = OneBox(config)
-    decode_url = f"http://127.0.0.1:{ports['decode']}"
+    stack, ports = two_pool_stack(args.var, max(lengths) + args.output + 64, "pools")
 
     def body() -> int:
         print("[1/4] Redis, registry, prefill and decode workers", flush=True)
-        stack.start_redis()
-        stack.start_registry(model)
-        stack.start_worker(model)
-        decode = stack.start("decode", [
-            sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
-            "--port", str(ports["decode"]), "--role", "decode",
-            "--kv-port", str(ports["kv_decode"]), "--kv-cache-gib", "0.5",
-            "--max-model-len", str(config.max_model_len)], core_of(1))
-        stack.wait_worker()
-        decode.wait_ready(lambda: httpx.get(f"{decode_url}/health", timeout=2).status_code
-                          == 200, config.worker_timeout_s, 0.5)
+        decode_url = start_two_pools(stack, model, ports)
         print("[2/4] two gateways: without and with the decode pool", flush=True)
         stack.start_gateway(model)
         stack.start_gateway(model, port=ports["pools"], name="gateway-pools", extra_env={

@@ -38,11 +38,10 @@ from typing import Any
 import httpx
 
 from loadtests import RESULTS
-from loadtests.disagg_bench import core_of
+from loadtests.disagg_bench import start_two_pools, two_pool_stack
 from loadtests.stack_setup import make_adapters, seed_tenants, stack_main
 from preft_serve.adapters.format import format_model_name
 from preft_serve.gateway.handoff import REMOTE_DECODE
-from preft_serve.onebox import OneBox, StackConfig, free_port
 
 LOGPROBS = 5
 Step = tuple[int, float, dict[str, float]]  # token id, its log-probability, the top ones
@@ -124,29 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     var = args.var.resolve()
     model = make_model(args.model, var / args.model)
     lengths = [int(x) for x in args.lengths.split(",")]
-    ports = {n: free_port() for n in ("redis", "registry", "worker", "gateway", "decode",
-                                      "kv_prefill", "kv_decode")}
-    max_len = max(lengths) + args.output + 64
-    stack = OneBox(StackConfig(
-        var=var, redis_port=ports["redis"], registry_port=ports["registry"],
-        worker_port=ports["worker"], gateway_port=ports["gateway"], max_model_len=max_len,
-        kv_cache_gib=0.5, worker_args=["--role", "prefill", "--kv-port",
-                                       str(ports["kv_prefill"])], worker_env=core_of(0)))
-    decode_url = f"http://127.0.0.1:{ports['decode']}"
+    stack, ports = two_pool_stack(var, max(lengths) + args.output + 64)
 
     def body() -> int:
         print("[1/3] Redis, registry, prefill and decode workers", flush=True)
-        stack.start_redis()
-        stack.start_registry(model)
-        stack.start_worker(model)
-        decode = stack.start("decode", [
-            sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
-            "--port", str(ports["decode"]), "--role", "decode",
-            "--kv-port", str(ports["kv_decode"]), "--kv-cache-gib", "0.5",
-            "--max-model-len", str(max_len)], core_of(1))
-        stack.wait_worker()
-        decode.wait_ready(lambda: httpx.get(f"{decode_url}/health", timeout=2).status_code
-                          == 200, stack.config.worker_timeout_s, 0.5)
+        decode_url = start_two_pools(stack, model, ports)
         print("[2/3] four PreFT adapters", flush=True)
         users = seed_tenants(stack, make_adapters(model, var / "adapters", 4), tenants=1,
                              prefix="kvf")
