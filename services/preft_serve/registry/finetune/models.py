@@ -142,10 +142,19 @@ class JobCreate(BaseModel):
     preft: PreftMethod | None = Field(None, description="PreFT options for method.type "
                                       "'supervised' (the SDK's extra_body): the SDK's "
                                       "method types have no room for them")
+    # The bounds are in the schema and checked by the service (a 400 that names them).
     metadata: dict[str, str] | None = Field(None, description="At most 16 pairs; keys up "
-                                            "to 64, values up to 512 characters")
+                                            "to 64, values up to 512 characters",
+                                            json_schema_extra={
+                                                "maxProperties": METADATA_MAX_PAIRS,
+                                                "propertyNames": {
+                                                    "maxLength": METADATA_MAX_KEY},
+                                                "additionalProperties": {
+                                                    "type": "string",
+                                                    "maxLength": METADATA_MAX_VALUE}})
     integrations: list[Any] | None = Field(None, description="Not supported: a non-empty "
-                                           "list is refused")
+                                           "list is refused",
+                                           json_schema_extra={"maxItems": 0})
 
 
 class JobError(BaseModel):
