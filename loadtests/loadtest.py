@@ -8,7 +8,9 @@ to ``--tenants`` tenants and binds one user per adapter, then runs locust headle
 back to back for random users, ``--stream-fraction`` of them streamed. Writes
 ``<out>_summary.json`` (throughput in requests/s and completion tokens/s, TTFT and latency
 percentiles, errors by type, worker adapter loads, gateway routing, and the engine's own
-steps from its step trace), ``<out>_summary.png`` and locust's CSVs.
+steps from its step trace), ``<out>_summary.png``, locust's CSVs and ``<out>_steps.json``
+(every worker's engine steps during the run and their mean object-store fetch, which the
+scale simulator replays: :mod:`loadtests.scale_sim.stalls`).
 
 The engine part says whether a dip in completions happened in the engine or before it: a
 long step stalls every running request; a second of many small steps with few scheduled
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import RESULTS
+from loadtests.scale_sim import stalls
 from loadtests.stack_setup import make_adapters, scrape, seed_tenants
 from loadtests.stats import percentile
 from preft_serve.onebox import OneBox, StackConfig, StackError, free_port
@@ -49,6 +52,8 @@ from preft_serve.worker.step_trace import Step, read_steps
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 WORKER_METRICS = ("preft_worker_adapter_loads_total", "preft_worker_adapter_evictions_total")
+FETCH_METRICS = ("preft_worker_adapter_load_seconds_sum",
+                 "preft_worker_adapter_load_seconds_count")
 GATEWAY_METRICS = ("preft_gateway_routing_total", "preft_gateway_errors_total")
 
 
@@ -271,13 +276,17 @@ def main(argv: list[str] | None = None) -> int:
         # Every run starts with cold worker caches (hashes repeat between runs).
         extra = {f"worker{i + 1}": (free_port(), config.run_dir / f"adapter-cache-{i + 1}")
                  for i in range(1, args.workers)}
+        # Every worker traces its engine's steps: the simulator replays their pauses.
+        traces = {"worker": trace, **{name: var / f"steps-{name}.txt" for name in extra}}
+        for path in traces.values():
+            path.unlink(missing_ok=True)
         for cache in [config.run_dir / "adapter-cache", *(c for _, c in extra.values())]:
             shutil.rmtree(cache, ignore_errors=True)
         trace.parent.mkdir(parents=True, exist_ok=True)
-        trace.unlink(missing_ok=True)
         say(f"[2/5] stack: {args.workers} worker(s) (background), redis, registry")
         stack.start_worker(model)
-        others = {name: stack.start(name, stack.worker_command(model, port, cache))
+        others = {name: stack.start(name, stack.worker_command(model, port, cache),
+                                    {STEP_TRACE_ENV: str(traces[name])})
                   for name, (port, cache) in extra.items()}
         worker_urls = [stack.worker_url,
                        *(f"http://127.0.0.1:{port}" for port, _ in extra.values())]
@@ -312,6 +321,15 @@ def main(argv: list[str] | None = None) -> int:
             ramp_s = math.ceil(args.users / args.spawn_rate)
             engine = engine_summary(read_steps(trace), first, seconds,
                                     steady=(ramp_s, seconds - 2))
+            fetched = scrape_sum(worker_urls, FETCH_METRICS)
+            count = fetched.get("preft_worker_adapter_load_seconds_count{tier=disk}", 0.0)
+            total = fetched.get("preft_worker_adapter_load_seconds_sum{tier=disk}", 0.0)
+            steps = stalls.steps_file(
+                {name: read_steps(path) for name, path in traces.items() if path.exists()},
+                (1000 * total / count if count else 0.0, int(count)), first, first + seconds,
+                f"{args.workers} worker(s)' engine steps during the load test "
+                "(PREFT_STEP_TRACE), and their object-store fetches")
+            out.with_name(out.name + "_steps.json").write_text(json.dumps(steps) + "\n")
         result = {
             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
@@ -338,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{args.stream_fraction:.0%} streamed ({summary['throughput_rps']} req/s)",
                  engine)
         samples_path.unlink(missing_ok=True)
-        for extra in ("_stats_history.csv", "_exceptions.csv"):  # bulky / empty: keep stats
-            out.with_name(out.name + extra).unlink(missing_ok=True)
+        for suffix in ("_stats_history.csv", "_exceptions.csv"):  # bulky / empty: keep stats
+            out.with_name(out.name + suffix).unlink(missing_ok=True)
         plan_path.unlink(missing_ok=True)  # holds API keys of a throwaway stack
         print(json.dumps(summary, indent=2))
         if engine["steps"]:
@@ -348,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{engine['scheduled_tokens_per_s']['median']}, lowest "
                 f"{engine['scheduled_tokens_per_s']['lowest']}; starved seconds "
                 f"{engine['starved_seconds'] or 'none'}")
-        say(f"wrote {out}_summary.json, {out}_summary.png, {out}_stats.csv")
+        say(f"wrote {out}_summary.json, {out}_summary.png, {out}_stats.csv, {out}_steps.json")
         return 0
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
