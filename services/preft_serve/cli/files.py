@@ -47,7 +47,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
          lambda r, a: _table(r.call("GET", "/v1/files"), a))
     leaf(sub, "show", "Show one file",
          lambda r, a: r.call("GET", f"/v1/files/{a.file_id}")).add_argument("file_id")
-    down = leaf(sub, "download", "Download a file's content (result files: metrics JSON)",
+    down = leaf(sub, "download", "Download a file's content (result files: per-step metrics CSV)",
                 _download)
     down.add_argument("file_id")
     down.add_argument("--out", default="-", help="where to write it (default: stdout)")

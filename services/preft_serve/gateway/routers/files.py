@@ -43,7 +43,7 @@ async def get_file(file_id: str, request: Request, state: StateDep) -> Response:
             responses={200: {"content": {"application/octet-stream": {}}},
                        **error_responses(404, *FORWARD_ERRORS)})
 async def file_content(file_id: str, request: Request, state: StateDep) -> Response:
-    """The file's bytes as uploaded (result files: a job's metrics JSON)."""
+    """The file's bytes as uploaded (result files: a job's per-step metrics CSV)."""
     return await forward(state.registry_http, request)
 
 

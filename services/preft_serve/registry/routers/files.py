@@ -49,7 +49,7 @@ def get_file(file_id: str, principal: PrincipalDep, files: FilesDep) -> FileObje
             responses={200: {"content": {"application/octet-stream": {}}},
                        **error_responses(401, 404)})
 def file_content(file_id: str, principal: PrincipalDep, files: FilesDep) -> Response:
-    """The file's bytes as uploaded (result files: a job's metrics JSON)."""
+    """The file's bytes as uploaded (result files: a job's per-step metrics CSV)."""
     return Response(files.content(principal.tenant, file_id),
                     media_type="application/octet-stream")
 
