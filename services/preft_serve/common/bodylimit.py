@@ -15,6 +15,25 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from preft_serve.common.errors import PayloadTooLarge, error_response
 
+DRAIN_BYTES = 16 << 20
+"""How much of a refused body is read (and dropped) before the 413 is sent. A server that
+answers and closes while the client is still sending leaves unread bytes in its socket, and
+the kernel then resets the connection, which can discard the 413 before the client reads it
+(the client sees a reset, or a proxy in front a broken upload, instead of the reason).
+Reading what is left first makes the answer arrive; beyond this many bytes the connection is
+closed anyway (the client may see a reset)."""
+
+
+async def drain(receive: Receive, budget: int = DRAIN_BYTES) -> None:
+    """Read and drop the rest of a request body, at most ``budget`` bytes."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
 
 class BodySizeLimitMiddleware:
     """Pure ASGI middleware (no buffering) that caps every request body at ``max_bytes``;
@@ -36,6 +55,8 @@ class BodySizeLimitMiddleware:
                                             (self.max_bytes, self.message))
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+                if int(value) <= DRAIN_BYTES:
+                    await drain(receive)
                 exc = PayloadTooLarge(refusal)
                 response = error_response(exc.status_code, exc.code, exc.message,
                                           headers={"Connection": "close"})
@@ -49,6 +70,8 @@ class BodySizeLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > max_bytes:
+                    if message.get("more_body", False):
+                        await drain(receive)
                     # An HTTPException subclass: FastAPI re-raises it from body parsing and
                     # the error handler renders the 413 envelope.
                     raise PayloadTooLarge(refusal)
