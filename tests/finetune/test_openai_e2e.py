@@ -3,7 +3,8 @@ one base URL, the gateway's (which forwards files and fine-tuning to the registr
 upload JSONL -> create a job on the toy model -> events stream progress -> the job
 succeeds -> bind a user to its ``fine_tuned_model`` -> the trained adapter is listed in
 /v1/models -> the gateway's greedy chat answer (a real vLLM worker) equals the HF+peft
-oracle of the trained adapter, and is the fact it was trained on. The registry runs
+oracle of the trained adapter, and is the fact it was trained on -> retrieve the model,
+delete it (refused while a user is bound to it). The registry runs
 in-process over HTTP; its trainer, the worker and the gateway are separate processes."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import openai
+import pytest
 from openai import OpenAI
 
 from preft_serve.common.objectstore import LocalObjectStore
@@ -95,4 +98,13 @@ def check(api: Api, key: str, gateway: str, model_dir: Path, tmp_path: Path) -> 
         assert reply.choices[0].message.content == tokenizer.decode(expected)
         assert reply.choices[0].message.content == want
         assert reply.model == "facts"
+    assert client.models.retrieve("facts").id == "facts"
+    # Deleting a model users are bound to is refused (the registry's check), then works.
+    with pytest.raises(openai.ConflictError):
+        client.models.delete("facts")
+    assert api.call(key, "DELETE", "/v1/users/dana").status_code == 204
+    assert client.models.delete("facts").deleted
+    assert "facts" not in [m.id for m in client.models.list().data]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("facts")
     print(f"job on the toy model: {trained_s:.1f} s from create to succeeded")

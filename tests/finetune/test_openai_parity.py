@@ -114,7 +114,8 @@ def test_method_type_reads_back_as_sent_and_hyperparameters_as_used(idle: Api) -
         "model": "tiny-llama", "training_file": file_id, "method": {"type": "supervised"}})
     assert plain.json()["method"]["type"] == "supervised"
     assert plain.json()["method"]["preft"]["adapter"] == "lora"
-    assert plain.json()["hyperparameters"]["n_epochs"] == 3
+    # auto: 2 conversations in a batch of 2 is one step an epoch: 16 epochs, 16 steps.
+    assert plain.json()["hyperparameters"]["n_epochs"] == 16
     ours = idle.call(key, "POST", JOBS, json={
         "model": "tiny-llama", "training_file": file_id,
         "method": {"type": "preft", "preft": {"adapter": "direft", "rank": 2}}}).json()

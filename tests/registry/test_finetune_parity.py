@@ -1,9 +1,10 @@
 """The fast parts of OpenAI fine-tuning parity, without a trainer: the per-step CSV result
-file, ``estimated_finish`` from a running job's progress, and the ``metadata[k]=v`` list
-filter's parsing."""
+file, ``estimated_finish`` from a running job's progress, the ``metadata[k]=v`` list
+filter's parsing, and what ``auto`` epochs come to for a file's size."""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 
@@ -14,7 +15,8 @@ from starlette.datastructures import QueryParams
 from preft_serve.common.errors import BadRequest
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune.jobs import JobRecord, JobStore, estimate_finish
-from preft_serve.registry.finetune.models import FineTuningJob, JobStatus
+from preft_serve.registry.finetune.models import FineTuningJob, JobCreate, JobStatus
+from preft_serve.registry.finetune.resolve import resolve
 from preft_serve.registry.finetune.results import step_metrics_csv
 from preft_serve.registry.routers.fine_tuning import metadata_filter
 
@@ -77,3 +79,29 @@ def test_the_metadata_filter_reads_openais_deep_object_form() -> None:
                 "&".join(f"metadata%5Bk{i}%5D=v" for i in range(17))):
         with pytest.raises(BadRequest):
             metadata_filter(QueryParams(bad))
+
+
+@pytest.mark.parametrize("examples, epochs, steps, multiplier", [
+    (4, 16, 16, 2.5),  # one step an epoch: 16 passes, at the small-file rate
+    (9, 8, 16, 2.5),  # the demo's 9 facts, batches of 8: two steps an epoch
+    (40, 4, 20, 1.0),  # more than 16 steps: the default rate
+    (100, 3, 39, 1.0),  # enough steps in 3 epochs: 3, as for any larger file
+    (1000, 3, 375, 1.0),
+])
+def test_auto_gives_a_small_file_at_least_16_steps_at_a_higher_rate(
+        examples: int, epochs: int, steps: int, multiplier: float) -> None:
+    body = JobCreate.model_validate({"model": "m", "training_file": "file-1"})
+    options, hyper, _ = resolve(body, examples, seed=0, max_steps=10_000, max_lora_rank=64,
+                                max_reft_rank=32)
+    assert (options["epochs"], hyper["n_epochs"]) == (epochs, epochs)
+    assert epochs * math.ceil(examples / options["batch_size"]) == steps
+    assert hyper["learning_rate_multiplier"] == multiplier
+    assert options["learning_rate"] == pytest.approx(2e-3 * multiplier)
+
+
+def test_chosen_epochs_are_kept() -> None:
+    body = JobCreate.model_validate({"model": "m", "training_file": "file-1",
+                                     "hyperparameters": {"n_epochs": 2}})
+    options, _, _ = resolve(body, 4, seed=0, max_steps=10_000, max_lora_rank=64,
+                            max_reft_rank=32)
+    assert options["epochs"] == 2

@@ -154,7 +154,8 @@ def add_parser(groups: Any, leaf: Any) -> None:
     create.add_argument("--mode", choices=["prefill", "all"], default="prefill")
     create.add_argument("--rank", type=int, default=8)
     create.add_argument("--steps", type=int, help="optimizer steps (overrides --epochs)")
-    create.add_argument("--epochs", type=int, help="n_epochs (default auto: 3)")
+    create.add_argument("--epochs", type=int,
+                        help="n_epochs (default auto: 3, more for a small file: 16 steps)")
     create.add_argument("--batch-size", type=int, help="examples per step (default auto)")
     create.add_argument("--lr-multiplier", type=float,
                         help="learning_rate_multiplier (x 2e-3; default auto: 1)")
