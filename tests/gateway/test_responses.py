@@ -175,3 +175,24 @@ def test_the_route_is_documented(client: TestClient) -> None:
     assert set(operation["responses"]["200"]["content"]) == {"application/json",
                                                             "text/event-stream"}
     assert operation["security"] == [{"TenantApiKey": []}]
+
+
+def test_langchain_with_the_responses_api_runs_the_adapter(
+        client: TestClient, worker: ResponsesWorker) -> None:
+    """LangChain's ``ChatOpenAI(use_responses_api=True)`` (the default route of agent
+    frameworks), whole and streamed: the adapter's answer, its usage, the adapter named."""
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(model="bot", base_url="http://testserver/v1", api_key=KEY,
+                      http_client=client, use_responses_api=True, max_retries=0)
+    reply = chat.invoke("hello")
+    assert reply.text == "hi there"
+    assert reply.usage_metadata is not None
+    assert (reply.usage_metadata["input_tokens"], reply.usage_metadata["output_tokens"]) == (
+        7, 4)
+    assert reply.response_metadata["model_name"] == "bot"
+    sent = worker.seen[-1]
+    assert sent["model"] == f"sha256:{SHA}" and sent["input"] and not sent.get("stream")
+    streamed = list(chat.stream("hello"))
+    assert "".join(chunk.text for chunk in streamed) == "hi there"
+    assert worker.seen[-1]["stream"] is True
