@@ -28,7 +28,7 @@ from preft_serve.gateway.proxy import (
     worker_error,
 )
 from preft_serve.gateway.relay_response import RelayResponse
-from preft_serve.gateway.selection import select_target
+from preft_serve.gateway.selection import Target, select_target
 from preft_serve.gateway.state import GatewayState
 from preft_serve.gateway.validation import (
     parse_body,
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 async def handle(state: GatewayState, tenant: str, request: Request, path: str,
                  chat: bool) -> Response:
     """The whole request; every outcome is counted in ``requests_total``."""
-    metrics, settings = state.metrics, state.settings
+    metrics = state.metrics
     start = time.perf_counter()
     label = NO_ADAPTER
     tenant_label = metrics.tenant_label(tenant)
@@ -52,15 +52,7 @@ async def handle(state: GatewayState, tenant: str, request: Request, path: str,
     try:
         body = parse_body(await request.body(), state.caps.max_json_depth)
         output_tokens = validate_body(body, chat=chat, caps=state.caps)
-        user = request_user(body, request.headers.get("x-user-id"))
-        log["user"] = user
-        model = requested_model(body, settings.base_model_name)  # a 400 is never charged
-        await state.limiter.check(tenant, user, output_tokens)
-        target = await select_target(
-            state.registry, tenant, model, user,
-            base_name=settings.base_model_name, worker_base_model=settings.worker_model,
-            unbound_user=functools.partial(state.serving.unbound_user, tenant))
-        log.update(target.log_fields())
+        target = await admit(state, tenant, request, body, output_tokens, log)
         label = metrics.adapter_label(target.public_name)
         body["model"] = target.worker_model
         if state.decode_pool is not None:
@@ -131,6 +123,24 @@ def usage_counter(state: GatewayState, tenant: str, tenant_label: str, public_na
         state.usage.record(tenant, public_name, requests=1, prompt_tokens=prompt or 0,
                            completion_tokens=completion or 0)
     return on_usage
+
+
+async def admit(state: GatewayState, tenant: str, request: Request, body: dict[str, Any],
+                output_tokens: int, log: dict[str, Any]) -> Target:
+    """What a validated request runs, once its rate limit lets it in: its user (the body's
+    or the ``X-User-Id`` header) and the adapter that user or ``model`` selects. The model
+    is read before the limit is charged, so a request refused for its model costs nothing."""
+    settings = state.settings
+    user = request_user(body, request.headers.get("x-user-id"))
+    log["user"] = user
+    model = requested_model(body, settings.base_model_name)
+    await state.limiter.check(tenant, user, output_tokens)
+    target = await select_target(
+        state.registry, tenant, model, user,
+        base_name=settings.base_model_name, worker_base_model=settings.worker_model,
+        unbound_user=functools.partial(state.serving.unbound_user, tenant))
+    log.update(target.log_fields())
+    return target
 
 
 def record_answer(metrics: GatewayMetrics, upstream: Upstream, tenant_label: str, label: str,

@@ -26,7 +26,12 @@ from starlette.background import BackgroundTask
 
 from preft_serve.common.access_log import access_fields, request_id_of
 from preft_serve.common.errors import ServiceError
-from preft_serve.gateway.completion_handler import NO_ADAPTER, record_answer, usage_counter
+from preft_serve.gateway.completion_handler import (
+    NO_ADAPTER,
+    admit,
+    record_answer,
+    usage_counter,
+)
 from preft_serve.gateway.deps import authenticate
 from preft_serve.gateway.proxy import (
     BadGateway,
@@ -38,12 +43,9 @@ from preft_serve.gateway.proxy import (
     worker_error,
 )
 from preft_serve.gateway.relay_response import RelayResponse
-from preft_serve.gateway.selection import select_target
 from preft_serve.gateway.state import GatewayState
 from preft_serve.gateway.validation import (
     parse_body,
-    request_user,
-    requested_model,
     validate_responses_body,
 )
 
@@ -66,21 +68,13 @@ async def serve(request: Request) -> Response:
     """The whole request; every outcome is counted in ``requests_total``."""
     state: GatewayState = request.app.state.gateway
     tenant = (await authenticate(state, request)).tenant
-    metrics, settings = state.metrics, state.settings
+    metrics = state.metrics
     start = time.perf_counter()
     label, tenant_label, log = NO_ADAPTER, metrics.tenant_label(tenant), access_fields(request)
     try:
         body = parse_body(await request.body(), state.caps.max_json_depth)
         output_tokens = validate_responses_body(body, state.caps)
-        user = request_user(body, request.headers.get("x-user-id"))
-        log["user"] = user
-        model = requested_model(body, settings.base_model_name)  # a 400 is never charged
-        await state.limiter.check(tenant, user, output_tokens)
-        target = await select_target(
-            state.registry, tenant, model, user,
-            base_name=settings.base_model_name, worker_base_model=settings.worker_model,
-            unbound_user=lambda: state.serving.unbound_user(tenant))
-        log.update(target.log_fields())
+        target = await admit(state, tenant, request, body, output_tokens, log)
         label = metrics.adapter_label(target.public_name)
         body["model"] = target.worker_model
         upstream = await open_upstream(state.calls, state.pool, target.routing_key, PATH,

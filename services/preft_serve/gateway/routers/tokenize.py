@@ -16,10 +16,11 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from preft_serve.common.access_log import request_id_of
-from preft_serve.common.errors import BadRequest, NotFound, ServiceUnavailable, error_responses
+from preft_serve.common.errors import BadRequest, ServiceUnavailable, error_responses
 from preft_serve.gateway.deps import StateDep, TenantDep
 from preft_serve.gateway.openapi import DETOKENIZE_BODY, TOKENIZE_BODY
 from preft_serve.gateway.proxy import BadGateway, open_upstream, read_whole, worker_error
+from preft_serve.gateway.selection import select_target
 from preft_serve.gateway.state import GatewayState
 from preft_serve.gateway.validation import parse_body, requested_model
 
@@ -35,10 +36,10 @@ async def _pass_through(state: GatewayState, tenant: str, request: Request,
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string: one of your adapters or "
                          f"'{state.settings.base_model_name}'", param="model")
-    if model is not None and model != state.settings.base_model_name and (
-            await state.registry.resolve_adapter(tenant, model)) is None:
-        raise NotFound(f"model '{model}' does not exist; GET /v1/models lists yours",
-                       code="model_not_found", param="model")
+    if model is not None:  # resolved as for a completion: an unknown name is its 404
+        await select_target(state.registry, tenant, model, None,
+                            base_name=state.settings.base_model_name,
+                            worker_base_model=state.settings.worker_model)
     body["model"] = state.settings.worker_model
     upstream = await open_upstream(state.calls, state.pool, path, path, body,
                                    request_id_of(request))
