@@ -7,10 +7,12 @@ to ``--tenants`` tenants and binds one user per adapter, then runs locust headle
 (``loadtests/locustfile.py``): ``--users`` concurrent clients, each sending chat completions
 back to back for random users, ``--stream-fraction`` of them streamed. Writes
 ``<out>_summary.json`` (throughput in requests/s and completion tokens/s, TTFT and latency
-percentiles, errors by type, worker adapter loads, gateway routing, and the engine's own
-steps from its step trace), ``<out>_summary.png``, locust's CSVs and ``<out>_steps.json``
-(every worker's engine steps during the run and their mean object-store fetch, which the
-scale simulator replays: :mod:`loadtests.scale_sim.stalls`).
+percentiles, errors by type, worker adapter loads, gateway routing, the engine's own
+steps from its step trace, and where requests' time went: the gateway's and vLLM's
+latency histograms over the run, :mod:`loadtests.scale_sim.outside`),
+``<out>_summary.png``, locust's CSVs and ``<out>_steps.json`` (every worker's engine steps
+during the run, their mean object-store fetch, and per request locust's and the gateway's
+times, which the scale simulator replays: :mod:`loadtests.scale_sim.stalls`).
 
 The engine part says whether a dip in completions happened in the engine or before it: a
 long step stalls every running request; a second of many small steps with few scheduled
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import RESULTS
-from loadtests.scale_sim import stalls
+from loadtests.scale_sim import outside, stalls
 from loadtests.stack_setup import make_adapters, scrape, seed_tenants
 from loadtests.stats import percentile
 from preft_serve.onebox import OneBox, StackConfig, StackError, free_port
@@ -76,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default 1); engine numbers are the first worker's")
     p.add_argument("--worker-args", default="--max-num-seqs 64",
                    help="extra worker/vLLM flags, one shell-quoted string")
+    p.add_argument("--gateway-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a gateway setting for this run (repeatable), e.g. "
+                   "PREFT_GATEWAY_LOAD_FACTOR=1.5; recorded in the summary's setup")
     p.add_argument("--out", default=str(RESULTS / "locust"),
                    help="output prefix (default loadtests/results/locust)")
     p.add_argument("--quick", action="store_true",
@@ -83,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error("--workers must be at least 1")
+    if any("=" not in kv for kv in args.gateway_env):
+        p.error("--gateway-env takes NAME=VALUE")
     if args.quick:
         args.adapters, args.users, args.duration = 200, 10, "20s"
         args.out = str(RESULTS / "locust_quick")
@@ -238,6 +245,18 @@ def plot(samples: list[dict[str, Any]], summary: dict[str, Any], path: Path,
     fig.savefig(path, dpi=110)
 
 
+def cap_on_worker_load(env: dict[str, str]) -> bool:
+    """Whether the run's gateway holds its cap against the workers' own load (the setting,
+    where this gateway version has it; the simulator routes the same way)."""
+    from preft_serve.gateway.settings import GatewaySettings
+
+    field = GatewaySettings.model_fields.get("cap_on_worker_load")
+    value = env.get("PREFT_GATEWAY_CAP_ON_WORKER_LOAD")
+    if field is None:
+        return False
+    return bool(field.default) if value is None else value.lower() in ("1", "true", "yes")
+
+
 def run_locust(args: argparse.Namespace, gateway: str, plan: Path, samples: Path) -> int:
     env = {**os.environ, "PREFT_LOADTEST_PLAN": str(plan),
            "PREFT_LOADTEST_SAMPLES": str(samples)}
@@ -301,15 +320,22 @@ def main(argv: list[str] | None = None) -> int:
         stack.wait_worker()
         for url, child in zip(worker_urls[1:], others.values(), strict=True):
             child.wait_ready(http_ok(f"{url}/health"), config.worker_timeout_s, 0.5)
-        stack.start_gateway(model, worker_urls)
+        gateway_env = dict(kv.split("=", 1) for kv in args.gateway_env)
+        # JSON access lines: each request's gateway-side time, joined to locust's by id.
+        stack.start_gateway(model, worker_urls,
+                            extra_env={**gateway_env, "PREFT_GATEWAY_LOG_JSON": "true"})
         plan_path, samples_path = out.with_suffix(".plan.json"), out.with_suffix(".jsonl")
         plan_path.write_text(json.dumps({
             "users": [[b.api_key, b.user] for b in bound], "model": config.base_model_name,
             "stream_fraction": args.stream_fraction, "max_tokens": _pair(args.max_tokens),
             "prompt_words": _pair(args.prompt_words)}))
         say(f"[4/5] locust: {args.users} users for {args.duration}")
+        before = outside.scrape(stack.gateway_url, worker_urls)
         code = run_locust(args, stack.gateway_url, plan_path, samples_path)
+        after = outside.scrape(stack.gateway_url, worker_urls)
         samples = [json.loads(line) for line in samples_path.read_text().splitlines()]
+        rows = outside.request_rows(samples, outside.access_log(config.log_dir / "gateway.log"),
+                                    worker_urls)
         say("[5/5] summary")
         summary = summarize(samples)
         engine: dict[str, Any] = {"steps": 0}
@@ -328,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
                 {name: read_steps(path) for name, path in traces.items() if path.exists()},
                 (1000 * total / count if count else 0.0, int(count)), first, first + seconds,
                 f"{args.workers} worker(s)' engine steps during the load test "
-                "(PREFT_STEP_TRACE), and their object-store fetches")
+                "(PREFT_STEP_TRACE), their object-store fetches, and per request locust's "
+                "and the gateway's times")
+            steps["request_columns"] = ["sent_s", "locust_ms", "gateway_ms", "ttft_ms",
+                                        "worker"]
+            steps["requests"] = rows
             out.with_name(out.name + "_steps.json").write_text(json.dumps(steps) + "\n")
         result = {
             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -340,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                       "duration": args.duration, "stream_fraction": args.stream_fraction,
                       "max_tokens": _pair(args.max_tokens),
                       "prompt_words": _pair(args.prompt_words), "model": "tiny-llama",
-                      "workers": args.workers,
+                      "workers": args.workers, "gateway_env": gateway_env,
+                      "cap_on_worker_load": cap_on_worker_load(gateway_env),
                       "worker_args": args.worker_args, "seed_s": round(seed_s, 1),
                       "locust_exit_code": code},
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
@@ -348,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             "engine": engine,
             "worker_metrics": scrape_sum(worker_urls, WORKER_METRICS),
             "gateway_metrics": scrape(stack.gateway_url, GATEWAY_METRICS),
+            "timing": outside.timing_section(samples, rows, before, after),
         }
         out.with_name(out.name + "_summary.json").write_text(json.dumps(result, indent=2))
         if samples:
@@ -360,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
             out.with_name(out.name + suffix).unlink(missing_ok=True)
         plan_path.unlink(missing_ok=True)  # holds API keys of a throwaway stack
         print(json.dumps(summary, indent=2))
+        if "breakdown_ms" in result["timing"]:
+            say(f"  where the mean request's time went (ms): "
+                f"{json.dumps(result['timing']['breakdown_ms'])}")
         if engine["steps"]:
             say(f"  engine: {engine['steps']} steps, median {engine['median_step_ms']} ms, "
                 f"longest {engine['longest_step_ms']} ms; scheduled tokens/s median "

@@ -2,9 +2,11 @@
 
 Every request picks a random (tenant key, user id) from the plan written by
 ``python -m loadtests.loadtest`` (``PREFT_LOADTEST_PLAN``), so requests spread over all
-bound adapters; a fraction are streamed. Besides locust's own stats (``chat``: whole
-non-streamed requests; ``chat (stream) headers``: streamed requests until the response
-headers only, locust's way; ``TTFT chat (stream)``: time to the first generated text),
+bound adapters; a fraction are streamed. Each sample keeps the gateway's ``X-Request-Id``
+(the runner finds the request's gateway-side time by it in the access log). Besides
+locust's own stats (``chat``: whole non-streamed requests; ``chat (stream) headers``:
+streamed requests until the response headers only, locust's way; ``TTFT chat (stream)``:
+time to the first generated text),
 every request is kept as one sample and written as JSON lines to
 ``PREFT_LOADTEST_SAMPLES`` when locust quits; the runner's summary is computed from those.
 
@@ -67,7 +69,7 @@ class ChatUser(HttpUser):
         }
         headers = {"Authorization": f"Bearer {api_key}"}
         sample: dict[str, Any] = {"t": time.time(), "stream": stream, "user": user,
-                                  "error": None, "tokens": 0, "ttft_s": None}
+                                  "error": None, "tokens": 0, "ttft_s": None, "id": None}
         start = time.perf_counter()
         if stream:
             body["stream"] = True
@@ -82,6 +84,7 @@ class ChatUser(HttpUser):
                sample: dict[str, Any]) -> None:
         with self.client.post("/v1/chat/completions", json=body, headers=headers,
                               name="chat", catch_response=True) as resp:
+            sample["id"] = resp.headers.get("x-request-id")
             if resp.status_code != 200:
                 sample["error"] = (_error_type(resp.status_code, resp.content)
                                    if resp.status_code else type(resp.error).__name__)
@@ -98,6 +101,7 @@ class ChatUser(HttpUser):
         with self.client.post("/v1/chat/completions", json=body, headers=headers,
                               name="chat (stream) headers", stream=True,
                               catch_response=True) as resp:
+            sample["id"] = resp.headers.get("x-request-id")
             if resp.status_code != 200:
                 sample["error"] = (_error_type(resp.status_code, resp.content)
                                    if resp.status_code else type(resp.error).__name__)
