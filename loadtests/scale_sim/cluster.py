@@ -29,6 +29,7 @@ from loadtests.scale_sim.model import GatewayConfig, Pauses, Profile, WorkerConf
 from loadtests.scale_sim.worker import Req, SimWorker
 from loadtests.scale_sim.workload import Population, Requests
 from preft_serve.gateway.routing import RouteResult, WorkerPool
+from preft_serve.gateway.settings import GatewaySettings
 
 DONE, ARRIVE, POLL, DISCOVER, FLUSH, ACTION, SAMPLE, HANDOFF = range(8)
 REFUSED_S = 0.001  # a terminated pod's address refuses at once
@@ -49,11 +50,10 @@ class Options:
     decode_workers: int = 0  # > 0: a decode pool (prefill pool = ``workers``)
     node_lost_endpoint_s: float = 40.0
     pre_stop_s: float = 15.0  # worker.preStopSleepSeconds
-    # A proposal, not the product: at each poll a gateway takes the worker's own count of
-    # running and waiting requests (vLLM's /metrics) as its in-flight count, so the cap
-    # sees the whole cluster's load instead of this gateway's share of it.
-    cluster_load_view: bool = False
-    proposed_cap: bool = False  # gateway.NoSlackPool (a proposal, not the product)
+    # PREFT_GATEWAY_CAP_ON_WORKER_LOAD: at each poll a gateway reads the worker's own count
+    # of running and waiting requests (vLLM's /metrics) and the cap counts it (None: the
+    # gateway's default).
+    cluster_load_view: bool | None = None
     pauses: Pauses | None = None  # the k-th worker started replays workers[k] (validate.py)
     seed: int = 0
 
@@ -78,9 +78,11 @@ class Cluster:
             self.add_worker(f"w{k}", role, ready=True)
         for k in range(options.decode_workers):
             self.add_worker(f"d{k}", "decode", ready=True)
+        view = options.cluster_load_view
+        if view is None:
+            view = bool(GatewaySettings.model_fields["cap_on_worker_load"].default)
         self.gateways = [SimGateway(g, options.gateway, list(self.endpoints),
-                                    list(self.decode_endpoints) or None,
-                                    proposed_cap=options.proposed_cap)
+                                    list(self.decode_endpoints) or None, worker_load=view)
                          for g in range(options.gateways)]
         self.finished: list[Req] = []
         self.on_finish: Callable[[Req], None] | None = None
@@ -232,8 +234,7 @@ class Cluster:
                 pool.mark_ok(url)
                 if residency:
                     pool.set_resident(url, worker.reported.snapshot())
-                if self.opt.cluster_load_view:
-                    pool.status[url].inflight = len(worker.running) + len(worker.waiting)
+                pool.set_worker_load(url, len(worker.running) + len(worker.waiting))
 
     # -- requests ------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ membership every ``discovery_interval_s``). Redis commands are counted per kind.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 
 from loadtests.scale_sim.model import GatewayConfig
 from loadtests.scale_sim.workload import Population
@@ -22,24 +21,18 @@ from preft_serve.common.registry_client.cache import MISSING, ResolveCache
 from preft_serve.gateway.routing import WorkerPool
 
 
-class NoSlackPool(WorkerPool):
-    """A proposal, not the product: the cap without the ``+ 1`` (``ceil(avg * load_factor)``),
-    meant for in-flight counts that are the cluster's (``Options.cluster_load_view``)."""
-
-    def cap(self, candidates: Sequence[str] | None = None) -> int:
-        return super().cap(candidates) - 1
-
-
 class SimGateway:
     def __init__(self, index: int, config: GatewayConfig, workers: list[str],
-                 decode_workers: list[str] | None = None, proposed_cap: bool = False) -> None:
+                 decode_workers: list[str] | None = None, worker_load: bool = False) -> None:
+        """``worker_load``: ``PREFT_GATEWAY_CAP_ON_WORKER_LOAD`` (the cap on the workers'
+        own counts, which ``Cluster.poll`` hands to the pools)."""
         self.index = index
         self.config = config
-        pool = NoSlackPool if proposed_cap else WorkerPool
-        self.pool = pool(workers, load_factor=config.load_factor,
-                         unhealthy_after=config.unhealthy_after)
+        self.pool = WorkerPool(workers, load_factor=config.load_factor,
+                               unhealthy_after=config.unhealthy_after, worker_load=worker_load)
         self.decode_pool = (WorkerPool(decode_workers, load_factor=config.load_factor,
-                                       unhealthy_after=config.unhealthy_after)
+                                       unhealthy_after=config.unhealthy_after,
+                                       worker_load=worker_load)
                             if decode_workers else None)
         self.cache = ResolveCache(config.registry_cache_entries)
         self.redis: Counter[str] = Counter()

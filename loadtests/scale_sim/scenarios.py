@@ -56,16 +56,15 @@ class Run:
     def __init__(self, name: str, scale: Scale, profile: Profile, seed: int, *,
                  worker: WorkerConfig = CHART_WORKER, workers: int | None = None,
                  decode_workers: int = 0, pop: Population | None = None,
-                 shape: Shape | None = None, cluster_load_view: bool = False,
-                 proposed_cap: bool = False) -> None:
+                 shape: Shape | None = None, cluster_load_view: bool | None = None
+                 ) -> None:
         self.name, self.scale, self.profile, self.seed = name, scale, profile, seed
         self.shape = shape or Shape()
         self.pop = pop or Population(scale.users, scale.adapters, scale.tenants, scale.zipf_s,
                                      seed, all_fraction=scale.all_fraction)
         self.cluster = Cluster(self.pop, Options(
             profile, worker, GatewayConfig(), workers or scale.workers, scale.gateways,
-            decode_workers, seed=seed, cluster_load_view=cluster_load_view,
-            proposed_cap=proposed_cap))
+            decode_workers, seed=seed, cluster_load_view=cluster_load_view))
         prewarm(self.cluster, self.pop)
         self.rng = np.random.default_rng([seed, 4])
         self.parts: list[Requests] = []
@@ -142,10 +141,13 @@ def _urls(run: Run) -> list[str]:
 
 
 def steady(scale: Scale, profile: Profile, seed: int, name: str = "steady",
-           worker: WorkerConfig = CHART_WORKER, cluster_load_view: bool = False,
+           worker: WorkerConfig = CHART_WORKER, cluster_load_view: bool | None = None,
            proposed_cap: bool = False) -> dict[str, Any]:
-    run = Run(name, scale, profile, seed, worker=worker, cluster_load_view=cluster_load_view,
-              proposed_cap=proposed_cap)
+    """``cluster_load_view``: ``PREFT_GATEWAY_CAP_ON_WORKER_LOAD`` (None: the gateway's
+    default); ``proposed_cap``, the name ``__main__``'s ``proposed`` run passes, turns it
+    on too (the cap without its slack is part of it)."""
+    view = True if proposed_cap else cluster_load_view
+    run = Run(name, scale, profile, seed, worker=worker, cluster_load_view=view)
     w, m = scale.warm_s, scale.measure_s
     run.traffic(0, w + m, swing=scale.swing)
     run.mark(w, w + m)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from preft_serve.gateway.discovery import DnsSource, KubernetesSource, StaticSource, worker_url
 from preft_serve.gateway.metrics import GatewayMetrics
-from preft_serve.gateway.pool_monitor import WorkerMonitor
+from preft_serve.gateway.pool_monitor import WorkerMonitor, requests_in_worker
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -152,6 +152,58 @@ def test_monitor_tracks_membership_health_and_residency() -> None:
             await monitor.aclose()
 
     asyncio.run(scenario())
+
+
+# A worker's /metrics as vLLM writes it (abridged): one series per engine, a gauge whose
+# name starts like the ones wanted, and the plugin's own metrics.
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="/models/base"} 3.0
+vllm:num_requests_running{engine="1",model_name="/models/base"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="/models/base"} 2.0
+vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 9.0
+preft_worker_adapter_loads_total{tier="disk",outcome="miss"} 12.0
+"""
+
+
+def test_requests_in_worker_sums_running_and_waiting_over_engines() -> None:
+    assert requests_in_worker(VLLM_METRICS) == 6
+    assert requests_in_worker("preft_worker_adapter_loads_total 1.0\n") is None
+    assert requests_in_worker("vllm:num_requests_running nan-ish\n") is None
+
+
+def test_monitor_reads_each_workers_load_when_the_cap_counts_it() -> None:
+    pages: list[str] = []
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        pages.append(request.url.path)
+        if request.url.path == "/metrics":
+            if request.url.host == "w2":
+                return httpx.Response(404)
+            return httpx.Response(200, text=VLLM_METRICS)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": []})
+        return httpx.Response(200)
+
+    async def scenario(worker_load: bool) -> WorkerPool:
+        pool = WorkerPool(["http://w1:8000", "http://w2:8000"], worker_load=worker_load)
+        pool.acquire("http://w1:8000")
+        async with httpx.AsyncClient(transport=httpx.MockTransport(worker)) as http:
+            monitor = WorkerMonitor(pool, ListSource(pool.workers), http, GatewayMetrics(),
+                                    discovery_interval_s=60, health_interval_s=60)
+            await monitor.check_workers()
+        return pool
+
+    pool = asyncio.run(scenario(worker_load=True))
+    assert pool.status["http://w1:8000"].others == 5  # 6 on the worker, 1 of them ours
+    assert pool.status["http://w2:8000"].others == 0  # no metrics page: own count only
+    assert pool.is_healthy("http://w2:8000")
+    pages.clear()
+    asyncio.run(scenario(worker_load=False))
+    assert "/metrics" not in pages  # off: no extra request per worker and poll
 
 
 def test_static_source_is_the_configured_list() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 
 import httpx
@@ -146,6 +147,42 @@ def test_a_worker_with_the_adapter_resident_wins_under_the_cap() -> None:
         pool.acquire(top[0])
     over = pool.choose(key)
     assert over.order[0] == top[2] and over.result is RouteResult.RESIDENT
+
+
+def test_on_worker_load_the_cap_counts_other_gateways_requests() -> None:
+    # Ten gateways, each with one request on each of four workers: alone, a gateway's cap
+    # is ceil(5/4 x 1.25) + 1 = 3, so all ten could put 20 more on one hot worker.
+    key = "34" * 32
+    top = rendezvous_order(key, WORKERS)
+    mine = WorkerPool(WORKERS)
+    for worker in WORKERS:
+        mine.acquire(worker)
+    assert mine.cap() == 3
+    cluster = WorkerPool(WORKERS, worker_load=True)
+    for worker in WORKERS:
+        cluster.acquire(worker)
+        cluster.set_worker_load(worker, 10)  # the worker's running + waiting, all gateways
+    assert cluster.status[top[0]].others == 9
+    assert cluster.cap() == math.ceil(41 / 4 * 1.25)  # 13: the cluster's mean, no slack
+    for _ in range(5):  # this gateway's own requests move the load between polls
+        assert cluster.choose(key).order[0] == top[0]
+        cluster.acquire(top[0])
+    assert cluster.status[top[0]].load == cluster.cap() == 15  # ceil(46 / 4 x 1.25)
+    assert cluster.choose(key).spilled
+    cluster.release(top[0])
+    assert not cluster.choose(key).spilled
+
+
+def test_worker_load_counts_the_others_share_only() -> None:
+    pool = WorkerPool(WORKERS[:2], worker_load=True)
+    for _ in range(5):
+        pool.acquire(WORKERS[0])
+    pool.set_worker_load(WORKERS[0], 3)  # vLLM has not seen all of ours yet: no others
+    assert (pool.status[WORKERS[0]].others, pool.status[WORKERS[0]].load) == (0, 5)
+    pool.set_worker_load("http://gone:8000", 7)  # a worker discovery dropped: ignored
+    off = WorkerPool(WORKERS[:2])
+    off.set_worker_load(WORKERS[0], 50)  # the setting off: the count is not used
+    assert off.status[WORKERS[0]].load == 0 and off.cap() == 2
 
 
 def test_membership_changes_keep_state_and_forget_removed_workers() -> None:

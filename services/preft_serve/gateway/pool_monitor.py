@@ -8,7 +8,9 @@ Two background loops per gateway process:
 * health (every ``health_interval_s``): each worker's vLLM ``/health``; a worker failing
   ``unhealthy_after`` checks in a row (connection failures while proxying count too) gets
   no new requests until it passes one. A healthy worker's ``/v1/models`` tells which
-  ``sha256:<hex>`` adapters it has registered, which routing prefers (affinity).
+  ``sha256:<hex>`` adapters it has registered, which routing prefers (affinity); with the
+  pool's ``worker_load`` on, its ``/metrics`` tells how many requests it runs and queues
+  (vLLM's gauges, every gateway's requests), which the bounded-load cap counts.
 """
 
 from __future__ import annotations
@@ -29,6 +31,23 @@ from preft_serve.gateway.routing import WorkerPool
 logger = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 2.0
+LOAD_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def requests_in_worker(metrics_text: str) -> int | None:
+    """Running + waiting requests in a vLLM ``/metrics`` page, summed over its series (one
+    per engine); None when neither gauge is there (not a vLLM worker, or not yet)."""
+    total, seen = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith(LOAD_GAUGES):
+            name, _, value = line.rpartition(" ")
+            if name.split("{", 1)[0].strip() in LOAD_GAUGES:
+                try:
+                    total += float(value)
+                except ValueError:
+                    continue
+                seen = True
+    return round(total) if seen else None
 
 
 class WorkerMonitor:
@@ -98,6 +117,12 @@ class WorkerMonitor:
                                url)
             return
         self.pool.mark_ok(url)
+        if self.pool.worker_load:
+            await asyncio.gather(self._residency(url), self._load(url))
+        else:
+            await self._residency(url)
+
+    async def _residency(self, url: str) -> None:
         try:
             models = await self.http.get(f"{url}/v1/models", timeout=CHECK_TIMEOUT_S)
             ids = [m.get("id", "") for m in models.json().get("data", [])]
@@ -107,6 +132,17 @@ class WorkerMonitor:
         self.pool.set_resident(url, frozenset(
             i.removeprefix(MODEL_NAME_PREFIX) for i in ids
             if isinstance(i, str) and i.startswith(MODEL_NAME_PREFIX)))
+
+    async def _load(self, url: str) -> None:
+        try:
+            page = await self.http.get(f"{url}/metrics", timeout=CHECK_TIMEOUT_S)
+            page.raise_for_status()
+        except httpx.HTTPError as exc:
+            logger.debug("worker %s: no load count (%s)", url, exc)
+            return
+        requests = requests_in_worker(page.text)
+        if requests is not None:
+            self.pool.set_worker_load(url, requests)
 
     def _export(self) -> None:
         healthy = sum(map(self.pool.is_healthy, self.pool.workers))

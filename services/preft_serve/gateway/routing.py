@@ -4,10 +4,15 @@ Rendezvous (highest-random-weight) hashing on the adapter's sha gives each adapt
 preference order over the workers, so one adapter's requests land on the worker that already
 has it loaded (affinity), and adding or removing a worker only moves the adapters whose top
 choice changed. A hot adapter must not melt its favourite worker, so the gateway counts its
-own in-flight requests per worker and skips a worker whose count is at the cap
+in-flight requests per worker and skips a worker whose count is at the cap
 ``ceil(avg * load_factor) + 1`` (avg = in-flight per worker, this request included); taking
-the next worker in the adapter's order is a "spill". Workers report which adapters they
-have loaded (``/v1/models``, polled by ``gateway.health``); among the workers under the cap
+the next worker in the adapter's order is a "spill". With several gateway replicas each one
+sees only its share of the traffic, so its cap (a few requests) lets every gateway fill a
+hot worker to it at once; with ``worker_load`` the pool adds what the other gateways hold
+on each worker (the worker's own running + waiting count at the last poll, less this
+gateway's in flight then) and the cap is computed on the cluster's load, without the
+``+ 1`` that kept a tiny share from spilling. Workers report which adapters they
+have loaded (``/v1/models``, polled by ``gateway.pool_monitor``); among the workers under the cap
 one that already has the adapter wins, so a spilled or re-homed adapter is not loaded twice.
 Workers failing health checks get no new requests until they pass again.
 """
@@ -66,9 +71,15 @@ class Choice:
 class WorkerStatus:
     """What the gateway knows about one worker."""
 
-    inflight: int = 0
+    inflight: int = 0  # this gateway's open requests on the worker
     failures: int = 0  # consecutive failed health checks / connection attempts
     resident: frozenset[str] = frozenset()  # adapter shas the worker reported loaded
+    others: int = 0  # other gateways' requests on it, as of the last poll (worker_load)
+
+    @property
+    def load(self) -> int:
+        """What the cap is held against: this gateway's requests now plus the others'."""
+        return self.inflight + self.others
 
 
 class WorkerPool:
@@ -81,10 +92,13 @@ class WorkerPool:
     """
 
     def __init__(self, workers: Sequence[str] = (), load_factor: float = 1.25,
-                 unhealthy_after: int = 2, max_open: int | None = None) -> None:
+                 unhealthy_after: int = 2, max_open: int | None = None,
+                 worker_load: bool = False) -> None:
         """``max_open``: most requests open to workers at once (None: no limit); more are
-        refused with a 503 rather than queued for a connection."""
+        refused with a 503 rather than queued for a connection. ``worker_load``: the cap
+        counts the workers' own load (``set_worker_load``), not this gateway's alone."""
         self.load_factor = load_factor
+        self.worker_load = worker_load
         self.unhealthy_after = unhealthy_after
         self.max_open = max_open
         self.status: dict[str, WorkerStatus] = {}
@@ -119,10 +133,13 @@ class WorkerPool:
         return [w for w in self.status if self.is_healthy(w)] or self.workers
 
     def cap(self, candidates: Sequence[str] | None = None) -> int:
-        """Most in-flight requests one worker may hold before new ones spill."""
+        """Most requests one worker may hold (``WorkerStatus.load``) before new ones spill.
+        The ``+ 1`` lets a gateway that sees only a few requests keep them on their
+        favourites; on the cluster's load (``worker_load``) the average is large enough."""
         candidates = self.healthy() if candidates is None else candidates
-        total = sum(self.status[w].inflight for w in candidates)
-        return math.ceil((total + 1) / len(candidates) * self.load_factor) + 1
+        total = sum(self.status[w].load for w in candidates)
+        slack = 0 if self.worker_load else 1
+        return math.ceil((total + 1) / len(candidates) * self.load_factor) + slack
 
     def choose(self, key: str) -> Choice:
         """The first healthy worker under the cap, preferring ones that have ``key``
@@ -142,7 +159,7 @@ class WorkerPool:
         up = set(healthy)
         order = [w for w in ranked if w in up]
         cap = self.cap(healthy)
-        under = [w for w in order if self.status[w].inflight < cap] or order
+        under = [w for w in order if self.status[w].load < cap] or order
         warm = [w for w in under if key in self.status[w].resident]
         first = warm[0] if warm else under[0]
         if warm:
@@ -177,6 +194,13 @@ class WorkerPool:
     def mark_failed(self, worker: str) -> None:
         if worker in self.status:
             self.status[worker].failures += 1
+
+    def set_worker_load(self, worker: str, requests: int) -> None:
+        """The worker's own count of running + waiting requests, all gateways' (read at a
+        health poll); what exceeds this gateway's in-flight count now is the others'. Until
+        the next poll this gateway's own count moves live and the others' stays as read."""
+        if self.worker_load and (status := self.status.get(worker)) is not None:
+            status.others = max(0, requests - status.inflight)
 
     def set_resident(self, worker: str, keys: frozenset[str]) -> None:
         if worker in self.status:

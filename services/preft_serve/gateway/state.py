@@ -94,7 +94,8 @@ class GatewayState:
             instrument_client(http, tracer_provider)
         pool = WorkerPool(load_factor=settings.load_factor,
                           unhealthy_after=settings.unhealthy_after,
-                          max_open=settings.max_open_requests)
+                          max_open=settings.max_open_requests,
+                          worker_load=settings.cap_on_worker_load)
         monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
                                 discovery_interval_s=settings.discovery_interval_s,
                                 health_interval_s=settings.health_interval_s)
@@ -114,7 +115,8 @@ class GatewayState:
         decode_source = decode_source or create_decode_source(settings)
         if decode_source is not None:
             decode_pool = WorkerPool(load_factor=settings.load_factor,
-                                     unhealthy_after=settings.unhealthy_after)
+                                     unhealthy_after=settings.unhealthy_after,
+                                     worker_load=settings.cap_on_worker_load)
             decode_monitor = WorkerMonitor(
                 decode_pool, decode_source, http, metrics,
                 discovery_interval_s=settings.discovery_interval_s,
