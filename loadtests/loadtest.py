@@ -360,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "worker"]
             steps["requests"] = rows
             out.with_name(out.name + "_steps.json").write_text(json.dumps(steps) + "\n")
+        timing = outside.timing_section(samples, rows, before, after)
         result = {
             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             "engine": engine,
             "worker_metrics": scrape_sum(worker_urls, WORKER_METRICS),
             "gateway_metrics": scrape(stack.gateway_url, GATEWAY_METRICS),
-            "timing": outside.timing_section(samples, rows, before, after),
+            "timing": timing,
         }
         out.with_name(out.name + "_summary.json").write_text(json.dumps(result, indent=2))
         if samples:
@@ -392,9 +393,9 @@ def main(argv: list[str] | None = None) -> int:
             out.with_name(out.name + suffix).unlink(missing_ok=True)
         plan_path.unlink(missing_ok=True)  # holds API keys of a throwaway stack
         print(json.dumps(summary, indent=2))
-        if "breakdown_ms" in result["timing"]:
+        if "breakdown_ms" in timing:
             say(f"  where the mean request's time went (ms): "
-                f"{json.dumps(result['timing']['breakdown_ms'])}")
+                f"{json.dumps(timing['breakdown_ms'])}")
         if engine["steps"]:
             say(f"  engine: {engine['steps']} steps, median {engine['median_step_ms']} ms, "
                 f"longest {engine['longest_step_ms']} ms; scheduled tokens/s median "

@@ -149,7 +149,8 @@ def pools_table(runs: list[dict[str, Any]]) -> str:
 
 
 def validation_table(checks: list[dict[str, Any]]) -> str:
-    lines = ["| recorded run | phase | replayed pauses, measured fetch | req/s | "
+    lines = ["| recorded run | phase | replayed pauses, fetch ms, outside ms (client / slot) "
+             "| req/s | "
              "resident real / sim | preferred real / sim | spill real / sim | "
              "store fetch real / sim | TTFT p50 ms real / sim (ratio) | agrees |",
              "|---|---:|---|---:|---|---|---|---|---|---|"]
@@ -157,10 +158,12 @@ def validation_table(checks: list[dict[str, Any]]) -> str:
         real, sim = c["recorded"], c["simulated"]
         shares = [f"{real['routing_share'][r]:.1%} / {sim['routing_share'][r]:.1%}"
                   for r in ("resident", "preferred", "spill")]
-        pauses = c.get("pauses")
-        measured = ("-" if pauses is None else
-                    f"{pauses['pauses']} ({' / '.join(f'{x:.0%}' for x in pauses['paused_share'])}"
-                    f" of the run), {c['fetch_ms']} ms")
+        pauses, spent = c.get("pauses"), c.get("outside_ms")
+        measured = ", ".join([
+            "-" if pauses is None else f"{pauses['pauses']} ("
+            + " / ".join(f"{x:.0%}" for x in pauses["paused_share"]) + " of the run)",
+            "-" if c.get("fetch_ms") is None else str(c["fetch_ms"]),
+            "-" if spent is None else f"{spent['client']} / {spent['slot']}"])
         lines.append(f"| `{real['file']}` | {c['phase']} | {measured} | "
                      f"{real['throughput_rps']} | "
                      + " | ".join(shares) + f" | {real['store_share']:.1%} / "

@@ -12,7 +12,12 @@ that fetched their adapter from the store, and TTFT p50 (streamed requests, as l
 measures it). Where a run recorded its workers' step traces and fetch times
 (``<out>_steps.json``), each simulated worker replays one real worker's pauses and fetches
 in the measured time, which the phase then leaves alone (``stalls.py``): two workers on the
-2 cores pause in turn, and that is where their spills come from.
+2 cores pause in turn, and that is where their spills come from. Where a run measured the
+time its requests spent outside the engines (``outside.py``: locust and the gateway's HTTP
+server before the gateway routes a request, the gateway and the API server while it holds
+its worker's in-flight slot), each simulated request spends that time there too: it
+delays the first token and, inside the slot, counts against the bounded-load cap. The
+phase then fits only the engines' costs.
 
 Agreement required: shares within 5 points, TTFT p50 within 25%.
 """
@@ -28,9 +33,11 @@ from typing import Any
 import numpy as np
 
 from loadtests import RESULTS
-from loadtests.scale_sim import metrics, stalls
+from loadtests.scale_sim import metrics, outside, stalls
 from loadtests.scale_sim.cluster import Cluster, Options
+from loadtests.scale_sim.gateway import SimGateway
 from loadtests.scale_sim.model import CPU, GIB, GatewayConfig, Pauses, Profile, WorkerConfig
+from loadtests.scale_sim.outside import Outside
 from loadtests.scale_sim.worker import Req
 from loadtests.scale_sim.workload import Population, Requests
 
@@ -38,7 +45,10 @@ RECORDED = (RESULTS / "locust_summary.json",
             RESULTS / "loadtest_stalls" / "run1_summary.json",
             RESULTS / "loadtest_stalls" / "run2_summary.json",
             RESULTS / "locust_2w_summary.json",  # two workers, untraced
-            RESULTS / "locust_2w_traced_summary.json")  # two workers, both traced
+            RESULTS / "locust_2w_traced_summary.json",  # both traced, outside time unmeasured
+            RESULTS / "locust_2w_timed_b_summary.json",  # traced, time outside measured
+            RESULTS / "locust_2w_timed_summary.json")  # the same, the two-worker reference
+REQUIRED = (RECORDED[0], RECORDED[-1])  # must agree: the one-worker and two-worker references
 SPAWN_RATE = 10.0  # loadtest.py --spawn-rate default (the summary does not record it)
 TEMPLATE_TOKENS = 22  # the toy tokenizer's chat template around one user message, bytes
 WORD_TOKENS = 5.7  # mean bytes of a locustfile word and its space (byte-level tokenizer)
@@ -66,7 +76,19 @@ def recorded(path: Path) -> dict[str, Any]:
             "routing_share": {r: round(routes.get(r, 0) / routed, 4)
                               for r in ("resident", "preferred", "spill")},
             "store_share": round(misses / s["requests"], 4),
-            "distinct_users": s["distinct_users"]}
+            "distinct_users": s["distinct_users"], **timing(data)}
+
+
+def timing(data: dict[str, Any]) -> dict[str, Any]:
+    """Where the run's requests spent their time (``outside.breakdown``) and how many the
+    engines held on average (vLLM's end-to-end time over the run), where measured."""
+    section = data.get("timing") or {}
+    if "breakdown_ms" not in section:
+        return {}
+    e2e = section["histograms"].get("vllm:e2e_request_latency_seconds", {})
+    return {"breakdown_ms": section["breakdown_ms"],
+            "engine_requests_mean": round(e2e.get("sum_s", 0.0)
+                                          / data["summary"]["duration_s"], 1)}
 
 
 def worker_config(setup: dict[str, Any]) -> WorkerConfig:
@@ -78,27 +100,52 @@ def worker_config(setup: dict[str, Any]) -> WorkerConfig:
                    max_cpu_loras=flags.get("--max-cpu-loras", 64))
 
 
+class LoadTestCluster(Cluster):
+    """The load test's cluster, with its requests' time outside the engines: a routed
+    request holds its in-flight slot ``outside.slot`` seconds before its worker sees it."""
+
+    def __init__(self, pop: Population, options: Options, spent: Outside | None) -> None:
+        super().__init__(pop, options)
+        self.outside = spent
+        self.outside_rng = np.random.default_rng([options.seed, 9])
+
+    def route(self, req: Req, gw: SimGateway, delay: float, tries: int = 0) -> None:
+        if self.outside is not None and not req.worker:  # the first routing, not a retry
+            delay += self.outside.slot(self.outside_rng)
+        super().route(req, gw, delay, tries)
+
+
 def simulate(setup: dict[str, Any], profile: Profile, seed: int,
-             pauses: Pauses | None = None) -> dict[str, Any]:
+             pauses: Pauses | None = None, spent: Outside | None = None) -> dict[str, Any]:
     """One load-test run in the simulator: closed-loop users for the recorded duration, on
     ``setup["workers"]`` workers (1 when the summary does not say) behind one gateway,
-    each pausing as ``pauses`` says (the run's measured pauses, ``stalls.py``)."""
+    each pausing as ``pauses`` says (the run's measured pauses, ``stalls.py``), each request
+    spending ``spent`` outside the engines (``outside.py``)."""
     adapters, users = int(setup["adapters"]), int(setup["users"])
     duration = float(str(setup["duration"]).rstrip("s"))
     low, high = setup["max_tokens"]
     wlow, whigh = setup["prompt_words"]
     pop = Population(adapters, adapters, int(setup["tenants"]), 0.0, seed,
                      all_fraction=0.0, tenant_exponent=0.0, one_to_one=True)
-    cluster = Cluster(pop, Options(profile, worker_config(setup), GatewayConfig(),
-                                   workers=int(setup.get("workers", 1)), gateways=1,
-                                   pauses=pauses, seed=seed))
+    cluster = LoadTestCluster(pop, Options(
+        profile, worker_config(setup), GatewayConfig(), workers=int(setup.get("workers", 1)),
+        gateways=1, pauses=pauses, seed=seed,
+        cluster_load_view=bool(setup.get("cap_on_worker_load", False))), spent)
     rng = np.random.default_rng([seed, 8])
 
     def send() -> None:
         words = int(rng.integers(wlow, whigh + 1))
-        cluster.submit(int(rng.integers(adapters)), int(TEMPLATE_TOKENS + WORD_TOKENS * words),
-                       int(rng.integers(low, high + 1)),
-                       bool(rng.random() < setup["stream_fraction"]))
+        args = (int(rng.integers(adapters)), int(TEMPLATE_TOKENS + WORD_TOKENS * words),
+                int(rng.integers(low, high + 1)), bool(rng.random() < setup["stream_fraction"]))
+        if spent is None:
+            cluster.submit(*args)
+            return
+        sent = cluster.t
+
+        def arrive() -> None:  # at the gateway: the request's clock started at the client
+            cluster.submit(*args).t0 = sent
+
+        cluster.at(sent + spent.client(cluster.outside_rng), arrive)
 
     def again(req: Req) -> None:
         if cluster.t < duration:
@@ -116,18 +163,20 @@ def simulate(setup: dict[str, Any], profile: Profile, seed: int,
     done = [r for r in cluster.finished if r.state == "done"]
     span = max(r.done for r in done) - min(r.t0 for r in done)
     lat = metrics.latency(cluster.finished, stream_only=True)
+    engine_load = sum(cluster.load_sum[u] / cluster.load_n[u] for u in cluster.load_n)
     return {"requests": len(cluster.finished), "throughput_rps": round(len(done) / span, 2),
             "ttft_p50_ms": lat["ttft_p50_ms"], "ttft_p99_ms": lat["ttft_p99_ms"],
             "routing_share": window["routing_share"],
             "store_share": round(after["fetches"] / max(len(done), 1), 4),
             "tier_share": window["tier_share"],
             "distinct_users": len({r.user for r in cluster.finished}),
+            "engine_requests_mean": round(engine_load, 1),
             "open_at_end": cluster.open}
 
 
 def fit_phase(setup: dict[str, Any], target_rps: float, seed: int,
-              pauses: Pauses | None = None, fetch_s: float | None = None
-              ) -> tuple[float, dict]:
+              pauses: Pauses | None = None, fetch_s: float | None = None,
+              spent: Outside | None = None) -> tuple[float, dict]:
     """The CPU-cost factor whose simulated throughput matches ``target_rps`` (bisection on
     a log scale; throughput falls as costs grow). ``fetch_s``: the run's measured mean
     fetch, which the factor then leaves alone."""
@@ -135,7 +184,7 @@ def fit_phase(setup: dict[str, Any], target_rps: float, seed: int,
     best: tuple[float, dict[str, Any]] = (1.0, {})
     for _ in range(11):
         mid = float(np.sqrt(lo * hi))
-        sim = simulate(setup, stalls.fetch_time(CPU.scaled(mid), fetch_s), seed, pauses)
+        sim = simulate(setup, stalls.fetch_time(CPU.scaled(mid), fetch_s), seed, pauses, spent)
         best = (mid, sim)
         if sim["throughput_rps"] > target_rps:
             lo = mid
@@ -148,7 +197,8 @@ def compare(path: Path, seed: int = 0) -> dict[str, Any]:
     """Fit, predict, and judge one recorded run."""
     real = recorded(path)
     pauses, fetch_s = stalls.load(path)
-    phase, sim = fit_phase(real["setup"], real["throughput_rps"], seed, pauses, fetch_s)
+    spent = outside.load(path)
+    phase, sim = fit_phase(real["setup"], real["throughput_rps"], seed, pauses, fetch_s, spent)
     checks = {f"routing {r}": abs(sim["routing_share"][r] - real["routing_share"][r])
               <= SHARE_POINTS for r in real["routing_share"]}
     checks["store share"] = abs(sim["store_share"] - real["store_share"]) <= SHARE_POINTS
@@ -158,5 +208,8 @@ def compare(path: Path, seed: int = 0) -> dict[str, Any]:
             "pauses": None if pauses is None else stalls.summary(
                 pauses, float(str(real["setup"]["duration"]).rstrip("s"))),
             "fetch_ms": None if fetch_s is None else round(1000 * fetch_s, 1),
+            "outside_ms": None if spent is None else {
+                "client": round(1000 * float(np.mean(spent.client_s)), 1),
+                "slot": round(1000 * spent.slot_mean_s, 1)},
             "ttft_p50_ratio": round(ratio, 3) if ratio else None,
             "checks": checks, "agrees": all(checks.values())}
