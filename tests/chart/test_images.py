@@ -114,7 +114,11 @@ def test_workers_install_their_extra(dockerfiles: dict[str, list[Instruction]], 
     assert any("disagg" in extras for extras in installed)
     assert "nixl._api" in runs
     if extra == "cpu":
-        assert "download.pytorch.org/whl/cpu" in runs
+        # PyTorch's CPU index by default; an empty TORCH_INDEX leaves pip's own configuration
+        # (a mirror, a wheel folder: scripts/build_images.py) to provide the +cpu build.
+        args = [i.args for i in dockerfiles[image] if i.keyword == "ARG"]
+        assert "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in args
+        assert '${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"}' in runs
         assert "pip uninstall -y torchvision torchaudio torchcodec" in runs
 
 
