@@ -86,9 +86,11 @@ def timing(data: dict[str, Any]) -> dict[str, Any]:
     if "breakdown_ms" not in section:
         return {}
     e2e = section["histograms"].get("vllm:e2e_request_latency_seconds", {})
+    gateway = section["histograms"].get("preft_gateway_request_seconds", {})
+    span = data["summary"]["duration_s"]
     return {"breakdown_ms": section["breakdown_ms"],
-            "engine_requests_mean": round(e2e.get("sum_s", 0.0)
-                                          / data["summary"]["duration_s"], 1)}
+            "engine_requests_mean": round(e2e.get("sum_s", 0.0) / span, 1),
+            "gateway_requests_mean": round(gateway.get("sum_s", 0.0) / span, 1)}
 
 
 def worker_config(setup: dict[str, Any]) -> WorkerConfig:
@@ -108,10 +110,13 @@ class LoadTestCluster(Cluster):
         super().__init__(pop, options)
         self.outside = spent
         self.outside_rng = np.random.default_rng([options.seed, 9])
+        self.routed: dict[int, float] = {}  # request id -> when the gateway first routed it
 
     def route(self, req: Req, gw: SimGateway, delay: float, tries: int = 0) -> None:
-        if self.outside is not None and not req.worker:  # the first routing, not a retry
-            delay += self.outside.slot(self.outside_rng)
+        if not req.worker:  # the first routing, not a retry
+            self.routed[req.id] = self.t
+            if self.outside is not None:
+                delay += self.outside.slot(self.outside_rng)
         super().route(req, gw, delay, tries)
 
 
@@ -164,6 +169,7 @@ def simulate(setup: dict[str, Any], profile: Profile, seed: int,
     span = max(r.done for r in done) - min(r.t0 for r in done)
     lat = metrics.latency(cluster.finished, stream_only=True)
     engine_load = sum(cluster.load_sum[u] / cluster.load_n[u] for u in cluster.load_n)
+    gateway_load = sum(r.done - cluster.routed[r.id] for r in done) / span
     return {"requests": len(cluster.finished), "throughput_rps": round(len(done) / span, 2),
             "ttft_p50_ms": lat["ttft_p50_ms"], "ttft_p99_ms": lat["ttft_p99_ms"],
             "routing_share": window["routing_share"],
@@ -171,6 +177,7 @@ def simulate(setup: dict[str, Any], profile: Profile, seed: int,
             "tier_share": window["tier_share"],
             "distinct_users": len({r.user for r in cluster.finished}),
             "engine_requests_mean": round(engine_load, 1),
+            "gateway_requests_mean": round(gateway_load, 1),
             "open_at_end": cluster.open}
 
 

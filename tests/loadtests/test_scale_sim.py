@@ -184,16 +184,17 @@ def test_a_paused_worker_finishes_nothing_in_its_pause() -> None:
 
 def test_two_workers_with_their_measured_pauses_and_time_outside_the_engines() -> None:
     """The two-worker run, its pauses replayed and its requests' time outside the engines
-    measured: routing, store share and TTFT p50 agree, and the engines hold as many
-    requests as vLLM's own end-to-end time says they held. Without the time outside, the
-    same pauses put every request into the engines and the first token comes far too
-    early."""
+    measured: routing, store share and TTFT p50 agree, and the engines and the gateway hold
+    as many requests as vLLM's and the gateway's own times say they held. Without the time
+    outside, the same pauses put every request into the engines and the first token comes
+    far too early."""
     path = validate.REQUIRED[-1]
     check = validate.compare(path)
     assert check["agrees"], json.dumps(check, indent=1)
     assert check["pauses"]["both_paused_share"] < check["pauses"]["both_if_independent"]
     real, sim = check["recorded"], check["simulated"]
-    assert abs(sim["engine_requests_mean"] / real["engine_requests_mean"] - 1) < 0.15
+    for held in ("engine_requests_mean", "gateway_requests_mean"):
+        assert abs(sim[held] / real[held] - 1) < 0.15, held
     assert sim["open_at_end"] == 0
     pauses, fetch_s = stalls.load(path)
     _, inside = validate.fit_phase(real["setup"], real["throughput_rps"], 0, pauses, fetch_s)
