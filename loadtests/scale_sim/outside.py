@@ -25,7 +25,6 @@ its mean is measured. Nothing here is fitted.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,6 +199,6 @@ def load(summary: Path) -> Outside | None:
     rows = json.loads(steps.read_text()).get("requests") or []
     client = tuple(max(0.0, (r[1] - r[2]) / 1000) for r in rows if r[2] is not None)
     slot = max(0.0, timing["breakdown_ms"]["slot_ms"] / 1000)
-    if not client or math.isnan(slot):
+    if not client:
         return None
     return Outside(client, slot, steps.name)
