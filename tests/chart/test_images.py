@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.chart.manifests import container, container_port, pod_spec
-from tests.chart.support import ROOT, Rendered
+from tests.chart.support import ROOT, Rendered, find_tool
 
 DOCKER = ROOT / "docker"
 IMAGES = {"gateway": "gateway", "registry": "registry", "worker-gpu": "worker",
@@ -201,3 +201,29 @@ print("imported")
                             timeout=120, check=False, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "imported"
+
+
+def test_dockerfiles_pass_hadolint() -> None:
+    """Every Dockerfile, the GPU worker's included (its base cannot be pulled or run here,
+    so this lint and the install-line checks above are what it gets): hadolint with the
+    repository's .hadolint.yaml."""
+    hadolint = find_tool("hadolint", "HADOLINT", Path(sys.executable).parent / "hadolint")
+    for path in sorted(DOCKER.glob("*.Dockerfile")):
+        result = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True,
+                                text=True, timeout=60, check=False, cwd=ROOT)
+        assert result.returncode == 0, f"{path.name}:\n{result.stdout}{result.stderr}"
+
+
+def test_gpu_and_cpu_workers_install_the_plugin_the_same_way(
+        dockerfiles: dict[str, list[Instruction]]) -> None:
+    """The GPU worker is never built here: its NIXL install and its import check are the
+    CPU worker's, which `make images` builds and tests/images runs."""
+    def steps(image: str) -> list[str]:
+        runs = " && ".join(i.args for i in dockerfiles[image] if i.keyword == "RUN")
+        return [s.strip() for s in runs.split("&&")]
+
+    gpu, cpu = steps("worker-gpu"), steps("worker-cpu")
+    nixl = [s for s in cpu if "nixl==" in s]
+    assert nixl and all(s.replace("/opt/venv/bin/pip", "python3 -m pip") in gpu for s in nixl)
+    imports = {s.split(";")[0].split('"')[1] for s in cpu + gpu if "-c \"import" in s}
+    assert len(imports) == 1, imports  # the same modules imported in both
