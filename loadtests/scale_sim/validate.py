@@ -44,6 +44,7 @@ from loadtests.scale_sim.workload import Population, Requests
 RECORDED = (RESULTS / "locust_summary.json",
             RESULTS / "loadtest_stalls" / "run1_summary.json",
             RESULTS / "loadtest_stalls" / "run2_summary.json",
+            RESULTS / "locust_timed_summary.json",  # one worker, time outside measured
             RESULTS / "locust_2w_summary.json",  # two workers, untraced
             RESULTS / "locust_2w_traced_summary.json",  # both traced, outside time unmeasured
             RESULTS / "locust_2w_timed_b_summary.json",  # traced, time outside measured
