@@ -234,7 +234,15 @@ class Cluster:
                 pool.mark_ok(url)
                 if residency:
                     pool.set_resident(url, worker.reported.snapshot())
-                pool.set_worker_load(url, len(worker.running) + len(worker.waiting))
+                pool.set_worker_load(url, self.engine_requests(worker))
+
+    def engine_requests(self, worker: SimWorker) -> int:
+        """What vLLM's ``num_requests_running`` + ``num_requests_waiting`` count: not a
+        request whose adapter is still being fetched (the resolver holds it in the API
+        server, before the engine)."""
+        loading = worker.loading
+        fetching = sum(1 for r in worker.running.values() if loading.get(r.sha, 0.0) > self.t)
+        return len(worker.running) - fetching + len(worker.waiting)
 
     # -- requests ------------------------------------------------------------------------
 

@@ -96,10 +96,11 @@ class GatewaySettings(ServiceSettings):
         "adapters, API keys); a worst-case entry takes about 1 KiB")
     load_factor: float = Field(1.25, ge=1.0, description="Bounded-load cap multiplier")
     cap_on_worker_load: bool = Field(
-        True, description="Hold the bounded-load cap against each worker's own running + "
+        False, description="Hold the bounded-load cap against each worker's own running + "
         "waiting requests (vLLM's /metrics, read at every health poll: every gateway "
-        "replica's requests) rather than this gateway's alone, whose share of a hot "
-        "worker is too small for the cap to bind when there are several replicas")
+        "replica's requests) rather than this gateway's alone. Balances the workers' "
+        "queues with many replicas, but spills more, which raised TTFT p99 in the "
+        "simulator (docs/scale.md): off by default")
     max_open_requests: int = Field(1000, ge=1, description="Most requests this gateway keeps "
                                    "open to workers at once; more get 503 at once instead "
                                    "of queueing for a connection (add replicas to serve more)")
