@@ -60,15 +60,16 @@ TIERS: dict[str, tuple[str, ...]] = {
     "training/test_trainer.py": ("trainer",),
     "chart/*": ("helm",),  # helm template, kubernetes schemas, promtool
     "fuzz/*": ("fuzz",),
+    "images/*": ("images",),  # make images, then the chart's containers run from them
     "loadtests/test_quality_bench.py": ("study",),
     "loadtests/test_rl_bench.py": ("study",),
 }
 # Directories whose tests share one expensive fixture: kept on one xdist worker together.
-SHARED_FIXTURE_DIRS = ("engine", "e2e")
+SHARED_FIXTURE_DIRS = ("engine", "e2e", "images")
 # Files (globs) that take minutes, longest first: handed out before everything else, so
 # none of them starts last and runs alone at the end of the suite. Then the other tiers'
 # files, then the fast ones.
-LONGEST = ("onebox/test_make_run_real.py", "e2e/*", "onebox/test_soak.py",
+LONGEST = ("images/*", "onebox/test_make_run_real.py", "e2e/*", "onebox/test_soak.py",
            "loadtests/test_disagg_bench.py", "disagg/*")
 
 
