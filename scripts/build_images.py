@@ -94,6 +94,18 @@ class Builder:
                   capture_output=True).stdout
         return int(out.strip())
 
+    def image_id(self, image: str) -> str | None:
+        cmd = (["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}"]
+               if self.name == "buildah" else [self.name, "image", "inspect", "-f", "{{.Id}}"])
+        found = subprocess.run([*cmd, image], capture_output=True, text=True, check=False)
+        return found.stdout.strip() or None if found.returncode == 0 else None
+
+    def remove(self, image_id: str) -> None:
+        """Drop an image a rebuild superseded (its big final layers would pile up on disk);
+        the layer cache keeps the build stages."""
+        cmd = ["buildah", "rmi"] if self.name == "buildah" else [self.name, "rmi"]
+        subprocess.run([*cmd, image_id], capture_output=True, check=False)
+
     def pull(self, image: str) -> bool:
         cmd = ["buildah", "pull"] if self.name == "buildah" else [self.name, "pull"]
         try:
@@ -286,7 +298,10 @@ def main() -> None:
             log(f"{name}: building {tag}")
             t0 = time.monotonic()
             build_args = {"PYTHON_IMAGE": base["image"], "TORCH_INDEX": index}
+            previous = builder.image_id(tag)
             builder.build(ROOT / "docker" / f"{name}.Dockerfile", tag, build_args)
+            if previous and previous != builder.image_id(tag):
+                builder.remove(previous)
             seconds = round(time.monotonic() - t0, 1)
             size = builder.size(tag)
             report["images"][name] = {"tag": tag, "size_bytes": size, "seconds": seconds}
@@ -294,7 +309,7 @@ def main() -> None:
     report["seconds"] = round(time.monotonic() - started, 1)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=2) + "\n")
-    log(f"done in {report['seconds']:.0f} s; report: {args.report.relative_to(ROOT)}")
+    log(f"done in {report['seconds']:.0f} s; report: {args.report}")
     for name, item in report["images"].items():
         print(f"  {name:<11} {item['size_bytes'] / 1e6:>7.0f} MB  {item['seconds']:>6.0f} s  "
               f"{item['tag']}")
