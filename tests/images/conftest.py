@@ -43,6 +43,9 @@ VALUES = Path(__file__).with_name("values.yaml")
 MODEL_NAME = "tiny-llama"
 MODELS_ROOT = "/models"  # values.yaml: model.path is /models/tiny-llama
 S3_SERVICE = "s3.storage.svc.cluster.local:9000"
+# How the chart names the other services (each must be remapped where a pod uses it).
+REDIS = "prod-preft-serve-redis:6379"
+REGISTRY = "prod-preft-serve-registry.llm.svc:8081"
 S3_SECRET = {"preft-s3": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
 BUCKET = "preft-images-test"
 IMAGES = ("gateway", "registry", "worker-cpu", "trainer")
@@ -125,8 +128,8 @@ def _service_addresses(rendered: Rendered, component: str) -> list[str]:
 
 def _pod(rendered: Rendered, component: str, image: Image, objects: Objects,
          addresses: dict[str, str], port_env: str | None, port_arg: bool, host_port: int,
-         volumes: dict[str, Path], workdir: Path, hosts: dict[str, str] | None = None
-         ) -> Pod:
+         volumes: dict[str, Path], workdir: Path, expect: list[str],
+         hosts: dict[str, str] | None = None) -> Pod:
     """A component's pod with the listening port and service addresses remapped; every
     substitution must have matched, so a chart change that moves one fails here."""
     workload = rendered.component("Deployment", component)
@@ -143,7 +146,9 @@ def _pod(rendered: Rendered, component: str, image: Image, objects: Objects,
         args = [f"--port={host_port}" if a == f"--port={port}" else a for a in args]
     pod = Pod(component, image, pod_spec(workload), spec, env, args, volumes,
               hosts=hosts or {}, workdir=workdir / component)
-    pod.substituted = used | used_args  # type: ignore[attr-defined]
+    substituted = {addresses[a] for a in used | used_args}
+    wanted = {addresses[a] for a in expect}
+    assert substituted == wanted, (component, substituted, wanted)
     return pod
 
 
@@ -195,7 +200,8 @@ def _start(s: Stack, images: dict[str, Image], objects: Objects,
            addresses: dict[str, str]) -> Iterator[Stack]:
     volumes = {"model": s.model.parent}
     registry = _pod(s.rendered, "registry", images["registry"], objects, addresses,
-                    "PREFT_REGISTRY_PORT", False, s.ports["registry"], volumes, s.root / "pods")
+                    "PREFT_REGISTRY_PORT", False, s.ports["registry"], volumes, s.root / "pods",
+                    [REDIS, S3_SERVICE])
     # What the kubelet adds to every pod of a namespace with API access: the API's address
     # and (automountServiceAccountToken) the service account's credentials.
     assert s.kube is not None
@@ -204,13 +210,13 @@ def _start(s: Stack, images: dict[str, Image], objects: Objects,
     registry.extra_mounts.append((s.kube.service_account("llm"),
                                   "/var/run/secrets/kubernetes.io/serviceaccount"))
     worker = _pod(s.rendered, "worker", images["worker-cpu"], objects, addresses, None, True,
-                  s.ports["worker"], volumes, s.root / "pods")
+                  s.ports["worker"], volumes, s.root / "pods", [REDIS, S3_SERVICE])
     worker_dns = s.rendered.component("Deployment", "gateway")
     dns_name = {e["name"]: e.get("value") for e in container(worker_dns)["env"]}[
         "PREFT_GATEWAY_WORKER_DNS_NAME"]
     gateway = _pod(s.rendered, "gateway", images["gateway"], objects, addresses,
                    "PREFT_GATEWAY_PORT", False, s.ports["gateway"], volumes, s.root / "pods",
-                   hosts={dns_name: "127.0.0.1"})
+                   [REDIS, REGISTRY], hosts={dns_name: "127.0.0.1"})
     assert gateway.env["PREFT_GATEWAY_WORKER_PORT"] == str(
         container_port(worker.container, "http"))
     gateway.env["PREFT_GATEWAY_WORKER_PORT"] = str(s.ports["worker"])

@@ -105,7 +105,7 @@ class FakeKube:
                             url.path)
         pods = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)/log)?", url.path)
         with self.lock:
-            if jobs and method == "POST" and not jobs.group(2):
+            if jobs and method == "POST" and not jobs.group(2) and body is not None:
                 return self._create(req, body)
             if jobs and jobs.group(2) and method == "GET":
                 return self._job(req, jobs.group(2))
