@@ -45,7 +45,7 @@ def test_defaults_keep_the_hard_coded_security_contexts(scenarios: dict[str, Ren
                        "fsGroup": uid, "seccompProfile": {"type": "RuntimeDefault"}}
         main = main_container(rendered, component)["securityContext"]
         assert main == {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
-                        "readOnlyRootFilesystem": component != "worker",
+                        "readOnlyRootFilesystem": True,
                         "capabilities": {"drop": ["ALL"]},
                         "seccompProfile": {"type": "RuntimeDefault"}}
 

@@ -203,7 +203,8 @@ spec:
             {{- $_ := set $resources "limits" $limits }}
             {{- end }}
             {{- toYaml $resources | nindent 12 }}
-          {{- /* vLLM and its compilers write caches under $HOME; the root filesystem stays writable. */}}
+          {{- /* Read-only root: vLLM, torch, Triton and Hugging Face write their caches under
+          $HOME (~/.cache, ~/.triton, ~/.config) and /tmp, which are emptyDirs below. */}}
           {{- with include "preft-serve.securityContext" $w.containerSecurityContext }}
           {{- . | nindent 10 }}
           {{- end }}
@@ -217,6 +218,11 @@ spec:
             {{- end }}
             - name: shm
               mountPath: /dev/shm
+            - name: tmp
+              mountPath: /tmp
+            # The images' HOME (uid 10001's home directory in both worker images).
+            - name: home
+              mountPath: /home/app
             {{- with $w.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -236,6 +242,10 @@ spec:
           emptyDir:
             medium: Memory
             sizeLimit: {{ $w.shmSizeLimit }}
+        - name: tmp
+          emptyDir: {}
+        - name: home
+          emptyDir: {}
         {{- with $w.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
