@@ -31,7 +31,7 @@ from loadtests.scale_sim.workload import Population, Requests
 from preft_serve.gateway.routing import RouteResult, WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 
-DONE, ARRIVE, POLL, DISCOVER, FLUSH, ACTION, SAMPLE, HANDOFF = range(8)
+ARRIVE, POLL, DISCOVER, FLUSH, ACTION, SAMPLE, HANDOFF, STEP = range(8)
 REFUSED_S = 0.001  # a terminated pod's address refuses at once
 SAMPLE_S = 0.5
 MAX_TRIES = 3  # routing attempts of one request (choose, then its order)
@@ -191,11 +191,17 @@ class Cluster:
             self.dispatch(kind, payload)
 
     def dispatch(self, kind: int, payload: object) -> None:
-        if kind == DONE:
-            self.done(payload)  # type: ignore[arg-type]
-        elif kind == ARRIVE:
+        if kind == ARRIVE:
             req, url = payload  # type: ignore[misc]
             self._arrive_worker(req, url)
+        elif kind == STEP:
+            worker, gen = payload  # type: ignore[misc]
+            if worker.gen == gen:  # else superseded by a later wake-up
+                left, wake = worker.step_done(self.t)
+                if wake is not None:
+                    self.push(wake, STEP, (worker, worker.gen))
+                for req in left:
+                    self.done(req)
         elif kind == HANDOFF:
             self.decode_hop(payload)  # type: ignore[arg-type]
         elif kind == POLL:
@@ -300,9 +306,9 @@ class Cluster:
         self._start(req, worker, self.t)
 
     def _start(self, req: Req, worker: SimWorker, t: float) -> None:
-        leave = worker.admit(req, t)
-        if leave is not None:
-            self.push(leave, DONE, req)
+        wake = worker.arrive(req, t)
+        if wake is not None:
+            self.push(wake, STEP, (worker, worker.gen))
 
     def done(self, req: Req) -> None:
         if req.state in ("done", "failed"):
@@ -312,12 +318,11 @@ class Cluster:
         worker = self.workers.get(url) or self.gone.get(url)
         gw = self.gateways[req.gateway]
         pool = gw.decode_pool if decoding else gw.pool
-        if worker is not None:
-            for nxt, leave in worker.finish(req, self.t):
-                self.push(leave, DONE, nxt)
-            if not worker.accepting and worker.alive and not worker.running \
-                    and not worker.waiting and url in self.gone:
-                self.retired.append(self.gone.pop(url))
+        # the request has left its worker's batch (SimWorker.step_done): a terminated
+        # worker with nothing left retires
+        if worker is not None and not worker.accepting and worker.alive \
+                and not worker.running and not worker.waiting and url in self.gone:
+            self.retired.append(self.gone.pop(url))
         assert pool is not None
         pool.release(url)
         if req.two_pools and not decoding:
@@ -345,9 +350,7 @@ class Cluster:
                 continue
             pool.acquire(url)
             req.decode_worker = url
-            leave = worker.admit(req, self.t)
-            if leave is not None:
-                self.push(leave, DONE, req)
+            self._start(req, worker, self.t)
             return
         self.fail(req, "no_decode_worker")
 

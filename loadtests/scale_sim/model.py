@@ -64,7 +64,10 @@ class Profile:
     kv_link_bytes_s: float  # KV transfer bandwidth between pools
     handoff_s: float  # the gateway's second hop (request, first token bookkeeping)
     pod_start_s: float  # a worker pod from scheduled to ready (a rolling upgrade's step)
-    max_num_seqs: int = 64
+    # vLLM 0.32's defaults for an OpenAI server on the device (EngineArgs.get_batch_defaults),
+    # which a worker runs with unless WorkerConfig sets them
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
     source: dict[str, str] = field(default_factory=dict)
 
     def scaled(self, factor: float) -> Profile:
@@ -116,7 +119,7 @@ GPU = Profile(
     gateway_cpu_s=0.0015, redis_rtt_s=0.0005,
     kv_bytes_per_token=128 * 1024,  # 2 x 32 layers x 8 KV heads x 128 x 2 bytes
     kv_link_bytes_s=12.5e9,  # 100 Gb/s RDMA
-    handoff_s=0.002, pod_start_s=120.0, max_num_seqs=256,
+    handoff_s=0.002, pod_start_s=120.0, max_num_seqs=1024, max_num_batched_tokens=8192,
     source={"all_token": "paper: 1.83x (LoRA) on Llama 3.1 8B, 512 adapters",
             "rest": "model shape and nominal H100 figures (docs/scale.md)"},
 )
@@ -137,9 +140,17 @@ class Pauses:
 @dataclass(frozen=True)
 class WorkerConfig:
     """A worker's adapter tiers and engine limits, as ``python -m preft_serve.worker.serve``
-    configures them (defaults: ``--max-loras 8 --max-cpu-loras 64``, 10 GiB disk cache)."""
+    configures them (defaults: ``--max-loras 8 --max-cpu-loras 64``, 10 GiB disk cache).
+
+    The scheduler's limits per step (``worker.SimWorker._plan``): ``max_loras`` distinct
+    adapters, ``max_num_seqs`` running requests, ``max_num_batched_tokens`` tokens (prompts
+    are chunked to fit). serve.py passes neither of the last two to vLLM, so None means
+    vLLM's default on the profile's device (``Profile``: 128 and 2,048 on a CPU, 1,024 and
+    8,192 on an H100-class GPU); the load test passes ``--max-num-seqs 64``."""
 
     max_loras: int = 8
+    max_num_seqs: int | None = None  # --max-num-seqs
+    max_num_batched_tokens: int | None = None  # --max-num-batched-tokens
     max_cpu_loras: int = 64
     disk_bytes: int = 10 * GIB
     resolver_threads: int = 2  # PREFT_WORKER_RESOLVER_THREADS

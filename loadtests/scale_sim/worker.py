@@ -1,18 +1,20 @@
 """One simulated worker: adapter tiers (``tiers.py``) and an engine whose step time is
 modelled, not run.
 
-The engine is a continuous-batching server: a request waits for its adapter (the parse gate
-holds it while the adapter is fetched and parsed in the background, never the step), for the
-next step boundary, then its prompt is prefilled in one step and one token a step follows.
-A step costs ``step_base_s + token_s * tokens`` where tokens are the running sequences (an
-all-token one counts ``all_token_decode_factor``) plus the prompt tokens scheduled in it; with
-prompt tokens arriving at ``rate`` a second that is ``(base + token_s * n) / (1 - token_s *
-rate)``. A request's step time is taken when it starts (not re-evaluated while it runs).
-``max_num_seqs`` bounds the running requests; vLLM's ``max_loras`` bounds the distinct
-adapters in a batch, which all-token requests hold for their whole life: a request whose
-adapter is not among them waits while they fill every slot. A worker given ``pauses``
-(``model.Pauses``) makes no engine progress in them: every request on it waits them out
-(its fetch and parse threads go on).
+The engine steps as vLLM's scheduler does (``SimWorker._plan``), one step after another
+while it has work: a step schedules the running requests first (a decode 1 token, a prompt
+being prefilled its next chunk), then admits waiting requests in order while its token
+budget (``max_num_batched_tokens``; a prompt longer than what is left is chunked) and
+``max_num_seqs`` allow, skipping one whose adapter is not yet parsed (the parse gate holds
+it while the adapter is fetched and parsed in the background, never the step) or whose
+adapter would make one distinct adapter too many (``max_loras``: the adapters of the prompts
+in the step and of running all-token requests, which hold theirs for their whole life). The
+step that completes a prompt gives its first token; one token a step follows. A step costs
+``step_base_s + token_s * tokens`` (its prompt tokens, one per decode, an all-token decode
+``all_token_decode_factor``) plus ``slot_copy_s`` per adapter moved into a slot. So a backlog
+drains over several steps, each as long as the prompts in it. A worker given ``pauses``
+(``model.Pauses``) makes no engine progress in them: a step under way at a pause ends that
+much later (its fetch and parse threads go on).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from loadtests.scale_sim.model import Profile, WorkerConfig
 from loadtests.scale_sim.tiers import DiskTier, LruTier, Reported
 
 MULTIPART_CHUNK = 8 * (1 << 20)  # boto3's download_file: ranged GETs of 8 MiB above 8 MiB
-RATE_WINDOW_S = 1.0
 TIERS = ("slot", "host", "inflight", "disk", "store")  # where a request found its adapter
 WARM_TIERS = ("slot", "host")
 
@@ -57,6 +58,10 @@ class Req:
     error: str = ""
     two_pools: bool = False
     decode_worker: str = ""
+    ready: float = 0.0  # on its worker: when its adapter can run (the parse gate's hold)
+    computed: int = 0  # prompt tokens computed (chunked prefill)
+    left: int = 0  # tokens still to produce
+    copy: bool = False  # its adapter moves into a slot when it is first scheduled
 
 
 def s3_gets(size: int) -> int:
@@ -89,8 +94,15 @@ class SimWorker:
         self.fetch_free = [born] * config.resolver_threads
         self.prefetch_free = [born] * 2  # RegistryPrefetcher's own pool (threads=2)
         self.loading: dict[str, float] = {}  # sha -> when its load completes
-        self.rate = 0.0  # prompt tokens a second (exponentially weighted)
-        self.rate_t = born
+        self.max_seqs = config.max_num_seqs or profile.max_num_seqs
+        self.max_batched_tokens = config.max_num_batched_tokens or profile.max_num_batched_tokens
+        # the step under way: (request, prompt tokens: 0 for a decode) scheduled in it, begun
+        # at span_start, step_len seconds of engine time, span identical steps; busy_until
+        # when it ends (None: no step under way); gen numbers the latest wake-up
+        self.batch: list[tuple[Req, int]] = []
+        self.span, self.span_start, self.step_len = 0, born, 0.0
+        self.busy_until: float | None = None
+        self.gen = 0
         self.fetches: list[float] = []  # times of object-store fetches
         self.parses = 0
         self.served = 0
@@ -167,75 +179,144 @@ class SimWorker:
             i += 1
         return t + work
 
-    def step_s(self, t: float) -> float:
-        """The current step time (see the module docstring)."""
-        p = self.profile
-        self.rate *= math.exp(-(t - self.rate_t) / RATE_WINDOW_S)
-        self.rate_t = t
-        tokens = len(self.running) + (p.all_token_decode_factor - 1.0) * self.all_running
-        return (p.step_base_s + p.token_s * tokens) / max(0.05, 1.0 - p.token_s * self.rate)
-
-    def blocked(self, req: Req) -> bool:
-        if len(self.running) >= self.profile.max_num_seqs:
-            return True
-        return (self.role != "decode" and req.sha not in self.all_adapters
-                and len(self.all_adapters) >= self.config.max_loras)
-
-    def admit(self, req: Req, t: float) -> float | None:
-        """Start ``req`` at ``t`` and return when it leaves this worker, or queue it (None)."""
+    def arrive(self, req: Req, t: float) -> float | None:
+        """``req`` reaches the engine at ``t`` (its adapter is looked up now: the API server
+        resolves it, the parse gate holds it until parsed) and waits for a step boundary.
+        Returns when this worker next needs :meth:`step_done` (a new wake-up, which
+        supersedes any earlier one: see ``gen``), or None when the one pending stands."""
         req.worker = req.worker or self.url
-        if self.blocked(req):
-            req.state = "waiting"
-            self.waiting.append(req)
-            return None
-        return self._start(req, t)
-
-    def _start(self, req: Req, t: float) -> float:
-        p = self.profile
-        tau = self.step_s(t)
-        self.running[req.id] = req
         self.served += 1
         if self.role == "decode":  # the KV arrived: one token a step from the second on
-            req.state = "decoding"
-            return self.after(t, (req.output - 1) * tau)
-        tier, ready = self.load(req.sha, t)
-        req.tier = tier
-        copy = 0.0 if tier == "slot" else p.slot_copy_s
-        req.first = self.after(max(ready, t), self.rng.random() * tau + tau
-                               + p.token_s * req.prompt + copy)
-        self.rate += req.prompt / RATE_WINDOW_S
-        req.state = "running"
-        if req.all_token:
-            self.all_adapters[req.sha] += 1
-            self.all_running += 1
-        if self.role == "prefill" and not req.all_token:
-            return req.first
-        return self.after(req.first, (req.output - 1) * tau)
+            req.computed, req.left, req.ready = req.prompt, max(1, req.output - 1), t
+        else:
+            req.tier, ready = self.load(req.sha, t)
+            req.ready, req.computed, req.left = max(ready, t), 0, req.output
+            req.copy = req.tier != "slot"
+        req.state = "waiting"
+        self.waiting.append(req)
+        if self.busy_until is None:  # idle (or only gated requests waiting): step now
+            return self._plan(t)
+        if self.span > 1:  # decode-only steps fast-forwarded: stop after the one under way
+            lo, hi = 0, self.span - 1  # steps done by t: the largest j with end(j) <= t
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self.after(self.span_start, mid * self.step_len) <= t:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            self.span = lo + 1
+            self.busy_until = self.after(self.span_start, self.span * self.step_len)
+            self.gen += 1
+            return self.busy_until
+        return None
 
-    def finish(self, req: Req, t: float) -> list[tuple[Req, float]]:
-        """``req`` left; start what waited for room (FIFO, skipping requests whose adapter
-        cannot get a slot, as vLLM's scheduler does). Returns (request, leaves at)."""
-        if self.running.pop(req.id, None) is None:
-            return []
+    def step_done(self, t: float) -> tuple[list[Req], float | None]:
+        """The step (or run of identical decode steps) under way ends at ``t``: prompt
+        chunks are computed, tokens produced; the requests that left, and the next
+        wake-up (the next step is planned at once)."""
+        left: list[Req] = []
+        if self.busy_until is not None:
+            k = self.span
+            for req, chunk in self.batch:
+                if req.id not in self.running:
+                    continue
+                if chunk:  # a prompt chunk
+                    req.computed += chunk
+                    if req.computed < req.prompt:
+                        continue
+                    req.first = t  # the step that completes the prompt samples a token
+                    req.left -= 1
+                    if self.role == "prefill" and not req.all_token:
+                        req.left = 0
+                else:
+                    req.left -= k
+                if req.left <= 0:
+                    self._remove(req)
+                    left.append(req)
+        self.busy_until = None
+        return left, self._plan(t)
+
+    def _remove(self, req: Req) -> None:
+        del self.running[req.id]
         if req.all_token and self.role != "decode":
             self.all_running -= 1
             self.all_adapters[req.sha] -= 1
             if self.all_adapters[req.sha] <= 0:
                 del self.all_adapters[req.sha]
-        started: list[tuple[Req, float]] = []
-        still: deque[Req] = deque()
-        while self.waiting:
-            nxt = self.waiting.popleft()
-            if len(self.running) >= self.profile.max_num_seqs:
-                still.append(nxt)
-                still.extend(self.waiting)
-                self.waiting.clear()
-            elif self.blocked(nxt):
-                still.append(nxt)
+
+    def _plan(self, t: float) -> float | None:
+        """vLLM's ``Scheduler.schedule`` at ``t``: the running requests first (a decode
+        takes 1 token, a prompt being prefilled its next chunk), then the waiting ones in
+        order while the token budget (``max_num_batched_tokens``, chunked prefill) lasts
+        and ``max_num_seqs`` allows, skipping a request whose adapter is not yet parsed
+        (the parse gate) or would be one distinct adapter too many (``max_loras``: the
+        adapters of the prompts in the step and of running all-token requests; PreftScheduler
+        frees a PreFT adapter once its prompt is computed). The step costs ``step_base_s +
+        token_s x`` its tokens (an all-token decode counting ``all_token_decode_factor``)
+        plus ``slot_copy_s`` per adapter moved into a slot, pauses skipped. While nothing
+        waits and nothing is prefilled, identical decode steps run up to the next request
+        to finish as one span."""
+        self.gen += 1
+        p, cfg = self.profile, self.config
+        budget = self.max_batched_tokens
+        loras: set[str] = set()
+        batch: list[tuple[Req, int]] = []
+        tokens = 0.0
+        prefill = False
+        for req in self.running.values():
+            if budget <= 0:
+                break
+            if req.computed < req.prompt:
+                chunk = min(req.prompt - req.computed, budget)
+                budget -= chunk
+                tokens += chunk
+                batch.append((req, chunk))
+                loras.add(req.sha)
+                prefill = True
             else:
-                started.append((nxt, self._start(nxt, t)))
-        self.waiting = still
-        return started
+                budget -= 1
+                tokens += p.all_token_decode_factor if req.all_token else 1.0
+                batch.append((req, 0))
+                if req.all_token and self.role != "decode":
+                    loras.add(req.sha)
+        copies: set[str] = set()
+        skipped: deque[Req] = deque()
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            req = self.waiting.popleft()
+            adapter = self.role != "decode"
+            if req.ready > t or (adapter and req.sha not in loras
+                                 and len(loras) >= cfg.max_loras):
+                skipped.append(req)
+                continue
+            self.running[req.id] = req
+            if adapter:
+                loras.add(req.sha)
+                if req.copy:
+                    copies.add(req.sha)
+                if req.all_token:
+                    self.all_adapters[req.sha] += 1
+                    self.all_running += 1
+            if req.computed < req.prompt:
+                chunk = min(req.prompt - req.computed, budget)
+                req.state = "running"
+                prefill = True
+            else:
+                chunk = 0
+                req.state = "decoding"
+            budget -= max(chunk, 1)
+            tokens += chunk or (p.all_token_decode_factor if req.all_token else 1.0)
+            batch.append((req, chunk))
+        skipped.extend(self.waiting)
+        self.waiting = skipped
+        if not batch:
+            self.batch, self.span = [], 0
+            gated = [r.ready for r in self.waiting if r.ready > t]
+            return min(gated) if gated else None  # a timer: no step runs until then
+        self.step_len = p.step_base_s + p.token_s * tokens + p.slot_copy_s * len(copies)
+        self.span = 1 if prefill or self.waiting else min(r.left for r, _ in batch)
+        self.span_start, self.batch = t, batch
+        self.busy_until = self.after(t, self.span * self.step_len)
+        return self.busy_until
 
     def kill(self) -> list[Req]:
         """The node is gone: every request on it fails."""
@@ -245,4 +326,6 @@ class SimWorker:
         self.waiting.clear()
         self.all_adapters.clear()
         self.all_running = 0
+        self.batch, self.span, self.busy_until = [], 0, None
+        self.gen += 1
         return lost
