@@ -260,3 +260,96 @@ def test_past_its_open_request_limit_the_gateway_refuses_instead_of_queueing() -
     pool.set_workers(WORKERS[1:2])  # a removed worker's open requests still count
     with pytest.raises(ServiceUnavailable):
         pool.choose("c")
+
+
+MANY = [f"http://w{i}:8000" for i in range(20)]
+HOT = "ff" * 32
+
+
+def drive(pool: WorkerPool, requests: int, hot_every: int, open_for: int = 40
+          ) -> dict[str, Counter[str]]:
+    """``requests`` requests, every ``hot_every``-th for ``HOT`` and the rest each for a new
+    key; each stays in flight for the next ``open_for`` requests. The workers each key's
+    requests went to, over the second half."""
+    where: dict[str, Counter[str]] = {"hot": Counter(), "cold": Counter()}
+    open_: list[str] = []
+    for i in range(requests):
+        key = HOT if i % hot_every == 0 else f"{i:064x}"
+        worker = pool.choose(key).order[0]
+        pool.acquire(worker)
+        open_.append(worker)
+        if len(open_) > open_for:
+            pool.release(open_.pop(0))
+        if i >= requests // 2:
+            where["hot" if key == HOT else "cold"][worker] += 1
+    return where
+
+
+def test_a_hot_key_is_spread_evenly_over_the_first_k_of_its_order() -> None:
+    # A 1/12 share on 20 workers at load factor 1.25: ceil(0.083 x 20 / 0.25) = 7 replicas.
+    pool = WorkerPool(MANY, hot_replicas=16, hot_window=1000)
+    hot = drive(pool, 8000, hot_every=12)["hot"]
+    assert pool.replicas(HOT, len(MANY)) == 7
+    top = rendezvous_order(HOT, MANY)
+    assert set(hot) == set(top[:7])
+    mean = sum(hot.values()) / 7
+    assert max(hot.values()) < 1.3 * mean and min(hot.values()) > 0.7 * mean
+    # hot_replicas bounds k.
+    capped = WorkerPool(MANY, hot_replicas=3, hot_window=1000)
+    assert set(drive(capped, 4000, hot_every=12)["hot"]) == set(top[:3])
+
+
+def test_a_hot_keys_replica_prefers_resident_workers_and_says_why() -> None:
+    pool = WorkerPool(MANY, hot_replicas=8, hot_window=100)
+    top = rendezvous_order(HOT, MANY)
+    for _ in range(100):
+        pool.choose(HOT)  # the whole window: k = 8
+    results = Counter()
+    for _ in range(16):
+        choice = pool.choose(HOT)
+        assert choice.preferred == top[0] and choice.order[0] in top[:8]
+        results[choice.result] += 1
+        pool.acquire(choice.order[0])
+    assert results[RouteResult.REPLICA] == 14 and results[RouteResult.PREFERRED] == 2
+    assert not any(pool.choose(HOT).spilled for _ in range(3))
+    pool.set_resident(top[5], frozenset({HOT}))
+    choice = pool.choose(HOT)
+    assert (choice.order[0], choice.result) == (top[5], RouteResult.RESIDENT)
+
+
+def test_cold_keys_route_as_without_hot_replicas() -> None:
+    on = WorkerPool(MANY, hot_replicas=16, hot_window=1000)
+    off = WorkerPool(MANY)
+    drive(on, 2000, hot_every=10)
+    for w in MANY:  # the same in-flight counts on both, whatever the hot key left
+        off.status[w].inflight = on.status[w].inflight
+    for i in range(300):
+        key = f"{i:032x}"
+        assert on.replicas(key, len(MANY)) == 1
+        assert on.choose(key) == off.choose(key)
+    assert off.hot is None  # off: nothing is counted
+
+
+def test_membership_changes_move_a_hot_keys_replicas_as_little_as_its_favourite() -> None:
+    keys = [f"{i:064x}" for i in range(200)]
+    k = 4
+    for gone in MANY[:5]:
+        after_workers = [w for w in MANY if w != gone]
+        for key in keys:
+            before = rendezvous_order(key, MANY)
+            after = rendezvous_order(key, after_workers)
+            # The replicas are a prefix: losing one of them brings in the next in line,
+            # losing any other worker changes nothing.
+            expected = [w for w in before[:k + 1] if w != gone][:k]
+            assert after[:k] == expected
+    # And the pool's choices for a hot key stay on that prefix after the change.
+    pool = WorkerPool(MANY, hot_replicas=k, hot_window=100)
+    top = rendezvous_order(HOT, MANY)
+    pool.set_workers([w for w in MANY if w != top[1]])
+    chosen = set()
+    for _ in range(200):
+        worker = pool.choose(HOT).order[0]
+        chosen.add(worker)
+        pool.acquire(worker)
+        pool.release(worker)
+    assert chosen == {top[0], top[2], top[3], top[4]}

@@ -119,7 +119,8 @@ class GatewayMetrics:
             registry=self.registry, buckets=TTFT_BUCKETS)
         self.routing = Counter(
             "preft_gateway_routing_total", "Routing decisions: the adapter's own worker "
-            "(affinity) or the next one because of the load cap (spill)",
+            "(resident, preferred), one of a hot adapter's replicas (replica) or the next "
+            "one because of the load cap (spill)",
             ["result"], registry=self.registry)
         self.errors = Counter(
             "preft_gateway_errors_total", "Failed requests by cause", ["cause"],

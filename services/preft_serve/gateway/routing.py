@@ -15,6 +15,18 @@ gateway's in flight then) and the cap is computed on the cluster's load, without
 have loaded (``/v1/models``, polled by ``gateway.pool_monitor``); among the workers under the cap
 one that already has the adapter wins, so a spilled or re-homed adapter is not loaded twice.
 Workers failing health checks get no new requests until they pass again.
+
+One adapter can take more of the traffic than one worker should carry (Zipf-distributed
+users put several percent on the hottest). With ``hot_replicas`` > 1 the pool measures each
+key's share of its requests (:class:`~preft_serve.gateway.hot_keys.HotKeys`) and gives a key
+with share ``s`` the first ``k = ceil(s x workers / (load_factor - 1))`` workers of its
+rendezvous order (at most ``hot_replicas``): a worker at the mean carries ``1 / workers`` of
+the traffic and the cap lets it carry ``load_factor`` times that, so no replica takes more
+of the key than that headroom. The request goes to the least loaded replica under the cap
+(resident ones first). ``k`` follows from the share, which every gateway replica measures
+alike on its random sample of users, so all of them spread the key over the same ``k``
+workers, which keep it loaded; a key under the threshold has ``k = 1`` and routes as above.
+Replicas are a prefix of the rendezvous order, so a membership change moves no more keys.
 """
 
 from __future__ import annotations
@@ -28,6 +40,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from preft_serve.common.errors import ServiceUnavailable
+from preft_serve.gateway.hot_keys import HotKeys
+
+MIN_HEADROOM = 0.05  # the replica target when load_factor leaves (almost) none
 
 
 def rendezvous_order(key: str, workers: Sequence[str]) -> list[str]:
@@ -51,6 +66,7 @@ class RouteResult(str, enum.Enum):
 
     RESIDENT = "resident"  # the worker reported the adapter loaded: an affinity hit
     PREFERRED = "preferred"  # the adapter's rendezvous favourite, not (yet) reported loaded
+    REPLICA = "replica"  # a hot adapter's other replica, not (yet) reported loaded
     SPILL = "spill"  # neither: the load cap or health sent it elsewhere (likely a cold load)
 
 
@@ -93,11 +109,17 @@ class WorkerPool:
 
     def __init__(self, workers: Sequence[str] = (), load_factor: float = 1.25,
                  unhealthy_after: int = 2, max_open: int | None = None,
-                 worker_load: bool = False) -> None:
+                 worker_load: bool = False, hot_replicas: int = 1,
+                 hot_window: int = 4096) -> None:
         """``max_open``: most requests open to workers at once (None: no limit); more are
         refused with a 503 rather than queued for a connection. ``worker_load``: the cap
-        counts the workers' own load (``set_worker_load``), not this gateway's alone."""
+        counts the workers' own load (``set_worker_load``), not this gateway's alone.
+        ``hot_replicas``: most workers one hot key is spread over (1: none); shares are
+        measured over about the last ``hot_window`` requests."""
         self.load_factor = load_factor
+        self.hot_replicas = hot_replicas
+        self.hot = HotKeys(hot_window) if hot_replicas > 1 else None
+        self._turn = 0  # rotates ties among a hot key's replicas
         self.worker_load = worker_load
         self.unhealthy_after = unhealthy_after
         self.max_open = max_open
@@ -159,6 +181,16 @@ class WorkerPool:
         up = set(healthy)
         order = [w for w in ranked if w in up]
         cap = self.cap(healthy)
+        down = [w for w in ranked if w not in up]
+        k = self.replicas(key, len(order))
+        if k > 1 and (spread := [w for w in order[:k] if self.status[w].load < cap]):
+            first = self._least_loaded(
+                [w for w in spread if key in self.status[w].resident] or spread)
+            if key in self.status[first].resident:
+                result = RouteResult.RESIDENT
+            else:
+                result = RouteResult.PREFERRED if first == order[0] else RouteResult.REPLICA
+            return Choice([first, *(w for w in order if w != first), *down], order[0], result)
         under = [w for w in order if self.status[w].load < cap] or order
         warm = [w for w in under if key in self.status[w].resident]
         first = warm[0] if warm else under[0]
@@ -166,8 +198,25 @@ class WorkerPool:
             result = RouteResult.RESIDENT
         else:
             result = RouteResult.PREFERRED if first == order[0] else RouteResult.SPILL
-        down = [w for w in ranked if w not in up]
         return Choice([first, *(w for w in order if w != first), *down], order[0], result)
+
+    def replicas(self, key: str, workers: int) -> int:
+        """How many workers ``key`` is spread over (counting this request toward its
+        share): ``ceil(share x workers / (load_factor - 1))``, 1 to ``hot_replicas``."""
+        if self.hot is None:
+            return 1
+        share = self.hot.add(key)
+        headroom = max(self.load_factor - 1.0, MIN_HEADROOM)
+        wanted = math.ceil(share * workers / headroom - 1e-9)
+        return max(1, min(wanted, self.hot_replicas, workers))
+
+    def _least_loaded(self, workers: list[str]) -> str:
+        """The least loaded of ``workers``, ties taken in turn (without the turn every
+        gateway replica would break them toward the same worker)."""
+        self._turn += 1
+        start = self._turn % len(workers)
+        rotated = workers[start:] + workers[:start]
+        return min(rotated, key=lambda w: self.status[w].load)
 
     def open_requests(self) -> int:
         """Requests open to workers, those of workers discovery removed included."""

@@ -95,7 +95,8 @@ class GatewayState:
         pool = WorkerPool(load_factor=settings.load_factor,
                           unhealthy_after=settings.unhealthy_after,
                           max_open=settings.max_open_requests,
-                          worker_load=settings.cap_on_worker_load)
+                          worker_load=settings.cap_on_worker_load,
+                          hot_replicas=settings.hot_replicas)
         monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
                                 discovery_interval_s=settings.discovery_interval_s,
                                 health_interval_s=settings.health_interval_s)
