@@ -33,6 +33,7 @@ from loadtests.scale_sim import report, scenarios, validate
 from loadtests.scale_sim.model import GPU, PROFILES
 from loadtests.scale_sim.scenarios import CHART_WORKER, QUICK, Scale
 from loadtests.scale_sim.workload import Population
+from preft_serve.gateway.settings import GatewaySettings
 
 EXTRA = ("steady_s0.8", "steady_s1.2", "steady_gpu", "cold_storm_gpu", "tuned", "two_pools",
          "sizing")
@@ -59,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a load-test summary (<out>_summary.json of loadtests.loadtest) to "
                    "check the simulator against, instead of the recorded ones (repeatable; "
                    "its setup may name 'workers')")
+    p.add_argument("--hot-replicas", type=int,
+                   help="PREFT_GATEWAY_HOT_REPLICAS for every gateway (default: the "
+                   "gateway's default; 1 = off)")
     args = p.parse_args(argv)
     if args.out is None:
         args.out = RESULTS / ("scale_sim_quick" if args.quick else "scale_sim")
@@ -77,9 +81,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     profile = PROFILES[args.profile]
     wanted = set(args.scenario or [*scenarios.SCENARIOS, *EXTRA, "validate"])
     seed = args.seed
+    if args.hot_replicas is not None:  # Cluster reads the setting's default
+        GatewaySettings.model_fields["hot_replicas"].default = args.hot_replicas
     out: dict[str, Any] = {"command": "python -m loadtests.scale_sim"
                            + (" --quick" if args.quick else "")
-                           + (f" --seed {seed}" if seed else ""),
+                           + (f" --seed {seed}" if seed else "")
+                           + (f" --hot-replicas {args.hot_replicas}"
+                              if args.hot_replicas is not None else ""),
                            "seed": seed, "profile": profile.name, "scale": scale.__dict__,
                            "profiles": {p.name: {"label": p.label, **p.source}
                                         for p in PROFILES.values()},

@@ -81,8 +81,10 @@ class Cluster:
         view = options.cluster_load_view
         if view is None:
             view = bool(GatewaySettings.model_fields["cap_on_worker_load"].default)
+        hot = int(GatewaySettings.model_fields["hot_replicas"].default)
         self.gateways = [SimGateway(g, options.gateway, list(self.endpoints),
-                                    list(self.decode_endpoints) or None, worker_load=view)
+                                    list(self.decode_endpoints) or None, worker_load=view,
+                                    hot_replicas=hot)
                          for g in range(options.gateways)]
         self.finished: list[Req] = []
         self.on_finish: Callable[[Req], None] | None = None

@@ -23,13 +23,16 @@ from preft_serve.gateway.routing import WorkerPool
 
 class SimGateway:
     def __init__(self, index: int, config: GatewayConfig, workers: list[str],
-                 decode_workers: list[str] | None = None, worker_load: bool = False) -> None:
+                 decode_workers: list[str] | None = None, worker_load: bool = False,
+                 hot_replicas: int = 1) -> None:
         """``worker_load``: ``PREFT_GATEWAY_CAP_ON_WORKER_LOAD`` (the cap on the workers'
-        own counts, which ``Cluster.poll`` hands to the pools)."""
+        own counts, which ``Cluster.poll`` hands to the pools); ``hot_replicas``:
+        ``PREFT_GATEWAY_HOT_REPLICAS`` (the decode pool, picked by load alone, has none)."""
         self.index = index
         self.config = config
         self.pool = WorkerPool(workers, load_factor=config.load_factor,
-                               unhealthy_after=config.unhealthy_after, worker_load=worker_load)
+                               unhealthy_after=config.unhealthy_after, worker_load=worker_load,
+                               hot_replicas=hot_replicas)
         self.decode_pool = (WorkerPool(decode_workers, load_factor=config.load_factor,
                                        unhealthy_after=config.unhealthy_after,
                                        worker_load=worker_load)

@@ -18,7 +18,7 @@ from loadtests.scale_sim.cluster import Cluster
 from loadtests.scale_sim.worker import TIERS, WARM_TIERS, Req
 from loadtests.stats import percentile
 
-ROUTES = ("resident", "preferred", "spill")
+ROUTES = ("resident", "preferred", "replica", "spill")
 
 
 def snapshot(cluster: Cluster) -> dict[str, Any]:

@@ -102,11 +102,13 @@ class GatewaySettings(ServiceSettings):
         "queues with many replicas, but spills more, which raised TTFT p99 in the "
         "simulator (docs/scale.md): off by default")
     hot_replicas: int = Field(
-        1, ge=1, le=1024, description="Most workers one hot adapter is spread over; 1 = "
+        32, ge=1, le=1024, description="Most workers one hot adapter is spread over; 1 = "
         "off. The gateway measures each adapter's share of its requests (over about the last "
         "4096) and gives one whose share s exceeds what one worker should carry the first "
         "ceil(s x workers / (load_factor - 1)) workers of its rendezvous order, each request "
-        "going to the least loaded of them")
+        "going to the least loaded of them. Simulated with ten replicas it takes the "
+        "workers' load max/mean from 2.1 to 1.6 with fewer spills and lower tails "
+        "(docs/scale.md)")
     max_open_requests: int = Field(1000, ge=1, description="Most requests this gateway keeps "
                                    "open to workers at once; more get 503 at once instead "
                                    "of queueing for a connection (add replicas to serve more)")
