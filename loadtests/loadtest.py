@@ -5,7 +5,9 @@ workers (one by default), gateway) under ``--var``, creates ``--adapters`` rank-
 adapters with distinct seeds (so distinct hashes), uploads them over the registry's REST API
 to ``--tenants`` tenants and binds one user per adapter, then runs locust headless
 (``loadtests/locustfile.py``): ``--users`` concurrent clients, each sending chat completions
-back to back for random users, ``--stream-fraction`` of them streamed. Writes
+back to back for random users (uniformly, or with ``--zipf S`` with Zipf(S) popularity
+over the users, so over the adapters: :mod:`loadtests.popularity`), ``--stream-fraction``
+of them streamed. Writes
 ``<out>_summary.json`` (throughput in requests/s and completion tokens/s, TTFT and latency
 percentiles, errors by type, worker adapter loads, gateway routing, the engine's own
 steps from its step trace, and where requests' time went: the gateway's and vLLM's
@@ -72,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-fraction", type=float, default=0.5)
     p.add_argument("--max-tokens", default="8,32", help="min,max completion tokens")
     p.add_argument("--prompt-words", default="4,40", help="min,max prompt words")
+    p.add_argument("--zipf", type=float, default=0.0, metavar="S",
+                   help="Zipf(S) popularity of the users (one per adapter) instead of "
+                   "uniform (0, the default); the top adapter's share over 2,000 is "
+                   "12.2%% at S=1, 22.2%% at 1.2")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the popularity ranks and every locust user's draws")
     p.add_argument("--var", type=Path, default=Path("var/loadtest"))
     p.add_argument("--workers", type=int, default=1,
                    help="CPU workers behind the gateway, each with its own adapter cache "
@@ -88,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error("--workers must be at least 1")
+    if args.zipf < 0:
+        p.error("--zipf must be at least 0")
     if any("=" not in kv for kv in args.gateway_env):
         p.error("--gateway-env takes NAME=VALUE")
     if args.quick:
@@ -328,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         plan_path.write_text(json.dumps({
             "users": [[b.api_key, b.user] for b in bound], "model": config.base_model_name,
             "stream_fraction": args.stream_fraction, "max_tokens": _pair(args.max_tokens),
-            "prompt_words": _pair(args.prompt_words)}))
+            "prompt_words": _pair(args.prompt_words), "zipf": args.zipf,
+            "seed": args.seed}))
         say(f"[4/5] locust: {args.users} users for {args.duration}")
         before = outside.scrape(stack.gateway_url, worker_urls)
         code = run_locust(args, stack.gateway_url, plan_path, samples_path)
@@ -371,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                       "duration": args.duration, "stream_fraction": args.stream_fraction,
                       "max_tokens": _pair(args.max_tokens),
                       "prompt_words": _pair(args.prompt_words), "model": "tiny-llama",
-                      "workers": args.workers, "gateway_env": gateway_env,
+                      "workers": args.workers, "zipf": args.zipf, "seed": args.seed,
+                      "gateway_env": gateway_env,
                       "cap_on_worker_load": cap_on_worker_load(gateway_env),
                       "worker_args": args.worker_args, "seed_s": round(seed_s, 1),
                       "locust_exit_code": code},

@@ -2,7 +2,9 @@
 
 Every request picks a random (tenant key, user id) from the plan written by
 ``python -m loadtests.loadtest`` (``PREFT_LOADTEST_PLAN``), so requests spread over all
-bound adapters; a fraction are streamed. Each sample keeps the gateway's ``X-Request-Id``
+bound adapters: uniformly, or with the plan's ``zipf`` > 0 with Zipf popularity
+(:mod:`loadtests.popularity`, ranks and each locust user's draws seeded by the plan's
+``seed``); a fraction are streamed. Each sample keeps the gateway's ``X-Request-Id``
 (the runner finds the request's gateway-side time by it in the access log). Besides
 locust's own stats (``chat``: whole non-streamed requests; ``chat (stream) headers``:
 streamed requests until the response headers only, locust's way; ``TTFT chat (stream)``:
@@ -16,18 +18,27 @@ every request is kept as one sample and written as JSON lines to
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from locust import HttpUser, events, task
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # locust -f from anywhere
+from loadtests.popularity import Zipf
+
 PLAN: dict[str, Any] = (json.loads(Path(os.environ["PREFT_LOADTEST_PLAN"]).read_text())
                         if os.environ.get("PREFT_LOADTEST_PLAN") else {})
 SAMPLES: list[dict[str, Any]] = []
+SEED = int(PLAN.get("seed", 0))
+ZIPF = (Zipf(len(PLAN["users"]), float(PLAN["zipf"]), SEED)
+        if float(PLAN.get("zipf", 0.0)) > 0 else None)
+_USER_NUMBERS = itertools.count()
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven",
          "wizards", "quietly", "judge", "boxing", "matches", "near", "the", "old", "harbour")
 
@@ -50,7 +61,7 @@ class ChatUser(HttpUser):
     """An end user of some tenant's app, sending chat completions back to back."""
 
     def on_start(self) -> None:
-        self.rng = random.Random()
+        self.rng = random.Random(f"{SEED}:{next(_USER_NUMBERS)}")
         self.model = PLAN.get("model", "base")
         self.stream_fraction = float(PLAN.get("stream_fraction", 0.5))
         self.max_tokens = PLAN.get("max_tokens", [8, 32])
@@ -60,7 +71,9 @@ class ChatUser(HttpUser):
 
     @task
     def chat(self) -> None:
-        api_key, user = self.rng.choice(PLAN["users"])
+        users = PLAN["users"]
+        api_key, user = (users[ZIPF.pick(self.rng)] if ZIPF is not None
+                         else self.rng.choice(users))
         stream = self.rng.random() < self.stream_fraction
         body: dict[str, Any] = {
             "model": self.model, "user": user, "temperature": 0, "ignore_eos": True,
