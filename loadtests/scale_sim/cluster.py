@@ -54,6 +54,7 @@ class Options:
     # of running and waiting requests (vLLM's /metrics) and the cap counts it (None: the
     # gateway's default).
     cluster_load_view: bool | None = None
+    hot_replicas: int | None = None  # PREFT_GATEWAY_HOT_REPLICAS (None: the gateway's default)
     pauses: Pauses | None = None  # the k-th worker started replays workers[k] (validate.py)
     seed: int = 0
 
@@ -81,7 +82,9 @@ class Cluster:
         view = options.cluster_load_view
         if view is None:
             view = bool(GatewaySettings.model_fields["cap_on_worker_load"].default)
-        hot = int(GatewaySettings.model_fields["hot_replicas"].default)
+        hot = options.hot_replicas
+        if hot is None:
+            hot = int(GatewaySettings.model_fields["hot_replicas"].default)
         self.gateways = [SimGateway(g, options.gateway, list(self.endpoints),
                                     list(self.decode_endpoints) or None, worker_load=view,
                                     hot_replicas=hot)

@@ -3,7 +3,8 @@ simulated with the configuration its summary records, side by side with what it 
 
 The load test runs one worker, one gateway, Redis and the registry on the same 2 cores as
 locust's 50 closed-loop users (each sends its next request when the last one ends, for a
-uniformly random user; user i is bound to adapter i). How fast that machine runs is a
+uniformly random user, or one drawn with Zipf popularity where the run's setup records
+``zipf`` > 0; user i is bound to adapter i). How fast that machine runs is a
 property of its phase, not of the product (the same command measured 46.7 to 99.5 req/s), so
 **one number is fitted per run**: ``phase``, the factor on every CPU cost of the ``cpu``
 profile that makes the simulated throughput equal the measured one. Everything compared is
@@ -78,7 +79,7 @@ def recorded(path: Path) -> dict[str, Any]:
             "throughput_rps": s["throughput_rps"], "ttft_p50_ms": s["ttft_ms"]["p50"],
             "ttft_p99_ms": s["ttft_ms"]["p99"],
             "routing_share": {r: round(routes.get(r, 0) / routed, 4)
-                              for r in ("resident", "preferred", "spill")},
+                              for r in ("resident", "preferred", "replica", "spill")},
             "store_share": round(misses / s["requests"], 4),
             "distinct_users": s["distinct_users"], **timing(data)}
 
@@ -130,24 +131,34 @@ class LoadTestCluster(Cluster):
 def simulate(setup: dict[str, Any], profile: Profile, seed: int,
              pauses: Pauses | None = None, spent: Outside | None = None) -> dict[str, Any]:
     """One load-test run in the simulator: closed-loop users for the recorded duration, on
-    ``setup["workers"]`` workers (1 when the summary does not say) behind one gateway,
+    ``setup["workers"]`` workers (1 when the summary does not say) behind one gateway
+    (``PREFT_GATEWAY_HOT_REPLICAS`` from the setup's ``gateway_env`` where it sets it), users
+    drawn uniformly or with the setup's ``zipf`` popularity (the simulator's own seeded
+    ranks: which adapters are hot, and so their workers, differ from the run's),
     each pausing as ``pauses`` says (the run's measured pauses, ``stalls.py``), each request
     spending ``spent`` outside the engines (``outside.py``)."""
     adapters, users = int(setup["adapters"]), int(setup["users"])
     duration = float(str(setup["duration"]).rstrip("s"))
     low, high = setup["max_tokens"]
     wlow, whigh = setup["prompt_words"]
-    pop = Population(adapters, adapters, int(setup["tenants"]), 0.0, seed,
+    zipf = float(setup.get("zipf", 0.0))
+    pop = Population(adapters, adapters, int(setup["tenants"]), zipf, seed,
                      all_fraction=0.0, tenant_exponent=0.0, one_to_one=True)
+    cum = np.cumsum(pop.user_weight)
+    hot = (setup.get("gateway_env") or {}).get("PREFT_GATEWAY_HOT_REPLICAS")
     cluster = LoadTestCluster(pop, Options(
         profile, worker_config(setup), GatewayConfig(), workers=int(setup.get("workers", 1)),
         gateways=1, pauses=pauses, seed=seed,
-        cluster_load_view=bool(setup.get("cap_on_worker_load", False))), spent)
+        cluster_load_view=bool(setup.get("cap_on_worker_load", False)),
+        hot_replicas=None if hot is None else int(hot)), spent)
     rng = np.random.default_rng([seed, 8])
 
     def send() -> None:
         words = int(rng.integers(wlow, whigh + 1))
-        args = (int(rng.integers(adapters)), int(TEMPLATE_TOKENS + WORD_TOKENS * words),
+        user = (int(rng.integers(adapters)) if zipf <= 0  # uniform: draws as before
+                else min(int(np.searchsorted(cum, rng.random(), side="right")),
+                         adapters - 1))
+        args = (user, int(TEMPLATE_TOKENS + WORD_TOKENS * words),
                 int(rng.integers(low, high + 1)), bool(rng.random() < setup["stream_fraction"]))
         if spent is None:
             cluster.submit(*args)
