@@ -70,6 +70,22 @@ def test_a_running_jobs_progress_sets_its_estimate_and_nothing_else_does(
         assert (read := store.get(other.id)) is not None and read.job.estimated_finish is None
 
 
+def test_jobs_list_newest_first_when_created_at_and_the_write_straddle_a_second(
+        store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The older job is stamped 12 s and written at 12.5 s; the newer one stamped 12 s too
+    # but written at 13.001 s (a slow moment between stamping and writing).
+    older, newer = _record(JobStatus.QUEUED, None), _record(JobStatus.QUEUED, None)
+    older.job.created_at = newer.job.created_at = 12
+    for record, now_s in ((older, 12.5), (newer, 13.001)):
+        monkeypatch.setattr(time, "time", lambda now_s=now_s: now_s)
+        monkeypatch.setattr(time, "time_ns", lambda now_s=now_s: int(now_s * 1e9))
+        store.create(record, "queued")
+    monkeypatch.undo()
+    jobs, more = store.page("acme", None, 10)
+    assert [j.id for j in jobs] == [newer.id, older.id] and not more
+    assert [j.id for j in store.page("acme", newer.id, 10)[0]] == [older.id]
+
+
 def test_the_metadata_filter_reads_openais_deep_object_form() -> None:
     assert metadata_filter(QueryParams("limit=5")) is None
     assert metadata_filter(QueryParams("metadata%5Bteam%5D=blue&metadata%5Brun%5D=")) == {

@@ -64,7 +64,10 @@ class JobStore:
         pipe.execute()
 
     def _queue_create(self, pipe: Any, record: JobRecord, message: str) -> None:
-        score = record.job.created_at * 1000 + int(time.time() * 1000) % 1000
+        # Newest first needs the write's own instant: the record's whole-second created_at
+        # plus the clock's millisecond at write time could step back across a second
+        # boundary and list a job after an older one (µs, as the file index scores).
+        score = time.time_ns() // 1000
         pipe.set(self.keys.job(record.id), record.model_dump_json())
         pipe.zadd(self.keys.tenant_jobs(record.tenant), {record.id: score})
         pipe.zadd(self.keys.active_jobs, {record.id: score})
