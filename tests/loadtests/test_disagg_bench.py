@@ -28,7 +28,11 @@ def test_quick_run_measures_every_handoff(tmp_path: Path) -> None:
     measured = result["config"]["rounds"] - result["config"]["warmup_rounds"]
     for row in rows:
         assert row["requests"] == row["transfers"] == measured, row
-        assert 0 < row["transfer_ms"] < row["pools_e2e_ms"], row
+        # Each transfer happens inside its request: the transfers' total (their mean x
+        # count) stays under the requests' total time. A mean against the e2e median does
+        # not hold when one of three requests is slow.
+        transfers_ms = row["transfer_ms"] * row["transfers"]
+        assert 0 < transfers_ms < sum(row["pools_samples_ms"]["e2e"]), row
         for mode in ("unified", "pools"):
             assert 0 < row[f"{mode}_ttft_ms"] < row[f"{mode}_e2e_ms"], row
     per_token = [r["transfer_mb_per_1k_tokens"] for r in rows]
