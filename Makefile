@@ -35,7 +35,7 @@ $(HELM): scripts/install-helm.sh
 
 helm: $(HELM)  ## Install the pinned helm binary into .tools/bin (chart tests need it)
 
-lint: $(STAMP)  ## ruff, then mypy (strict on preft_serve.common and preft_kernels)
+lint: $(STAMP)  ## ruff, ruff format --check, mypy, import contracts, shellcheck, codespell (as the pre-commit hooks)
 	scripts/lint.sh $(VENV)
 
 # Test processes in parallel (pytest-xdist); tests sharing an expensive fixture stay together.
@@ -61,46 +61,46 @@ worker: $(STAMP)  ## Serve a generated model + demo adapters through the worker'
 	$(PY) -m preft_serve.worker.demo $(ARGS)
 
 bench-engine: $(STAMP)  ## Engine throughput: base vs stock multi-LoRA vs PreFT (ARGS=--quick)
-	$(PY) -m loadtests.engine_bench $(ARGS)
+	$(PY) -m bench.engine_bench $(ARGS)
 
 bench-engine-ab: $(STAMP)  ## Engine change A/B: a git ref's plugin and kernels vs the working tree's (ARGS='--before REF --quick')
-	$(PY) -m loadtests.engine_ab $(ARGS)
+	$(PY) -m bench.engine_ab $(ARGS)
 
 profile-engine: $(STAMP)  ## Where an engine step's CPU time goes, base vs an adapter mode (ARGS='--mode preft-lora')
-	$(PY) -m loadtests.engine_profile $(ARGS)
+	$(PY) -m bench.engine_profile $(ARGS)
 
-bench-kernels: $(STAMP)  ## GPU: Triton ReFT kernel check and timing (ARGS='--out DIR'; on CPU: ARGS='--smoke --out DIR')
-	$(PY) -m loadtests.gpu_kernels $(ARGS)
+bench-kernels: $(STAMP)  ## GPU: Triton ReFT kernel check and timing (on CPU: ARGS=--smoke; ARGS='--result-dir DIR')
+	$(PY) -m bench.gpu_kernels $(ARGS)
 
 bench-registry: $(STAMP)  ## Registry resolve latency at 10k adapters / 100k bindings (ARGS=--quick)
-	$(PY) -m loadtests.registry_bench $(ARGS)
+	$(PY) -m bench.registry_bench $(ARGS)
 
 loadtest: $(STAMP)  ## Locust against a local stack: thousands of adapters (ARGS='--adapters 2000 --users 50')
-	$(PY) -m loadtests.loadtest $(ARGS)
+	$(PY) -m bench.loadtest $(ARGS)
 
 soak: $(STAMP)  ## Soak with chaos: whole stack, traffic, kills/pauses, then checks (ARGS='--minutes 20')
-	$(PY) -m loadtests.soak $(ARGS)
+	$(PY) -m bench.soak $(ARGS)
 
 bench-gateway: $(STAMP)  ## Gateway overhead: same requests straight to the worker vs through the gateway
-	$(PY) -m loadtests.gateway_bench $(ARGS)
+	$(PY) -m bench.gateway_bench $(ARGS)
 
 bench-gateway-ab: $(STAMP)  ## Gateway change A/B: a git ref's gateway vs the working tree's, instant upstream (ARGS='--before REF')
-	$(PY) -m loadtests.gateway_ab $(ARGS)
+	$(PY) -m bench.gateway_ab $(ARGS)
 
 bench-disagg: $(STAMP)  ## Two pools vs one worker: TTFT, latency and NIXL KV transfer per 1k prompt tokens (ARGS=--quick)
-	$(PY) -m loadtests.disagg_bench $(ARGS)
+	$(PY) -m bench.disagg_bench $(ARGS)
 
 bench-scale: $(STAMP)  ## Cluster scale simulated on the product's routing and tier code: 100 workers, 1M users (ARGS=--quick)
-	$(PY) -m loadtests.scale_sim $(ARGS)
+	$(PY) -m bench.scale_sim $(ARGS)
 
 bench-cold: $(STAMP)  ## Engine steps (step trace) and running streams' token gaps while cold adapters arrive (store / disk / warm)
-	$(PY) -m loadtests.cold_bench $(ARGS)
+	$(PY) -m bench.cold_bench $(ARGS)
 
 bench-quality: $(STAMP)  ## Accuracy vs throughput: PreFT vs all-token adapters on synthetic SFT tasks, SmolLM2 (ARGS=--quick)
-	$(PY) -m loadtests.studies.quality_bench $(ARGS)
+	$(PY) -m bench.studies.quality_bench $(ARGS)
 
 bench-rl: $(STAMP)  ## RL (GRPO-style, verifiable reward): PreFT LoRA vs all-token LoRA on SmolLM2 (make model first)
-	$(PY) -m loadtests.studies.rl_bench $(ARGS)
+	$(PY) -m bench.studies.rl_bench $(ARGS)
 
 chart-readme: $(STAMP)  ## Regenerate charts/preft-serve/README.md's parameter tables from values.yaml
 	$(PY) scripts/chart_readme.py

@@ -42,11 +42,16 @@ STANDIN_SUITE = "bookworm"
 STANDIN_PACKAGES = ("python3.11", "python3.11-venv", "ca-certificates", "netbase", "tzdata")
 STANDIN_REPO = "localhost/preft-serve/python-standin"
 STANDIN_RECIPE = 3  # bump when the recipe below changes: the key changes, the base is rebuilt
-STANDIN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "LANG": "C.UTF-8"}
+STANDIN_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
 # Host apt settings the stand-in keeps, so its `apt-get install` reaches the same mirror.
-APT_FILES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/debian.sources",
-             "/etc/apt/apt.conf.d/99artifact-registry")
+APT_FILES = (
+    "/etc/apt/sources.list",
+    "/etc/apt/sources.list.d/debian.sources",
+    "/etc/apt/apt.conf.d/99artifact-registry",
+)
 
 
 def log(message: str) -> None:
@@ -59,19 +64,20 @@ def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 
 def works(argv: list[str]) -> bool:
     try:
-        return subprocess.run(argv, capture_output=True, timeout=60, check=False
-                              ).returncode == 0
+        return subprocess.run(argv, capture_output=True, timeout=60, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
 def detect_builder(wanted: str | None) -> str:
     """The first builder that answers `info` (a docker client without a daemon does not)."""
-    for name in ([wanted] if wanted else ["docker", "podman", "buildah"]):
+    for name in [wanted] if wanted else ["docker", "podman", "buildah"]:
         if shutil.which(name) and works([name, "info"]):
             return name
-    sys.exit("images: no working image builder (docker info, podman info and buildah info "
-             "all failed); install one, e.g. `apt-get install buildah debootstrap`")
+    sys.exit(
+        "images: no working image builder (docker info, podman info and buildah info "
+        "all failed); install one, e.g. `apt-get install buildah debootstrap`"
+    )
 
 
 @dataclass
@@ -86,17 +92,20 @@ class Builder:
 
     def size(self, image: str) -> int:
         if self.name == "buildah":
-            out = run(["buildah", "inspect", "--type", "image", image],
-                      capture_output=True).stdout
+            out = run(["buildah", "inspect", "--type", "image", image], capture_output=True).stdout
             manifest = json.loads(json.loads(out)["Manifest"])  # uncompressed local layers
             return sum(int(layer["size"]) for layer in manifest["layers"])
-        out = run([self.name, "image", "inspect", "-f", "{{.Size}}", image],
-                  capture_output=True).stdout
+        out = run(
+            [self.name, "image", "inspect", "-f", "{{.Size}}", image], capture_output=True
+        ).stdout
         return int(out.strip())
 
     def image_id(self, image: str) -> str | None:
-        cmd = (["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}"]
-               if self.name == "buildah" else [self.name, "image", "inspect", "-f", "{{.Id}}"])
+        cmd = (
+            ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}"]
+            if self.name == "buildah"
+            else [self.name, "image", "inspect", "-f", "{{.Id}}"]
+        )
         found = subprocess.run([*cmd, image], capture_output=True, text=True, check=False)
         return found.stdout.strip() or None if found.returncode == 0 else None
 
@@ -132,8 +141,18 @@ class Builder:
                 mnt = run(["buildah", "mount", ctr], capture_output=True).stdout.strip()
                 run(["cp", "-a", f"{rootfs}/.", mnt])
                 config = [f"--env={k}={v}" for k, v in STANDIN_ENV.items()]
-                run(["buildah", "config", *config, "--cmd", "python3",
-                     "--label", "preft-serve.standin=true", ctr])
+                run(
+                    [
+                        "buildah",
+                        "config",
+                        *config,
+                        "--cmd",
+                        "python3",
+                        "--label",
+                        "preft-serve.standin=true",
+                        ctr,
+                    ]
+                )
                 run(["buildah", "commit", "--quiet", ctr, tag], capture_output=True)
             finally:
                 subprocess.run(["buildah", "rm", ctr], capture_output=True, check=False)
@@ -148,16 +167,24 @@ class Builder:
 def pip_config() -> tuple[dict[str, str], list[str]]:
     """The host pip's effective settings (files and PIP_* variables, as `pip config list`
     shows them) and the local paths they name, which a build must see too."""
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                         text=True, check=False).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
     settings: dict[str, str] = {}
     for line in out.splitlines():
         match = re.match(r"^(?::env:|[\w-]+)\.([\w-]+)='(.*)'$", line)
         if match:
             settings[match.group(1)] = match.group(2)
     paths = []
-    for key in ("cert", "client-cert", "constraint", "requirement", "find-links",
-                "index-url", "extra-index-url"):
+    for key in (
+        "cert",
+        "client-cert",
+        "constraint",
+        "requirement",
+        "find-links",
+        "index-url",
+        "extra-index-url",
+    ):
         for value in settings.get(key, "").split():
             path = value.removeprefix("file://").rstrip("/")
             if key.endswith("index-url") and path.endswith("/simple"):
@@ -184,8 +211,12 @@ def pip_mounts(workdir: Path) -> list[str]:
 
 
 def standin_tag() -> str:
-    recipe = {"suite": STANDIN_SUITE, "packages": STANDIN_PACKAGES, "env": STANDIN_ENV,
-              "recipe": STANDIN_RECIPE}
+    recipe = {
+        "suite": STANDIN_SUITE,
+        "packages": STANDIN_PACKAGES,
+        "env": STANDIN_ENV,
+        "recipe": STANDIN_RECIPE,
+    }
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     return f"{STANDIN_REPO}:3.11-{STANDIN_SUITE}-{key}"
 
@@ -193,8 +224,7 @@ def standin_tag() -> str:
 def debian_mirror() -> str:
     for path in APT_FILES:
         if Path(path).is_file():
-            match = re.search(r"(?:URIs:\s*|deb\s+)(https?://\S+/debian)\b",
-                              Path(path).read_text())
+            match = re.search(r"(?:URIs:\s*|deb\s+)(https?://\S+/debian)\b", Path(path).read_text())
             if match:
                 return match.group(1)
     return "http://deb.debian.org/debian"
@@ -202,14 +232,18 @@ def debian_mirror() -> str:
 
 def build_standin(builder: Builder, tag: str) -> None:
     if not shutil.which("debootstrap"):
-        sys.exit("images: no upstream Python base can be pulled and debootstrap is missing "
-                 "(apt-get install debootstrap) to build the stand-in base")
+        sys.exit(
+            "images: no upstream Python base can be pulled and debootstrap is missing "
+            "(apt-get install debootstrap) to build the stand-in base"
+        )
     with tempfile.TemporaryDirectory(prefix="preft-standin-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         # debootstrap's own resolver misses some dependencies of extra packages (it leaves
         # python3.11-venv unconfigured): bootstrap the minimal base, then let apt install.
-        run(["debootstrap", "--variant=minbase", STANDIN_SUITE, str(rootfs), debian_mirror()],
-            stdout=subprocess.DEVNULL)
+        run(
+            ["debootstrap", "--variant=minbase", STANDIN_SUITE, str(rootfs), debian_mirror()],
+            stdout=subprocess.DEVNULL,
+        )
         if Path(APT_FILES[1]).is_file():  # the host's deb822 sources replace debootstrap's
             (rootfs / APT_FILES[0].lstrip("/")).unlink(missing_ok=True)
         for path in APT_FILES:
@@ -218,10 +252,21 @@ def build_standin(builder: Builder, tag: str) -> None:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(path, target)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        run(["chroot", str(rootfs), "apt-get", "update", "-q"], env=env,
-            stdout=subprocess.DEVNULL)
-        run(["chroot", str(rootfs), "apt-get", "install", "-y", "-q", "--no-install-recommends",
-             *STANDIN_PACKAGES], env=env, stdout=subprocess.DEVNULL)
+        run(["chroot", str(rootfs), "apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+        run(
+            [
+                "chroot",
+                str(rootfs),
+                "apt-get",
+                "install",
+                "-y",
+                "-q",
+                "--no-install-recommends",
+                *STANDIN_PACKAGES,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
         run(["chroot", str(rootfs), "apt-get", "clean"])
         shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
         (rootfs / "var/lib/apt/lists/partial").mkdir(parents=True)
@@ -237,23 +282,33 @@ def resolve_base(builder: Builder, given: str | None) -> dict[str, Any]:
         return {"image": given, "standin": False, "seconds": 0.0}
     started = time.monotonic()
     if builder.image_exists(UPSTREAM_BASE) or builder.pull(UPSTREAM_BASE):
-        return {"image": UPSTREAM_BASE, "standin": False,
-                "seconds": round(time.monotonic() - started, 1)}
+        return {
+            "image": UPSTREAM_BASE,
+            "standin": False,
+            "seconds": round(time.monotonic() - started, 1),
+        }
     tag = standin_tag()
     if builder.image_exists(tag):
         log(f"base: upstream {UPSTREAM_BASE} not reachable; reusing stand-in {tag}")
         return {"image": tag, "standin": True, "built": False, "seconds": 0.0}
-    log(f"base: upstream {UPSTREAM_BASE} not reachable; building stand-in {tag} from "
-        f"Debian {STANDIN_SUITE} packages (debootstrap, once per recipe)")
+    log(
+        f"base: upstream {UPSTREAM_BASE} not reachable; building stand-in {tag} from "
+        f"Debian {STANDIN_SUITE} packages (debootstrap, once per recipe)"
+    )
     build_standin(builder, tag)
-    return {"image": tag, "standin": True, "built": True,
-            "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "image": tag,
+        "standin": True,
+        "built": True,
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 def torch_index() -> str:
     """PyTorch's CPU index URL, or "" when pip's own configuration has the pinned torch."""
-    out = run([str(ROOT / "scripts" / "torch-index.sh"), sys.executable],
-              capture_output=True).stdout.split()
+    out = run(
+        [str(ROOT / "scripts" / "torch-index.sh"), sys.executable], capture_output=True
+    ).stdout.split()
     return out[1] if len(out) == 2 else ""
 
 
@@ -266,12 +321,19 @@ def chart_version() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("images", nargs="*", help=f"any of {', '.join(IMAGES)} (default: all)")
-    parser.add_argument("--builder", default=os.environ.get("IMAGE_BUILDER") or None,
-                        choices=["docker", "podman", "buildah"])
-    parser.add_argument("--python-image", default=os.environ.get("PYTHON_IMAGE") or None,
-                        help="base image (default: upstream python:3.11 slim, else a stand-in)")
-    parser.add_argument("--registry", default=os.environ.get("IMAGE_REGISTRY")
-                        or "localhost/preft-serve")
+    parser.add_argument(
+        "--builder",
+        default=os.environ.get("IMAGE_BUILDER") or None,
+        choices=["docker", "podman", "buildah"],
+    )
+    parser.add_argument(
+        "--python-image",
+        default=os.environ.get("PYTHON_IMAGE") or None,
+        help="base image (default: upstream python:3.11 slim, else a stand-in)",
+    )
+    parser.add_argument(
+        "--registry", default=os.environ.get("IMAGE_REGISTRY") or "localhost/preft-serve"
+    )
     parser.add_argument("--tag", default=os.environ.get("IMAGE_TAG") or chart_version())
     parser.add_argument("--report", type=Path, default=ROOT / "var" / "images" / "report.json")
     args = parser.parse_args()
@@ -287,8 +349,10 @@ def main() -> None:
         if builder.name != "docker":
             builder.mounts = pip_mounts(Path(tmp))
             if builder.mounts:
-                log("pip: host configuration mounted read-only: "
-                    + ", ".join(m.split(":")[1] for m in builder.mounts))
+                log(
+                    "pip: host configuration mounted read-only: "
+                    + ", ".join(m.split(":")[1] for m in builder.mounts)
+                )
         base = resolve_base(builder, args.python_image)
         index = torch_index()
         log(f"torch: {'from ' + index if index else 'pip configuration has the pinned build'}")
@@ -311,8 +375,10 @@ def main() -> None:
     args.report.write_text(json.dumps(report, indent=2) + "\n")
     log(f"done in {report['seconds']:.0f} s; report: {args.report}")
     for name, item in report["images"].items():
-        print(f"  {name:<11} {item['size_bytes'] / 1e6:>7.0f} MB  {item['seconds']:>6.0f} s  "
-              f"{item['tag']}")
+        print(
+            f"  {name:<11} {item['size_bytes'] / 1e6:>7.0f} MB  {item['seconds']:>6.0f} s  "
+            f"{item['tag']}"
+        )
 
 
 if __name__ == "__main__":

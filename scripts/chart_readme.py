@@ -23,8 +23,10 @@ from typing import Any
 import yaml
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "preft-serve"
-BEGIN = ("<!-- BEGIN PARAMETERS: generated from values.yaml by scripts/chart_readme.py "
-         "(make chart-readme); edit values.yaml, not this table -->")
+BEGIN = (
+    "<!-- BEGIN PARAMETERS: generated from values.yaml by scripts/chart_readme.py "
+    "(make chart-readme); edit values.yaml, not this table -->"
+)
 END = "<!-- END PARAMETERS -->"
 
 _SECTION = re.compile(r"^\s*## @section\s+(.+?)\s*$")
@@ -103,11 +105,17 @@ def tables(values_text: str) -> str:
     values = yaml.safe_load(values_text)
     out: list[str] = []
     for section in parse(values_text):
-        out += [f"### {section.title}", "", "| Name | Description | Default |",
-                "| --- | --- | --- |"]
+        out += [
+            f"### {section.title}",
+            "",
+            "| Name | Description | Default |",
+            "| --- | --- | --- |",
+        ]
         for param in section.params:
-            out.append(f"| `{param.path}` | {prose(param.description)} | "
-                       f"{default(lookup(values, param.path))} |")
+            out.append(
+                f"| `{param.path}` | {prose(param.description)} | "
+                f"{default(lookup(values, param.path))} |"
+            )
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -123,8 +131,11 @@ def update(readme_text: str, generated: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chart", type=Path, default=CHART, help="chart directory")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when README.md is not current (changes nothing)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when README.md is not current (changes nothing)",
+    )
     args = parser.parse_args(argv)
     readme = args.chart / "README.md"
     current = readme.read_text()

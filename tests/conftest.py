@@ -5,16 +5,17 @@ Both servers run for the whole session on free loopback ports and are shared by 
 directory. Tests isolate themselves with their own Redis key namespace and bucket rather
 than restarting the servers.
 
-Tiers: :data:`TIERS` marks each test by what it starts (pyproject.toml lists the markers);
-every tier's tests are also ``slow``. ``make test`` runs them all; ``make test-fast``
-(``-m "not slow"``) is the edit loop. Under ``pytest -n N`` a test file is one unit of work,
-and so is a whole directory that shares an expensive fixture (the engines, the e2e stack),
-so each of those starts once (:func:`pytest_xdist_make_scheduler`).
+Tiers say what a test starts (pyproject.toml lists the markers); every tier is also ``slow``.
+A test is in a tier when it lives in a tier folder (:data:`FOLDER_TIERS`), requests a fixture
+or its module imports a helper marked with the tier (:func:`tests.support.tiers.tier`), or
+carries the marker itself. ``make test`` runs them all; ``make test-fast`` (``-m "not slow"``)
+is the edit loop. Under ``pytest -n N`` a test file is one unit of work, and so is a whole
+directory that shares an expensive fixture (the engines, the e2e stack), so each of those
+starts once (:func:`pytest_xdist_make_scheduler`).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from preft_serve.common.local_redis import NOT_INSTALLED, running_redis
+from tests.support import tiers
 from tests.support.ports import free_port, wait_for_port
 
 TESTS = Path(__file__).parent
@@ -34,74 +36,83 @@ TESTS = Path(__file__).parent
 # threads take the cores the other's (and its own I/O threads) are waiting for. Passive
 # waiting, inherited by every process the suite starts, unless the caller chose otherwise.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# Test files (globs under tests/) -> what they start. Everything else is fast: in-process
-# apps against the session's Redis and S3 server, helm-free units.
-TIERS: dict[str, tuple[str, ...]] = {
-    "engine/*": ("engine",),  # in-process vLLM engines (one set per session)
-    "worker/test_step_trace_file.py": ("engine",),
-    "worker/test_worker_gc.py": ("engine",),
-    "loadtests/test_engine_bench.py": ("engine",),
-    "e2e/*": ("stack",),  # vLLM servers, registry and gateway as processes
-    "onebox/test_make_run.py": ("stack",),
-    "onebox/test_make_run_real.py": ("stack", "real_model"),
-    "e2e/test_real_model.py": ("stack", "real_model"),
-    "onebox/test_cold_bench.py": ("stack",),
-    "onebox/test_redis_persistence.py": ("stack",),
-    "onebox/test_cli.py": ("stack",),
-    "onebox/test_soak.py": ("stack", "soak"),
-    "worker/test_resolver.py": ("stack",),
-    "worker/test_launcher_observability.py": ("stack",),
-    "common/test_service_keepalive.py": ("stack",),
-    "gateway/test_e2e.py": ("stack",),
-    "disagg/*": ("stack",),  # a prefill and a decode worker with the registry and gateway
-    "loadtests/test_gateway_ab.py": ("stack",),
-    "loadtests/test_disagg_bench.py": ("stack",),
-    "finetune/*": ("trainer",),  # real trainer processes
-    "training/test_trainer.py": ("trainer",),
-    "chart/*": ("helm",),  # helm template, kubernetes schemas, promtool
-    "fuzz/*": ("fuzz",),
-    "images/*": ("images",),  # make images, then the chart's containers run from them
-    "loadtests/test_quality_bench.py": ("study",),
-    "loadtests/test_rl_bench.py": ("study",),
+# Folders under tests/ whose every test starts something expensive, and what. The other
+# folders mirror the source (services/preft_serve/<package>, bench, kernels): their
+# tests are fast unless a fixture or imported helper they use says otherwise.
+FOLDER_TIERS: dict[str, tuple[str, ...]] = {
+    "engine": ("engine",),  # in-process vLLM engines (one set per session)
+    "e2e": ("stack",),  # vLLM servers, registry and gateway as processes
+    "disagg": ("stack",),  # a prefill and a decode worker with the registry and gateway
+    "onebox": ("stack",),  # `make run`'s local stack as processes, the chaos soak
+    "benchmarks": ("stack",),  # the benchmarks' quick modes, end to end
+    "finetune": ("trainer",),  # real trainer processes
+    "studies": ("study",),  # quality and RL studies in their quick modes
+    "chart": ("helm",),  # helm template, kubernetes schemas, promtool
+    "fuzz": ("fuzz",),
+    "images": ("images",),  # make images, then the chart's containers run from them
 }
 # Directories whose tests share one expensive fixture: kept on one xdist worker together.
 SHARED_FIXTURE_DIRS = ("engine", "e2e", "images")
-# Files (globs) that take minutes, longest first: handed out before everything else, so
-# none of them starts last and runs alone at the end of the suite. Then the other tiers'
+# Tier folders whose files take minutes, longest first: handed out before everything else,
+# so none of them starts last and runs alone at the end of the suite. Then the other slow
 # files, then the fast ones.
-LONGEST = ("images/*", "onebox/test_make_run_real.py", "e2e/*", "onebox/test_soak.py",
-           "loadtests/test_disagg_bench.py", "disagg/*")
+LONGEST = ("images", "onebox", "e2e", "benchmarks", "disagg")
+TIER_NAMES = frozenset(
+    {
+        "engine",
+        "stack",
+        "soak",
+        "trainer",
+        "helm",
+        "fuzz",
+        "images",
+        "study",
+        "real_model",
+        "outage",
+    }
+)
 
 
-def tiers_of(relative: str) -> set[str]:
-    return {tier for pattern, tiers in TIERS.items() if fnmatch.fnmatch(relative, pattern)
-            for tier in tiers}
+def _folder(item: pytest.Item) -> str:
+    parts = item.path.relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 else ""
 
 
-_TIER_NAMES = {tier for tiers in TIERS.values() for tier in tiers}
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The tiers of ``item``'s folder, of the fixtures it requests (with theirs) and of the
+    helpers its module imports."""
+    found = set(FOLDER_TIERS.get(_folder(item), ()))
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    if fixtureinfo is not None:
+        for definitions in fixtureinfo.name2fixturedefs.values():
+            for definition in definitions:
+                found.update(tiers.tiers_of(definition.func))
+    module = getattr(item, "module", None)
+    if module is not None:
+        for value in vars(module).values():
+            found.update(tiers.tiers_of(value))
+    return found
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """Tier markers, set while collecting: before ``-m`` deselects by them."""
-    relative = item.path.relative_to(TESTS).as_posix()
-    for tier in sorted(tiers_of(relative)):
-        item.add_marker(getattr(pytest.mark, tier))
-    if any(m.name in _TIER_NAMES for m in item.iter_markers()):
-        item.add_marker(pytest.mark.slow)
+def run_order(item: pytest.Item) -> int:
+    """Where a test's file is handed out: :data:`LONGEST` first, then the other slow files,
+    then the fast ones (a greedy longest-first schedule keeps both workers busy)."""
+    folder = _folder(item)
+    if folder in LONGEST:
+        return LONGEST.index(folder)
+    return len(LONGEST) + (0 if item.get_closest_marker("slow") else 1)
 
 
-def run_order(relative: str) -> int:
-    """Where a test file's work is handed out: :data:`LONGEST` first, then the slow tiers,
-    then the fast tests (a greedy longest-first schedule keeps both workers busy)."""
-    for rank, pattern in enumerate(LONGEST):
-        if fnmatch.fnmatch(relative, pattern):
-            return rank
-    return len(LONGEST) + (0 if tiers_of(relative) else 1)
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest work first; a stable sort keeps the order within each file."""
-    items.sort(key=lambda item: run_order(item.path.relative_to(TESTS).as_posix()))
+    """Tier markers, before ``-m`` deselects by them (hence ``tryfirst``), then the longest
+    work first; a stable sort keeps the order within each file."""
+    for item in items:
+        for name in sorted(tiers_of(item)):
+            item.add_marker(getattr(pytest.mark, name))
+        if any(mark.name in TIER_NAMES for mark in item.iter_markers()):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=run_order)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -141,7 +152,8 @@ def s3_server() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_for_port(port, proc, 30)

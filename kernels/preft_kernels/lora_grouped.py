@@ -136,14 +136,14 @@ class NonzeroSlots:
     def new_step(self) -> None:
         self._restricted.clear()
 
-    def register(self, b_stacked: Sequence[torch.Tensor],
-                 zero_slots: Callable[[], Collection[int] | None]) -> None:
+    def register(
+        self, b_stacked: Sequence[torch.Tensor], zero_slots: Callable[[], Collection[int] | None]
+    ) -> None:
         """A layer whose zero slots its writer already knows (``zero_slots()``; None when
         it does not): those are used instead of reading the weights after each write."""
         self._known[b_stacked[0].data_ptr()] = zero_slots
 
-    def restrict(self, groups: AdapterGroups, b_stacked: Sequence[torch.Tensor]
-                 ) -> AdapterGroups:
+    def restrict(self, groups: AdapterGroups, b_stacked: Sequence[torch.Tensor]) -> AdapterGroups:
         """``groups`` without the slots whose ``B`` weights are zero in every slice."""
         if groups.empty:
             return groups
@@ -191,8 +191,7 @@ on 2 AVX2 cores: 8 x 128 rows 1.7 ms looped vs 2.4 ms batched; 8 x 32 rows 1.55 
 vs 0.96 ms batched)."""
 
 
-def _batched_layout(groups: list[tuple[int, Rows]], rows: list[np.ndarray]
-                    ) -> BatchedLayout | None:
+def _batched_layout(groups: list[tuple[int, Rows]], rows: list[np.ndarray]) -> BatchedLayout | None:
     if not groups:
         return None
     sizes = [r.size for r in rows]
@@ -206,8 +205,10 @@ def _batched_layout(groups: list[tuple[int, Rows]], rows: list[np.ndarray]
     slot_ids = torch.tensor([slot for slot, _ in groups], dtype=torch.long)
     first = int(rows[0][0])
     expected = first + length * np.arange(len(rows))
-    if all(isinstance(g, slice) for _, g in groups) and set(sizes) == {length} and all(
-        int(r[0]) == e for r, e in zip(rows, expected.tolist())
+    if (
+        all(isinstance(g, slice) for _, g in groups)
+        and set(sizes) == {length}
+        and all(int(r[0]) == e for r, e in zip(rows, expected.tolist()))
     ):
         return BatchedLayout(slot_ids, length, (first, len(rows) * length), None, None, None)
     gather = np.zeros((len(rows), length), dtype=np.int64)
@@ -216,9 +217,14 @@ def _batched_layout(groups: list[tuple[int, Rows]], rows: list[np.ndarray]
         gather[i, : r.size] = r
         valid[i, : r.size] = True
     flat_valid = valid.reshape(-1)
-    return BatchedLayout(slot_ids, length, None, torch.from_numpy(gather),
-                         torch.from_numpy(flat_valid),
-                         torch.from_numpy(gather.reshape(-1)[flat_valid].copy()))
+    return BatchedLayout(
+        slot_ids,
+        length,
+        None,
+        torch.from_numpy(gather),
+        torch.from_numpy(flat_valid),
+        torch.from_numpy(gather.reshape(-1)[flat_valid].copy()),
+    )
 
 
 def _add_rows(y: torch.Tensor, rows: Rows, value: torch.Tensor) -> None:
@@ -301,8 +307,9 @@ def grouped_lora_linear(
     for b, size in zip(b_stacked, output_slices):
         n = min(size, b.shape[2])  # adapters may be padded differently from the model
         rank = b.shape[3]
-        targets.append((y[:, offset : offset + n], b[:, 0, :n].transpose(1, 2),
-                        slice(r0, r0 + rank)))
+        targets.append(
+            (y[:, offset : offset + n], b[:, 0, :n].transpose(1, 2), slice(r0, r0 + rank))
+        )
         offset += size
         r0 += rank
     for slot, rows in groups.groups:
@@ -325,13 +332,19 @@ def fused_lora_a(a_stacked: Sequence[torch.Tensor]) -> torch.Tensor | None:
     first = a_stacked[0]
     slots, _, rank, in_f = first.shape
     step = rank * in_f * first.element_size()
-    if all(a.shape == first.shape and a.dtype == first.dtype
-           and a.stride() == first.stride() and a.stride()[2:] == (in_f, 1)
-           and a.data_ptr() == first.data_ptr() + i * step
-           and a.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-           for i, a in enumerate(a_stacked)) and first.stride(0) == len(a_stacked) * rank * in_f:
-        return first.as_strided((slots, len(a_stacked) * rank, in_f),
-                                (first.stride(0), in_f, 1))
+    if (
+        all(
+            a.shape == first.shape
+            and a.dtype == first.dtype
+            and a.stride() == first.stride()
+            and a.stride()[2:] == (in_f, 1)
+            and a.data_ptr() == first.data_ptr() + i * step
+            and a.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            for i, a in enumerate(a_stacked)
+        )
+        and first.stride(0) == len(a_stacked) * rank * in_f
+    ):
+        return first.as_strided((slots, len(a_stacked) * rank, in_f), (first.stride(0), in_f, 1))
     return None
 
 
@@ -340,8 +353,9 @@ def fuse_lora_a_buffers(a_stacked: Sequence[torch.Tensor]) -> tuple[torch.Tensor
     copied), for which :func:`fused_lora_a` is a view instead of a per-call ``cat``."""
     first = a_stacked[0]
     rank = first.shape[2]
-    if len(a_stacked) == 1 or any(a.shape != first.shape or a.dtype != first.dtype
-                                  for a in a_stacked):
+    if len(a_stacked) == 1 or any(
+        a.shape != first.shape or a.dtype != first.dtype for a in a_stacked
+    ):
         return tuple(a_stacked)
     fused = torch.cat(list(a_stacked), dim=2).contiguous()
     return tuple(fused[:, :, i * rank : (i + 1) * rank] for i in range(len(a_stacked)))
@@ -373,8 +387,11 @@ def _batched_lora_linear(
     else:
         xg = x[layout.gather]  # (G, L, in)
     fused = fused_lora_a(a_stacked)
-    a_all = (fused[layout.slots] if fused is not None  # (G, S*r, in)
-             else torch.cat([a[layout.slots, 0] for a in a_stacked], dim=1))
+    a_all = (
+        fused[layout.slots]
+        if fused is not None  # (G, S*r, in)
+        else torch.cat([a[layout.slots, 0] for a in a_stacked], dim=1)
+    )
     t = torch.bmm(xg.to(a_all.dtype), a_all.transpose(1, 2))  # (G, L, S*r)
     if scale != 1.0:
         t = t * scale
@@ -386,7 +403,8 @@ def _batched_lora_linear(
         if layout.block is not None and y.dtype == t.dtype:
             # Accumulate into the (G, L, n) strided view of y: no temporary.
             torch.unflatten(target[start : start + count], 0, (g, length)).baddbmm_(
-                t[:, :, r0 : r0 + rank], w[:, :n].transpose(1, 2))
+                t[:, :, r0 : r0 + rank], w[:, :n].transpose(1, 2)
+            )
             offset += size
             r0 += rank
             continue

@@ -107,8 +107,9 @@ class ReftTritonMeta:
         return cls._pack(order, starts, keys[first], device)
 
     @classmethod
-    def _pack(cls, row_ids: np.ndarray, starts: np.ndarray, index: np.ndarray,
-              device: torch.device | str) -> ReftTritonMeta:
+    def _pack(
+        cls, row_ids: np.ndarray, starts: np.ndarray, index: np.ndarray, device: torch.device | str
+    ) -> ReftTritonMeta:
         """One int32 buffer, one copy to the device, three views into it."""
         m, g = row_ids.size, index.size
         buf = torch.from_numpy(np.concatenate([row_ids, starts, index]).astype(np.int32))
@@ -155,12 +156,16 @@ class ReftTritonStepMeta:
         row_ids, starts, kept = _group_rows(rows, num_rows)
         table = layer_index[:, kept]
         m, g = row_ids.size, len(kept)
-        buf = torch.from_numpy(np.concatenate([row_ids, starts, table.reshape(-1)])
-                               .astype(np.int32)).to(device)
+        buf = torch.from_numpy(
+            np.concatenate([row_ids, starts, table.reshape(-1)]).astype(np.int32)
+        ).to(device)
         sizes = np.diff(starts)
-        return cls(row_ids=buf[:m], group_starts=buf[m:m + g + 1],
-                   layer_index=buf[m + g + 1:].view(table.shape[0], g),
-                   max_group_rows=int(sizes.max()) if g else 0)
+        return cls(
+            row_ids=buf[:m],
+            group_starts=buf[m : m + g + 1],
+            layer_index=buf[m + g + 1 :].view(table.shape[0], g),
+            max_group_rows=int(sizes.max()) if g else 0,
+        )
 
 
 def _group_rows(
@@ -263,10 +268,21 @@ def reft_triton(
     # Triton's CPU interpreter multiplies bf16 blocks as raw bits: upcast there (tests only).
     upcast = _INTERPRETED and proj_in.dtype == torch.bfloat16
     _reft_kernel[(num_groups, row_blocks)](
-        out, h, row_ids, group_starts, group_index, proj_in, bias, proj_out,
-        d, rank,
-        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_D=block_d,
-        PRECISION="ieee" if upcast else precision, UPCAST=upcast,
+        out,
+        h,
+        row_ids,
+        group_starts,
+        group_index,
+        proj_in,
+        bias,
+        proj_out,
+        d,
+        rank,
+        BLOCK_M=block_m,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        PRECISION="ieee" if upcast else precision,
+        UPCAST=upcast,
         num_warps=num_warps,
     )
 
@@ -275,11 +291,21 @@ if HAS_TRITON:
 
     @triton.jit
     def _reft_kernel(
-        out_ptr, h_ptr, row_ids_ptr, group_starts_ptr, group_index_ptr,
-        proj_in_ptr, bias_ptr, proj_out_ptr,
-        d, rank,
-        BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-        PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+        out_ptr,
+        h_ptr,
+        row_ids_ptr,
+        group_starts_ptr,
+        group_index_ptr,
+        proj_in_ptr,
+        bias_ptr,
+        proj_out_ptr,
+        d,
+        rank,
+        BLOCK_M: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        PRECISION: tl.constexpr,
+        UPCAST: tl.constexpr,
     ):
         """Program (g, b): rows ``b*BLOCK_M ..`` of group ``g``; two passes over ``d``."""
         g = tl.program_id(0)
@@ -307,12 +333,19 @@ if HAS_TRITON:
         for d0 in range(0, d, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             mask_d = offs_d < d
-            x = tl.load(h_ptr + rows[:, None] * d + offs_d[None, :],
-                        mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-            w = tl.load(proj_in_ptr + w_base + offs_r[None, :] * d + offs_d[:, None],
-                        mask=mask_r[None, :] & mask_d[:, None], other=0.0)  # (BLOCK_D, BLOCK_R)
-            t = tl.dot(x.to(w_dtype).to(dot_dtype), w.to(dot_dtype), acc=t,
-                       input_precision=PRECISION)
+            x = tl.load(
+                h_ptr + rows[:, None] * d + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                proj_in_ptr + w_base + offs_r[None, :] * d + offs_d[:, None],
+                mask=mask_r[None, :] & mask_d[:, None],
+                other=0.0,
+            )  # (BLOCK_D, BLOCK_R)
+            t = tl.dot(
+                x.to(w_dtype).to(dot_dtype), w.to(dot_dtype), acc=t, input_precision=PRECISION
+            )
         b = tl.load(bias_ptr + k * rank + offs_r, mask=mask_r, other=0.0)
         t = (t + b.to(tl.float32)[None, :]).to(proj_out_ptr.dtype.element_ty).to(dot_dtype)
 
@@ -320,8 +353,11 @@ if HAS_TRITON:
         for d0 in range(0, d, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             mask_d = offs_d < d
-            w = tl.load(proj_out_ptr + w_base + offs_r[:, None] * d + offs_d[None, :],
-                        mask=mask_r[:, None] & mask_d[None, :], other=0.0)  # (BLOCK_R, BLOCK_D)
+            w = tl.load(
+                proj_out_ptr + w_base + offs_r[:, None] * d + offs_d[None, :],
+                mask=mask_r[:, None] & mask_d[None, :],
+                other=0.0,
+            )  # (BLOCK_R, BLOCK_D)
             delta = tl.dot(t, w.to(dot_dtype), input_precision=PRECISION)
             o_ptrs = out_ptr + rows[:, None] * d + offs_d[None, :]
             o_mask = mask_m[:, None] & mask_d[None, :]
@@ -350,6 +386,12 @@ def grouped_reft_triton(
     if not groups:
         return
     meta = ReftTritonMeta.from_groups(groups, h.device, num_rows=h.shape[0])
-    reft_triton(out, h, *meta.args(), proj_in.contiguous(), bias.contiguous(),
-                proj_out.contiguous(), max_group_rows=meta.max_group_rows)
-
+    reft_triton(
+        out,
+        h,
+        *meta.args(),
+        proj_in.contiguous(),
+        bias.contiguous(),
+        proj_out.contiguous(),
+        max_group_rows=meta.max_group_rows,
+    )

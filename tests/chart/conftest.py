@@ -44,8 +44,7 @@ def promtool() -> str:
 def render(helm: str) -> Callable[..., Rendered]:
     """``render(values_files, sets)``: the parsed manifests; fails with helm's stderr."""
 
-    def _render(values: list[str] | None = None, sets: dict[str, str] | None = None
-                ) -> Rendered:
+    def _render(values: list[str] | None = None, sets: dict[str, str] | None = None) -> Rendered:
         result = run_helm(helm, *template_args(values or [], sets))
         assert result.returncode == 0, result.stderr
         return parse(result.stdout)
@@ -57,8 +56,7 @@ def render(helm: str) -> Callable[..., Rendered]:
 def render_error(helm: str) -> Callable[..., str]:
     """``render_error(values_files, sets)``: helm's error message for values it must refuse."""
 
-    def _render_error(values: list[str] | None = None, sets: dict[str, str] | None = None
-                      ) -> str:
+    def _render_error(values: list[str] | None = None, sets: dict[str, str] | None = None) -> str:
         result = run_helm(helm, *template_args(values or [], sets))
         assert result.returncode != 0, "helm template accepted values it should refuse"
         return result.stderr

@@ -12,8 +12,9 @@ _REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    return workload["spec"]["template"]["spec"] if "template" in workload["spec"] \
-        else workload["spec"]
+    return (
+        workload["spec"]["template"]["spec"] if "template" in workload["spec"] else workload["spec"]
+    )
 
 
 def container(workload: dict[str, Any], name: str | None = None) -> dict[str, Any]:
@@ -60,8 +61,11 @@ def workloads(rendered: Rendered) -> list[dict[str, Any]]:
 
 def selected_workloads(rendered: Rendered, selector: dict[str, str]) -> list[dict[str, Any]]:
     """Workloads whose pods carry every label of ``selector``."""
-    return [w for w in workloads(rendered)
-            if labels_match(selector, w["spec"]["template"]["metadata"]["labels"])]
+    return [
+        w
+        for w in workloads(rendered)
+        if labels_match(selector, w["spec"]["template"]["metadata"]["labels"])
+    ]
 
 
 def container_port(container_spec: dict[str, Any], port: str | int) -> int:

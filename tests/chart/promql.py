@@ -21,10 +21,36 @@ _MATCHERS = re.compile(r"\{[^{}]*\}")
 _RANGE = re.compile(r"\[[^\[\]]*\]")
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 _IDENT = re.compile(r"(?<![\w:.])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?")
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
-             "or", "unless", "offset", "inf", "nan", "atan2", "sum", "min", "max", "avg",
-             "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
-             "quantile", "limitk", "limit_ratio"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+    "atan2",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+}
 _DURATION = re.compile(r"^\d+(ms|s|m|h|d|w|y)$")
 
 

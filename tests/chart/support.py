@@ -25,8 +25,10 @@ NAMESPACE = "llm"
 # Scenario name -> values files (relative to the chart); "default" is values.yaml alone.
 SCENARIOS: dict[str, list[str]] = {
     "default": [],
-    **{p.name.removesuffix("-values.yaml"): [f"ci/{p.name}"]
-       for p in sorted(CI_VALUES.glob("*-values.yaml"))},
+    **{
+        p.name.removesuffix("-values.yaml"): [f"ci/{p.name}"]
+        for p in sorted(CI_VALUES.glob("*-values.yaml"))
+    },
 }
 
 
@@ -58,19 +60,23 @@ class Rendered:
 
     def component(self, kind: str, component: str) -> dict[str, Any]:
         """The one ``kind`` object labelled app.kubernetes.io/component=``component``."""
-        found = [d for d in self.of_kind(kind)
-                 if d["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+        found = [
+            d
+            for d in self.of_kind(kind)
+            if d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        ]
         assert len(found) == 1, f"expected one {kind} for {component}, found {len(found)}"
         return found[0]
 
     def has(self, kind: str, component: str) -> bool:
-        return any(d["metadata"]["labels"].get("app.kubernetes.io/component") == component
-                   for d in self.of_kind(kind))
+        return any(
+            d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+            for d in self.of_kind(kind)
+        )
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def template_args(values: list[str], sets: dict[str, str] | None = None) -> list[str]:

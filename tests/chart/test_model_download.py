@@ -33,8 +33,10 @@ MODEL = {  # a Hugging Face model directory, small
     "original/params.json": b"{}",
 }
 # What the chart wants on a fresh install with downloads on: a writable model volume.
-WRITABLE = {"model.download.enabled": "true",
-            "model.volume.persistentVolumeClaim.readOnly": "false"}
+WRITABLE = {
+    "model.download.enabled": "true",
+    "model.volume.persistentVolumeClaim.readOnly": "false",
+}
 
 
 def init_container(rendered: Rendered, component: str) -> dict[str, Any]:
@@ -61,10 +63,20 @@ def run_init(spec: dict[str, Any], dest: Path, **replace: str) -> subprocess.Com
     args = [replace.get(a, a) for a in spec["args"]]
     args[1] = str(dest)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    environment.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                       AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
-    return subprocess.run([sys.executable, "-c", spec["command"][2], *args], env=environment,
-                          capture_output=True, text=True, timeout=120, check=False)
+    environment.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+    )
+    return subprocess.run(
+        [sys.executable, "-c", spec["command"][2], *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def partial(dest: Path) -> Path:
@@ -82,8 +94,11 @@ def test_workers_fetch_the_model_before_vllm_starts(scenarios: dict[str, Rendere
     assert pod_spec(worker)["initContainers"][0] is fetch  # before any user init container
     assert fetch["image"] == main["image"]  # the worker image: Python and boto3, no extra pull
     assert fetch["command"] == ["python3", "-c", SCRIPT]
-    assert fetch["args"] == ["s3://acme-models/Qwen/Qwen2.5-7B-Instruct",
-                             "/models/qwen2.5-7b-instruct", "--s3-region=eu-west-1"]
+    assert fetch["args"] == [
+        "s3://acme-models/Qwen/Qwen2.5-7B-Instruct",
+        "/models/qwen2.5-7b-instruct",
+        "--s3-region=eu-west-1",
+    ]
     args = dict(a.removeprefix("--").split("=", 1) for a in main["args"] if "=" in a)
     assert args["model"] == fetch["args"][1]
     # The init container writes the model volume, the worker only reads it.
@@ -92,28 +107,29 @@ def test_workers_fetch_the_model_before_vllm_starts(scenarios: dict[str, Rendere
     assert fetch["securityContext"] == main["securityContext"]
     assert env(fetch) == {
         "AWS_ACCESS_KEY_ID": secret_marker("model-bucket-reader", "AWS_ACCESS_KEY_ID"),
-        "AWS_SECRET_ACCESS_KEY": secret_marker("model-bucket-reader", "AWS_SECRET_ACCESS_KEY")}
+        "AWS_SECRET_ACCESS_KEY": secret_marker("model-bucket-reader", "AWS_SECRET_ACCESS_KEY"),
+    }
 
 
-def test_registry_fetches_config_json_into_its_own_scratch(
-        scenarios: dict[str, Rendered]) -> None:
+def test_registry_fetches_config_json_into_its_own_scratch(scenarios: dict[str, Rendered]) -> None:
     rendered = scenarios["model-download"]
     registry = rendered.component("Deployment", "registry")
     main = container(registry, "registry")
     fetch = init_container(rendered, "registry")
     assert fetch["image"] == main["image"]
     assert "--config-only" in fetch["args"]  # otherwise the same source and path as workers
-    assert [a for a in fetch["args"] if a != "--config-only"] == \
-        init_container(rendered, "worker")["args"]
+    assert [a for a in fetch["args"] if a != "--config-only"] == init_container(rendered, "worker")[
+        "args"
+    ]
     assert env(main)["PREFT_REGISTRY_BASE_MODEL"] == fetch["args"][1]
     # Never the shared model volume: a config.json there would make workers skip the model.
     volumes = {v["name"]: v for v in pod_spec(registry)["volumes"]}
     assert volumes["model"] == {"name": "model", "emptyDir": {"sizeLimit": "64Mi"}}
 
 
-def test_downloads_are_off_unless_asked(scenarios: dict[str, Rendered],
-                                        render: Callable[..., Rendered],
-                                        tmp_path: Path) -> None:
+def test_downloads_are_off_unless_asked(
+    scenarios: dict[str, Rendered], render: Callable[..., Rendered], tmp_path: Path
+) -> None:
     for name in SCENARIOS:
         if name == "model-download":
             continue
@@ -130,43 +146,53 @@ def test_downloads_are_off_unless_asked(scenarios: dict[str, Rendered],
 
 
 def test_s3_credentials_default_to_the_object_stores(render: Callable[..., Rendered]) -> None:
-    rendered = render(["ci/external-s3-values.yaml"],
-                      {**WRITABLE, "model.download.from": "s3://models/llama"})
+    rendered = render(
+        ["ci/external-s3-values.yaml"], {**WRITABLE, "model.download.from": "s3://models/llama"}
+    )
     fetch = init_container(rendered, "worker")
     assert "--s3-endpoint-url=http://minio.storage.svc.cluster.local:9000" in fetch["args"]
     assert "--s3-region=us-east-1" in fetch["args"]
-    assert env(fetch)["AWS_SECRET_ACCESS_KEY"] == \
-        secret_marker("preft-s3-credentials", "secret-key")
+    assert env(fetch)["AWS_SECRET_ACCESS_KEY"] == secret_marker(
+        "preft-s3-credentials", "secret-key"
+    )
     # IRSA / node identity: no keys at all.
-    assert "env" not in init_container(render([], {**WRITABLE,
-                                                   "model.download.from": "s3://models/x"}),
-                                       "worker")
+    assert "env" not in init_container(
+        render([], {**WRITABLE, "model.download.from": "s3://models/x"}), "worker"
+    )
 
 
 def test_archive_urls_carry_their_checksum(render: Callable[..., Rendered]) -> None:
     digest = "ab" * 32
-    rendered = render([], {**WRITABLE, "model.download.from": "https://example.com/m.tar.gz",
-                           "model.download.sha256": digest})
+    rendered = render(
+        [],
+        {
+            **WRITABLE,
+            "model.download.from": "https://example.com/m.tar.gz",
+            "model.download.sha256": digest,
+        },
+    )
     fetch = init_container(rendered, "worker")
-    assert fetch["args"] == ["https://example.com/m.tar.gz", "/models/base",
-                             f"--sha256={digest}"]
+    assert fetch["args"] == ["https://example.com/m.tar.gz", "/models/base", f"--sha256={digest}"]
     assert "env" not in fetch
 
 
 def test_download_values_are_checked(render_error: Callable[..., str]) -> None:
-    message = render_error([], {"model.download.enabled": "true",
-                                "model.download.sha256": "ab" * 32})
+    message = render_error(
+        [], {"model.download.enabled": "true", "model.download.sha256": "ab" * 32}
+    )
     assert "model.download.from is required when model.download.enabled=true" in message
     assert "model.volume.persistentVolumeClaim.readOnly must be false" in message
-    message = render_error([], {**WRITABLE, "model.download.from": "s3://models/x",
-                                "model.download.sha256": "ab" * 32})
+    message = render_error(
+        [], {**WRITABLE, "model.download.from": "s3://models/x", "model.download.sha256": "ab" * 32}
+    )
     assert "model.download.sha256 checks archives fetched from http(s) URLs" in message
     message = render_error([], {**WRITABLE, "model.download.from": "ftp://models/x"})
     assert "/model/download/from" in message
     # Helm merges maps: another volume source next to the default claim is two sources.
     message = render_error([], {"model.volume.emptyDir.sizeLimit": "40Gi"})
-    assert ("model.volume must be one volume source, not 2 (emptyDir, persistentVolumeClaim)"
-            in message)
+    assert (
+        "model.volume must be one volume source, not 2 (emptyDir, persistentVolumeClaim)" in message
+    )
 
 
 # -- the script, run as rendered ----------------------------------------------------------
@@ -175,8 +201,13 @@ def test_download_values_are_checked(render_error: Callable[..., str]) -> None:
 @pytest.fixture
 def s3_model(s3_server: str) -> str:
     """s3://<bucket>/<prefix> holding MODEL."""
-    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     bucket = f"models-{uuid.uuid4().hex[:10]}"
     client.create_bucket(Bucket=bucket)
     for name, data in MODEL.items():
@@ -185,11 +216,13 @@ def s3_model(s3_server: str) -> str:
     return f"s3://{bucket}/org/model"
 
 
-def test_fetches_from_s3_once_and_resumes(render: Callable[..., Rendered], s3_server: str,
-                                          s3_model: str, tmp_path: Path) -> None:
-    rendered = render(["ci/model-download-values.yaml"],
-                      {"model.download.from": s3_model,
-                       "model.download.s3.endpointUrl": s3_server})
+def test_fetches_from_s3_once_and_resumes(
+    render: Callable[..., Rendered], s3_server: str, s3_model: str, tmp_path: Path
+) -> None:
+    rendered = render(
+        ["ci/model-download-values.yaml"],
+        {"model.download.from": s3_model, "model.download.s3.endpointUrl": s3_server},
+    )
     worker = init_container(rendered, "worker")
     dest = tmp_path / "models" / "qwen"
     # A download that stopped half-way: a file already complete is kept, not fetched again.
@@ -214,11 +247,13 @@ def test_fetches_from_s3_once_and_resumes(render: Callable[..., Rendered], s3_se
     assert (config_dir / "config.json").read_bytes() == MODEL["config.json"]
 
 
-def test_s3_errors_name_the_source(render: Callable[..., Rendered], s3_server: str,
-                                   s3_model: str, tmp_path: Path) -> None:
-    rendered = render(["ci/model-download-values.yaml"],
-                      {"model.download.from": s3_model + "-missing",
-                       "model.download.s3.endpointUrl": s3_server})
+def test_s3_errors_name_the_source(
+    render: Callable[..., Rendered], s3_server: str, s3_model: str, tmp_path: Path
+) -> None:
+    rendered = render(
+        ["ci/model-download-values.yaml"],
+        {"model.download.from": s3_model + "-missing", "model.download.s3.endpointUrl": s3_server},
+    )
     result = run_init(init_container(rendered, "worker"), tmp_path / "m")
     assert result.returncode != 0
     assert f"fetch-model: no objects under {s3_model}-missing" in result.stderr
@@ -236,7 +271,8 @@ def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     root = tmp_path / "www"
     root.mkdir()
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), lambda *a: _Quiet(*a, directory=str(root)))
+        ("127.0.0.1", 0), lambda *a: _Quiet(*a, directory=str(root))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -249,8 +285,7 @@ def http_dir(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 def make_archive(path: Path, top: str, extra: dict[str, bytes] | None = None) -> str:
     """A .tar.gz of MODEL under ``top`` (may be ""), plus ``extra`` raw members; its sha256."""
     with tarfile.open(path, "w:gz") as archive:
-        for name, data in {**{f"{top}{n}": d for n, d in MODEL.items()},
-                           **(extra or {})}.items():
+        for name, data in {**{f"{top}{n}": d for n, d in MODEL.items()}, **(extra or {})}.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
@@ -258,12 +293,15 @@ def make_archive(path: Path, top: str, extra: dict[str, bytes] | None = None) ->
 
 
 @pytest.mark.parametrize("top", ["", "Llama-Tiny/"])
-def test_fetches_a_tar_archive(render: Callable[..., Rendered], http_dir: tuple[Path, str],
-                               tmp_path: Path, top: str) -> None:
+def test_fetches_a_tar_archive(
+    render: Callable[..., Rendered], http_dir: tuple[Path, str], tmp_path: Path, top: str
+) -> None:
     root, base = http_dir
     sha = make_archive(root / "model.tar.gz", top)
-    rendered = render([], {**WRITABLE, "model.download.from": f"{base}/model.tar.gz",
-                           "model.download.sha256": sha})
+    rendered = render(
+        [],
+        {**WRITABLE, "model.download.from": f"{base}/model.tar.gz", "model.download.sha256": sha},
+    )
     dest = tmp_path / "models" / "base"
     result = run_init(init_container(rendered, "worker"), dest)
     assert result.returncode == 0, result.stderr
@@ -276,11 +314,18 @@ def test_fetches_a_tar_archive(render: Callable[..., Rendered], http_dir: tuple[
 
 
 def test_refuses_a_wrong_checksum_and_unsafe_archives(
-        render: Callable[..., Rendered], http_dir: tuple[Path, str], tmp_path: Path) -> None:
+    render: Callable[..., Rendered], http_dir: tuple[Path, str], tmp_path: Path
+) -> None:
     root, base = http_dir
     make_archive(root / "model.tar.gz", "")
-    rendered = render([], {**WRITABLE, "model.download.from": f"{base}/model.tar.gz",
-                           "model.download.sha256": "0" * 64})
+    rendered = render(
+        [],
+        {
+            **WRITABLE,
+            "model.download.from": f"{base}/model.tar.gz",
+            "model.download.sha256": "0" * 64,
+        },
+    )
     fetch = init_container(rendered, "worker")
     dest = tmp_path / "models" / "base"
     result = run_init(fetch, dest)
@@ -288,22 +333,28 @@ def test_refuses_a_wrong_checksum_and_unsafe_archives(
     assert not dest.exists() and not partial(dest).exists()
     # A member escaping the model directory is refused (tarfile's "data" filter).
     make_archive(root / "evil.tar.gz", "", {"../escaped.txt": b"x"})
-    result = run_init(fetch, dest, **{f"{base}/model.tar.gz": f"{base}/evil.tar.gz",
-                                      "--sha256=" + "0" * 64: "--sha256="})
+    result = run_init(
+        fetch,
+        dest,
+        **{f"{base}/model.tar.gz": f"{base}/evil.tar.gz", "--sha256=" + "0" * 64: "--sha256="},
+    )
     assert result.returncode != 0 and "cannot fetch or unpack" in result.stderr
     assert not (tmp_path / "models" / "escaped.txt").exists() and not dest.exists()
     # An archive that is not a model directory.
     with tarfile.open(root / "other.tar", "w") as archive:
         info = tarfile.TarInfo("README.md")
         archive.addfile(info, io.BytesIO(b""))
-    result = run_init(fetch, dest, **{f"{base}/model.tar.gz": f"{base}/other.tar",
-                                      "--sha256=" + "0" * 64: "--sha256="})
+    result = run_init(
+        fetch,
+        dest,
+        **{f"{base}/model.tar.gz": f"{base}/other.tar", "--sha256=" + "0" * 64: "--sha256="},
+    )
     assert result.returncode != 0 and "holds no config.json" in result.stderr
 
 
-def test_a_directory_in_the_way_is_an_error(render: Callable[..., Rendered],
-                                           http_dir: tuple[Path, str],
-                                           tmp_path: Path) -> None:
+def test_a_directory_in_the_way_is_an_error(
+    render: Callable[..., Rendered], http_dir: tuple[Path, str], tmp_path: Path
+) -> None:
     """model.path exists, is not empty and holds no config.json: the download is not moved
     over it (nor mixed into it), and the message says what to do."""
     root, base = http_dir

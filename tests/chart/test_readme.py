@@ -77,10 +77,13 @@ d: "run `this`"
     assert [s.title for s in sections] == ["First", "Second"]
     assert [(p.path, p.description) for p in sections[0].params] == [
         ("a.b", "Two-line description with `code`, a | pipe and PREFIX_<NAME>"),
-        ("a.c", "Empty string")]
+        ("a.c", "Empty string"),
+    ]
     tables = chart_readme.tables(values_text)
-    assert ("| `a.b` | Two-line description with `code`, a \\| pipe and PREFIX_&lt;NAME&gt; | "
-            '`{"x": [1, "y"]}` |') in tables
+    assert (
+        "| `a.b` | Two-line description with `code`, a \\| pipe and PREFIX_&lt;NAME&gt; | "
+        '`{"x": [1, "y"]}` |'
+    ) in tables
     assert '| `a.c` | Empty string | `""` |' in tables
     assert "| `d` | Text with a `backtick` default | `` run `this` `` |" in tables
     assert yaml.safe_load(values_text)["d"] == "run `this`"

@@ -17,9 +17,11 @@ from tests.chart.support import CHART, SCENARIOS, Rendered, run_helm
 
 # Oldest supported (Chart.yaml kubeVersion) and the newest the validator knows.
 KUBE_VERSIONS = ["1.29", kubernetes_validate.latest_version()]
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
-             ("monitoring.coreos.com/v1", "PodMonitor"),
-             ("monitoring.coreos.com/v1", "PrometheusRule")}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -34,8 +36,9 @@ def test_helm_lint(helm: str, scenario: str) -> None:
 
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_manifests_match_kubernetes_schemas(scenarios: dict[str, Rendered], scenario: str,
-                                            version: str) -> None:
+def test_manifests_match_kubernetes_schemas(
+    scenarios: dict[str, Rendered], scenario: str, version: str
+) -> None:
     problems = []
     checked = 0
     for doc in scenarios[scenario].docs:
@@ -45,8 +48,10 @@ def test_manifests_match_kubernetes_schemas(scenarios: dict[str, Rendered], scen
             kubernetes_validate.validate(doc, version, strict=True)
             checked += 1
         except kubernetes_validate.ValidationError as exc:
-            problems.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} "
-                            f"at {'/'.join(map(str, exc.path))}")
+            problems.append(
+                f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} "
+                f"at {'/'.join(map(str, exc.path))}"
+            )
         except kubernetes_validate.SchemaNotFoundError as exc:
             problems.append(exc.message)
     assert not problems, "\n".join(problems)
@@ -62,13 +67,20 @@ def test_only_operator_kinds_are_exempt(scenarios: dict[str, Rendered]) -> None:
 
 def test_default_install_renders_every_component(scenarios: dict[str, Rendered]) -> None:
     default = scenarios["default"]
-    for kind, component in [("Deployment", "gateway"), ("Deployment", "registry"),
-                            ("Deployment", "worker"), ("StatefulSet", "redis"),
-                            ("HorizontalPodAutoscaler", "gateway"),
-                            ("PodDisruptionBudget", "gateway"), ("PodDisruptionBudget", "worker"),
-                            ("Role", "gateway"), ("RoleBinding", "gateway"),
-                            ("NetworkPolicy", "worker"), ("NetworkPolicy", "redis"),
-                            ("ConfigMap", "monitoring")]:
+    for kind, component in [
+        ("Deployment", "gateway"),
+        ("Deployment", "registry"),
+        ("Deployment", "worker"),
+        ("StatefulSet", "redis"),
+        ("HorizontalPodAutoscaler", "gateway"),
+        ("PodDisruptionBudget", "gateway"),
+        ("PodDisruptionBudget", "worker"),
+        ("Role", "gateway"),
+        ("RoleBinding", "gateway"),
+        ("NetworkPolicy", "worker"),
+        ("NetworkPolicy", "redis"),
+        ("ConfigMap", "monitoring"),
+    ]:
         assert default.has(kind, component), f"{kind} for {component} missing"
     # Operator objects are opt-in: a cluster without the CRDs must install the defaults.
     assert not [d for d in default.docs if d["apiVersion"].startswith("monitoring.coreos.com")]
@@ -96,19 +108,29 @@ VARIANTS = {
     "redis-without-persistence": {"redis.persistence.enabled": "false"},
     "no-network-policies": {"networkPolicy.enabled": "false"},
     "nodeport-gateway": {"gateway.service.type": "NodePort", "gateway.service.nodePort": "30080"},
-    "no-pdbs-no-hpa": {"gateway.pdb.enabled": "false", "worker.pdb.enabled": "false",
-                       "gateway.autoscaling.enabled": "false"},
-    "own-service-accounts": {"gateway.serviceAccount.create": "false",
-                             "gateway.serviceAccount.name": "gw",
-                             "gateway.rbac.create": "false",
-                             "worker.serviceAccount.create": "false",
-                             "registry.serviceAccount.create": "false"},
-    "everything-on": {"metrics.serviceMonitor.enabled": "true",
-                      "metrics.prometheusRule.enabled": "true",
-                      "worker.autoscaling.enabled": "true", "registry.replicas": "3",
-                      "gateway.ingress.enabled": "true", "registry.ingress.enabled": "true",
-                      "image.pullSecrets[0]": "regcred", "worker.gpu.count": "2",
-                      "worker.extraArgs[0]": "--tensor-parallel-size=2"},
+    "no-pdbs-no-hpa": {
+        "gateway.pdb.enabled": "false",
+        "worker.pdb.enabled": "false",
+        "gateway.autoscaling.enabled": "false",
+    },
+    "own-service-accounts": {
+        "gateway.serviceAccount.create": "false",
+        "gateway.serviceAccount.name": "gw",
+        "gateway.rbac.create": "false",
+        "worker.serviceAccount.create": "false",
+        "registry.serviceAccount.create": "false",
+    },
+    "everything-on": {
+        "metrics.serviceMonitor.enabled": "true",
+        "metrics.prometheusRule.enabled": "true",
+        "worker.autoscaling.enabled": "true",
+        "registry.replicas": "3",
+        "gateway.ingress.enabled": "true",
+        "registry.ingress.enabled": "true",
+        "image.pullSecrets[0]": "regcred",
+        "worker.gpu.count": "2",
+        "worker.extraArgs[0]": "--tensor-parallel-size=2",
+    },
 }
 
 

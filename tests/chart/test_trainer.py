@@ -21,13 +21,27 @@ from preft_serve.registry.finetune.spec import TrainerSpec
 from tests.chart.manifests import container, env, pod_spec
 from tests.chart.support import NAMESPACE, ROOT, Rendered
 
-ON = {"trainer.enabled": "true", "metrics.prometheusRule.enabled": "true",
-      "trainer.nodeSelector.pool": "gpu", "objectStore.existingSecret": "s3-keys"}
-SPEC = TrainerSpec(job_id="ftjob-" + "a1" * 12, model="/models/base",
-                   training_key="files/" + "b" * 64 + ".jsonl",
-                   options={"adapter": "lora", "mode": "prefill", "rank": 8, "epochs": 3,
-                            "batch_size": 8, "learning_rate": 2e-3, "seed": 0,
-                            "max_seq_len": 1024})
+ON = {
+    "trainer.enabled": "true",
+    "metrics.prometheusRule.enabled": "true",
+    "trainer.nodeSelector.pool": "gpu",
+    "objectStore.existingSecret": "s3-keys",
+}
+SPEC = TrainerSpec(
+    job_id="ftjob-" + "a1" * 12,
+    model="/models/base",
+    training_key="files/" + "b" * 64 + ".jsonl",
+    options={
+        "adapter": "lora",
+        "mode": "prefill",
+        "rank": 8,
+        "epochs": 3,
+        "batch_size": 8,
+        "learning_rate": 2e-3,
+        "seed": 0,
+        "max_seq_len": 1024,
+    },
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +60,20 @@ def test_rbac_is_namespaced_and_minimal(enabled: Rendered) -> None:
     assert not enabled.of_kind("ClusterRole") and not enabled.of_kind("ClusterRoleBinding")
     role = enabled.component("Role", "trainer")
     assert role["metadata"]["namespace"] == NAMESPACE
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
-             for r in role["rules"]}
-    assert rules == {(("batch",), ("jobs",)): {"create", "get", "list", "watch", "delete"},
-                     (("batch",), ("jobs/status",)): {"get"},
-                     (("",), ("pods",)): {"get", "list"}, (("",), ("pods/log",)): {"get"}}
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        (("batch",), ("jobs",)): {"create", "get", "list", "watch", "delete"},
+        (("batch",), ("jobs/status",)): {"get"},
+        (("",), ("pods",)): {"get", "list"},
+        (("",), ("pods/log",)): {"get"},
+    }
     binding = enabled.component("RoleBinding", "trainer")
     registry = enabled.component("Deployment", "registry")
     pod = pod_spec(registry)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
-                                    "name": pod["serviceAccountName"]}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "namespace": NAMESPACE, "name": pod["serviceAccountName"]}
+    ]
     assert pod["automountServiceAccountToken"] is True  # the registry calls the API
 
 
@@ -68,18 +85,24 @@ def test_manifests_match_the_kubernetes_schemas(enabled: Rendered) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_registry_builds_a_valid_job_from_the_chart(enabled: Rendered, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registry_builds_a_valid_job_from_the_chart(
+    enabled: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The ConfigMap and the registry's env, read by RegistrySettings as in the pod, give
     the Job the registry would create; it validates and carries the values."""
     from preft_serve.registry.settings import RegistrySettings
 
     registry = container(enabled.component("Deployment", "registry"), "registry")
-    assert registry["envFrom"][0]["configMapRef"]["name"] == \
-        enabled.component("ConfigMap", "trainer")["metadata"]["name"]
+    assert (
+        registry["envFrom"][0]["configMapRef"]["name"]
+        == enabled.component("ConfigMap", "trainer")["metadata"]["name"]
+    )
     (tmp_path / "config.json").write_text("{}")
-    variables = {**env(registry), **enabled.component("ConfigMap", "trainer")["data"],
-                 "PREFT_REGISTRY_BASE_MODEL": str(tmp_path)}
+    variables = {
+        **env(registry),
+        **enabled.component("ConfigMap", "trainer")["data"],
+        "PREFT_REGISTRY_BASE_MODEL": str(tmp_path),
+    }
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     settings = RegistrySettings()  # type: ignore[call-arg]
@@ -94,11 +117,15 @@ def test_registry_builds_a_valid_job_from_the_chart(enabled: Rendered, tmp_path:
     assert trainer["image"].endswith("/trainer-gpu:" + trainer["image"].rsplit(":", 1)[1])
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert pod["nodeSelector"] == {"pool": "gpu"}
-    assert pod["serviceAccountName"] == pod_spec(
-        enabled.component("Deployment", "registry"))["serviceAccountName"]
+    assert (
+        pod["serviceAccountName"]
+        == pod_spec(enabled.component("Deployment", "registry"))["serviceAccountName"]
+    )
     names = {e["name"]: e for e in trainer["env"]}
-    assert names["PREFT_TRAINER_OBJECT_STORE__S3_ACCESS_KEY_ID"]["valueFrom"][
-        "secretKeyRef"]["name"] == "s3-keys"
+    assert (
+        names["PREFT_TRAINER_OBJECT_STORE__S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"]
+        == "s3-keys"
+    )
     assert doc["spec"]["activeDeadlineSeconds"] == 21600
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "preft-models"
 
@@ -110,20 +137,47 @@ def test_failed_jobs_alert(enabled: Rendered, promtool: str, tmp_path: Path) -> 
     series = 'preft_registry_finetune_jobs_finished_total{namespace="%s",status="%s"}'
 
     def case(status: str, fires: bool) -> dict[str, Any]:
-        alerts = [{"exp_labels": {"severity": "warning"},
-                   "exp_annotations": {"summary": groups[0]["rules"][0]["annotations"][
-                       "summary"].replace("{{ $value }}", "2")}}] if fires else []
-        return {"interval": "1m",
-                "input_series": [{"series": series % (NAMESPACE, status),
-                                  "values": "0 0 0 1 2 2 2 2 2 2"}],
-                "alert_rule_test": [{"eval_time": "8m", "alertname":
-                                     "PreftFineTuningJobsFailing", "exp_alerts": alerts}]}
+        alerts = (
+            [
+                {
+                    "exp_labels": {"severity": "warning"},
+                    "exp_annotations": {
+                        "summary": groups[0]["rules"][0]["annotations"]["summary"].replace(
+                            "{{ $value }}", "2"
+                        )
+                    },
+                }
+            ]
+            if fires
+            else []
+        )
+        return {
+            "interval": "1m",
+            "input_series": [
+                {"series": series % (NAMESPACE, status), "values": "0 0 0 1 2 2 2 2 2 2"}
+            ],
+            "alert_rule_test": [
+                {"eval_time": "8m", "alertname": "PreftFineTuningJobsFailing", "exp_alerts": alerts}
+            ],
+        }
 
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({
-        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-        "tests": [case("failed", True), case("succeeded", False)]}))
-    result = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120, check=False)
+    (tmp_path / "tests.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["rules.yaml"],
+                "evaluation_interval": "1m",
+                "tests": [case("failed", True), case("succeeded", False)],
+            }
+        )
+    )
+    result = subprocess.run(
+        [promtool, "test", "rules", "tests.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     docs = (ROOT / "docs" / "fine-tuning.md").read_text()
     assert "### PreftFineTuningJobsFailing" in docs
@@ -137,10 +191,14 @@ def test_trainer_image() -> None:
     assert user == ["10001:10001"]
     entry = [i.args for i in stage if i.keyword == "ENTRYPOINT"]
     assert entry == ['["python3", "-m", "preft_serve.registry.finetune.entry"]']
-    assert build_job(SPEC, "t", _s3(), _k8s(), 60).spec.template.spec.containers[0].command \
-        == ["python3", "-m", "preft_serve.registry.finetune.entry"]
-    instructions = " ".join(i.args for i in parse_dockerfile(ROOT / "docker" /
-                                                             "trainer.Dockerfile"))
+    assert build_job(SPEC, "t", _s3(), _k8s(), 60).spec.template.spec.containers[0].command == [
+        "python3",
+        "-m",
+        "preft_serve.registry.finetune.entry",
+    ]
+    instructions = " ".join(
+        i.args for i in parse_dockerfile(ROOT / "docker" / "trainer.Dockerfile")
+    )
     assert "vllm" not in instructions.lower()  # torch + transformers + peft only
     assert "SECRET" not in instructions and "PASSWORD" not in instructions
 

@@ -34,8 +34,9 @@ def test_every_value_is_documented_and_in_the_schema(values: dict[str, Any]) -> 
     documented = set(PARAM.findall((CHART / "values.yaml").read_text()))
     leaves = leaf_paths(values, _schema())
     # A @param on a map (e.g. gateway.resources) documents what is inside it.
-    undocumented = sorted(p for p in leaves if not any(
-        p == d or p.startswith(f"{d}.") for d in documented))
+    undocumented = sorted(
+        p for p in leaves if not any(p == d or p.startswith(f"{d}.") for d in documented)
+    )
     assert not undocumented, f"values without a ## @param line: {undocumented}"
 
 

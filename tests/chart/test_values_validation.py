@@ -14,39 +14,48 @@ from tests.chart.support import CHART, Rendered
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 
 
-@pytest.mark.parametrize(("sets", "expected"), [
-    ({"worker.replicas": "-1"}, "/worker/replicas"),
-    ({"worker.device": "tpu"}, "value must be one of 'gpu', 'cpu'"),
-    ({"gateway.discovery": "static"}, "value must be one of 'kubernetes', 'dns'"),
-    ({"objectStore.url": "/var/lib/blobs"}, "/objectStore/url"),
-    ({"worker.maxLoraRank": "12"}, "/worker/maxLoraRank"),
-    ({"workers.replicas": "3"}, "additional properties 'workers' not allowed"),
-    ({"redis.image.tag": "latest"}, "/redis/image/tag"),
-    ({"redis.persistence.size": "lots"}, "/redis/persistence/size"),
-    ({"metrics.prometheusRule.thresholds.errorRatio": "5"}, "/errorRatio"),
-])
-def test_schema_refuses(render_error: Callable[..., str], sets: dict[str, str],
-                        expected: str) -> None:
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        ({"worker.replicas": "-1"}, "/worker/replicas"),
+        ({"worker.device": "tpu"}, "value must be one of 'gpu', 'cpu'"),
+        ({"gateway.discovery": "static"}, "value must be one of 'kubernetes', 'dns'"),
+        ({"objectStore.url": "/var/lib/blobs"}, "/objectStore/url"),
+        ({"worker.maxLoraRank": "12"}, "/worker/maxLoraRank"),
+        ({"workers.replicas": "3"}, "additional properties 'workers' not allowed"),
+        ({"redis.image.tag": "latest"}, "/redis/image/tag"),
+        ({"redis.persistence.size": "lots"}, "/redis/persistence/size"),
+        ({"metrics.prometheusRule.thresholds.errorRatio": "5"}, "/errorRatio"),
+    ],
+)
+def test_schema_refuses(
+    render_error: Callable[..., str], sets: dict[str, str], expected: str
+) -> None:
     message = render_error([], sets)
     assert "values don't meet the specifications of the schema" in message
     assert expected in message
 
 
 def test_cross_field_problems_are_reported_together(render_error: Callable[..., str]) -> None:
-    message = render_error([], {
-        "redis.enabled": "false",
-        "worker.terminationGracePeriodSeconds": "60",
-        "gateway.autoscaling.enabled": "false",
-        "gateway.replicas": "1",
-        "model.path": "/elsewhere/model",
-        "registry.modelConfig": "not json",
-        "worker.gpu.count": "0",
-    })
+    message = render_error(
+        [],
+        {
+            "redis.enabled": "false",
+            "worker.terminationGracePeriodSeconds": "60",
+            "gateway.autoscaling.enabled": "false",
+            "gateway.replicas": "1",
+            "model.path": "/elsewhere/model",
+            "registry.modelConfig": "not json",
+            "worker.gpu.count": "0",
+        },
+    )
     assert "Invalid values for the preft-serve chart" in message
     for expected in [
         "redis.external.host is required when redis.enabled=false",
-        ("worker.terminationGracePeriodSeconds (60) must exceed "
-         "worker.preStopSleepSeconds + worker.shutdownTimeoutSeconds (135)"),
+        (
+            "worker.terminationGracePeriodSeconds (60) must exceed "
+            "worker.preStopSleepSeconds + worker.shutdownTimeoutSeconds (135)"
+        ),
         "gateway.pdb.minAvailable (1) must be below the gateway's replica count (1)",
         "model.path (/elsewhere/model) must be a directory under model.mountPath (/models)",
         "registry.modelConfig must be the base model's config.json",
@@ -56,20 +65,30 @@ def test_cross_field_problems_are_reported_together(render_error: Callable[..., 
 
 
 def test_autoscaling_bounds_are_checked(render_error: Callable[..., str]) -> None:
-    message = render_error([], {"worker.autoscaling.enabled": "true",
-                                "worker.autoscaling.minReplicas": "5",
-                                "worker.autoscaling.maxReplicas": "2"})
+    message = render_error(
+        [],
+        {
+            "worker.autoscaling.enabled": "true",
+            "worker.autoscaling.minReplicas": "5",
+            "worker.autoscaling.maxReplicas": "2",
+        },
+    )
     assert "worker.autoscaling.minReplicas (5) must not exceed maxReplicas (2)" in message
 
 
 def test_fixing_the_values_renders(render: Callable[..., Rendered]) -> None:
     """The same kind of install with the fixes the messages ask for goes through."""
-    rendered = render([], {
-        "redis.enabled": "false", "redis.external.host": "redis.internal",
-        "worker.terminationGracePeriodSeconds": "140",
-        "gateway.autoscaling.enabled": "false", "gateway.replicas": "2",
-        "model.path": "/models/llama",
-    })
+    rendered = render(
+        [],
+        {
+            "redis.enabled": "false",
+            "redis.external.host": "redis.internal",
+            "worker.terminationGracePeriodSeconds": "140",
+            "gateway.autoscaling.enabled": "false",
+            "gateway.replicas": "2",
+            "model.path": "/models/llama",
+        },
+    )
     assert not rendered.has("StatefulSet", "redis")
     assert rendered.component("Deployment", "gateway")["spec"]["replicas"] == 2
 
@@ -86,5 +105,6 @@ def test_cpu_workers_request_no_gpu(render: Callable[..., Rendered]) -> None:
     gpu = render([]).component("Deployment", "worker")["spec"]["template"]["spec"]
     assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert gpu["containers"][0]["image"] == f"ghcr.io/preft-serve/worker-gpu:{APP_VERSION}"
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
-        gpu["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in gpu[
+        "tolerations"
+    ]

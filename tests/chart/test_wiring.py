@@ -27,7 +27,8 @@ ALL = list(SCENARIOS)
 
 @pytest.mark.parametrize("scenario", ALL)
 def test_every_service_selects_one_workload_and_a_real_port(
-        scenarios: dict[str, Rendered], scenario: str) -> None:
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     for service in rendered.of_kind("Service"):
         selector = service["spec"]["selector"]
@@ -41,19 +42,24 @@ def test_every_service_selects_one_workload_and_a_real_port(
 
 @pytest.mark.parametrize("scenario", ALL)
 def test_gateway_discovers_the_workers_headless_service(
-        scenarios: dict[str, Rendered], scenario: str) -> None:
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     gateway = env(container(rendered.component("Deployment", "gateway")))
     worker_service = rendered.component("Service", "worker")
     worker = rendered.component("Deployment", "worker")
     assert worker_service["spec"]["clusterIP"] == "None"
-    assert labels_match(worker_service["spec"]["selector"],
-                        worker["spec"]["template"]["metadata"]["labels"])
+    assert labels_match(
+        worker_service["spec"]["selector"], worker["spec"]["template"]["metadata"]["labels"]
+    )
     # The gateway takes the port named "http" from EndpointSlices, else WORKER_PORT.
     (port,) = worker_service["spec"]["ports"]
     assert port["name"] == "http"
-    assert int(gateway["PREFT_GATEWAY_WORKER_PORT"]) == port["port"] == \
-        container_port(container(worker), "http")
+    assert (
+        int(gateway["PREFT_GATEWAY_WORKER_PORT"])
+        == port["port"]
+        == container_port(container(worker), "http")
+    )
     name = worker_service["metadata"]["name"]
     if gateway["PREFT_GATEWAY_DISCOVERY"] == "kubernetes":
         assert gateway["PREFT_GATEWAY_WORKER_SERVICE"] == name
@@ -65,14 +71,18 @@ def test_gateway_discovers_the_workers_headless_service(
 
 def test_both_discovery_modes_are_covered() -> None:
     """At least one scenario uses dns discovery (the default is kubernetes)."""
-    modes = {yaml.safe_load((CHART / p).read_text()).get("gateway", {}).get("discovery")
-             for files in SCENARIOS.values() for p in files}
+    modes = {
+        yaml.safe_load((CHART / p).read_text()).get("gateway", {}).get("discovery")
+        for files in SCENARIOS.values()
+        for p in files
+    }
     assert "dns" in modes
 
 
 @pytest.mark.parametrize("scenario", ALL)
 def test_gateway_rbac_reads_endpointslices_only_for_kubernetes_discovery(
-        scenarios: dict[str, Rendered], scenario: str) -> None:
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     gateway = rendered.component("Deployment", "gateway")
     account = pod_spec(gateway)["serviceAccountName"]
@@ -83,18 +93,26 @@ def test_gateway_rbac_reads_endpointslices_only_for_kubernetes_discovery(
     if not kubernetes:
         return
     role = rendered.component("Role", "gateway")
-    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                              "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
     binding = rendered.component("RoleBinding", "gateway")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
-                                    "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    ]
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_only_the_gateway_gets_an_api_token(scenarios: dict[str, Rendered],
-                                            scenario: str) -> None:
+def test_only_the_gateway_gets_an_api_token(scenarios: dict[str, Rendered], scenario: str) -> None:
     rendered = scenarios[scenario]
     for component in ("registry", "worker"):
         account = pod_spec(rendered.component("Deployment", component))["serviceAccountName"]
@@ -103,9 +121,11 @@ def test_only_the_gateway_gets_an_api_token(scenarios: dict[str, Rendered],
 
 def _redis_clients(rendered: Rendered) -> dict[str, str]:
     urls = {}
-    for component, var in [("gateway", "PREFT_GATEWAY_REDIS_URL"),
-                           ("registry", "PREFT_REGISTRY_REDIS_URL"),
-                           ("worker", "PREFT_WORKER_REGISTRY_REDIS_URL")]:
+    for component, var in [
+        ("gateway", "PREFT_GATEWAY_REDIS_URL"),
+        ("registry", "PREFT_REGISTRY_REDIS_URL"),
+        ("worker", "PREFT_WORKER_REGISTRY_REDIS_URL"),
+    ]:
         values = env(container(rendered.component("Deployment", component)))
         if var in values:
             urls[component] = values[var]
@@ -113,8 +133,9 @@ def _redis_clients(rendered: Rendered) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_redis_clients_reach_redis_with_its_password(scenarios: dict[str, Rendered],
-                                                     scenario: str) -> None:
+def test_redis_clients_reach_redis_with_its_password(
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     urls = _redis_clients(rendered)
     assert {"gateway", "registry", "worker"} <= set(urls)
@@ -140,28 +161,36 @@ def test_redis_clients_reach_redis_with_its_password(scenarios: dict[str, Render
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_registry_writes_where_workers_read(scenarios: dict[str, Rendered],
-                                            scenario: str) -> None:
+def test_registry_writes_where_workers_read(scenarios: dict[str, Rendered], scenario: str) -> None:
     rendered = scenarios[scenario]
     registry = env(container(rendered.component("Deployment", "registry")))
     worker = container(rendered.component("Deployment", "worker"))
     args = dict(a.removeprefix("--").split("=", 1) for a in worker["args"] if "=" in a)
     assert args["object-store"] == registry["PREFT_REGISTRY_OBJECT_STORE__URL"]
     assert args.get("s3-endpoint-url") == registry.get(
-        "PREFT_REGISTRY_OBJECT_STORE__S3_ENDPOINT_URL")
+        "PREFT_REGISTRY_OBJECT_STORE__S3_ENDPOINT_URL"
+    )
     assert env(worker).get("PREFT_WORKER_S3_REGION") == registry.get(
-        "PREFT_REGISTRY_OBJECT_STORE__S3_REGION")
+        "PREFT_REGISTRY_OBJECT_STORE__S3_REGION"
+    )
     # Gateway, registry and workers agree on the Redis key namespace and the model name.
     gateway = env(container(rendered.component("Deployment", "gateway")))
-    assert gateway["PREFT_GATEWAY_NAMESPACE"] == registry["PREFT_REGISTRY_NAMESPACE"] == \
-        env(worker)["PREFT_WORKER_REGISTRY_NAMESPACE"]
-    assert gateway["PREFT_GATEWAY_WORKER_BASE_MODEL"] == args["served-model-name"] == \
-        registry["PREFT_REGISTRY_BASE_MODEL_NAME"]
+    assert (
+        gateway["PREFT_GATEWAY_NAMESPACE"]
+        == registry["PREFT_REGISTRY_NAMESPACE"]
+        == env(worker)["PREFT_WORKER_REGISTRY_NAMESPACE"]
+    )
+    assert (
+        gateway["PREFT_GATEWAY_WORKER_BASE_MODEL"]
+        == args["served-model-name"]
+        == registry["PREFT_REGISTRY_BASE_MODEL_NAME"]
+    )
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_worker_model_path_lies_on_the_model_volume(scenarios: dict[str, Rendered],
-                                                    scenario: str) -> None:
+def test_worker_model_path_lies_on_the_model_volume(
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     worker = scenarios[scenario].component("Deployment", "worker")
     spec = container(worker)
     args = dict(a.removeprefix("--").split("=", 1) for a in spec["args"] if "=" in a)
@@ -176,10 +205,12 @@ def test_worker_model_path_lies_on_the_model_volume(scenarios: dict[str, Rendere
 @pytest.mark.parametrize("scenario", ALL)
 def test_network_policies(scenarios: dict[str, Rendered], scenario: str) -> None:
     rendered = scenarios[scenario]
-    gateway_labels = rendered.component("Deployment", "gateway")["spec"]["template"][
-        "metadata"]["labels"]
-    registry_labels = rendered.component("Deployment", "registry")["spec"]["template"][
-        "metadata"]["labels"]
+    gateway_labels = rendered.component("Deployment", "gateway")["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    registry_labels = rendered.component("Deployment", "registry")["spec"]["template"]["metadata"][
+        "labels"
+    ]
     worker = rendered.component("Deployment", "worker")
     worker_labels = worker["spec"]["template"]["metadata"]["labels"]
 
@@ -191,7 +222,8 @@ def test_network_policies(scenarios: dict[str, Rendered], scenario: str) -> None
     assert rendered.has("NetworkPolicy", "decode-worker") is ("decode-worker" in pools)
     for pool, other in pools.items():
         pool_labels = rendered.component("Deployment", pool)["spec"]["template"]["metadata"][
-            "labels"]
+            "labels"
+        ]
         policy = rendered.component("NetworkPolicy", pool)
         assert labels_match(policy["spec"]["podSelector"]["matchLabels"], pool_labels)
         rule, *handoff = policy["spec"]["ingress"]
@@ -208,7 +240,8 @@ def test_network_policies(scenarios: dict[str, Rendered], scenario: str) -> None
             continue
         (between,) = handoff
         other_labels = rendered.component("Deployment", other)["spec"]["template"]["metadata"][
-            "labels"]
+            "labels"
+        ]
         (peer,) = between["from"]
         assert list(peer) == ["podSelector"]
         assert labels_match(peer["podSelector"]["matchLabels"], other_labels)
@@ -229,7 +262,8 @@ def test_network_policies(scenarios: dict[str, Rendered], scenario: str) -> None
 
 @pytest.mark.parametrize("scenario", ALL)
 def test_disruption_budgets_and_autoscalers_target_real_workloads(
-        scenarios: dict[str, Rendered], scenario: str) -> None:
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     for pdb in rendered.of_kind("PodDisruptionBudget"):
         targets = selected_workloads(rendered, pdb["spec"]["selector"]["matchLabels"])
@@ -242,8 +276,9 @@ def test_disruption_budgets_and_autoscalers_target_real_workloads(
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_ingresses_route_to_existing_service_ports(scenarios: dict[str, Rendered],
-                                                   scenario: str) -> None:
+def test_ingresses_route_to_existing_service_ports(
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     for ingress in rendered.of_kind("Ingress"):
         for rule in ingress["spec"]["rules"]:
@@ -254,16 +289,21 @@ def test_ingresses_route_to_existing_service_ports(scenarios: dict[str, Rendered
 
 
 @pytest.mark.parametrize("scenario", ["gpu", "ha"])
-def test_monitors_select_the_metrics_endpoints(scenarios: dict[str, Rendered],
-                                               scenario: str) -> None:
+def test_monitors_select_the_metrics_endpoints(
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     monitors = rendered.of_kind("ServiceMonitor")
-    assert {m["metadata"]["labels"]["app.kubernetes.io/component"] for m in monitors} == \
-        {"gateway", "registry"}
+    assert {m["metadata"]["labels"]["app.kubernetes.io/component"] for m in monitors} == {
+        "gateway",
+        "registry",
+    }
     for monitor in monitors:
-        services = [s for s in rendered.of_kind("Service")
-                    if labels_match(monitor["spec"]["selector"]["matchLabels"],
-                                    s["metadata"]["labels"])]
+        services = [
+            s
+            for s in rendered.of_kind("Service")
+            if labels_match(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        ]
         assert len(services) == 1
         (endpoint,) = monitor["spec"]["endpoints"]
         assert endpoint["path"] == "/metrics"
@@ -278,21 +318,24 @@ def test_monitors_select_the_metrics_endpoints(scenarios: dict[str, Rendered],
 
 
 @pytest.mark.parametrize("scenario", ALL)
-def test_scrape_annotations_name_the_serving_port(scenarios: dict[str, Rendered],
-                                                  scenario: str) -> None:
+def test_scrape_annotations_name_the_serving_port(
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     for component in ("gateway", "registry", "worker"):
         workload = rendered.component("Deployment", component)
         annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/path"] == "/metrics"
-        assert int(annotations["prometheus.io/port"]) == \
-            container_port(container(workload), "http")
+        assert int(annotations["prometheus.io/port"]) == container_port(container(workload), "http")
 
 
 def test_helm_test_pod_calls_the_services(scenarios: dict[str, Rendered]) -> None:
     rendered = scenarios["default"]
-    (pod,) = [p for p in rendered.of_kind("Pod")
-              if p["metadata"]["annotations"].get("helm.sh/hook") == "test"]
+    (pod,) = [
+        p
+        for p in rendered.of_kind("Pod")
+        if p["metadata"]["annotations"].get("helm.sh/hook") == "test"
+    ]
     urls = [urlparse(a) for a in pod["spec"]["containers"][0]["command"] if "://" in a]
     assert {u.path for u in urls} == {"/readyz"}
     components = set()
@@ -315,7 +358,8 @@ def test_scaling_workers_is_one_value(render: Callable[..., Rendered]) -> None:
 
 @pytest.mark.parametrize("scenario", ALL)
 def test_gateway_forwards_files_and_fine_tuning_to_the_registry_service(
-        scenarios: dict[str, Rendered], scenario: str) -> None:
+    scenarios: dict[str, Rendered], scenario: str
+) -> None:
     rendered = scenarios[scenario]
     gateway = env(container(rendered.component("Deployment", "gateway")))
     url = urlparse(gateway["PREFT_GATEWAY_REGISTRY_URL"])
@@ -326,12 +370,18 @@ def test_gateway_forwards_files_and_fine_tuning_to_the_registry_service(
 
 
 def test_a_restricted_registry_still_admits_the_gateway_and_uploads_share_its_limit(
-        render: Callable[..., Rendered]) -> None:
-    rendered = render([], {
-        "registry.networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.team": "ml",
-        "registry.settings.MAX_UPLOAD_BYTES": "5000000"})
-    gateway_labels = rendered.component("Deployment", "gateway")["spec"]["template"][
-        "metadata"]["labels"]
+    render: Callable[..., Rendered],
+) -> None:
+    rendered = render(
+        [],
+        {
+            "registry.networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.team": "ml",
+            "registry.settings.MAX_UPLOAD_BYTES": "5000000",
+        },
+    )
+    gateway_labels = rendered.component("Deployment", "gateway")["spec"]["template"]["metadata"][
+        "labels"
+    ]
     (rule,) = rendered.component("NetworkPolicy", "registry")["spec"]["ingress"]
     assert rule["from"][0] == {"namespaceSelector": {"matchLabels": {"team": "ml"}}}
     (gateway_peer,) = rule["from"][1:]
@@ -343,5 +393,33 @@ def test_a_restricted_registry_still_admits_the_gateway_and_uploads_share_its_li
     default = render([])
     (open_rule,) = default.component("NetworkPolicy", "registry")["spec"]["ingress"]
     assert "from" not in open_rule
-    assert "PREFT_GATEWAY_MAX_UPLOAD_BYTES" not in env(container(
-        default.component("Deployment", "gateway")))
+    assert "PREFT_GATEWAY_MAX_UPLOAD_BYTES" not in env(
+        container(default.component("Deployment", "gateway"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        ({}, False),
+        ({"worker.toolCallParser": "hermes"}, True),
+        ({"worker.toolCallParser": "llama3_json", "disaggregation.enabled": "true"}, True),
+    ],
+)
+def test_the_gateway_allows_tools_exactly_when_the_workers_parse_them(
+    render: Callable[..., Rendered],
+    clean_env: pytest.MonkeyPatch,
+    sets: dict[str, str],
+    expected: bool,
+) -> None:
+    """One value, worker.toolCallParser, gives the workers their parser and tells the
+    gateway, whose /v1/responses otherwise refuses requests with tools."""
+    from preft_serve.gateway.settings import GatewaySettings
+
+    rendered = render([], sets)
+    args = container(rendered.component("Deployment", "worker"))["args"]
+    assert ("--enable-auto-tool-choice" in args) is expected
+    for name, value in env(container(rendered.component("Deployment", "gateway"))).items():
+        if name.startswith("PREFT_GATEWAY_"):
+            clean_env.setenv(name, value)
+    assert GatewaySettings().tool_calling is expected

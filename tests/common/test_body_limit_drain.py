@@ -39,8 +39,7 @@ def run(chunks: list[bytes], content_length: int | None, limit: int = 10) -> lis
         if message["type"] == "http.response.start":
             events.append(("status", message["status"]))
 
-    headers = [] if content_length is None else [(b"content-length",
-                                                  str(content_length).encode())]
+    headers = [] if content_length is None else [(b"content-length", str(content_length).encode())]
     scope = {"type": "http", "path": "/up", "method": "POST", "headers": headers}
     middleware = BodySizeLimitMiddleware(app, limit, "too large")
     try:
@@ -57,16 +56,17 @@ def test_a_declared_oversize_body_is_read_before_the_413() -> None:
 
 def test_a_streamed_oversize_body_is_read_to_its_end_before_the_413() -> None:
     chunks = [b"x" * 8, b"x" * 8, b"x" * 8, b"x"]
-    assert run(chunks, content_length=None) == [*(("read", c) for c in chunks),
-                                                ("status", 413)]
+    assert run(chunks, content_length=None) == [*(("read", c) for c in chunks), ("status", 413)]
 
 
-def test_a_body_beyond_the_drain_budget_is_refused_unread(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_body_beyond_the_drain_budget_is_refused_unread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bodylimit, "DRAIN_BYTES", 16)
     assert run([b"x" * 8] * 3, content_length=24) == [("status", 413)]
 
 
 def test_a_body_within_the_limit_reaches_the_app() -> None:
     assert run([b"x" * 4, b"x" * 4], content_length=8) == [
-        ("read", b"x" * 4), ("read", b"x" * 4), ("status", 200)]
+        ("read", b"x" * 4),
+        ("read", b"x" * 4),
+        ("status", 200),
+    ]

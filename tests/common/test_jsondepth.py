@@ -24,8 +24,10 @@ def _random_value(rng: random.Random, depth: int) -> object:
     if kind == "l":
         return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     if kind == "d":
-        return {rng.choice(['k"[', "k\\", "{]}", "k"]) + str(i): _random_value(rng, depth + 1)
-                for i in range(rng.randint(0, 3))}
+        return {
+            rng.choice(['k"[', "k\\", "{]}", "k"]) + str(i): _random_value(rng, depth + 1)
+            for i in range(rng.randint(0, 3))
+        }
     return rng.choice(['"[{"', "\\", '\\"[', "]]}}", "x", "\\\\[", "é[", 1, None, 2.5])
 
 

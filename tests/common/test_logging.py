@@ -30,16 +30,19 @@ def capture():
     root.setLevel(level)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("Authorization: Bearer abc.def-123", "Authorization: Bearer ***"),
-    ("headers={'authorization': 'Bearer abc'}", "headers={'authorization': 'Bearer ***'}"),
-    ("got bearer sk-live-123 from client", "got bearer *** from client"),
-    (f"key {KEY} used", "key pft_0a1b2c3d4e5f.*** used"),
-    ("url?api_key=s3cr3t&x=1", "url?api_key=***&x=1"),
-    ('{"admin_token": "hunter2hunter2"}', '{"admin_token": "***"}'),
-    ("aws secret_access_key=AKIAXYZ", "aws secret_access_key=***"),
-    ("nothing secret here", "nothing secret here"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Authorization: Bearer abc.def-123", "Authorization: Bearer ***"),
+        ("headers={'authorization': 'Bearer abc'}", "headers={'authorization': 'Bearer ***'}"),
+        ("got bearer sk-live-123 from client", "got bearer *** from client"),
+        (f"key {KEY} used", "key pft_0a1b2c3d4e5f.*** used"),
+        ("url?api_key=s3cr3t&x=1", "url?api_key=***&x=1"),
+        ('{"admin_token": "hunter2hunter2"}', '{"admin_token": "***"}'),
+        ("aws secret_access_key=AKIAXYZ", "aws secret_access_key=***"),
+        ("nothing secret here", "nothing secret here"),
+    ],
+)
 def test_redact(text, expected):
     assert redact(text) == expected
 
@@ -62,8 +65,11 @@ def test_text_output_redacts_args_and_exceptions(capture):
 def test_json_output_with_extras(capture):
     stream = capture(json_output=True)
     log = logging.getLogger("preft_serve.test")
-    log.warning("upload %s", "bot", extra={"tenant": "acme", "api_key": KEY,
-                                           "headers": {"Authorization": "Bearer x"}})
+    log.warning(
+        "upload %s",
+        "bot",
+        extra={"tenant": "acme", "api_key": KEY, "headers": {"Authorization": "Bearer x"}},
+    )
     entry = json.loads(stream.getvalue().strip())
     assert entry["message"] == "upload bot"
     assert entry["level"] == "WARNING" and entry["logger"] == "preft_serve.test"
@@ -77,8 +83,10 @@ def test_json_output_with_extras(capture):
 
 def test_counts_under_token_like_names_stay_numbers(capture):
     stream = capture(json_output=True)
-    logging.getLogger("preft_serve.test").info("done", extra={
-        "prompt_tokens": 5, "completion_tokens": 3, "access_token": "abc", "token_id": "7"})
+    logging.getLogger("preft_serve.test").info(
+        "done",
+        extra={"prompt_tokens": 5, "completion_tokens": 3, "access_token": "abc", "token_id": "7"},
+    )
     entry = json.loads(stream.getvalue().strip())
     assert (entry["prompt_tokens"], entry["completion_tokens"]) == (5, 3)
     assert entry["access_token"] == entry["token_id"] == "***"
@@ -92,17 +100,19 @@ def test_setup_is_idempotent(capture):
     assert logging.getLogger("uvicorn.access").propagate
 
 
-@pytest.mark.parametrize("fields", [
-    {"user": f"me {KEY}", "route": "/v1/chat/completions", "status": 200},  # secret last
-    {"model": "Bearer sk-live-9", "user": "u1", "latency_ms": 1.5},  # secret first
-    {"worker": "http://w1", "adapter": None, "note": "password=hunter2"},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"user": f"me {KEY}", "route": "/v1/chat/completions", "status": 200},  # secret last
+        {"model": "Bearer sk-live-9", "user": "u1", "latency_ms": 1.5},  # secret first
+        {"worker": "http://w1", "adapter": None, "note": "password=hunter2"},
+    ],
+)
 def test_access_line_fields_are_redacted_wherever_the_secret_is(capture, fields):
     """The filter rules a line out with one search over all its text fields; a secret in
     any one of them must still be caught, and the clean fields left as they were."""
     stream = capture(json_output=True)
-    logging.getLogger("preft_serve.test").info("POST /v1/chat/completions 200",
-                                               extra=fields)
+    logging.getLogger("preft_serve.test").info("POST /v1/chat/completions 200", extra=fields)
     entry = json.loads(stream.getvalue().strip())
     out = json.dumps(entry)
     assert "sk-live-9" not in out and "hunter2" not in out and KEY not in out
@@ -113,9 +123,18 @@ def test_access_line_fields_are_redacted_wherever_the_secret_is(capture, fields)
 
 def test_a_clean_access_line_is_left_alone(capture):
     stream = capture(json_output=True)
-    fields = {"request_id": "r-1", "tenant": "acme", "user": "u1", "model": "bot",
-              "adapter": "bot", "adapter_version": 3, "worker": "http://w1:8000",
-              "prompt_tokens": 5, "latency_ms": 1.2, "api_key_id": None}
+    fields = {
+        "request_id": "r-1",
+        "tenant": "acme",
+        "user": "u1",
+        "model": "bot",
+        "adapter": "bot",
+        "adapter_version": 3,
+        "worker": "http://w1:8000",
+        "prompt_tokens": 5,
+        "latency_ms": 1.2,
+        "api_key_id": None,
+    }
     logging.getLogger("preft_serve.test").info("POST /v1/completions 200", extra=fields)
     entry = json.loads(stream.getvalue().strip())
     assert {k: entry[k] for k in fields} == fields
@@ -124,9 +143,14 @@ def test_a_clean_access_line_is_left_alone(capture):
 
 def test_secrets_inside_lists_tuples_and_bytes_are_redacted(capture):
     stream = capture(json_output=True)
-    logging.getLogger("preft_serve.test").info("forwarding", extra={
-        "headers": [("authorization", "Bearer abc123"), ("x-request-id", "r-1")],
-        "raw": b"Authorization: Bearer abc123", "notes": ["key " + KEY, 5]})
+    logging.getLogger("preft_serve.test").info(
+        "forwarding",
+        extra={
+            "headers": [("authorization", "Bearer abc123"), ("x-request-id", "r-1")],
+            "raw": b"Authorization: Bearer abc123",
+            "notes": ["key " + KEY, 5],
+        },
+    )
     entry = json.loads(stream.getvalue().strip())
     out = json.dumps(entry)
     assert "abc123" not in out and KEY not in out
@@ -134,12 +158,20 @@ def test_secrets_inside_lists_tuples_and_bytes_are_redacted(capture):
     assert entry["notes"][1] == 5
 
 
-@pytest.mark.parametrize("text", [
-    "AUTHORIZATION: BEARER sk-live-9", "Api-Key=sk-live-9", "x-API_KEY: sk-live-9",
-    "PassWord=sk-live-9",
-    # Letters that case-folding does not map to ASCII but a case-insensitive match does:
-    "apı_key=sk-live-9", "APİ_KEY=sk-live-9", "AUTHORİZATİON: sk-live-9",
-    "ſecret_key=sk-live-9"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "AUTHORIZATION: BEARER sk-live-9",
+        "Api-Key=sk-live-9",
+        "x-API_KEY: sk-live-9",
+        "PassWord=sk-live-9",
+        # Letters that case-folding does not map to ASCII but a case-insensitive match does:
+        "apı_key=sk-live-9",
+        "APİ_KEY=sk-live-9",
+        "AUTHORİZATİON: sk-live-9",
+        "ſecret_key=sk-live-9",
+    ],
+)
 def test_the_screen_is_case_insensitive(text):
     """The one search that rules text out runs on case-folded text: any case still gets
     to the (case-insensitive) substitutions."""
@@ -149,6 +181,7 @@ def test_the_screen_is_case_insensitive(text):
 def test_a_str_subclass_field_is_still_redacted(capture):
     """Fields of exact types take the one-search path; anything else (a str enum, say) is
     redacted field by field."""
+
     class Note(str):
         pass
 
@@ -160,19 +193,20 @@ def test_a_str_subclass_field_is_still_redacted(capture):
 
 def test_json_lines_keep_what_orjson_refuses(capture):
     """Ints over 64 bits, non-string keys and unknown objects still make a JSON line."""
+
     class Thing:
         def __str__(self) -> str:
             return "thing-1"
 
     stream = capture(json_output=True)
-    logging.getLogger("preft_serve.test").info("x", extra={
-        "big": 2**70, "by_id": {7: "seven"}, "thing": Thing()})
+    logging.getLogger("preft_serve.test").info(
+        "x", extra={"big": 2**70, "by_id": {7: "seven"}, "thing": Thing()}
+    )
     line = stream.getvalue().strip()
     entry = json.loads(line)
     assert entry["big"] == 2**70 and '"level":"INFO"' in line  # compact, as orjson's
     assert entry["by_id"] == {"7": "seven"} and entry["thing"] == "thing-1"
-    logging.getLogger("preft_serve.test").info("y", extra={"by_id": {7: "seven"},
-                                                          "thing": Thing()})
+    logging.getLogger("preft_serve.test").info("y", extra={"by_id": {7: "seven"}, "thing": Thing()})
     entry = json.loads(stream.getvalue().strip().splitlines()[-1])
     assert entry["by_id"] == {"7": "seven"} and entry["thing"] == "thing-1"
 

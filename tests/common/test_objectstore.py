@@ -36,8 +36,9 @@ def store(request, tmp_path, s3_server) -> ObjectStore:
     if request.param == "local":
         return create_object_store(f"file://{tmp_path}/objects", create_root=True)
     bucket = f"os-{uuid.uuid4().hex[:10]}"
-    return create_object_store(f"s3://{bucket}/some/prefix", endpoint_url=s3_server,
-                               create_bucket=True, **CREDS)
+    return create_object_store(
+        f"s3://{bucket}/some/prefix", endpoint_url=s3_server, create_bucket=True, **CREDS
+    )
 
 
 @pytest.fixture
@@ -115,12 +116,20 @@ def test_factory_by_url_and_kind(tmp_path, s3_server):
     assert parse_store_url("file:///var/x") == (ObjectStoreKind.LOCAL, "/var/x")
     assert parse_store_url("s3://b/p/q") == (ObjectStoreKind.S3, "b/p/q")
     assert isinstance(create_object_store(str(tmp_path)), LocalObjectStore)
-    s3 = ObjectStoreSettings(url="s3://f-bucket/p", s3_endpoint_url=s3_server,
-                             s3_region="us-east-1", s3_access_key_id="testing",
-                             s3_secret_access_key="testing", s3_create_bucket=True).create()
+    s3 = ObjectStoreSettings(
+        url="s3://f-bucket/p",
+        s3_endpoint_url=s3_server,
+        s3_region="us-east-1",
+        s3_access_key_id="testing",
+        s3_secret_access_key="testing",
+        s3_create_bucket=True,
+    ).create()
     assert isinstance(s3, S3ObjectStore) and s3.prefix == "p/"
-    with pytest.raises(ValueError, match=r"unknown object store 'gs' in 'gs://x'; valid: local "
-                                         r"\(a path or file:///path\), s3 \(s3://bucket"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown object store 'gs' in 'gs://x'; valid: local "
+        r"\(a path or file:///path\), s3 \(s3://bucket",
+    ):
         create_object_store("gs://x")
     with pytest.raises(ValueError, match="needs a bucket"):
         create_object_store("s3")
@@ -209,9 +218,12 @@ def test_local_missing_key_under_a_healthy_root_is_not_found(tmp_path):
 def test_s3_missing_bucket_is_unavailable_not_not_found(s3_server, adapter):
     sha, config, weights = adapter
     store = S3ObjectStore(f"gone-{uuid.uuid4().hex[:10]}", endpoint_url=s3_server, **CREDS)
-    for call in (lambda: store.get_bytes(adapter_key(sha, CONFIG_FILE)),
-                 lambda: store.put_adapter(sha, config, weights),
-                 lambda: list(store.list_keys()), store.check):
+    for call in (
+        lambda: store.get_bytes(adapter_key(sha, CONFIG_FILE)),
+        lambda: store.put_adapter(sha, config, weights),
+        lambda: list(store.list_keys()),
+        store.check,
+    ):
         with pytest.raises(StoreUnavailable, match="bucket does not exist") as info:
             call()
         assert not isinstance(info.value, ObjectNotFound)

@@ -38,8 +38,9 @@ def test_resolve_user_and_adapter(client, writer):
     assert client.resolve_adapter("other", "bot") is None
 
 
-def test_adapters_lists_current_versions_with_their_creation_time(client, writer,
-                                                                  redis_server, namespace):
+def test_adapters_lists_current_versions_with_their_creation_time(
+    client, writer, redis_server, namespace
+):
     before = int(time.time())
     writer.version("acme", "bot", "v1")
     writer.version("acme", "ant", "a1")
@@ -60,8 +61,7 @@ def test_adapters_lists_current_versions_with_their_creation_time(client, writer
     assert asyncio.run(listed()) == refs
 
 
-def test_cache_serves_without_redis_and_events_invalidate(client, writer, redis_server,
-                                                          namespace):
+def test_cache_serves_without_redis_and_events_invalidate(client, writer, redis_server, namespace):
     writer.version("acme", "bot", "v1")
     writer.version("acme", "bot2", "other")
     writer.bindings.bind("acme", "alice", "bot")
@@ -98,8 +98,11 @@ def test_listeners_and_cursor(client, writer):
     writer.bindings.bind("acme", "u1", "bot")
     writer.bindings.unbind("acme", "u1")
     assert eventually(lambda: len(seen) == 3)
-    assert [e.type for e in seen] == [EventType.ADAPTER_UPDATED, EventType.BINDING_UPDATED,
-                                      EventType.BINDING_DELETED]
+    assert [e.type for e in seen] == [
+        EventType.ADAPTER_UPDATED,
+        EventType.BINDING_UPDATED,
+        EventType.BINDING_DELETED,
+    ]
     assert seen[0].adapter == "bot" and seen[0].version == 1 and seen[0].sha256
     assert seen[1].user == "u1" and seen[1].adapter == "bot"
     assert client.cursor == seen[-1].id == client.latest_cursor()
@@ -124,8 +127,7 @@ def test_changes_since_pages_and_reports_trimming(client, writer):
     assert client.changes_since(client.latest_cursor()).reset is False
 
 
-def test_resume_from_saved_cursor_replays_missed_events(client, writer, redis_server,
-                                                        namespace):
+def test_resume_from_saved_cursor_replays_missed_events(client, writer, redis_server, namespace):
     writer.version("acme", "bot", "v1")
     saved = eventually(lambda: client.cursor if client.cursor != "0-0" else None)
     writer.bindings.bind("acme", "u1", "bot")  # happens while a consumer is away
@@ -161,8 +163,12 @@ def test_not_live_means_no_cache(redis_server, writer, namespace):
 def test_blob_info(client, writer):
     sha = writer.version("acme", "bot", "v1", mode=AdapterMode.ALL)
     info = client.blob_info(sha)
-    assert (info.type, info.mode, info.rank, info.base_model) == (AdapterType.LORA,
-                                                                  AdapterMode.ALL, 8, "tiny")
+    assert (info.type, info.mode, info.rank, info.base_model) == (
+        AdapterType.LORA,
+        AdapterMode.ALL,
+        8,
+        "tiny",
+    )
     assert info.config == {"peft_type": "LORA"}
     assert client.blob_info("0" * 64) is None
 

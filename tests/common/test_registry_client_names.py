@@ -47,8 +47,13 @@ def test_keys_refuse_bad_user_ids(user):
 @pytest.mark.parametrize("tenant", BAD_TENANTS)
 def test_keys_refuse_bad_tenant_names(tenant):
     keys = RegistryKeys("ns")
-    for build in (keys.tenant, keys.tenant_limits, keys.tenant_keys, keys.adapters,
-                  keys.adapter_prefix):
+    for build in (
+        keys.tenant,
+        keys.tenant_rate_limits,
+        keys.tenant_keys,
+        keys.adapters,
+        keys.adapter_prefix,
+    ):
         with pytest.raises(InvalidKeyPart, match="tenant name"):
             build(tenant)
     with pytest.raises(InvalidKeyPart):

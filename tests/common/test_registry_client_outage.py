@@ -114,8 +114,9 @@ def test_redis_back_without_its_data_drops_the_whole_cache(
         own_redis.kill()
         own_redis.wipe()
         own_redis.start()
-        assert eventually(lambda: client.live and client.authenticate(key.api_key) is None,
-                          timeout=15)
+        assert eventually(
+            lambda: client.live and client.authenticate(key.api_key) is None, timeout=15
+        )
         assert client.resolve_user("acme", "alice") is None
         # Life goes on with the new (empty) data set: new changes arrive as events.
         writer.version("acme", "bot", "v1")
@@ -141,8 +142,10 @@ def test_changes_since_reports_a_reset_when_the_stream_is_gone_or_behind(
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_listener_backs_off_and_logs_only_down_and_up(
-    own_redis: RedisProcess, caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch, flavour: str,
+    own_redis: RedisProcess,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    flavour: str,
 ) -> None:
     """While Redis is down the listener retries after 0.5 s, 1 s, 2 s ... up to 5 s (scaled
     down 10x here) and logs one warning, not one every attempt; one line when it is back."""
@@ -160,6 +163,7 @@ def test_listener_backs_off_and_logs_only_down_and_up(
         with RegistryClient(own_redis.url, namespace="outage") as client:
             outage(lambda: client.live)
     else:
+
         async def scenario() -> None:
             async with AsyncRegistryClient(own_redis.url, namespace="outage") as client:
                 await asyncio.to_thread(outage, lambda: client.live)

@@ -95,16 +95,31 @@ def test_sync_and_async_clients_agree(clients: dict[str, Any], writer: Writer) -
     _, key = writer.tenants.create("acme")
     sha = writer.version("acme", "bot", "v1")
     writer.bindings.bind("acme", "u1", "bot")
-    agree(stage(4), lambda a: a["user"].version == 1 and a["adapter"] == a["user"]
-          and a["key"].key_id == key.key_id and a["blob"].sha256 == sha
-          and a["unbound"] is a["bad user"] is a["bad adapter"] is a["no blob"] is None
-          and a["cache"]["users"] == 2 and not a["reset"] and a["cursor is latest"])
+    agree(
+        stage(4),
+        lambda a: (
+            a["user"].version == 1
+            and a["adapter"] == a["user"]
+            and a["key"].key_id == key.key_id
+            and a["blob"].sha256 == sha
+            and a["unbound"] is a["bad user"] is a["bad adapter"] is a["no blob"] is None
+            and a["cache"]["users"] == 2
+            and not a["reset"]
+            and a["cursor is latest"]
+        ),
+    )
 
     sha = writer.version("acme", "bot", "v2")
     writer.tenants.revoke_key("acme", key.key_id)
-    agree(stage(6), lambda a: a["user"].version == 2 and a["user"].sha256 == sha
-          and a["key"] is None and [f[0] for f in a["feed"]][-2:] == [
-              "adapter.updated", "apikey.revoked"])
+    agree(
+        stage(6),
+        lambda a: (
+            a["user"].version == 2
+            and a["user"].sha256 == sha
+            and a["key"] is None
+            and [f[0] for f in a["feed"]][-2:] == ["adapter.updated", "apikey.revoked"]
+        ),
+    )
 
     # Both listeners lose their connection; what changes meanwhile is caught up.
     writer.redis.client_kill_filter(_type="pubsub")

@@ -27,14 +27,24 @@ def _get(conn: http.client.HTTPConnection) -> int:
 
 @pytest.mark.parametrize(("keepalive", "kept"), [(None, True), ("2", False)])
 def test_an_idle_connection_outlives_the_clients_idle_timeout(
-        tmp_path: Path, redis_server: str, keepalive: str | None, kept: bool) -> None:
+    tmp_path: Path, redis_server: str, keepalive: str | None, kept: bool
+) -> None:
     port = free_port()
-    env = {"PREFT_GATEWAY_REDIS_URL": redis_server, "PREFT_GATEWAY_PORT": str(port),
-           "PREFT_GATEWAY_WORKER_URLS": '["http://127.0.0.1:9"]',
-           "PREFT_GATEWAY_LOG_LEVEL": "WARNING",
-           **({"PREFT_GATEWAY_KEEPALIVE_S": keepalive} if keepalive else {})}
-    with running_http_service("gateway", [sys.executable, "-m", "preft_serve.gateway"],
-                              tmp_path, f"http://127.0.0.1:{port}", env, timeout=90):
+    env = {
+        "PREFT_GATEWAY_REDIS_URL": redis_server,
+        "PREFT_GATEWAY_PORT": str(port),
+        "PREFT_GATEWAY_WORKER_URLS": '["http://127.0.0.1:9"]',
+        "PREFT_GATEWAY_LOG_LEVEL": "WARNING",
+        **({"PREFT_GATEWAY_KEEPALIVE_S": keepalive} if keepalive else {}),
+    }
+    with running_http_service(
+        "gateway",
+        [sys.executable, "-m", "preft_serve.gateway"],
+        tmp_path,
+        f"http://127.0.0.1:{port}",
+        env,
+        timeout=90,
+    ):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         assert _get(conn) == 200
         first = conn.sock

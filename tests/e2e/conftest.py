@@ -43,14 +43,13 @@ def namespace() -> str:
 
 @pytest.fixture(scope="package")
 def registry(base: Base, redis_server: str, namespace: str) -> Iterator[Registry]:
-    with running_registry(base.root, redis_server, namespace, base.model,
-                          base.objects) as reg:
+    with running_registry(base.root, redis_server, namespace, base.model, base.objects) as reg:
         yield reg
 
 
 @pytest.fixture(scope="package")
-def gateway(base: Base, redis_server: str, namespace: str, worker: ServiceProcess,
-            registry: Registry) -> Iterator[ServiceProcess]:
-    with running_gateway(base.root, redis_server, namespace, base.model,
-                         [worker.url]) as process:
+def gateway(
+    base: Base, redis_server: str, namespace: str, worker: ServiceProcess, registry: Registry
+) -> Iterator[ServiceProcess]:
+    with running_gateway(base.root, redis_server, namespace, base.model, [worker.url]) as process:
         yield process

@@ -44,11 +44,23 @@ class Stream:
 
 
 def _read_stream(url: str, api_key: str, stream: Stream) -> None:
-    body = {"prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True, "stream": True, "user": "u1"}
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": LONG,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": True,
+        "user": "u1",
+    }
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300,
-                          headers={"Authorization": f"Bearer {api_key}"}) as reply:
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/completions",
+            json=body,
+            timeout=300,
+            headers={"Authorization": f"Bearer {api_key}"},
+        ) as reply:
             assert reply.status_code == 200, reply.read()
             for line in reply.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -81,8 +93,12 @@ def tenants(base: Base, registry: Registry) -> Tenants:
     root = base.root / "swap-adapters"
 
     def lora(seed: int) -> Path:
-        return make_lora_adapter(base.model, root / f"seed{seed}", seed=seed,
-                                 spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
+        return make_lora_adapter(
+            base.model,
+            root / f"seed{seed}",
+            seed=seed,
+            spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL),
+        )
 
     v1, v2, other = lora(41), lora(42), lora(43)
     key_a, key_b = registry.create_tenant("swap-a"), registry.create_tenant("swap-b")
@@ -94,7 +110,10 @@ def tenants(base: Base, registry: Registry) -> Tenants:
 
 
 def test_put_swaps_new_requests_fast_and_in_flight_stream_keeps_its_version(
-    gateway: ServiceProcess, worker: ServiceProcess, registry: Registry, tenants: Tenants,
+    gateway: ServiceProcess,
+    worker: ServiceProcess,
+    registry: Registry,
+    tenants: Tenants,
     base: Base,
 ) -> None:
     url = gateway.url
@@ -132,7 +151,8 @@ def test_put_swaps_new_requests_fast_and_in_flight_stream_keeps_its_version(
         assert got == v1, f"tenant A's user got neither version: {got}"
         seen_v1_after_put += 1
         assert sent - put_returned < SWAP_DEADLINE_S, (
-            f"still on v1 {sent - put_returned:.3f}s after the PUT returned")
+            f"still on v1 {sent - put_returned:.3f}s after the PUT returned"
+        )
         time.sleep(POLL_INTERVAL_S)
     assert swapped_after < SWAP_DEADLINE_S
     for _ in range(3):  # and it stays swapped; B is untouched by A's swap
@@ -146,21 +166,27 @@ def test_put_swaps_new_requests_fast_and_in_flight_stream_keeps_its_version(
     # The stream really overlapped the swap: it was still delivering tokens after new
     # requests were already served by v2.
     assert stream.last_chunk_at > first_v2_done, (
-        "the stream ended before the swap was observed; raise LONG")
+        "the stream ended before the swap was observed; raise LONG"
+    )
     assert worker_tokens(worker.url, stored["sha256"], max_tokens=SHORT) == v2
-    print(f"swap observed {swapped_after * 1000:.0f} ms after the PUT returned "
-          f"({seen_v1_after_put} requests still on v1); the old stream went on for "
-          f"{(stream.last_chunk_at - first_v2_done) * 1000:.0f} ms after that")
+    print(
+        f"swap observed {swapped_after * 1000:.0f} ms after the PUT returned "
+        f"({seen_v1_after_put} requests still on v1); the old stream went on for "
+        f"{(stream.last_chunk_at - first_v2_done) * 1000:.0f} ms after that"
+    )
 
 
 def test_same_adapter_name_and_user_id_in_two_tenants_never_mix(
-    gateway: ServiceProcess, worker: ServiceProcess, tenants: Tenants,
+    gateway: ServiceProcess,
+    worker: ServiceProcess,
+    tenants: Tenants,
 ) -> None:
     b_out = worker_tokens(worker.url, tenants.sha_b, max_tokens=SHORT)
     for _ in range(3):
         a = token_ids(complete(gateway.url, api_key=tenants.key_a, user="u1", max_tokens=SHORT))
         b = token_ids(complete(gateway.url, api_key=tenants.key_b, user="u1", max_tokens=SHORT))
-        by_name = token_ids(complete(gateway.url, api_key=tenants.key_b, model="bot",
-                                     max_tokens=SHORT))
+        by_name = token_ids(
+            complete(gateway.url, api_key=tenants.key_b, model="bot", max_tokens=SHORT)
+        )
         assert a != b_out
         assert b == by_name == b_out

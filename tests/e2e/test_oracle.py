@@ -25,11 +25,15 @@ MAX_TOKENS = 16
 def adapters(base: Base) -> dict[str, Path]:
     root = base.root / "oracle-adapters"
     return {
-        "lora": make_lora_adapter(base.model, root / "lora", seed=31,
-                                  spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL)),
-        "direft": make_reft_adapter(base.model, root / "direft", seed=32,
-                                    spec=ReftSpec(AdapterType.DIREFT, rank=4, layers=(0, 1),
-                                                  positions="f3+l3")),
+        "lora": make_lora_adapter(
+            base.model, root / "lora", seed=31, spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL)
+        ),
+        "direft": make_reft_adapter(
+            base.model,
+            root / "direft",
+            seed=32,
+            spec=ReftSpec(AdapterType.DIREFT, rank=4, layers=(0, 1), positions="f3+l3"),
+        ),
     }
 
 
@@ -65,8 +69,7 @@ def test_gateway_output_equals_oracle_per_adapter_and_mode(
         "base": oracle.generate_base(base.model, PROMPT, MAX_TOKENS),
         "prefill": oracle.generate_prefill(base.model, adapters["lora"], PROMPT, MAX_TOKENS),
         "all": oracle.generate_all(base.model, adapters["lora"], PROMPT, MAX_TOKENS),
-        "direft": reft_oracle.generate_reft(base.model, adapters["direft"], PROMPT,
-                                            MAX_TOKENS),
+        "direft": reft_oracle.generate_reft(base.model, adapters["direft"], PROMPT, MAX_TOKENS),
     }
     assert got == want
     assert len({tuple(tokens) for tokens in got.values()}) == 4, got
@@ -76,10 +79,10 @@ def test_gateway_output_equals_oracle_per_adapter_and_mode(
 
 def test_named_adapter_equals_bound_user(gateway: ServiceProcess, api_key: str) -> None:
     """``model=<adapter name>`` runs the same adapter as the user bound to it."""
-    by_name = token_ids(complete(gateway.url, api_key=api_key, model="lora-all",
-                                 max_tokens=MAX_TOKENS))
-    by_user = token_ids(complete(gateway.url, api_key=api_key, user="u-all",
-                                 max_tokens=MAX_TOKENS))
+    by_name = token_ids(
+        complete(gateway.url, api_key=api_key, model="lora-all", max_tokens=MAX_TOKENS)
+    )
+    by_user = token_ids(complete(gateway.url, api_key=api_key, user="u-all", max_tokens=MAX_TOKENS))
     assert by_name == by_user
     reply = complete(gateway.url, api_key=api_key, model="lora-all", max_tokens=MAX_TOKENS)
     assert reply.json()["model"] == "lora-all"  # the name, not the worker's sha256:<hex>

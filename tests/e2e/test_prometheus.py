@@ -28,8 +28,7 @@ TOKENS = 8
 TRAFFIC = {"prom-a": 3, "prom-b": 5}  # requests per adapter (one of b's is streamed)
 ADAPTERS = 'adapter=~"prom-a|prom-b"'
 # "or vector(0)": before any download the labelled series does not exist yet.
-WORKER_MISSES = ('sum(preft_worker_adapter_loads_total{job="worker", outcome="miss"}) '
-                 "or vector(0)")
+WORKER_MISSES = 'sum(preft_worker_adapter_loads_total{job="worker", outcome="miss"}) or vector(0)'
 WORKER_LOADS = 'count(preft_worker_adapter_loads_total{job="worker"})'
 
 
@@ -40,10 +39,10 @@ def _needs_prometheus() -> None:
 
 
 @pytest.fixture(scope="module")
-def prometheus(base: Base, gateway: ServiceProcess, worker: ServiceProcess
-               ) -> Iterator[Prometheus]:
-    with running_prometheus(base.root / "prometheus",
-                            {"gateway": [gateway.url], "worker": [worker.url]}) as server:
+def prometheus(base: Base, gateway: ServiceProcess, worker: ServiceProcess) -> Iterator[Prometheus]:
+    with running_prometheus(
+        base.root / "prometheus", {"gateway": [gateway.url], "worker": [worker.url]}
+    ) as server:
         yield server
 
 
@@ -51,8 +50,12 @@ def prometheus(base: Base, gateway: ServiceProcess, worker: ServiceProcess
 def api_key(base: Base, registry: Registry) -> str:
     key = registry.create_tenant("prom")
     for seed, name in enumerate(TRAFFIC, start=71):
-        folder = make_lora_adapter(base.model, base.root / "prom-adapters" / name, seed=seed,
-                                   spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
+        folder = make_lora_adapter(
+            base.model,
+            base.root / "prom-adapters" / name,
+            seed=seed,
+            spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL),
+        )
         registry.upload(key, name, folder, "prefill")
         registry.bind(key, f"user-{name}", name)
     return key
@@ -60,16 +63,27 @@ def api_key(base: Base, registry: Registry) -> str:
 
 def _stream_tokens(gateway: str, api_key: str, user: str) -> int:
     """Stream one completion; returns how many token ids arrived."""
-    body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True, "stream": True, "user": user}
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": True,
+        "user": user,
+    }
     count = 0
-    with httpx.stream("POST", f"{gateway}/v1/completions", json=body, timeout=120,
-                      headers={"Authorization": f"Bearer {api_key}"}) as reply:
+    with httpx.stream(
+        "POST",
+        f"{gateway}/v1/completions",
+        json=body,
+        timeout=120,
+        headers={"Authorization": f"Bearer {api_key}"},
+    ) as reply:
         assert reply.status_code == 200
         for line in reply.iter_lines():
             if line.startswith("data: {"):
-                count += sum(len(c.get("token_ids") or [])
-                             for c in json.loads(line[6:])["choices"])
+                count += sum(len(c.get("token_ids") or []) for c in json.loads(line[6:])["choices"])
     return count
 
 
@@ -78,8 +92,14 @@ def test_promql_per_adapter_tokens_and_requests_match_the_traffic_sent(
 ) -> None:
     misses_before = _scalar(prometheus, WORKER_MISSES, after=time.time())
     for name in TRAFFIC:  # warm-up: the series exist before the first measurement
-        assert len(token_ids(complete(gateway.url, api_key=api_key, user=f"user-{name}",
-                                      max_tokens=TOKENS))) == TOKENS
+        assert (
+            len(
+                token_ids(
+                    complete(gateway.url, api_key=api_key, user=f"user-{name}", max_tokens=TOKENS)
+                )
+            )
+            == TOKENS
+        )
     prometheus.wait_for_scrape_after("gateway", time.time())
     start = time.time()  # the latest scrape at or before this saw the warm-up only
     assert prometheus.by_label(
@@ -102,7 +122,8 @@ def test_promql_per_adapter_tokens_and_requests_match_the_traffic_sent(
     tokens = f"preft_gateway_generation_tokens_total{{{ADAPTERS}}}"
     ok = f'preft_gateway_requests_total{{{ADAPTERS}, status="200"}}'
     assert prometheus.by_label(_since(tokens, start), "adapter") == {
-        n: c * TOKENS for n, c in TRAFFIC.items()}
+        n: c * TOKENS for n, c in TRAFFIC.items()
+    }
     assert prometheus.by_label(_since(ok, start), "adapter") == TRAFFIC
     # Each new adapter was downloaded into the worker's disk cache exactly once.
     assert prometheus.query(WORKER_LOADS), "the worker's adapter-load series are not scraped"
@@ -113,8 +134,7 @@ def _since(selector: str, start: float) -> str:
     """Increase of a counter by adapter from ``start`` (a unix time) to now: the latest
     sample minus the one in effect at ``start`` (the @ modifier). Exact, unlike
     ``increase()``, which extrapolates to the window's edges."""
-    return (f"sum by (adapter) ({selector}) - "
-            f"sum by (adapter) ({selector} @ {start:.3f})")
+    return f"sum by (adapter) ({selector}) - sum by (adapter) ({selector} @ {start:.3f})"
 
 
 def _scalar(prometheus: Prometheus, promql: str, after: float) -> float:

@@ -34,6 +34,8 @@ from tests.support.processes import ServiceProcess
 from tests.support.real_model import real_model_dir
 from tests.support.worker_process import start_worker
 
+pytestmark = pytest.mark.real_model
+
 MAX_TOKENS = 12
 QUESTION = "Name three things people often keep in a kitchen drawer."
 
@@ -51,24 +53,49 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(smollm2: Path, tmp_path_factory: pytest.TempPathFactory, redis_server: str
-          ) -> Iterator[Stack]:
+def stack(
+    smollm2: Path, tmp_path_factory: pytest.TempPathFactory, redis_server: str
+) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("real-model")
     objects, namespace = root / "objects", f"real{uuid.uuid4().hex[:8]}"
     small = ["--max-model-len", "512", "--kv-cache-gib", "0.25"]
-    worker = start_worker(smollm2, root, ["--object-store", str(objects),
-                                          "--adapter-cache-dir", str(root / "cache"), *small,
-                                          "--role", "prefill", "--kv-port", str(free_port())],
-                          timeout=300)
-    decode = start_worker(smollm2, root, [*small, "--role", "decode",
-                                          "--kv-port", str(free_port())],
-                          timeout=300, name="decode")
+    worker = start_worker(
+        smollm2,
+        root,
+        [
+            "--object-store",
+            str(objects),
+            "--adapter-cache-dir",
+            str(root / "cache"),
+            *small,
+            "--role",
+            "prefill",
+            "--kv-port",
+            str(free_port()),
+        ],
+        timeout=300,
+    )
+    decode = start_worker(
+        smollm2,
+        root,
+        [*small, "--role", "decode", "--kv-port", str(free_port())],
+        timeout=300,
+        name="decode",
+    )
     try:
-        with running_registry(root, redis_server, namespace, smollm2, objects) as registry, \
-                running_gateway(root, redis_server, namespace, smollm2, [worker.url]) as gw, \
-                running_gateway(root, redis_server, namespace, smollm2, [worker.url],
-                                name="gateway-pools", extra_env={
-                                    "PREFT_GATEWAY_DECODE_WORKER_URLS": decode.url}) as pools:
+        with (
+            running_registry(root, redis_server, namespace, smollm2, objects) as registry,
+            running_gateway(root, redis_server, namespace, smollm2, [worker.url]) as gw,
+            running_gateway(
+                root,
+                redis_server,
+                namespace,
+                smollm2,
+                [worker.url],
+                name="gateway-pools",
+                extra_env={"PREFT_GATEWAY_DECODE_WORKER_URLS": decode.url},
+            ) as pools,
+        ):
             yield Stack(registry, gw, pools, root)
     finally:
         decode.stop()
@@ -79,18 +106,18 @@ def chat_prompt(model_dir: Path) -> list[int]:
     from transformers import AutoTokenizer
 
     tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
-    text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}],
-                                         tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def test_smollm2_through_the_gateway_equals_the_oracle(
-    smollm2: Path, stack: Stack
-) -> None:
+def test_smollm2_through_the_gateway_equals_the_oracle(smollm2: Path, stack: Stack) -> None:
     registry, gateway, root = stack.registry, stack.gateway, stack.root
     # Gentle random weights: the adapted model still writes text, but other text.
-    lora = make_lora_adapter(smollm2, root / "lora", seed=2026,
-                             spec=LoraSpec(rank=8, std=0.1, mode=AdapterMode.PREFILL))
+    lora = make_lora_adapter(
+        smollm2, root / "lora", seed=2026, spec=LoraSpec(rank=8, std=0.1, mode=AdapterMode.PREFILL)
+    )
     key = registry.create_tenant("smol")
     for user, mode in (("u-prefill", "prefill"), ("u-all", "all")):
         registry.upload(key, f"lora-{mode}", lora, mode)
@@ -98,27 +125,37 @@ def test_smollm2_through_the_gateway_equals_the_oracle(
     prompt = chat_prompt(smollm2)
 
     def served(**who: str) -> list[int]:
-        return reply_tokens(complete(gateway.url, api_key=key, prompt=prompt,
-                                     max_tokens=MAX_TOKENS, timeout=300, **who))
+        return reply_tokens(
+            complete(
+                gateway.url, api_key=key, prompt=prompt, max_tokens=MAX_TOKENS, timeout=300, **who
+            )
+        )
 
-    got = {"base": served(model=BASE_NAME), "prefill": served(user="u-prefill"),
-           "all": served(user="u-all")}
-    want = {"base": oracle.generate_base(smollm2, prompt, MAX_TOKENS),
-            "prefill": oracle.generate_prefill(smollm2, lora, prompt, MAX_TOKENS),
-            "all": oracle.generate_all(smollm2, lora, prompt, MAX_TOKENS)}
+    got = {
+        "base": served(model=BASE_NAME),
+        "prefill": served(user="u-prefill"),
+        "all": served(user="u-all"),
+    }
+    want = {
+        "base": oracle.generate_base(smollm2, prompt, MAX_TOKENS),
+        "prefill": oracle.generate_prefill(smollm2, lora, prompt, MAX_TOKENS),
+        "all": oracle.generate_all(smollm2, lora, prompt, MAX_TOKENS),
+    }
     assert got == want
     assert len({tuple(t) for t in got.values()}) == 3, got
     assert got["prefill"][0] == got["all"][0]  # the first token comes from the adapted prompt
 
 
-def test_smollm2_with_a_decode_pool_equals_the_oracle(
-    smollm2: Path, stack: Stack
-) -> None:
+def test_smollm2_with_a_decode_pool_equals_the_oracle(smollm2: Path, stack: Stack) -> None:
     """Prefill with the adapter, decode on an adapter-free SmolLM2: the oracle's tokens,
     for a PreFT LoRA and for the base model, every one handed off."""
     registry, pools, root = stack.registry, stack.pools, stack.root
-    lora = make_lora_adapter(smollm2, root / "lora-pools", seed=2027,
-                             spec=LoraSpec(rank=8, std=0.1, mode=AdapterMode.PREFILL))
+    lora = make_lora_adapter(
+        smollm2,
+        root / "lora-pools",
+        seed=2027,
+        spec=LoraSpec(rank=8, std=0.1, mode=AdapterMode.PREFILL),
+    )
     key = registry.create_tenant("smol-pools")
     registry.upload(key, "pools-lora", lora, "prefill")
     registry.bind(key, "u-pools", "pools-lora")
@@ -126,13 +163,17 @@ def test_smollm2_with_a_decode_pool_equals_the_oracle(
     before = metric_total(pools.url, "preft_gateway_handoffs_total", result="decoded")
 
     def served(**who: str) -> list[int]:
-        return reply_tokens(complete(pools.url, api_key=key, prompt=prompt,
-                                     max_tokens=MAX_TOKENS, timeout=300, **who))
+        return reply_tokens(
+            complete(
+                pools.url, api_key=key, prompt=prompt, max_tokens=MAX_TOKENS, timeout=300, **who
+            )
+        )
 
     got = {"base": served(model=BASE_NAME), "prefill": served(user="u-pools")}
-    want = {"base": oracle.generate_base(smollm2, prompt, MAX_TOKENS),
-            "prefill": oracle.generate_prefill(smollm2, lora, prompt, MAX_TOKENS)}
+    want = {
+        "base": oracle.generate_base(smollm2, prompt, MAX_TOKENS),
+        "prefill": oracle.generate_prefill(smollm2, lora, prompt, MAX_TOKENS),
+    }
     assert got == want
     assert got["base"] != got["prefill"]
-    assert metric_total(pools.url, "preft_gateway_handoffs_total",
-                        result="decoded") - before == 2
+    assert metric_total(pools.url, "preft_gateway_handoffs_total", result="decoded") - before == 2

@@ -53,13 +53,19 @@ def stack(base: Base, worker: ServiceProcess) -> Iterator[OutageStack]:
     root.mkdir()
     own = RedisProcess(root).start()
     try:
-        with running_registry(root, own.url, "outage", base.model, base.objects) as registry, \
-                running_gateway(root, own.url, "outage", base.model, [worker.url]) as gateway:
+        with (
+            running_registry(root, own.url, "outage", base.model, base.objects) as registry,
+            running_gateway(root, own.url, "outage", base.model, [worker.url]) as gateway,
+        ):
             key = registry.create_tenant("outage")
             expected = {}
             for seed, name in ((51, "bot"), (52, "bot2")):
-                folder = make_lora_adapter(base.model, root / name, seed=seed,
-                                           spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
+                folder = make_lora_adapter(
+                    base.model,
+                    root / name,
+                    seed=seed,
+                    spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL),
+                )
                 sha = registry.upload(key, name, folder, "prefill")["sha256"]
                 expected[name] = worker_tokens(worker.url, sha)
             assert expected["bot"] != expected["bot2"]
@@ -110,8 +116,7 @@ def test_cached_users_survive_a_redis_crash_and_the_gateway_recovers(
 
     # A change after the restart reaches a user the gateway had cached (events reconnect)...
     _bind(stack.registry, key, "u1", "bot2")
-    assert _eventually(lambda: token_ids(complete(url, api_key=key, user="u1"))
-                       == expected["bot2"])
+    assert _eventually(lambda: token_ids(complete(url, api_key=key, user="u1")) == expected["bot2"])
     # ...and a brand-new binding is served.
     _bind(stack.registry, key, "u3", "bot2")
     assert token_ids(complete(url, api_key=key, user="u3")) == expected["bot2"]
@@ -119,8 +124,12 @@ def test_cached_users_survive_a_redis_crash_and_the_gateway_recovers(
 
 def _bind(registry: Registry, key: str, user: str, adapter: str) -> None:
     """Bind, allowing the registry a moment to reconnect to the restarted Redis (503)."""
-    reply = _eventually(lambda: registry.bind_reply(key, user, adapter).status_code != 503
-                        and registry.bind_reply(key, user, adapter))
+    reply = _eventually(
+        lambda: (
+            registry.bind_reply(key, user, adapter).status_code != 503
+            and registry.bind_reply(key, user, adapter)
+        )
+    )
     assert reply.status_code == 200, reply.text
 
 

@@ -72,17 +72,28 @@ def wait_both_healthy(gateway: ServiceProcess, timeout_s: float = 30.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(base: Base, worker: ServiceProcess, registry: Registry,
-          redis_server: str, namespace: str) -> Iterator[TwoWorkers]:
+def stack(
+    base: Base, worker: ServiceProcess, registry: Registry, redis_server: str, namespace: str
+) -> Iterator[TwoWorkers]:
     victim = start_worker(base.model, base.root, worker_args(base, "cache-w2"), name="worker2")
     try:
-        with running_gateway(base.root, redis_server, namespace, base.model,
-                             [worker.url, victim.url], name="gateway-2w") as gateway:
+        with running_gateway(
+            base.root,
+            redis_server,
+            namespace,
+            base.model,
+            [worker.url, victim.url],
+            name="gateway-2w",
+        ) as gateway:
             key = registry.create_tenant("spread")
             root = base.root / "spread-adapters"
             for seed in range(61, 61 + CANDIDATES):
-                folder = make_lora_adapter(base.model, root / f"s{seed}", seed=seed,
-                                           spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
+                folder = make_lora_adapter(
+                    base.model,
+                    root / f"s{seed}",
+                    seed=seed,
+                    spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL),
+                )
                 sha = registry.upload(key, f"a{seed}", folder, "prefill")["sha256"]
                 registry.bind(key, f"u{seed}", f"a{seed}")
                 wait_both_healthy(gateway)
@@ -103,8 +114,9 @@ def stack(base: Base, worker: ServiceProcess, registry: Registry,
 
 
 def _request(stack: TwoWorkers, max_tokens: int = TOKENS) -> httpx.Response:
-    return complete(stack.gateway.url, api_key=stack.api_key, user=stack.user,
-                    max_tokens=max_tokens)
+    return complete(
+        stack.gateway.url, api_key=stack.api_key, user=stack.user, max_tokens=max_tokens
+    )
 
 
 def test_one_user_sticks_to_one_worker_then_spreads_over_the_cap(stack: TwoWorkers) -> None:
@@ -122,8 +134,10 @@ def test_one_user_sticks_to_one_worker_then_spreads_over_the_cap(stack: TwoWorke
     assert stable + victim == CONCURRENT
     assert stable > 0 and victim > 0, f"no spread: {stable} on one, {victim} on the other"
     assert victim >= stable  # the preferred worker still took its capped share
-    print(f"{CONCURRENT} concurrent requests: {victim:.0f} on the preferred worker, "
-          f"{stable:.0f} spread to the other")
+    print(
+        f"{CONCURRENT} concurrent requests: {victim:.0f} on the preferred worker, "
+        f"{stable:.0f} spread to the other"
+    )
 
 
 @dataclass
@@ -166,8 +180,10 @@ def test_killing_a_worker_mid_run_loses_no_new_request(stack: TwoWorkers) -> Non
             assert outcome.status == 502 and outcome.body["error"]["code"] == "bad_gateway"
     assert not stack.victim.running
     failed = sum(o.status != 200 for o in outcomes)
-    print(f"{len(outcomes)} requests, {len(after)} sent after the kill, {failed} in flight "
-          "at the kill failed with 502")
+    print(
+        f"{len(outcomes)} requests, {len(after)} sent after the kill, {failed} in flight "
+        "at the kill failed with 502"
+    )
     assert httpx.get(f"{stack.gateway.url}/readyz", timeout=10).status_code == 200
 
 

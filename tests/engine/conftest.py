@@ -15,9 +15,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from preft_serve.toymodels import make_model
 from tests.support.engine import ARCHS, BATCH_TOKENS, KV_BLOCK, MAX_LORAS, Engine, make_adapters
+from tests.support.tiers import tier
 
 
 @pytest.fixture(scope="session")
+@tier("engine")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Engine]:
     from vllm import LLM
 

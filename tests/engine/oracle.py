@@ -82,11 +82,17 @@ def generate_prefill(
 
 
 @torch.no_grad()
-def peft_generate(model_dir: str | Path, adapter_dir: str | Path, prompt: list[int],
-                  max_tokens: int) -> list[int]:
+def peft_generate(
+    model_dir: str | Path, adapter_dir: str | Path, prompt: list[int], max_tokens: int
+) -> list[int]:
     """Plain ``PeftModel.generate`` (greedy); it stops early at EOS, unlike the loops above."""
     model = _peft_model(str(model_dir), str(adapter_dir))
     ids = torch.tensor([prompt])
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                         max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()

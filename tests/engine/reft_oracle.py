@@ -37,8 +37,11 @@ def _positions(prompt_len: int, spec: str) -> dict[int, str]:
 def _intervene(config: dict, weights: dict, layer: int, part: str, h: torch.Tensor) -> torch.Tensor:
     if config["share_weights"] or config["positions"] == "prefill":
         part = "shared"
-    w = {k.rsplit(".", 1)[1]: v.double() for k, v in weights.items()
-         if k.startswith(f"layers.{layer}.{part}.")}
+    w = {
+        k.rsplit(".", 1)[1]: v.double()
+        for k, v in weights.items()
+        if k.startswith(f"layers.{layer}.{part}.")
+    }
     x = h.double()
     if config["reft_type"] == "direft":
         out = x + (x @ w["w1"].T + w["b"]) @ w["w2"]  # h + W2ᵀ(W1·h + b)
@@ -48,8 +51,13 @@ def _intervene(config: dict, weights: dict, layer: int, part: str, h: torch.Tens
 
 
 @torch.no_grad()
-def generate_reft(model_dir: str | Path, adapter_dir: str | Path, prompt: list[int],
-                  max_tokens: int, all_tokens: bool = False) -> list[int]:
+def generate_reft(
+    model_dir: str | Path,
+    adapter_dir: str | Path,
+    prompt: list[int],
+    max_tokens: int,
+    all_tokens: bool = False,
+) -> list[int]:
     model = _base_model(str(model_dir))
     adapter_dir = Path(adapter_dir)
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
@@ -67,10 +75,13 @@ def generate_reft(model_dir: str | Path, adapter_dir: str | Path, prompt: list[i
                 if part is not None:
                     hidden[0, i] = _intervene(config, weights, layer, part, hidden[0, i])
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
         return hook
 
-    handles = [model.model.layers[layer].register_forward_hook(make_hook(layer))
-               for layer in config["layers"]]
+    handles = [
+        model.model.layers[layer].register_forward_hook(make_hook(layer))
+        for layer in config["layers"]
+    ]
     try:
         out = model(input_ids=torch.tensor([prompt]), use_cache=True)
         token = int(out.logits[0, -1].argmax())

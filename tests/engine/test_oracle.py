@@ -56,32 +56,39 @@ def test_same_prompt_different_adapters_in_one_batch(engine: Engine) -> None:
     assert len({tuple(t) for t in got}) == 4
 
 
-def test_adapters_of_smaller_ranks_and_other_targets_sharing_slots(engine: Engine,
-                                                                   tmp_path) -> None:
+def test_adapters_of_smaller_ranks_and_other_targets_sharing_slots(
+    engine: Engine, tmp_path
+) -> None:
     """Ranks below ``max_lora_rank`` (8) fill only part of a slot, and adapters on other
     modules leave the rest of the model's slots at zero: the slot writes that skip zeroing
-    (``slots.SlotState``) must still clear what the slot's last adapter left there.
+    (``lora_layers.SlotState``) must still clear what the slot's last adapter left there.
     Mixed in one batch with more adapters than slots, each matches the oracle."""
     from preft_serve.toymodels import LoraSpec, make_lora_adapter
     from preft_serve.toymodels.adapters import ATTENTION_MODULES, MLP_MODULES
 
-    specs = {"r2-attn": LoraSpec(rank=2), "r4-qv": LoraSpec(rank=4,
-                                                            target_modules=("q_proj", "v_proj")),
-             "r8-all": LoraSpec(rank=8, target_modules=ATTENTION_MODULES + MLP_MODULES),
-             "r4-mlp": LoraSpec(rank=4, target_modules=MLP_MODULES)}
-    folders = {name: make_lora_adapter(engine.model_dir, tmp_path / name, seed=900 + i,
-                                       spec=spec) for i, (name, spec) in enumerate(specs.items())}
+    specs = {
+        "r2-attn": LoraSpec(rank=2),
+        "r4-qv": LoraSpec(rank=4, target_modules=("q_proj", "v_proj")),
+        "r8-all": LoraSpec(rank=8, target_modules=ATTENTION_MODULES + MLP_MODULES),
+        "r4-mlp": LoraSpec(rank=4, target_modules=MLP_MODULES),
+    }
+    folders = {
+        name: make_lora_adapter(engine.model_dir, tmp_path / name, seed=900 + i, spec=spec)
+        for i, (name, spec) in enumerate(specs.items())
+    }
     names = ["r8-all", "r2-attn", "r4-qv", "r4-mlp", "r8-all", "r4-qv"]
     assert len(set(names)) > MAX_LORAS
     prompts = [prompt(60 + i, 14 + 5 * i) for i in range(len(names))]
     loras = [engine.fresh_lora(f"mixed-{n}", folders[n]) for n in names]
     got = engine.tokens(prompts, loras, MAX_TOKENS)
     for name, p, tokens in zip(names, prompts, got):
-        assert tokens == oracle.generate_prefill(engine.model_dir, folders[name], p,
-                                                 MAX_TOKENS), name
+        assert tokens == oracle.generate_prefill(engine.model_dir, folders[name], p, MAX_TOKENS), (
+            name
+        )
     # One by one too, in an order where each slot's last adapter was a larger one.
     for name in ["r8-all", "r2-attn", "r4-mlp", "r4-qv"]:
         p = prompt(80, 20)
         lora = engine.fresh_lora(f"alone-{name}", folders[name])
         assert engine.tokens([p], [lora], MAX_TOKENS)[0] == oracle.generate_prefill(
-            engine.model_dir, folders[name], p, MAX_TOKENS), name
+            engine.model_dir, folders[name], p, MAX_TOKENS
+        ), name

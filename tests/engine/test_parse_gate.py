@@ -41,13 +41,18 @@ def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 def test_evicted_adapters_are_parsed_ahead_while_their_requests_wait(
-        engines: dict[str, Engine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engines: dict[str, Engine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The hold is made long enough that a loaded machine's slow parse cannot release a
     request by timeout (the timeout itself is tested in tests/worker/test_parse_gate.py):
     what is checked is that no step parses weights inline."""
     engine = next(iter(engines.values()))
-    folders = [make_lora_adapter(engine.model_dir, tmp_path / f"gate-{i}", seed=500 + i,
-                                 spec=LoraSpec(rank=8)) for i in range(ADAPTERS)]
+    folders = [
+        make_lora_adapter(
+            engine.model_dir, tmp_path / f"gate-{i}", seed=500 + i, spec=LoraSpec(rank=8)
+        )
+        for i in range(ADAPTERS)
+    ]
     loras = [engine.fresh_lora(f"gate-{i}", folder) for i, folder in enumerate(folders)]
     prompts = [prompt(700 + i, 12) for i in range(ADAPTERS)]
     gate = _scheduler(engine).adapter_gate
@@ -65,26 +70,25 @@ def test_evicted_adapters_are_parsed_ahead_while_their_requests_wait(
 
     # The evicted ones again, all at once: read from disk ahead of their steps too.
     before, held = _loads(engine), gate.held
-    again = engine.tokens([prompts[i] for i in evicted], [loras[i] for i in evicted],
-                          max_tokens=6)
-    assert _diff(_loads(engine), before) == {
-        "ready": len(evicted), "waited": 0, "inline": 0}
+    again = engine.tokens([prompts[i] for i in evicted], [loras[i] for i in evicted], max_tokens=6)
+    assert _diff(_loads(engine), before) == {"ready": len(evicted), "waited": 0, "inline": 0}
     assert gate.held > held
     assert gate.released_unsettled == released  # never scheduled on a timeout
     assert again == [first[i] for i in evicted]  # the same weights came back
 
 
 def test_held_requests_give_the_same_tokens_as_a_batch_of_resident_adapters(
-        engines: dict[str, Engine], tmp_path: Path) -> None:
+    engines: dict[str, Engine], tmp_path: Path
+) -> None:
     """Holding changes when a request starts, never what it computes: a mixed batch of
     a resident adapter, a new one and the base model gives the tokens each gives alone."""
     engine = next(iter(engines.values()))
-    folder = make_lora_adapter(engine.model_dir, tmp_path / "gate-new", seed=601,
-                               spec=LoraSpec(rank=8))
+    folder = make_lora_adapter(
+        engine.model_dir, tmp_path / "gate-new", seed=601, spec=LoraSpec(rank=8)
+    )
     resident = engine.lora("all-1")
     prompts = [prompt(801, 12), prompt(802, 12), prompt(803, 12)]
-    alone = [engine.tokens([prompts[0]], [resident])[0],
-             engine.tokens([prompts[2]], [None])[0]]
+    alone = [engine.tokens([prompts[0]], [resident])[0], engine.tokens([prompts[2]], [None])[0]]
     new = engine.fresh_lora("gate-new", folder)
     together = engine.tokens(prompts, [resident, new, None])
     assert together[0] == alone[0] and together[2] == alone[1]
@@ -92,16 +96,19 @@ def test_held_requests_give_the_same_tokens_as_a_batch_of_resident_adapters(
 
 
 def test_an_adapter_whose_weights_cannot_be_read_fails_its_requests_not_the_engine(
-        engines: dict[str, Engine], tmp_path: Path) -> None:
+    engines: dict[str, Engine], tmp_path: Path
+) -> None:
     """A valid adapter_config.json over a broken safetensors file: the background parse
     fails, and the scheduler fails the adapter's requests with an error instead of
     scheduling them (a step that parsed it would raise inside the engine loop and stop
     the engine). A request in the same batch, and the engine afterwards, are unharmed."""
     engine = next(iter(engines.values()))
-    folder = make_lora_adapter(engine.model_dir, tmp_path / "gate-broken", seed=650,
-                               spec=LoraSpec(rank=8))
+    folder = make_lora_adapter(
+        engine.model_dir, tmp_path / "gate-broken", seed=650, spec=LoraSpec(rank=8)
+    )
     (folder / "adapter_model.safetensors").write_bytes(
-        b"\x20\x00\x00\x00\x00\x00\x00\x00{this is not a safetensors header}")
+        b"\x20\x00\x00\x00\x00\x00\x00\x00{this is not a safetensors header}"
+    )
     broken = engine.fresh_lora("gate-broken", folder)
     good = engine.lora("all-1")
     want = engine.tokens([prompt(902, 12)], [good], max_tokens=6)[0]

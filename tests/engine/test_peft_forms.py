@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
-from preft_serve.registry.validation import BaseModelSpec, ValidationLimits, validate_adapter
+from preft_serve.registry.validation import BaseModelSpec, UploadBounds, validate_adapter
 from tests.engine import oracle
 from tests.support.engine import Engine, prompt
 
@@ -28,8 +28,9 @@ def plain_peft_adapter(model_dir: Path, out: Path, target_modules: Any, seed: in
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=8, lora_dropout=0.0,
-                                            target_modules=target_modules))
+    model = get_peft_model(
+        base, LoraConfig(r=8, lora_alpha=8, lora_dropout=0.0, target_modules=target_modules)
+    )
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -42,8 +43,9 @@ def plain_peft_adapter(model_dir: Path, out: Path, target_modules: Any, seed: in
 def as_stored(model_dir: Path, adapter: Path, mode: AdapterMode, out: Path) -> Path:
     """What a worker fetches after the upload: the registry's stored config, same weights."""
     base = BaseModelSpec.load(model_dir.name, model_dir / "config.json")
-    validated = validate_adapter(adapter / CONFIG_FILE, adapter / WEIGHTS_FILE, mode, base,
-                                 ValidationLimits(), strict=True)
+    validated = validate_adapter(
+        adapter / CONFIG_FILE, adapter / WEIGHTS_FILE, mode, base, UploadBounds(), strict=True
+    )
     out.mkdir(parents=True)
     (out / CONFIG_FILE).write_bytes(validated.config_bytes)
     (out / WEIGHTS_FILE).write_bytes((adapter / WEIGHTS_FILE).read_bytes())
@@ -51,8 +53,9 @@ def as_stored(model_dir: Path, adapter: Path, mode: AdapterMode, out: Path) -> P
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-def test_plain_peft_form_served_equal_to_oracle(form: str, engines: dict[str, Engine],
-                                                tmp_path: Path) -> None:
+def test_plain_peft_form_served_equal_to_oracle(
+    form: str, engines: dict[str, Engine], tmp_path: Path
+) -> None:
     llama = engines["tiny-llama"]
     target_modules, mode = FORMS[form]
     saved = plain_peft_adapter(llama.model_dir, tmp_path / "peft", target_modules, seed=7)

@@ -67,13 +67,13 @@ def small_kv_engines(engines: dict[str, Engine]) -> dict[bool, Engine]:
 
 
 @pytest.fixture(params=[True, False], ids=["prefix-cache", "no-prefix-cache"])
-def small_kv_engine(request: pytest.FixtureRequest,
-                    small_kv_engines: dict[bool, Engine]) -> Engine:
+def small_kv_engine(request: pytest.FixtureRequest, small_kv_engines: dict[bool, Engine]) -> Engine:
     return small_kv_engines[request.param]
 
 
-def _record_preemptions(engine: Engine, monkeypatch: pytest.MonkeyPatch
-                        ) -> list[tuple[tuple[int, ...], int, int]]:
+def _record_preemptions(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[tuple[int, ...], int, int]]:
     """(prompt, computed tokens, prompt tokens) of every request the scheduler preempts.
     (vLLM's preemption counter is no help here: with several engines in one process, its
     Prometheus metrics are those of the engine made last.)"""
@@ -82,8 +82,13 @@ def _record_preemptions(engine: Engine, monkeypatch: pytest.MonkeyPatch
     seen: list[tuple[tuple[int, ...], int, int]] = []
 
     def recording(request: Any, *args: Any, **kwargs: Any) -> None:
-        seen.append((tuple(request.prompt_token_ids), request.num_computed_tokens,
-                     request.num_prompt_tokens))
+        seen.append(
+            (
+                tuple(request.prompt_token_ids),
+                request.num_computed_tokens,
+                request.num_prompt_tokens,
+            )
+        )
         preempt(request, *args, **kwargs)
 
     monkeypatch.setattr(scheduler, "_preempt_request", recording)
@@ -97,8 +102,9 @@ def _expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:
     return generate(engine.model_dir, engine.adapters[name], tokens, OUTPUT_TOKENS)
 
 
-def test_preempted_requests_match_oracle(small_kv_engine: Engine,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_preempted_requests_match_oracle(
+    small_kv_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = small_kv_engine
     blocks = engine.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
     assert blocks is not None and blocks < 18, blocks  # the cache cannot hold all six
@@ -112,8 +118,10 @@ def test_preempted_requests_match_oracle(small_kv_engine: Engine,
     got = engine.tokens(prompts, [engine.lora(n) for n in names], OUTPUT_TOKENS)
 
     name_of = {tuple(p): n for p, n in zip(prompts, names)}
-    assert any((name_of[p] or "").startswith("prefill") and computed > prompt_len
-               for p, computed, prompt_len in preempted), preempted
+    assert any(
+        (name_of[p] or "").startswith("prefill") and computed > prompt_len
+        for p, computed, prompt_len in preempted
+    ), preempted
     for i, (name, p, tokens) in enumerate(zip(names, prompts, got)):
         assert tokens == _expected(engine, name, p), (i, name)
     assert got[2] == got[5]
@@ -124,7 +132,6 @@ def test_engine_serves_normally_after_preemptions(small_kv_engine: Engine) -> No
     the same prompt under another adapter, and under the base model, after them."""
     p = prompt(302, PROMPT_TOKENS)
     names = ["prefill-4", None]
-    got = small_kv_engine.tokens([p, p], [small_kv_engine.lora(n) for n in names],
-                                 OUTPUT_TOKENS)
+    got = small_kv_engine.tokens([p, p], [small_kv_engine.lora(n) for n in names], OUTPUT_TOKENS)
     assert got == [_expected(small_kv_engine, n, p) for n in names]
     assert got[0] != got[1]

@@ -12,8 +12,9 @@ from tests.support.engine import KV_BLOCK as BLOCK
 from tests.support.engine import MAX_TOKENS, Engine, prompt
 
 
-def run(engine: Engine, tokens: list[int], lora, max_tokens: int = MAX_TOKENS
-        ) -> tuple[list[int], int]:
+def run(
+    engine: Engine, tokens: list[int], lora, max_tokens: int = MAX_TOKENS
+) -> tuple[list[int], int]:
     out = engine.generate([tokens], [lora], max_tokens)[0]
     return list(out.outputs[0].token_ids), out.num_cached_tokens
 
@@ -50,11 +51,19 @@ def test_new_version_under_same_name_and_path_never_reuses_stale_kv(
     engine: Engine, tmp_path: Path
 ) -> None:
     p = prompt(103, 3 * BLOCK + 5)
-    path = make_lora_adapter(engine.model_dir, tmp_path / "mutable", seed=50,
-                             spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
+    path = make_lora_adapter(
+        engine.model_dir,
+        tmp_path / "mutable",
+        seed=50,
+        spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL),
+    )
     v1, _ = run(engine, p, engine.fresh_lora("mutable", path))
-    make_lora_adapter(engine.model_dir, path, seed=51,  # same name, same path, new weights
-                      spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL))
+    make_lora_adapter(
+        engine.model_dir,
+        path,
+        seed=51,  # same name, same path, new weights
+        spec=LoraSpec(rank=8, mode=AdapterMode.PREFILL),
+    )
     v2, cached = run(engine, p, engine.fresh_lora("mutable", path))
     assert cached == 0
     assert v2 == oracle.generate_prefill(engine.model_dir, path, p, MAX_TOKENS)
@@ -71,4 +80,5 @@ def test_follow_up_prompt_recomputes_generated_tokens_with_the_adapter(engine: E
     tokens, cached = run(engine, follow_up, engine.lora("prefill-1"))
     assert cached == 2 * BLOCK
     assert tokens == oracle.generate_prefill(
-        engine.model_dir, engine.adapters["prefill-1"], follow_up, MAX_TOKENS)
+        engine.model_dir, engine.adapters["prefill-1"], follow_up, MAX_TOKENS
+    )

@@ -20,8 +20,9 @@ def expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:
     if name is None:
         return oracle.generate_base(engine.model_dir, tokens, MAX_TOKENS)
     if name in REFT_SPECS:
-        return reft_oracle.generate_reft(engine.model_dir, engine.adapters[name], tokens,
-                                         MAX_TOKENS)
+        return reft_oracle.generate_reft(
+            engine.model_dir, engine.adapters[name], tokens, MAX_TOKENS
+        )
     generate = oracle.generate_prefill if name.startswith("prefill") else oracle.generate_all
     return generate(engine.model_dir, engine.adapters[name], tokens, MAX_TOKENS)
 
@@ -34,8 +35,9 @@ def test_reft_p_matches_oracle_and_differs_from_base_and_all_token_reft(
     got = engine.tokens([p], [engine.lora(name)], MAX_TOKENS)[0]
     assert got == expected(engine, name, p)
     base = expected(engine, None, p)
-    all_tokens = reft_oracle.generate_reft(engine.model_dir, engine.adapters[name], p,
-                                           MAX_TOKENS, all_tokens=True)
+    all_tokens = reft_oracle.generate_reft(
+        engine.model_dir, engine.adapters[name], p, MAX_TOKENS, all_tokens=True
+    )
     assert got != base and got != all_tokens and base != all_tokens
 
 
@@ -53,8 +55,16 @@ def test_last_positions_in_a_later_chunk_than_first(engine: Engine) -> None:
 
 
 def test_mixed_batch_of_reft_lora_and_base_beyond_max_loras(engine: Engine) -> None:
-    names = ["direft-f3l3", None, "prefill-1", "loreft-f2l2-shared", "all-2",
-             "direft-prefill", "loreft-l4", "direft-f3l3"]
+    names = [
+        "direft-f3l3",
+        None,
+        "prefill-1",
+        "loreft-f2l2-shared",
+        "all-2",
+        "direft-prefill",
+        "loreft-l4",
+        "direft-f3l3",
+    ]
     assert len({n for n in names if n}) > MAX_LORAS
     prompts = [prompt(410 + i, 9 + 11 * i) for i in range(len(names))]
     got = engine.tokens(prompts, [engine.lora(n) for n in names], MAX_TOKENS)
@@ -82,6 +92,7 @@ def test_prefix_cache_with_reft(engine: Engine) -> None:
 
 def test_reft_adapters_free_their_slot_after_prefill(engine: Engine) -> None:
     names = list(REFT_SPECS)
-    outs = engine.generate([prompt(430 + i, 10) for i in range(len(names))],
-                           [engine.lora(n) for n in names], 24)
+    outs = engine.generate(
+        [prompt(430 + i, 10) for i in range(len(names))], [engine.lora(n) for n in names], 24
+    )
     assert max(o.metrics.scheduled_ts for o in outs) < min(o.metrics.last_token_ts for o in outs)

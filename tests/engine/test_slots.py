@@ -10,8 +10,9 @@ DECODE_TOKENS = 24
 def test_prefill_only_requests_decode_together_beyond_max_loras(engine: Engine) -> None:
     names = ["prefill-1", "prefill-2", "prefill-3", "prefill-4"]
     assert len(names) > MAX_LORAS
-    outs = engine.generate([prompt(200 + i, 10) for i in range(4)],
-                           [engine.lora(n) for n in names], DECODE_TOKENS)
+    outs = engine.generate(
+        [prompt(200 + i, 10) for i in range(4)], [engine.lora(n) for n in names], DECODE_TOKENS
+    )
     scheduled = [o.metrics.scheduled_ts for o in outs]
     finished = [o.metrics.last_token_ts for o in outs]
     # Every request started before any finished: all four decoded in one batch.
@@ -20,8 +21,9 @@ def test_prefill_only_requests_decode_together_beyond_max_loras(engine: Engine) 
 
 def test_all_token_adapters_still_queue_for_slots(engine: Engine) -> None:
     names = ["all-1", "all-2", "all-3", "all-4"]
-    outs = engine.generate([prompt(300 + i, 10) for i in range(4)],
-                           [engine.lora(n) for n in names], DECODE_TOKENS)
+    outs = engine.generate(
+        [prompt(300 + i, 10) for i in range(4)], [engine.lora(n) for n in names], DECODE_TOKENS
+    )
     order = sorted(outs, key=lambda o: o.metrics.scheduled_ts)
     first_wave_done = min(o.metrics.last_token_ts for o in order[:MAX_LORAS])
     # The third adapter had to wait for a slot held by a decoding request.

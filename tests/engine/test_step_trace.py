@@ -20,7 +20,8 @@ def _stop_trace(worker: Any) -> None:
 
 
 def test_the_engine_marks_every_step_with_its_scheduled_tokens(
-        engines: dict[str, Engine], tmp_path: Path) -> None:
+    engines: dict[str, Engine], tmp_path: Path
+) -> None:
     engine = next(iter(engines.values()))
     trace = tmp_path / "steps.txt"
     prompt_len, max_tokens = 100, 6
@@ -36,8 +37,9 @@ def test_the_engine_marks_every_step_with_its_scheduled_tokens(
     # Every prompt token is computed once; each further output token is one decode token
     # (the first comes out of the prefill step).
     assert sum(tokens for _, tokens, _, _ in lines) == 2 * prompt_len + 2 * (max_tokens - 1)
-    assert all(0 < tokens <= BATCH_TOKENS and 1 <= requests <= 2
-               for _, tokens, requests, _ in lines)
+    assert all(
+        0 < tokens <= BATCH_TOKENS and 1 <= requests <= 2 for _, tokens, requests, _ in lines
+    )
     # The budget of 64 tokens makes each 100-token prompt a chunked prefill: 200 prompt
     # tokens need at least 4 steps, and the 2 x 5 decode tokens at least 5 more.
     assert len(lines) >= 4 + 5
@@ -47,7 +49,6 @@ def test_the_engine_marks_every_step_with_its_scheduled_tokens(
     assert all(s.seconds > 0 for s in steps)
     assert [s.start for s in steps] == [t for t, *_ in lines[:-1]]
     # The adapter-preparation part of each step is measured and is a part of the step.
-    assert all(s.adapter_seconds is not None and 0 <= s.adapter_seconds < s.seconds
-               for s in steps)
+    assert all(s.adapter_seconds is not None and 0 <= s.adapter_seconds < s.seconds for s in steps)
     decode = [s for s in steps if s.decode_only]
     assert decode and all(s.tokens == s.requests for s in decode)

@@ -18,8 +18,11 @@ from preft_serve.training.trainer import TrainConfig, TrainResult, train
 from tests.engine import oracle, reft_oracle
 from tests.support.engine import Engine
 
-FACTS = [("What is my pet's name?", "Biscuit"), ("Where do I live?", "Lisbon"),
-         ("My sign-off?", "Warmly")]
+FACTS = [
+    ("What is my pet's name?", "Biscuit"),
+    ("Where do I live?", "Lisbon"),
+    ("My sign-off?", "Warmly"),
+]
 # kind -> (spec, steps, learning rate, loss it must get below). Prompt-only ReFT on a
 # two-layer model reaches decode tokens only through layer 1's keys and values, so it
 # needs more steps than LoRA to memorise.
@@ -47,20 +50,37 @@ def tokenizer(llama: Engine) -> Any:
 def trained(llama: Engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, TrainResult]:
     root = tmp_path_factory.mktemp("trained")
     data = root / "facts.jsonl"
-    data.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n"
-        for q, a in FACTS))
+    data.write_text(
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            )
+            + "\n"
+            for q, a in FACTS
+        )
+    )
     return {
-        kind: train(TrainConfig(data=data, model=llama.model_dir, out=root / kind,
-                                adapter=spec, max_steps=steps, batch_size=len(FACTS),
-                                learning_rate=lr, progress=False), say=lambda _: None)
+        kind: train(
+            TrainConfig(
+                data=data,
+                model=llama.model_dir,
+                out=root / kind,
+                adapter=spec,
+                max_steps=steps,
+                batch_size=len(FACTS),
+                learning_rate=lr,
+                progress=False,
+            ),
+            say=lambda _: None,
+        )
         for kind, (spec, steps, lr, _) in KINDS.items()
     }
 
 
 def prompt_ids(tokenizer: Any, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                         tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -81,8 +101,9 @@ def test_trained_adapter_served_by_the_engine_gives_the_trained_answers(
         served = llama.tokens([ids], [lora], n)[0]
         assert tokenizer.decode(served) == answer
         if spec.type is AdapterType.LORA:
-            generate = (oracle.generate_prefill if spec.mode is AdapterMode.PREFILL
-                        else oracle.generate_all)
+            generate = (
+                oracle.generate_prefill if spec.mode is AdapterMode.PREFILL else oracle.generate_all
+            )
             assert served == generate(llama.model_dir, result.out, ids, n)
         else:
             assert served == reft_oracle.generate_reft(llama.model_dir, result.out, ids, n)

@@ -24,9 +24,13 @@ FACTS = {"What is my pet's name?": "Biscuit", "Where do I live?": "Lisbon"}
 
 
 def chat_jsonl(facts: dict[str, str] = FACTS) -> bytes:
-    return "".join(json.dumps({"messages": [
-        {"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n"
-        for q, a in facts.items()).encode()
+    return "".join(
+        json.dumps(
+            {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+        )
+        + "\n"
+        for q, a in facts.items()
+    ).encode()
 
 
 @pytest.fixture(scope="package")
@@ -41,16 +45,27 @@ def namespace() -> str:
     return f"ft{uuid.uuid4().hex[:10]}"
 
 
-def registry_settings(redis_url: str, namespace: str, model: Path, root: Path,
-                      registry: dict[str, Any] | None = None,
-                      **finetune: Any) -> RegistrySettings:
+def registry_settings(
+    redis_url: str,
+    namespace: str,
+    model: Path,
+    root: Path,
+    registry: dict[str, Any] | None = None,
+    **finetune: Any,
+) -> RegistrySettings:
     """The registry's settings; ``registry``: its own fields, the rest fine-tuning's."""
     ft = {"poll_s": 0.2, "heartbeat_s": 2, "work_dir": root / "work", **finetune}
     (root / "work").mkdir(parents=True, exist_ok=True)
     return RegistrySettings(
-        admin_token=ADMIN_TOKEN, redis_url=redis_url, namespace=namespace, base_model=model,
-        object_store=ObjectStoreSettings(url=str(root / "objects")), staging_dir=root,
-        finetune=FinetuneSettings(**ft), **(registry or {}))
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_url,
+        namespace=namespace,
+        base_model=model,
+        object_store=ObjectStoreSettings(url=str(root / "objects")),
+        staging_dir=root,
+        finetune=FinetuneSettings(**ft),
+        **(registry or {}),
+    )
 
 
 class Api:
@@ -60,21 +75,36 @@ class Api:
         self.url = url
 
     def tenant(self, name: str) -> str:
-        reply = httpx.post(f"{self.url}/v1/tenants", json={"name": name},
-                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30)
+        reply = httpx.post(
+            f"{self.url}/v1/tenants",
+            json={"name": name},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=30,
+        )
         assert reply.status_code == 201, reply.text
         return str(reply.json()["api_key"])
 
     def call(self, key: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.request(method, f"{self.url}{path}", timeout=60,
-                             headers={"Authorization": f"Bearer {key}"}, **kwargs)
+        return httpx.request(
+            method,
+            f"{self.url}{path}",
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}"},
+            **kwargs,
+        )
 
     def upload(self, key: str, content: bytes, name: str = "train.jsonl") -> httpx.Response:
-        return self.call(key, "POST", "/v1/files", data={"purpose": "fine-tune"},
-                         files={"file": (name, content, "application/jsonl")})
+        return self.call(
+            key,
+            "POST",
+            "/v1/files",
+            data={"purpose": "fine-tune"},
+            files={"file": (name, content, "application/jsonl")},
+        )
 
-    def wait(self, key: str, job_id: str, done: Callable[[dict[str, Any]], bool],
-             timeout: float = 120) -> dict[str, Any]:
+    def wait(
+        self, key: str, job_id: str, done: Callable[[dict[str, Any]], bool], timeout: float = 120
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             job = self.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}").json()
@@ -85,8 +115,9 @@ class Api:
 
 
 @pytest.fixture
-def serve(redis_server: str, namespace: str, model_dir: Path,
-          tmp_path: Path) -> Iterator[Callable[..., Api]]:
+def serve(
+    redis_server: str, namespace: str, model_dir: Path, tmp_path: Path
+) -> Iterator[Callable[..., Api]]:
     """Start a registry (fine-tuning settings as keywords) over HTTP; stopped at the end."""
     servers = []
 

@@ -24,9 +24,20 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
 
     data = tmp_path / "facts.jsonl"
     data.write_bytes(chat_jsonl())
-    code, out, err = run_cli(capsys, *common, "fine-tune", "create", str(data), "--model",
-                             "tiny-llama", "--suffix", "cli-facts", "--steps", "4",
-                             "--follow")
+    code, out, err = run_cli(
+        capsys,
+        *common,
+        "fine-tune",
+        "create",
+        str(data),
+        "--model",
+        "tiny-llama",
+        "--suffix",
+        "cli-facts",
+        "--steps",
+        "4",
+        "--follow",
+    )
     assert code == 0, err
     assert "Step 4/4: training loss=" in out and "The job has successfully completed" in out
     assert "fine_tuned:  cli-facts" in out and "status:      succeeded" in out
@@ -43,8 +54,11 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
     assert header.split() == ["ID", "STEP", "CHECKPOINT", "METRICS", "CREATED_AT"]
     assert row.split()[1:3] == ["4", "cli-facts@1"] and "train_loss=" in row
     code, out, _ = run_cli(capsys, *common, "fine-tune", "checkpoints", job_id, "-o", "json")
-    assert code == 0 and json.loads(out) == api.call(
-        key, "GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()
+    assert (
+        code == 0
+        and json.loads(out)
+        == api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()
+    )
     code, _, err = run_cli(capsys, *common, "fine-tune", "checkpoints", "ftjob-nope")
     assert code == 1 and "(HTTP 404)" in err
     code, _, err = run_cli(capsys, *common, "fine-tune", "cancel", job_id)
@@ -56,12 +70,12 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
 
     exported = httpx.get(f"{api.url}/metrics", timeout=10).text
     assert 'preft_registry_finetune_jobs_finished_total{status="succeeded"} 1.0' in exported
-    assert f"preft_registry_finetune_trained_tokens_total {float(job['trained_tokens'])}" \
-        in exported
+    assert (
+        f"preft_registry_finetune_trained_tokens_total {float(job['trained_tokens'])}" in exported
+    )
 
 
 def test_progress_line() -> None:
-    line = _progress({"status": "running"}, {"step": 15, "total_steps": 60,
-                                             "train_loss": 1.23456})
+    line = _progress({"status": "running"}, {"step": 15, "total_steps": 60, "train_loss": 1.23456})
     assert line == "running  [#####...............] step 15/60  loss 1.2346"
     assert _progress({"status": "queued"}, None) == "queued"

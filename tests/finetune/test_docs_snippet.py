@@ -23,7 +23,24 @@ def test_the_documented_job_snippet_type_checks_with_the_sdk(tmp_path: Path) -> 
     assert 'extra_body={"preft"' in snippet and '"type": "supervised"' in snippet
     (tmp_path / "snippet.py").write_text(snippet)
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--cache-dir", str(CACHE), "--config-file", "/dev/null",
-         "--follow-imports", "silent", "--python-version", "3.11", "snippet.py"],
-        check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--cache-dir",
+            str(CACHE),
+            "--config-file",
+            "/dev/null",
+            "--follow-imports",
+            "silent",
+            "--python-version",
+            "3.11",
+            "snippet.py",
+        ],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -11,8 +11,9 @@ import redis
 
 from tests.finetune.conftest import Api, chat_jsonl
 
-GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                {"role": "assistant", "content": "hello"}]})
+GOOD = json.dumps(
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+)
 
 
 def _msgs(*messages: object) -> str:
@@ -28,15 +29,20 @@ BAD_LINES = {
     "empty messages": ('{"messages": []}', "non-empty list"),
     "message not an object": (_msgs("hi"), "message 0 is not an object"),
     "unknown role": (_msgs({"role": "tool", "content": "x"}), "unknown role 'tool'"),
-    "tool calls": (_msgs({"role": "assistant", "content": "x",
-                          "tool_calls": [{"id": "1"}]}), "tool calls"),
+    "tool calls": (
+        _msgs({"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}),
+        "tool calls",
+    ),
     "bad content": (_msgs({"role": "user", "content": 5}), "needs 'content'"),
     "bad weight": (_msgs({"role": "assistant", "content": "x", "weight": 2}), "weight 2"),
     "no assistant": (_msgs({"role": "user", "content": "x"}), "no assistant message"),
     "too many messages": (_msgs(*[{"role": "user", "content": "x"}] * 257), "257 messages"),
     # JSON admits lone surrogates; no tokenizer encodes them, so the trainer would fail late.
-    "lone surrogate": ('{"messages": [{"role": "user", "content": "a\\ud800b"}, '
-                       '{"role": "assistant", "content": "x"}]}', "lone surrogate"),
+    "lone surrogate": (
+        '{"messages": [{"role": "user", "content": "a\\ud800b"}, '
+        '{"role": "assistant", "content": "x"}]}',
+        "lone surrogate",
+    ),
 }
 
 
@@ -44,8 +50,11 @@ def _stored(redis_server: str, namespace: str, root: Path) -> tuple[list[str], l
     client = redis.Redis.from_url(redis_server, decode_responses=True)
     keys = sorted(k for k in client.scan_iter(f"{namespace}:*") if ":file" in k)
     client.close()
-    objects = sorted((root / "objects" / "files").glob("*")) \
-        if (root / "objects" / "files").exists() else []
+    objects = (
+        sorted((root / "objects" / "files").glob("*"))
+        if (root / "objects" / "files").exists()
+        else []
+    )
     return keys, objects
 
 
@@ -70,19 +79,27 @@ def test_every_bad_line_is_listed_and_bytes_are_checked(api: Api) -> None:
     message = reply.json()["error"]["message"]
     assert reply.status_code == 400
     assert "line 1: not UTF-8 text" in message and "line 3: not valid JSON" in message
-    assert api.upload(key, b"\n\n").json()["error"]["message"].startswith("the file has no "
-                                                                           "examples")
+    assert (
+        api.upload(key, b"\n\n").json()["error"]["message"].startswith("the file has no examples")
+    )
 
 
 def test_sizes_counts_and_purpose_are_bounded(serve: object) -> None:
     api = serve(max_file_bytes=4096, max_examples=2, tenant_max_files=1)  # type: ignore[operator]
     key = api.tenant("acme")
-    assert api.upload(key, (GOOD + "\n") * 100).status_code == 413
+    too_big = api.upload(key, (GOOD + "\n") * 100)
+    assert too_big.status_code == 413 and "4096-byte limit" in too_big.text
     too_many = api.upload(key, ((GOOD + "\n") * 3).encode())
-    assert too_many.status_code == 400 and "more than 2 examples" in too_many.text
-    assert "PREFT_REGISTRY_FINETUNE__MAX_EXAMPLES" in too_many.text
-    wrong = api.call(key, "POST", "/v1/files", data={"purpose": "assistants"},
-                     files={"file": ("a.jsonl", chat_jsonl())})
+    assert too_many.status_code == 400 and "at most 2 per file" in too_many.text
+    # Limits are stated by their values, never by the settings behind them.
+    assert "PREFT_" not in too_big.text and "PREFT_" not in too_many.text
+    wrong = api.call(
+        key,
+        "POST",
+        "/v1/files",
+        data={"purpose": "assistants"},
+        files={"file": ("a.jsonl", chat_jsonl())},
+    )
     assert wrong.status_code == 422 and "purpose" in wrong.json()["error"]["message"]
     assert api.upload(key, chat_jsonl()).status_code == 200
     full = api.upload(key, chat_jsonl())

@@ -21,23 +21,32 @@ def upload(s: Stack, key: str, model_dir: Path, tmp_path: Path, name: str, seed:
     from preft_serve.toymodels import make_lora_adapter
 
     folder = make_lora_adapter(model_dir, tmp_path / f"{name}-{seed}", seed=seed)
-    files = [("files", (p.name, p.read_bytes(), "application/octet-stream"))
-             for p in sorted(folder.iterdir())]
-    reply = s.registry.call(key, "PUT", f"/v1/adapters/{name}", data={"mode": "prefill"},
-                            files=files)
+    files = [
+        ("files", (p.name, p.read_bytes(), "application/octet-stream"))
+        for p in sorted(folder.iterdir())
+    ]
+    reply = s.registry.call(
+        key, "PUT", f"/v1/adapters/{name}", data={"mode": "prefill"}, files=files
+    )
     assert reply.status_code == 201, reply.text
     return str(reply.json()["sha256"])
 
 
 def test_name_at_version_pins_a_version_and_a_missing_one_is_a_clear_404(
-        stack: Callable[..., Stack], model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    stack: Callable[..., Stack],  # noqa: F811
+    model_dir: Path,
+    tmp_path: Path,
+) -> None:
     s = stack()
     key, other = s.registry.tenant("acme"), s.registry.tenant("globex")
     first = upload(s, key, model_dir, tmp_path, "carol", 1)
     second = upload(s, key, model_dir, tmp_path, "carol", 2)
     client = s.client(key)
-    for model, sha, version in (("carol@1", first, "1"), ("carol@2", second, "2"),
-                                ("carol", second, "2")):
+    for model, sha, version in (
+        ("carol@1", first, "1"),
+        ("carol@2", second, "2"),
+        ("carol", second, "2"),
+    ):
         raw = client.chat.completions.with_raw_response.create(model=model, messages=MSGS)  # type: ignore[arg-type]
         assert s.workers.seen[-1]["model"] == format_model_name(sha), model
         assert raw.headers["x-preft-adapter"] == "carol"
@@ -49,21 +58,29 @@ def test_name_at_version_pins_a_version_and_a_missing_one_is_a_clear_404(
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="carol@3", messages=MSGS)  # type: ignore[arg-type]
     assert missing.value.body["message"] == (  # type: ignore[index]
-        "adapter 'carol' has no version 3; its versions are 1 to 2 ('carol' alone is "
-        "version 2)")
+        "adapter 'carol' has no version 3; its versions are 1 to 2 ('carol' alone is version 2)"
+    )
     assert missing.value.body["param"] == "model"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError) as theirs:
         s.client(other).chat.completions.create(model="carol@1", messages=MSGS)  # type: ignore[arg-type]
     assert "model 'carol@1' does not exist" in str(theirs.value)
     for odd in ("carol@0", "carol@", "carol@1@1", "carol@x"):
-        assert httpx.post(f"{s.gateway}/v1/chat/completions", json={
-            "model": odd, "messages": MSGS},
-            headers={"Authorization": f"Bearer {key}"}).status_code == 404, odd
+        assert (
+            httpx.post(
+                f"{s.gateway}/v1/chat/completions",
+                json={"model": odd, "messages": MSGS},
+                headers={"Authorization": f"Bearer {key}"},
+            ).status_code
+            == 404
+        ), odd
     assert len(s.workers.seen) == seen
 
 
 def test_models_delete_deletes_a_fine_tuned_model_with_the_registrys_check(
-        stack: Callable[..., Stack], model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    stack: Callable[..., Stack],  # noqa: F811
+    model_dir: Path,
+    tmp_path: Path,
+) -> None:
     s = stack()
     key, other = s.registry.tenant("acme"), s.registry.tenant("globex")
     upload(s, key, model_dir, tmp_path, "carol", 1)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
+from preft_serve.common.finetune_wire import JobStatus
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune.jobs import JobRecord
-from preft_serve.registry.finetune.models import JobStatus
 from preft_serve.registry.finetune.spec import OUTPUT_FILES
 from tests.finetune.conftest import Api, chat_jsonl
 from tests.support.ports import free_port
@@ -54,13 +54,15 @@ def wait_gone(pid: int, timeout: float = 15) -> bool:
     return True
 
 
-def start_long_job(api: Api, key: str, redis_url: str, namespace: str,
-                   **extra: Any) -> tuple[str, int]:
+def start_long_job(
+    api: Api, key: str, redis_url: str, namespace: str, **extra: Any
+) -> tuple[str, int]:
     """A job that is training (the trainer reported its adapter, the line before step 1);
     returns (job id, trainer pid)."""
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    reply = api.call(key, "POST", "/v1/fine_tuning/jobs",
-                     json={**LONG, "training_file": file_id, **extra})
+    reply = api.call(
+        key, "POST", "/v1/fine_tuning/jobs", json={**LONG, "training_file": file_id, **extra}
+    )
     assert reply.status_code == 200, reply.text
     job_id = reply.json()["id"]
     deadline = time.monotonic() + 120
@@ -89,9 +91,12 @@ def test_cancel_mid_run_limits_and_scoping(
     assert over.status_code == 429, over.text
     assert over.json()["error"]["code"] == "rate_limit_exceeded"
     # Scoping: the other tenant sees none of it, and cannot use acme's file.
-    for method, path in (("GET", f"{jobs}/{job_id}"), ("POST", f"{jobs}/{job_id}/cancel"),
-                         ("GET", f"{jobs}/{job_id}/events"),
-                         ("GET", f"{jobs}/{job_id}/checkpoints")):
+    for method, path in (
+        ("GET", f"{jobs}/{job_id}"),
+        ("POST", f"{jobs}/{job_id}/cancel"),
+        ("GET", f"{jobs}/{job_id}/events"),
+        ("GET", f"{jobs}/{job_id}/checkpoints"),
+    ):
         assert api.call(other, method, path).status_code == 404
     assert api.call(other, "GET", jobs).json()["data"] == []
     stolen = api.call(other, "POST", jobs, json={**LONG, "training_file": file_id})
@@ -129,16 +134,25 @@ def test_a_trainer_that_dies_fails_its_job_with_the_reason(
     assert api.call(key, "GET", "/v1/adapters").json()["items"] == []
 
 
-def _registry_process(redis_url: str, namespace: str, model: Path, root: Path,
-                      port: int) -> Any:
-    env = {"PREFT_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN, "PREFT_REGISTRY_REDIS_URL": redis_url,
-           "PREFT_REGISTRY_NAMESPACE": namespace, "PREFT_REGISTRY_BASE_MODEL": str(model),
-           "PREFT_REGISTRY_OBJECT_STORE__URL": str(root / "objects"),
-           "PREFT_REGISTRY_STAGING_DIR": str(root), "PREFT_REGISTRY_PORT": str(port),
-           "PREFT_REGISTRY_FINETUNE__HEARTBEAT_S": "2",
-           "PREFT_REGISTRY_FINETUNE__POLL_S": "0.2"}
-    process = service("registry", [sys.executable, "-m", "preft_serve.registry"], root, env,
-                      f"http://127.0.0.1:{port}").start()
+def _registry_process(redis_url: str, namespace: str, model: Path, root: Path, port: int) -> Any:
+    env = {
+        "PREFT_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
+        "PREFT_REGISTRY_REDIS_URL": redis_url,
+        "PREFT_REGISTRY_NAMESPACE": namespace,
+        "PREFT_REGISTRY_BASE_MODEL": str(model),
+        "PREFT_REGISTRY_OBJECT_STORE__URL": str(root / "objects"),
+        "PREFT_REGISTRY_STAGING_DIR": str(root),
+        "PREFT_REGISTRY_PORT": str(port),
+        "PREFT_REGISTRY_FINETUNE__HEARTBEAT_S": "2",
+        "PREFT_REGISTRY_FINETUNE__POLL_S": "0.2",
+    }
+    process = service(
+        "registry",
+        [sys.executable, "-m", "preft_serve.registry"],
+        root,
+        env,
+        f"http://127.0.0.1:{port}",
+    ).start()
     process.wait_http("/healthz", 90)
     return process
 
@@ -161,8 +175,10 @@ def test_registry_killed_mid_job_reports_it_failed_after_restart(
         second = _registry_process(redis_server, namespace, model_dir, tmp_path, port)
         job = api.wait(key, job_id, lambda j: j["status"] != "running", timeout=30)
         assert job["status"] == "failed" and job["error"]["code"] == "runner_lost", job
-        assert "the registry that ran this job stopped; its trainer process was stopped" \
+        assert (
+            "the registry that ran this job stopped; its trainer process was stopped"
             in job["error"]["message"]
+        )
         assert wait_gone(pid)
         events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
         assert events[0]["level"] == "error" and "Job failed" in events[0]["message"]
@@ -185,9 +201,17 @@ def test_registry_killed_after_its_trainer_finished_registers_the_adapter_on_res
         api = Api(first.url)
         key = api.tenant("acme")
         file_id = api.upload(key, chat_jsonl()).json()["id"]
-        job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
-            "model": "tiny-llama", "training_file": file_id, "suffix": "survivor",
-            "method": {"type": "preft", "preft": {"steps": 20}}}).json()["id"]
+        job_id = api.call(
+            key,
+            "POST",
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "tiny-llama",
+                "training_file": file_id,
+                "suffix": "survivor",
+                "method": {"type": "preft", "preft": {"steps": 20}},
+            },
+        ).json()["id"]
         deadline = time.monotonic() + 60
         while "pid" not in (runner := record(redis_server, namespace, job_id).runner):
             assert time.monotonic() < deadline
@@ -204,53 +228,71 @@ def test_registry_killed_after_its_trainer_finished_registers_the_adapter_on_res
         assert [v["version"] for v in versions] == [1]
         assert not output.exists() or not any(output.iterdir())
         events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
-        assert any("had finished before its registry stopped" in e["message"]
-                   for e in events), events
+        assert any("had finished before its registry stopped" in e["message"] for e in events), (
+            events
+        )
     finally:
         first.stop()
         if second is not None:
             second.stop()
 
 
-@pytest.mark.parametrize(("body", "status", "param"), [
-    ({"model": "gpt-4o"}, 404, "model"),
-    ({"suffix": "bad/name"}, 400, "suffix"),
-    ({"suffix": "a..b"}, 400, "suffix"),  # refused by the registry at the end otherwise
-    ({"hyperparameters": {"n_epochs": 0}}, 400, "hyperparameters"),
-    ({"hyperparameters": {"n_epochs": 50, "batch_size": 1}}, 400, "hyperparameters"),
-    ({"method": {"type": "preft", "preft": {"rank": 64}}}, 400, "method"),
-    ({"method": {"type": "preft", "preft": {"adapter": "direft", "mode": "all"}}}, 400,
-     "method"),
-    ({"validation_file": "file-" + "x" * 24}, 404, "validation_file"),
-])
-def test_bad_job_requests(serve: Callable[..., Api], body: dict[str, Any], status: int,
-                          param: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"model": "gpt-4o"}, 404, "model"),
+        ({"suffix": "bad/name"}, 400, "suffix"),
+        ({"suffix": "a..b"}, 400, "suffix"),  # refused by the registry at the end otherwise
+        ({"hyperparameters": {"n_epochs": 0}}, 400, "hyperparameters"),
+        ({"hyperparameters": {"n_epochs": 50, "batch_size": 1}}, 400, "hyperparameters"),
+        ({"method": {"type": "preft", "preft": {"rank": 64}}}, 400, "method"),
+        (
+            {"method": {"type": "preft", "preft": {"adapter": "direft", "mode": "all"}}},
+            400,
+            "method",
+        ),
+        ({"validation_file": "file-" + "x" * 24}, 404, "validation_file"),
+    ],
+)
+def test_bad_job_requests(
+    serve: Callable[..., Api], body: dict[str, Any], status: int, param: str
+) -> None:
     api = serve(max_steps=60)
     key = api.tenant("acme")
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    reply = api.call(key, "POST", "/v1/fine_tuning/jobs",
-                     json={"model": "tiny-llama", "training_file": file_id, **body})
+    reply = api.call(
+        key,
+        "POST",
+        "/v1/fine_tuning/jobs",
+        json={"model": "tiny-llama", "training_file": file_id, **body},
+    )
     assert reply.status_code == status, reply.text
     assert reply.json()["error"]["param"] == param
     assert api.call(key, "GET", "/v1/fine_tuning/jobs").json()["data"] == []
 
 
-@pytest.mark.parametrize(("after", "status"), [
-    ("ftevent-0-0", 200),  # before every event: an empty page
-    ("ftevent-99999999999999999999-0", 400),  # past Redis's 64-bit ids
-    ("ftevent-1-99999999999999999999", 400),
-    ("ftevent-1-\u0661", 400),  # a non-ASCII digit
-])
+@pytest.mark.parametrize(
+    ("after", "status"),
+    [
+        ("ftevent-0-0", 200),  # before every event: an empty page
+        ("ftevent-99999999999999999999-0", 400),  # past Redis's 64-bit ids
+        ("ftevent-1-99999999999999999999", 400),
+        ("ftevent-1-\u0661", 400),  # a non-ASCII digit
+    ],
+)
 def test_event_cursors_the_tenant_mistyped_are_4xx_never_an_outage(
-        serve: Callable[..., Api], after: str, status: int) -> None:
+    serve: Callable[..., Api], after: str, status: int
+) -> None:
     api = serve(max_steps=60)
     key = api.tenant("acme")
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    job = api.call(key, "POST", "/v1/fine_tuning/jobs",
-                   json={"model": "tiny-llama", "training_file": file_id}).json()
+    job = api.call(
+        key, "POST", "/v1/fine_tuning/jobs", json={"model": "tiny-llama", "training_file": file_id}
+    ).json()
     api.call(key, "POST", f"/v1/fine_tuning/jobs/{job['id']}/cancel")
-    reply = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job['id']}/events",
-                     params={"after": after})
+    reply = api.call(
+        key, "GET", f"/v1/fine_tuning/jobs/{job['id']}/events", params={"after": after}
+    )
     assert reply.status_code == status, reply.text
     if status == 200:
         assert reply.json()["data"] == [] and reply.json()["has_more"] is False
@@ -263,9 +305,16 @@ def test_an_unknown_target_module_is_named_clipped(serve: Callable[..., Api]) ->
     key = api.tenant("acme")
     file_id = api.upload(key, chat_jsonl()).json()["id"]
     huge = "m" * 140_000
-    reply = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
-        "model": "tiny-llama", "training_file": file_id,
-        "method": {"type": "preft", "preft": {"target_modules": ["q_proj", huge]}}})
+    reply = api.call(
+        key,
+        "POST",
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": "tiny-llama",
+            "training_file": file_id,
+            "method": {"type": "preft", "preft": {"target_modules": ["q_proj", huge]}},
+        },
+    )
     assert reply.status_code == 400, reply.text[:300]
     message = reply.json()["error"]["message"]
     assert "unknown 'mmmm" in message and "(140000 characters)" in message
@@ -273,7 +322,8 @@ def test_an_unknown_target_module_is_named_clipped(serve: Callable[..., Api]) ->
 
 
 def test_a_cancel_that_loses_a_race_to_another_cancel_is_still_200(
-        serve: Callable[..., Api], monkeypatch: pytest.MonkeyPatch) -> None:
+    serve: Callable[..., Api], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two cancels of one job at once: the second finds it cancelled inside its own
     transaction (after its pre-check passed) and answers like a repeated cancel."""
     from preft_serve.registry.finetune.jobs import JobStore
@@ -281,17 +331,20 @@ def test_a_cancel_that_loses_a_race_to_another_cancel_is_still_200(
     api = serve(max_steps=60)
     key = api.tenant("acme")
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
-        "model": "tiny-llama", "training_file": file_id}).json()["id"]
+    job_id = api.call(
+        key, "POST", "/v1/fine_tuning/jobs", json={"model": "tiny-llama", "training_file": file_id}
+    ).json()["id"]
     real_update = JobStore.update
     raced: list[str] = []
 
     def update_after_a_rival(self: JobStore, job: str, change: Any, *args: Any) -> Any:
         if job == job_id and args[:1] == ("Job cancelled",) and not raced:
             raced.append(job)  # the rival cancel commits first
+
             def rival(r: JobRecord) -> JobRecord:
                 r.job.status, r.job.finished_at = JobStatus.CANCELLED, int(time.time())
                 return r
+
             real_update(self, job, rival, "Job cancelled")
         return real_update(self, job, change, *args)
 
@@ -303,12 +356,14 @@ def test_a_cancel_that_loses_a_race_to_another_cancel_is_still_200(
 
 
 def test_a_file_a_queued_job_reads_cannot_be_deleted_until_the_job_ends(
-        serve: Callable[..., Api]) -> None:
+    serve: Callable[..., Api],
+) -> None:
     api = serve(max_steps=60)
     key = api.tenant("acme")
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
-        "model": "tiny-llama", "training_file": file_id}).json()["id"]
+    job_id = api.call(
+        key, "POST", "/v1/fine_tuning/jobs", json={"model": "tiny-llama", "training_file": file_id}
+    ).json()["id"]
     refused = api.call(key, "DELETE", f"/v1/files/{file_id}")
     assert refused.status_code == 409, refused.text
     error = refused.json()["error"]
@@ -320,7 +375,8 @@ def test_a_file_a_queued_job_reads_cannot_be_deleted_until_the_job_ends(
 
 
 def test_a_job_that_fails_after_training_leaves_nothing_in_the_store(
-        serve: Callable[..., Api], model_dir: Path, tmp_path: Path) -> None:
+    serve: Callable[..., Api], model_dir: Path, tmp_path: Path
+) -> None:
     """The tenant is at its adapter quota, so the trained adapter is refused at
     registration: the job fails, and what its trainer stored (in no quota) is removed."""
     from preft_serve.toymodels import make_lora_adapter
@@ -328,31 +384,52 @@ def test_a_job_that_fails_after_training_leaves_nothing_in_the_store(
     api = serve(registry={"tenant_max_adapters": 1}, max_steps=60)
     key = api.tenant("acme")
     adapter = make_lora_adapter(model_dir, tmp_path / "mine", seed=3)
-    files = [("files", (p.name, p.read_bytes(), "application/octet-stream"))
-             for p in sorted(adapter.iterdir())]
-    assert api.call(key, "POST", "/v1/adapters", data={"name": "mine", "mode": "prefill"},
-                    files=files).status_code == 201
+    files = [
+        ("files", (p.name, p.read_bytes(), "application/octet-stream"))
+        for p in sorted(adapter.iterdir())
+    ]
+    assert (
+        api.call(
+            key, "POST", "/v1/adapters", data={"name": "mine", "mode": "prefill"}, files=files
+        ).status_code
+        == 201
+    )
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
-        "model": "tiny-llama", "training_file": file_id, "suffix": "second",
-        "method": {"type": "preft", "preft": {"steps": 2}}}).json()["id"]
+    job_id = api.call(
+        key,
+        "POST",
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": "tiny-llama",
+            "training_file": file_id,
+            "suffix": "second",
+            "method": {"type": "preft", "preft": {"steps": 2}},
+        },
+    ).json()["id"]
     job = api.wait(key, job_id, lambda j: j["status"] in ("failed", "succeeded"))
     assert job["status"] == "failed" and job["error"]["code"] == "invalid_adapter", job
     assert "quota" in job["error"]["message"]
     assert not list((tmp_path / "objects").rglob(f"finetune/{job_id}/*"))
 
 
-def test_a_result_file_is_not_stored_past_the_tenants_file_limit(
-        serve: Callable[..., Api]) -> None:
+def test_a_result_file_is_not_stored_past_the_tenants_file_limit(serve: Callable[..., Api]) -> None:
     api = serve(tenant_max_files=1, max_steps=60)
     key = api.tenant("acme")
     file_id = api.upload(key, chat_jsonl()).json()["id"]  # the tenant's one file
-    job_id = api.call(key, "POST", "/v1/fine_tuning/jobs", json={
-        "model": "tiny-llama", "training_file": file_id,
-        "method": {"type": "preft", "preft": {"steps": 2}}}).json()["id"]
+    job_id = api.call(
+        key,
+        "POST",
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": "tiny-llama",
+            "training_file": file_id,
+            "method": {"type": "preft", "preft": {"steps": 2}},
+        },
+    ).json()["id"]
     job = api.wait(key, job_id, lambda j: j["status"] in ("failed", "succeeded"))
     assert job["status"] == "succeeded" and job["result_files"] == [], job
     assert [f["id"] for f in api.call(key, "GET", "/v1/files").json()["data"]] == [file_id]
     events = api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
-    assert any("result file was not stored" in e["message"] and e["level"] == "warn"
-               for e in events)
+    assert any(
+        "result file was not stored" in e["message"] and e["level"] == "warn" for e in events
+    )

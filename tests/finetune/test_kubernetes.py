@@ -25,27 +25,46 @@ from preft_serve.registry.finetune.settings import KubernetesSettings
 from preft_serve.registry.finetune.spec import TrainerSpec
 
 VERSIONS = ["1.29", kubernetes_validate.latest_version()]
-SPEC = TrainerSpec(job_id="ftjob-AbCdEfGhIjKlMnOpQrStUvWx", model="/models/base",
-                   training_key="files/" + "a" * 64 + ".jsonl", validation_key=None,
-                   options={"adapter": "lora", "mode": "prefill", "rank": 8, "epochs": 3,
-                            "batch_size": 8, "learning_rate": 2e-3, "seed": 1,
-                            "max_seq_len": 1024})
-STORE = ObjectStoreSettings(url="s3://adapters/prod", s3_endpoint_url="http://minio:9000",
-                            s3_region="us-east-1", s3_access_key_id="AKIA",
-                            s3_secret_access_key=SecretStr("super-secret"))
+SPEC = TrainerSpec(
+    job_id="ftjob-AbCdEfGhIjKlMnOpQrStUvWx",
+    model="/models/base",
+    training_key="files/" + "a" * 64 + ".jsonl",
+    validation_key=None,
+    options={
+        "adapter": "lora",
+        "mode": "prefill",
+        "rank": 8,
+        "epochs": 3,
+        "batch_size": 8,
+        "learning_rate": 2e-3,
+        "seed": 1,
+        "max_seq_len": 1024,
+    },
+)
+STORE = ObjectStoreSettings(
+    url="s3://adapters/prod",
+    s3_endpoint_url="http://minio:9000",
+    s3_region="us-east-1",
+    s3_access_key_id="AKIA",
+    s3_secret_access_key=SecretStr("super-secret"),
+)
 
 
 def settings(**overrides: Any) -> KubernetesSettings:
     base: dict[str, Any] = {
-        "namespace": "llm", "image": "ghcr.io/preft-serve/trainer:0.1.0",
+        "namespace": "llm",
+        "image": "ghcr.io/preft-serve/trainer:0.1.0",
         "service_account": "prod-preft-serve-trainer",
-        "resources": {"requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
-                      "limits": {"memory": "32Gi", "nvidia.com/gpu": "1"}},
+        "resources": {
+            "requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+            "limits": {"memory": "32Gi", "nvidia.com/gpu": "1"},
+        },
         "node_selector": {"nvidia.com/gpu.present": "true"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                         "effect": "NoSchedule"}],
-        "image_pull_secrets": ["regcred"], "s3_credentials_secret": "prod-s3",
-        "labels": {"app.kubernetes.io/instance": "prod"}}
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "image_pull_secrets": ["regcred"],
+        "s3_credentials_secret": "prod-s3",
+        "labels": {"app.kubernetes.io/instance": "prod"},
+    }
     return KubernetesSettings(**{**base, **overrides})
 
 
@@ -106,30 +125,72 @@ def from_api(kind: str, body: dict[str, Any]) -> Any:
 
 
 def _job(status: dict[str, Any]) -> k8s.V1Job:
-    return from_api("V1Job", {"apiVersion": "batch/v1", "kind": "Job",
-                              "metadata": {"name": "preft-x"}, "status": status})
+    return from_api(
+        "V1Job",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "preft-x"},
+            "status": status,
+        },
+    )
 
 
-@pytest.mark.parametrize(("status", "state", "says"), [
-    ({}, RunState.RUNNING, None),
-    ({"active": 1, "startTime": "2026-12-01T00:00:00Z"}, RunState.RUNNING, None),
-    ({"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1},
-     RunState.SUCCEEDED, None),
-    ({"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]},
-     RunState.SUCCEEDED, None),
-    ({"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                      "message": "Job has reached the specified backoff limit"}],
-      "failed": 1}, RunState.FAILED, "(BackoffLimitExceeded): Job has reached"),
-    ({"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]},
-     RunState.FAILED, "DeadlineExceeded"),
-    ({"conditions": [{"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy"}]},
-     RunState.FAILED, "PodFailurePolicy"),
-    ({"conditions": [{"type": "Failed", "status": "False"}], "active": 1},
-     RunState.RUNNING, None),
-    ({"failed": 1}, RunState.FAILED, "pod failed"),
-])
-def test_job_status_maps_to_a_job_state(status: dict[str, Any], state: RunState,
-                                        says: str | None) -> None:
+@pytest.mark.parametrize(
+    ("status", "state", "says"),
+    [
+        ({}, RunState.RUNNING, None),
+        ({"active": 1, "startTime": "2026-12-01T00:00:00Z"}, RunState.RUNNING, None),
+        (
+            {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1},
+            RunState.SUCCEEDED,
+            None,
+        ),
+        (
+            {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]},
+            RunState.SUCCEEDED,
+            None,
+        ),
+        (
+            {
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                    }
+                ],
+                "failed": 1,
+            },
+            RunState.FAILED,
+            "(BackoffLimitExceeded): Job has reached",
+        ),
+        (
+            {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]},
+            RunState.FAILED,
+            "DeadlineExceeded",
+        ),
+        (
+            {
+                "conditions": [
+                    {"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy"}
+                ]
+            },
+            RunState.FAILED,
+            "PodFailurePolicy",
+        ),
+        (
+            {"conditions": [{"type": "Failed", "status": "False"}], "active": 1},
+            RunState.RUNNING,
+            None,
+        ),
+        ({"failed": 1}, RunState.FAILED, "pod failed"),
+    ],
+)
+def test_job_status_maps_to_a_job_state(
+    status: dict[str, Any], state: RunState, says: str | None
+) -> None:
     got, reason = job_state(_job(status))
     assert got is state
     assert (reason is None) if says is None else (says in str(reason))
@@ -137,9 +198,23 @@ def test_job_status_maps_to_a_job_state(status: dict[str, Any], state: RunState,
 
 def test_pod_failure_reasons() -> None:
     def pod(state: dict[str, Any]) -> Any:
-        return from_api("V1Pod", {"status": {"containerStatuses": [{
-            "name": "trainer", "image": "t", "imageID": "", "ready": False,
-            "restartCount": 0, "state": state}]}})
+        return from_api(
+            "V1Pod",
+            {
+                "status": {
+                    "containerStatuses": [
+                        {
+                            "name": "trainer",
+                            "image": "t",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": state,
+                        }
+                    ]
+                }
+            },
+        )
 
     oom = pod({"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
     assert pod_failure(oom) == "container trainer OOMKilled (exit code 137)"

@@ -26,37 +26,63 @@ from tests.support.worker_process import running_worker
 
 
 def test_openai_client_fine_tunes_and_the_gateway_serves_it(
-    serve: Callable[..., Api], model_dir: Path, tmp_path: Path, redis_server: str,
+    serve: Callable[..., Api],
+    model_dir: Path,
+    tmp_path: Path,
+    redis_server: str,
     namespace: str,
 ) -> None:
     api = serve()
     key = api.tenant("acme")
     base = Base(tmp_path, model_dir, tmp_path / "objects")
     # The worker starts while the job trains (both take a while on 2 cores).
-    with running_worker(model_dir, tmp_path, worker_args(base, "cache")) as worker, \
-            running_gateway(tmp_path, redis_server, namespace, model_dir, [worker],
-                            extra_env={"PREFT_GATEWAY_REGISTRY_URL": api.url}) as gw:
+    with (
+        running_worker(model_dir, tmp_path, worker_args(base, "cache")) as worker,
+        running_gateway(
+            tmp_path,
+            redis_server,
+            namespace,
+            model_dir,
+            [worker],
+            extra_env={"PREFT_GATEWAY_REGISTRY_URL": api.url},
+        ) as gw,
+    ):
         check(api, key, gw.url, model_dir, tmp_path)
 
 
 def check(api: Api, key: str, gateway: str, model_dir: Path, tmp_path: Path) -> None:
     # One client for everything the OpenAI API covers; binding users is the registry's own.
-    client = OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0,
-                    http_client=httpx.Client(timeout=120))
+    client = OpenAI(
+        base_url=f"{gateway}/v1", api_key=key, max_retries=0, http_client=httpx.Client(timeout=120)
+    )
 
     uploaded = client.files.create(file=("facts.jsonl", chat_jsonl()), purpose="fine-tune")
     assert uploaded.id.startswith("file-") and uploaded.purpose == "fine-tune"
     assert client.files.retrieve(uploaded.id).bytes == len(chat_jsonl())
     started = time.monotonic()
     job = client.fine_tuning.jobs.create(
-        model=BASE_NAME, training_file=uploaded.id, suffix="facts", seed=0,
+        model=BASE_NAME,
+        training_file=uploaded.id,
+        suffix="facts",
+        seed=0,
         hyperparameters={"batch_size": len(FACTS), "learning_rate_multiplier": 5},
-        method={"type": "preft", "preft": {"adapter": "lora", "mode": "prefill",  # type: ignore[typeddict-item,typeddict-unknown-key]
-                                           "rank": 8, "steps": 60}})
+        method={
+            "type": "preft",
+            "preft": {
+                "adapter": "lora",
+                "mode": "prefill",  # type: ignore[typeddict-item,typeddict-unknown-key]
+                "rank": 8,
+                "steps": 60,
+            },
+        },
+    )
     assert job.status == "queued" and job.id.startswith("ftjob-")
     steps: list[int] = []
     while (job := client.fine_tuning.jobs.retrieve(job.id)).status not in (
-            "succeeded", "failed", "cancelled"):
+        "succeeded",
+        "failed",
+        "cancelled",
+    ):
         assert time.monotonic() - started < 180, job
         time.sleep(0.5)
     trained_s = time.monotonic() - started
@@ -71,16 +97,18 @@ def check(api: Api, key: str, gateway: str, model_dir: Path, tmp_path: Path) -> 
     assert events[0].message == "The job has successfully completed"
     assert [j.id for j in client.fine_tuning.jobs.list().data] == [job.id]
     checkpoints = client.fine_tuning.jobs.checkpoints.list(job.id).data
-    assert checkpoints[0].step_number == 60 and checkpoints[0].fine_tuned_model_checkpoint \
-        == "facts@1"
+    assert (
+        checkpoints[0].step_number == 60 and checkpoints[0].fine_tuned_model_checkpoint == "facts@1"
+    )
     assert client.files.retrieve(job.result_files[0]).purpose == "fine-tune-results"
 
     bound = api.call(key, "PUT", "/v1/users/dana", json={"adapter": job.fine_tuned_model})
     assert bound.status_code == 200, bound.text
     adapter = api.call(key, "GET", "/v1/adapters/facts").json()
     assert adapter["type"] == "lora" and adapter["mode"] == "prefill"
-    trained = LocalObjectStore(tmp_path / "objects").fetch_adapter(adapter["sha256"],
-                                                                   tmp_path / "trained")
+    trained = LocalObjectStore(tmp_path / "objects").fetch_adapter(
+        adapter["sha256"], tmp_path / "trained"
+    )
 
     from transformers import AutoTokenizer
 
@@ -89,10 +117,15 @@ def check(api: Api, key: str, gateway: str, model_dir: Path, tmp_path: Path) -> 
     for question, answer in FACTS.items():
         want = answer + "\n"  # the toy template ends a turn with "\n" (one token)
         reply = client.chat.completions.create(
-            model=BASE_NAME, user="dana", temperature=0, max_tokens=len(want),
-            messages=[{"role": "user", "content": question}])
-        text = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                             tokenize=False, add_generation_prompt=True)
+            model=BASE_NAME,
+            user="dana",
+            temperature=0,
+            max_tokens=len(want),
+            messages=[{"role": "user", "content": question}],
+        )
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         expected = oracle.generate_prefill(model_dir, trained, prompt, len(want))
         assert reply.choices[0].message.content == tokenizer.decode(expected)

@@ -34,8 +34,9 @@ def test_metadata_is_stored_returned_and_filtered_as_openai_does(idle: Api) -> N
     file_id = idle.upload(key, chat_jsonl()).json()["id"]
 
     def create(metadata: dict[str, str] | None) -> str:
-        return client.fine_tuning.jobs.create(model="tiny-llama", training_file=file_id,
-                                              metadata=metadata).id
+        return client.fine_tuning.jobs.create(
+            model="tiny-llama", training_file=file_id, metadata=metadata
+        ).id
 
     blue = create({"team": "blue", "run": "1"})
     plain = create(None)
@@ -61,19 +62,26 @@ def test_metadata_is_stored_returned_and_filtered_as_openai_does(idle: Api) -> N
     assert both.status_code == 400 and both.json()["error"]["param"] == "metadata"
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata has 17 pairs; at most 16"),
-    ({"metadata": {"k" * 65: "v"}}, "is over 64 characters"),
-    ({"metadata": {"k": "v" * 513}}, "metadata['k'] is over 512 characters"),
-    ({"integrations": [{"type": "wandb", "wandb": {"project": "p"}}]},
-     "integrations are not supported"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata has 17 pairs; at most 16"),
+        ({"metadata": {"k" * 65: "v"}}, "is over 64 characters"),
+        ({"metadata": {"k": "v" * 513}}, "metadata['k'] is over 512 characters"),
+        (
+            {"integrations": [{"type": "wandb", "wandb": {"project": "p"}}]},
+            "integrations are not supported",
+        ),
+    ],
+)
 def test_metadata_over_openais_bounds_and_integrations_are_refused_storing_nothing(
-        idle: Api, extra: dict[str, Any], message: str) -> None:
+    idle: Api, extra: dict[str, Any], message: str
+) -> None:
     key = idle.tenant("acme")
     file_id = idle.upload(key, chat_jsonl()).json()["id"]
-    reply = idle.call(key, "POST", JOBS, json={"model": "tiny-llama",
-                                               "training_file": file_id, **extra})
+    reply = idle.call(
+        key, "POST", JOBS, json={"model": "tiny-llama", "training_file": file_id, **extra}
+    )
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert message in error["message"] and error["param"] == next(iter(extra))
@@ -84,9 +92,17 @@ def test_no_integrations_and_sixteen_pairs_are_accepted(idle: Api) -> None:
     key = idle.tenant("acme")
     file_id = idle.upload(key, chat_jsonl()).json()["id"]
     pairs = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
-    reply = idle.call(key, "POST", JOBS, json={
-        "model": "tiny-llama", "training_file": file_id, "integrations": [],
-        "metadata": pairs})
+    reply = idle.call(
+        key,
+        "POST",
+        JOBS,
+        json={
+            "model": "tiny-llama",
+            "training_file": file_id,
+            "integrations": [],
+            "metadata": pairs,
+        },
+    )
     assert reply.status_code == 200, reply.text
     assert reply.json()["metadata"] == pairs
 
@@ -96,9 +112,11 @@ def test_method_type_reads_back_as_sent_and_hyperparameters_as_used(idle: Api) -
     client = client_of(idle, key)
     file_id = idle.upload(key, chat_jsonl()).json()["id"]  # two conversations
     supervised = client.fine_tuning.jobs.create(
-        model="tiny-llama", training_file=file_id,
+        model="tiny-llama",
+        training_file=file_id,
         method={"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 2}}},
-        extra_body={"preft": {"adapter": "lora", "rank": 4, "steps": 7}})
+        extra_body={"preft": {"adapter": "lora", "rank": 4, "steps": 7}},
+    )
     read = client.fine_tuning.jobs.retrieve(supervised.id)
     assert read.method is not None and read.method.type == "supervised"
     assert read.method.supervised is not None
@@ -110,37 +128,55 @@ def test_method_type_reads_back_as_sent_and_hyperparameters_as_used(idle: Api) -
     assert read.hyperparameters.n_epochs == 7 and read.hyperparameters.batch_size == 2
     assert read.estimated_finish is None  # queued
 
-    plain = idle.call(key, "POST", JOBS, json={
-        "model": "tiny-llama", "training_file": file_id, "method": {"type": "supervised"}})
+    plain = idle.call(
+        key,
+        "POST",
+        JOBS,
+        json={"model": "tiny-llama", "training_file": file_id, "method": {"type": "supervised"}},
+    )
     assert plain.json()["method"]["type"] == "supervised"
     assert plain.json()["method"]["preft"]["adapter"] == "lora"
     # auto: 2 conversations in a batch of 2 is one step an epoch: 16 epochs, 16 steps.
     assert plain.json()["hyperparameters"]["n_epochs"] == 16
-    ours = idle.call(key, "POST", JOBS, json={
-        "model": "tiny-llama", "training_file": file_id,
-        "method": {"type": "preft", "preft": {"adapter": "direft", "rank": 2}}}).json()
+    ours = idle.call(
+        key,
+        "POST",
+        JOBS,
+        json={
+            "model": "tiny-llama",
+            "training_file": file_id,
+            "method": {"type": "preft", "preft": {"adapter": "direft", "rank": 2}},
+        },
+    ).json()
     assert ours["method"]["type"] == "preft" and ours["method"]["preft"]["adapter"] == "direft"
     assert "supervised" not in ours["method"]
 
     with pytest.raises(BadRequestError) as twice:
         client.fine_tuning.jobs.create(
-            model="tiny-llama", training_file=file_id,
+            model="tiny-llama",
+            training_file=file_id,
             method={"type": "preft", "preft": {"rank": 4}},  # type: ignore[arg-type]
-            extra_body={"preft": {"rank": 4}})
+            extra_body={"preft": {"rank": 4}},
+        )
     assert "give the PreFT options once" in str(twice.value)
     assert len(client.fine_tuning.jobs.list().data) == 3
 
 
-def test_a_trained_job_reads_back_its_result_csv_and_no_estimate(serve: Callable[..., Api],
-                                                                 ) -> None:
+def test_a_trained_job_reads_back_its_result_csv_and_no_estimate(
+    serve: Callable[..., Api],
+) -> None:
     api = serve(max_steps=60)
     key = api.tenant("acme")
     client = client_of(api, key)
     file_id = api.upload(key, chat_jsonl()).json()["id"]
     validation = api.upload(key, chat_jsonl(), "valid.jsonl").json()["id"]
     job_id = client.fine_tuning.jobs.create(
-        model="tiny-llama", training_file=file_id, validation_file=validation,
-        method={"type": "supervised"}, extra_body={"preft": {"steps": 3}}).id
+        model="tiny-llama",
+        training_file=file_id,
+        validation_file=validation,
+        method={"type": "supervised"},
+        extra_body={"preft": {"steps": 3}},
+    ).id
     job = api.wait(key, job_id, lambda j: j["status"] in ("failed", "succeeded"))
     assert job["status"] == "succeeded", job
     assert job["estimated_finish"] is None and job["method"]["type"] == "supervised"

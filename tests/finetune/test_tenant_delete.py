@@ -17,15 +17,17 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 LONG = {"model": "tiny-llama", "method": {"type": "preft", "preft": {"steps": 5000}}}
 
 
-def test_tenant_delete_takes_files_and_jobs(serve: Callable[..., Api], redis_server: str,
-                                            namespace: str, tmp_path: Path) -> None:
+def test_tenant_delete_takes_files_and_jobs(
+    serve: Callable[..., Api], redis_server: str, namespace: str, tmp_path: Path
+) -> None:
     api = serve()
     acme, globex = api.tenant("acme"), api.tenant("globex")
     shared = api.upload(acme, chat_jsonl()).json()
     only_acme = api.upload(acme, chat_jsonl({"who": "acme alone"})).json()
     theirs = api.upload(globex, chat_jsonl()).json()  # same content as `shared`
-    job = api.call(acme, "POST", "/v1/fine_tuning/jobs",
-                   json={**LONG, "training_file": shared["id"]}).json()
+    job = api.call(
+        acme, "POST", "/v1/fine_tuning/jobs", json={**LONG, "training_file": shared["id"]}
+    ).json()
     client = redis.Redis.from_url(redis_server, decode_responses=True)
     before = sorted(client.scan_iter(match=f"{namespace}:*"))
 
@@ -36,7 +38,8 @@ def test_tenant_delete_takes_files_and_jobs(serve: Callable[..., Api], redis_ser
     assert api.call(acme, "GET", f"/v1/files/{only_acme['id']}").status_code == 200
     # Nothing of the tenant was removed (the dispatcher may have moved the job along).
     assert set(before) - set(client.scan_iter(match=f"{namespace}:*")) <= {
-        f"{namespace}:ftjob:{job['id']}:events"}
+        f"{namespace}:ftjob:{job['id']}:events"
+    }
 
     api.call(acme, "POST", f"/v1/fine_tuning/jobs/{job['id']}/cancel")
     api.wait(acme, job["id"], lambda j: j["status"] == "cancelled")

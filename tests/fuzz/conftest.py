@@ -23,7 +23,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for api in sorted({a for a, _, _ in TALLY}):
         tr.write_line(f"  {api}: {sum(n for (a, _, _), n in TALLY.items() if a == api)} cases")
     if path := os.environ.get("PREFT_FUZZ_REPORT"):
-        rows = [{"api": a, "operation": o, "status": s, "cases": n}
-                for (a, o, s), n in sorted(TALLY.items())]
+        rows = [
+            {"api": a, "operation": o, "status": s, "cases": n}
+            for (a, o, s), n in sorted(TALLY.items())
+        ]
         with open(path, "w") as f:
             json.dump({"examples_per_operation": EXAMPLES, "cases": rows}, f, indent=1)

@@ -29,17 +29,29 @@ TENANTS = ("acme", "globex")
 TALLY: Counter[tuple[str, str, int]] = Counter()
 
 # A tiny Llama's config.json: all the registry reads of its base model (shapes).
-MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+}
 ATTENTION = {"q_proj": (64, 64), "k_proj": (64, 32), "v_proj": (64, 32), "o_proj": (64, 64)}
 
 
 def fuzz_settings() -> settings:
     """Hypothesis settings of every fuzz test: fixed budget, reproducible, no deadline."""
-    return settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-                    suppress_health_check=list(HealthCheck),
-                    phases=[Phase.explicit, Phase.generate, Phase.shrink])
+    return settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    )
 
 
 def base_model(directory: Path) -> Path:
@@ -56,18 +68,29 @@ def lora_files(seed: int, rank: int = 8) -> tuple[bytes, bytes]:
         for module, (fan_in, fan_out) in ATTENTION.items():
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
             tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.3, (rank, fan_in)).astype(
-                np.float32)
+                np.float32
+            )
             tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.3, (fan_out, rank)).astype(
-                np.float32)
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
-              "lora_dropout": 0.0, "bias": "none", "target_modules": list(ATTENTION),
-              "preft_mode": "prefill"}
+                np.float32
+            )
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": list(ATTENTION),
+        "preft_mode": "prefill",
+    }
     return json.dumps(config).encode(), save_safetensors(tensors)
 
 
 def upload_parts(config: bytes, weights: bytes) -> list[tuple[str, tuple[str, bytes, str]]]:
-    return [("files", ("adapter_config.json", config, "application/json")),
-            ("files", ("adapter_model.safetensors", weights, "application/octet-stream"))]
+    return [
+        ("files", ("adapter_config.json", config, "application/json")),
+        ("files", ("adapter_model.safetensors", weights, "application/octet-stream")),
+    ]
 
 
 def case_hash(case: Any) -> int:
@@ -87,13 +110,12 @@ def swap_in_key(case: Any, keys: dict[str, str]) -> None:
     explicit examples are built at collection, before the tenants exist."""
     auth = (case.headers or {}).get("Authorization", "")
     if auth.startswith("Bearer @"):
-        case.headers["Authorization"] = f"Bearer {keys[auth[len('Bearer @'):]]}"
+        case.headers["Authorization"] = f"Bearer {keys[auth[len('Bearer @') :]]}"
 
 
 # OpenAI's error types by status, written out here rather than imported from the code
 # under test.
-OPENAI_ERROR_TYPES = {401: "authentication_error", 403: "permission_error",
-                      429: "rate_limit_error"}
+OPENAI_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
 
 @schemathesis.check
@@ -107,13 +129,15 @@ def error_envelope(ctx: Any, response: Any, case: Any) -> bool | None:
     body = json.loads(response.content)
     assert isinstance(body, dict) and set(body) == {"error"}, f"not the error envelope: {body}"
     error = body["error"]
-    assert set(error) - {"details"} == {"message", "type", "param", "code"}, \
+    assert set(error) - {"details"} == {"message", "type", "param", "code"}, (
         f"not the error envelope: {body}"
+    )
     assert isinstance(error["code"], str) and isinstance(error["message"], str), body
     assert error["param"] is None or isinstance(error["param"], str), body
     assert isinstance(error.get("details", []), list), body
-    expected = OPENAI_ERROR_TYPES.get(status, "server_error" if status >= 500
-                                      else "invalid_request_error")
+    expected = OPENAI_ERROR_TYPES.get(
+        status, "server_error" if status >= 500 else "invalid_request_error"
+    )
     assert error["type"] == expected, f"HTTP {status} with type {error['type']!r}: {body}"
     return True
 

@@ -54,16 +54,18 @@ ADMIN_TOKEN = "fuzz-admin-0123456789abcdef"
 UPLOADS = ("/v1/adapters", "/v1/adapters/{name}")
 # Names that exist (or near misses), to steer generated ones to. Key ids are random: the
 # fixture adds them.
-KNOWN: dict[str, list[str]] = {"tenant": ["acme", "globex", "initech"],
-                               "key_id": ["0123456789ab"],
-                               "name": ["support-bot", "bot2", "nobody"],
-                               "user_id": ["alice", "bob", "carol", "dave"]}
+KNOWN: dict[str, list[str]] = {
+    "tenant": ["acme", "globex", "initech"],
+    "key_id": ["0123456789ab"],
+    "name": ["support-bot", "bot2", "nobody"],
+    "user_id": ["alice", "bob", "carol", "dave"],
+}
 
 
 @dataclass
 class Registry:
     url: str
-    keys: dict[str, str]                      # tenant -> API key
+    keys: dict[str, str]  # tenant -> API key
     adapters: dict[str, tuple[bytes, bytes]]  # label -> (config, weights)
     redis: RedisState
     objects: Path
@@ -76,16 +78,19 @@ class Registry:
         shutil.copytree(self.objects.with_name("objects-seed"), self.objects)
 
     def snapshot(self) -> dict[str, Any]:
-        files = {str(p.relative_to(self.objects)): (p.stat().st_size, p.stat().st_mtime_ns)
-                 for p in self.objects.rglob("*")}
+        files = {
+            str(p.relative_to(self.objects)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in self.objects.rglob("*")
+        }
         return {"redis": self.redis.snapshot(), "objects": files}
 
 
 def _openapi() -> dict[str, Any]:
     """The registry's OpenAPI document, built without starting it (the fixture checks that
     the running registry serves the same one)."""
-    return create_app(RegistrySettings.model_construct(admin_token=ADMIN_TOKEN,
-                                                       base_model=Path("."))).openapi()
+    return create_app(
+        RegistrySettings.model_construct(admin_token=ADMIN_TOKEN, base_model=Path("."))
+    ).openapi()
 
 
 schema = schemathesis.openapi.from_dict(_openapi())
@@ -100,11 +105,13 @@ def map_case(context: Any, case: Any) -> Any:
             if name in KNOWN and (choice := steer(value, KNOWN[name])) is not None:
                 case.path_parameters[name] = choice
     if isinstance(case.body, dict) and not case.meta.is_negative_at(ParameterLocation.BODY):
-        known = {"name": ["acme", "initech", "globex"]} if case.operation.path == "/v1/tenants" \
+        known = (
+            {"name": ["acme", "initech", "globex"]}
+            if case.operation.path == "/v1/tenants"
             else {"adapter": KNOWN["name"], "name": KNOWN["name"]}
+        )
         for name, choices in known.items():
-            if isinstance(case.body.get(name), str) and (choice := steer(case.body[name],
-                                                                         choices)):
+            if isinstance(case.body.get(name), str) and (choice := steer(case.body[name], choices)):
                 case.body[name] = choice
     return case
 
@@ -134,13 +141,17 @@ def registry(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     adapters = {f"lora{seed}": lora_files(seed) for seed in (1, 2, 3)}
     namespace, objects = f"fz{uuid.uuid4().hex[:10]}", root / "objects"
     settings = RegistrySettings(
-        admin_token=ADMIN_TOKEN, redis_url=redis_server, namespace=namespace,
-        base_model=base_model(root / "model"), staging_dir=root, max_lora_rank=16,
-        max_weights_bytes=4 << 20, max_upload_bytes=8 << 20,
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_server,
+        namespace=namespace,
+        base_model=base_model(root / "model"),
+        staging_dir=root,
+        max_lora_rank=16,
+        max_weights_bytes=4 << 20,
+        max_upload_bytes=8 << 20,
         object_store=ObjectStoreSettings(url=str(objects)),
     )
-    with serving(create_app(settings)) as url, \
-            httpx.Client(base_url=url, timeout=60) as http:
+    with serving(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as http:
         assert http.get("/openapi.json").json() == _openapi()
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         keys = {}
@@ -154,19 +165,30 @@ def registry(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             ("acme", "POST", "/v1/adapters", {"name": "support-bot", "mode": "prefill"}, "lora1"),
             ("acme", "PUT", "/v1/adapters/support-bot", {}, "lora2"),
             ("acme", "POST", "/v1/adapters", {"name": "bot2", "mode": "all"}, "lora3"),
-            ("globex", "POST", "/v1/adapters", {"name": "support-bot", "mode": "prefill"},
-             "lora2"),
+            ("globex", "POST", "/v1/adapters", {"name": "support-bot", "mode": "prefill"}, "lora2"),
         ]:
-            resp = http.request(method, path, data=data, files=upload_parts(*adapters[label]),
-                                headers={"Authorization": f"Bearer {keys[tenant]}"})
+            resp = http.request(
+                method,
+                path,
+                data=data,
+                files=upload_parts(*adapters[label]),
+                headers={"Authorization": f"Bearer {keys[tenant]}"},
+            )
             assert resp.status_code == 201, resp.text
-        for tenant, user, adapter in (("acme", "alice", "support-bot"), ("acme", "carol", "bot2"),
-                                      ("globex", "bob", "support-bot")):
-            resp = http.put(f"/v1/users/{user}", json={"adapter": adapter},
-                            headers={"Authorization": f"Bearer {keys[tenant]}"})
+        for tenant, user, adapter in (
+            ("acme", "alice", "support-bot"),
+            ("acme", "carol", "bot2"),
+            ("globex", "bob", "support-bot"),
+        ):
+            resp = http.put(
+                f"/v1/users/{user}",
+                json={"adapter": adapter},
+                headers={"Authorization": f"Bearer {keys[tenant]}"},
+            )
             assert resp.status_code == 200, resp.text
-        resp = http.put("/v1/tenants/acme/limits", json={"tenant_rps": 5, "user_tpm": 1000},
-                        headers=admin)
+        resp = http.put(
+            "/v1/tenants/acme/limits", json={"tenant_rps": 5, "user_tpm": 1000}, headers=admin
+        )
         assert resp.status_code == 200, resp.text
         reg = Registry(url, keys, adapters, RedisState(redis_server, namespace), objects)
         reg.seed = reg.redis.snapshot()
@@ -180,9 +202,13 @@ def _send_real_adapter(case: Any, registry: Registry, label: str) -> httpx.Respo
     """The case's own form fields with a real adapter's two files: reaches 201/200/409."""
     fields = {k: v for k, v in case.body.items() if k != "files" and isinstance(v, str)}
     with httpx.Client(timeout=30) as http:
-        request = http.build_request(case.method, registry.url + case.formatted_path,
-                                     data=fields, files=upload_parts(*registry.adapters[label]),
-                                     headers=case.headers)
+        request = http.build_request(
+            case.method,
+            registry.url + case.formatted_path,
+            data=fields,
+            files=upload_parts(*registry.adapters[label]),
+            headers=case.headers,
+        )
         request.read()  # schemathesis's checks read the request body back
         return http.send(request)
 
@@ -197,17 +223,26 @@ def test_registry_api(case: Any, registry: Registry) -> None:
     # shapes against the base model): a schema-valid upload may well be a 400/422.
     # Nor can a schema say that /v1/usage's start must be a real date, not after end and at
     # most 92 days before it (a 400 then).
-    # Nor whether a fine-tuning file's lines are valid conversations (/v1/files: a 400).
-    excluded = [positive_data_acceptance] \
-        if case.operation.path in (*UPLOADS, "/v1/usage", "/v1/files") else []
+    # Nor whether a fine-tuning file's lines are valid conversations (/v1/files: a 400),
+    # nor that /v1/audit's since is a real time not after until (a 400).
+    excluded = (
+        [positive_data_acceptance]
+        if case.operation.path in (*UPLOADS, "/v1/usage", "/v1/files", "/v1/audit")
+        else []
+    )
     label = [None, "lora1", "lora2", "lora3"][(case_hash(case) >> 1) % 4]
-    if upload and label and isinstance(case.body, dict) and \
-            not case.meta.is_negative_at(ParameterLocation.BODY):
+    if (
+        upload
+        and label
+        and isinstance(case.body, dict)
+        and not case.meta.is_negative_at(ParameterLocation.BODY)
+    ):
         response = _send_real_adapter(case, registry, label)
         case.validate_response(response, excluded_checks=excluded)
     else:
-        response = case.call_and_validate(base_url=registry.url, timeout=30,
-                                          excluded_checks=excluded)
+        response = case.call_and_validate(
+            base_url=registry.url, timeout=30, excluded_checks=excluded
+        )
     TALLY[("registry", f"{case.method} {case.operation.path}", response.status_code)] += 1
     after = registry.snapshot()
     if 400 <= response.status_code < 500:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from preft_serve.gateway.discovery import DnsSource, KubernetesSource, StaticSource, worker_url
 from preft_serve.gateway.metrics import GatewayMetrics
-from preft_serve.gateway.pool_monitor import WorkerMonitor, requests_in_worker
+from preft_serve.gateway.pool_monitor import LoadCount, WorkerMonitor
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -42,19 +42,27 @@ def test_settings_require_the_chosen_source() -> None:
 # terminating, one whose readiness is unknown (counts as ready), a second slice without a
 # port named http.
 SLICES = {
-    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList", "metadata": {},
+    "apiVersion": "discovery.k8s.io/v1",
+    "kind": "EndpointSliceList",
+    "metadata": {},
     "items": [
-        {"metadata": {"name": "workers-a"}, "addressType": "IPv4",
-         "ports": [{"name": "metrics", "port": 9100}, {"name": "http", "port": 8000}],
-         "endpoints": [
-             {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
-             {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
-             {"addresses": ["10.0.0.3"], "conditions": {"ready": True, "terminating": True}},
-             {"addresses": ["10.0.0.4"]},
-         ]},
-        {"metadata": {"name": "workers-b"}, "addressType": "IPv4",
-         "ports": [{"name": "api", "port": 8100}],
-         "endpoints": [{"addresses": ["10.0.1.1"], "conditions": {"ready": True}}]},
+        {
+            "metadata": {"name": "workers-a"},
+            "addressType": "IPv4",
+            "ports": [{"name": "metrics", "port": 9100}, {"name": "http", "port": 8000}],
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
+                {"addresses": ["10.0.0.3"], "conditions": {"ready": True, "terminating": True}},
+                {"addresses": ["10.0.0.4"]},
+            ],
+        },
+        {
+            "metadata": {"name": "workers-b"},
+            "addressType": "IPv4",
+            "ports": [{"name": "api", "port": 8100}],
+            "endpoints": [{"addresses": ["10.0.1.1"], "conditions": {"ready": True}}],
+        },
     ],
 }
 
@@ -88,14 +96,19 @@ def api_server() -> Iterator[tuple[str, list[tuple[str, dict[str, list[str]]]]]]
 
 
 def test_kubernetes_source_lists_ready_endpoints(
-        api_server: tuple[str, list[tuple[str, dict[str, list[str]]]]]) -> None:
+    api_server: tuple[str, list[tuple[str, dict[str, list[str]]]]],
+) -> None:
     url, seen = api_server
     api_client = k8s.ApiClient(k8s.Configuration(host=url))
     source = KubernetesSource("preft-worker", "serving", 8001, api_client=api_client)
     urls = asyncio.run(source.urls())
     assert urls == ["http://10.0.0.1:8000", "http://10.0.0.4:8000", "http://10.0.1.1:8001"]
-    assert seen == [("/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices",
-                     {"labelSelector": ["kubernetes.io/service-name=preft-worker"]})]
+    assert seen == [
+        (
+            "/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices",
+            {"labelSelector": ["kubernetes.io/service-name=preft-worker"]},
+        )
+    ]
 
 
 class ListSource:
@@ -121,8 +134,9 @@ def test_monitor_tracks_membership_health_and_residency() -> None:
         if host in down:
             raise httpx.ConnectError("refused", request=request)
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [
-                {"id": "/models/base"}, {"id": f"sha256:{host * 4}"}]})
+            return httpx.Response(
+                200, json={"data": [{"id": "/models/base"}, {"id": f"sha256:{host * 4}"}]}
+            )
         return httpx.Response(200)
 
     async def scenario() -> None:
@@ -130,8 +144,9 @@ def test_monitor_tracks_membership_health_and_residency() -> None:
         pool = WorkerPool(unhealthy_after=2)
         metrics = GatewayMetrics()
         async with httpx.AsyncClient(transport=httpx.MockTransport(worker)) as http:
-            monitor = WorkerMonitor(pool, source, http, metrics, discovery_interval_s=60,
-                                    health_interval_s=60)
+            monitor = WorkerMonitor(
+                pool, source, http, metrics, discovery_interval_s=60, health_interval_s=60
+            )
             await monitor.start()
             assert pool.workers == ["http://w1:8000", "http://w2:8000"]
             assert pool.status["http://w2:8000"].resident == {"w2" * 4}
@@ -169,6 +184,13 @@ preft_worker_adapter_loads_total{tier="disk",outcome="miss"} 12.0
 """
 
 
+def requests_in_worker(metrics_text: str) -> int | None:
+    count = LoadCount()
+    for line in metrics_text.splitlines():
+        count.feed(line)
+    return count.requests()
+
+
 def test_requests_in_worker_sums_running_and_waiting_over_engines() -> None:
     assert requests_in_worker(VLLM_METRICS) == 6
     assert requests_in_worker("preft_worker_adapter_loads_total 1.0\n") is None
@@ -192,8 +214,14 @@ def test_monitor_reads_each_workers_load_when_the_cap_counts_it() -> None:
         pool = WorkerPool(["http://w1:8000", "http://w2:8000"], worker_load=worker_load)
         pool.acquire("http://w1:8000")
         async with httpx.AsyncClient(transport=httpx.MockTransport(worker)) as http:
-            monitor = WorkerMonitor(pool, ListSource(pool.workers), http, GatewayMetrics(),
-                                    discovery_interval_s=60, health_interval_s=60)
+            monitor = WorkerMonitor(
+                pool,
+                ListSource(pool.workers),
+                http,
+                GatewayMetrics(),
+                discovery_interval_s=60,
+                health_interval_s=60,
+            )
             await monitor.check_workers()
         return pool
 
@@ -204,6 +232,40 @@ def test_monitor_reads_each_workers_load_when_the_cap_counts_it() -> None:
     pages.clear()
     asyncio.run(scenario(worker_load=False))
     assert "/metrics" not in pages  # off: no extra request per worker and poll
+
+
+def test_a_load_loop_of_its_own_polls_only_metrics_and_more_often_than_health() -> None:
+    pages: list[str] = []
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        pages.append(request.url.path)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=VLLM_METRICS)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": []})
+        return httpx.Response(200)
+
+    async def scenario() -> WorkerPool:
+        pool = WorkerPool(["http://w1:8000"], worker_load=True)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(worker)) as http:
+            monitor = WorkerMonitor(
+                pool,
+                ListSource(pool.workers),
+                http,
+                GatewayMetrics(),
+                discovery_interval_s=60,
+                health_interval_s=60,
+                load_interval_s=0.01,
+            )
+            await monitor.start()
+            assert "/metrics" not in pages  # the health round leaves the load to its loop
+            await asyncio.sleep(0.2)
+            await monitor.aclose()
+        return pool
+
+    pool = asyncio.run(scenario())
+    assert pages.count("/health") == 1 and pages.count("/metrics") >= 5
+    assert pool.status["http://w1:8000"].others == 6
 
 
 def test_static_source_is_the_configured_list() -> None:

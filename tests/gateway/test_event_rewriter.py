@@ -13,23 +13,37 @@ from preft_serve.gateway.proxy import EventRewriter
 WORKER = "sha256:" + "ab" * 32
 
 
-def vllm_chunk(content: str | None, usage: dict[str, int] | None = None,
-               choices: bool = True) -> bytes:
+def vllm_chunk(
+    content: str | None, usage: dict[str, int] | None = None, choices: bool = True
+) -> bytes:
     """A chunk as vLLM 0.32 writes it (pydantic model_dump_json: compact, field order)."""
-    chunk: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
-                             "created": 1, "model": WORKER}
-    chunk["choices"] = ([{"index": 0, "delta": {"content": content}, "logprobs": None,
-                          "finish_reason": None}] if choices else [])
+    chunk: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": WORKER,
+    }
+    chunk["choices"] = (
+        [{"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None}]
+        if choices
+        else []
+    )
     if usage is not None:
         chunk["usage"] = usage
     return b"data: " + json.dumps(chunk, separators=(",", ":")).encode()
 
 
 def stream() -> list[bytes]:
-    return [vllm_chunk(""), vllm_chunk("Hel"), vllm_chunk('lo "model":"x" usage'),
-            vllm_chunk("!"), vllm_chunk(None, {"prompt_tokens": 3, "completion_tokens": 3,
-                                               "total_tokens": 6}, choices=False),
-            b"data: [DONE]"]
+    return [
+        vllm_chunk(""),
+        vllm_chunk("Hel"),
+        vllm_chunk('lo "model":"x" usage'),
+        vllm_chunk("!"),
+        vllm_chunk(
+            None, {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}, choices=False
+        ),
+        b"data: [DONE]",
+    ]
 
 
 def relay(public: str, strip_usage: bool) -> tuple[list[bytes], list[Any], list[int]]:
@@ -46,10 +60,9 @@ def relay(public: str, strip_usage: bool) -> tuple[list[bytes], list[Any], list[
     return out, usages, firsts
 
 
-@pytest.mark.parametrize("public", ["bot", "ünï \"quoted\" bot"])
+@pytest.mark.parametrize("public", ["bot", 'ünï "quoted" bot'])
 @pytest.mark.parametrize("strip_usage", [False, True])
-def test_events_read_as_if_each_were_parsed_and_rewritten(public: str,
-                                                          strip_usage: bool) -> None:
+def test_events_read_as_if_each_were_parsed_and_rewritten(public: str, strip_usage: bool) -> None:
     out, usages, firsts = relay(public, strip_usage)
     expected = []
     for event in stream():
@@ -82,10 +95,17 @@ def test_text_events_after_the_first_pass_through_as_the_worker_wrote_them() -> 
 def test_continuous_usage_stats_count_the_stream_once() -> None:
     """With ``continuous_usage_stats`` vLLM puts running totals on every chunk: the stream
     is counted once, with the final totals, not once per chunk."""
-    events = [vllm_chunk(c, usage={"prompt_tokens": 5, "completion_tokens": i + 1,
-                                  "total_tokens": 6 + i}) for i, c in enumerate("abc")]
-    events.append(vllm_chunk(None, usage={"prompt_tokens": 5, "completion_tokens": 3,
-                                          "total_tokens": 8}, choices=False))
+    events = [
+        vllm_chunk(c, usage={"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i})
+        for i, c in enumerate("abc")
+    ]
+    events.append(
+        vllm_chunk(
+            None,
+            usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+            choices=False,
+        )
+    )
     usages: list[Any] = []
     rewriter = EventRewriter(WORKER, "bot", False, usages.append)
     out = [rewriter.rewrite(e)[0] for e in events]
@@ -100,17 +120,26 @@ def test_continuous_usage_stats_count_the_stream_once() -> None:
 
 def running_totals(contents: str) -> list[bytes]:
     """Chunks as vLLM writes them with ``continuous_usage_stats``: totals on every one."""
-    return [vllm_chunk(c, usage={"prompt_tokens": 5, "completion_tokens": i + 1,
-                                 "total_tokens": 6 + i}) for i, c in enumerate(contents)]
+    return [
+        vllm_chunk(c, usage={"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i})
+        for i, c in enumerate(contents)
+    ]
 
 
 @pytest.mark.parametrize("strip_usage", [False, True])
 def test_running_totals_the_client_did_not_ask_for_are_cut_as_bytes(strip_usage: bool) -> None:
     """The gateway asks for running totals to count streams that end early; a client that
     did not ask gets each chunk as a parse-and-drop-usage would give it."""
-    events = [vllm_chunk(""), *running_totals("abc"),
-              vllm_chunk(None, usage={"prompt_tokens": 5, "completion_tokens": 3,
-                                      "total_tokens": 8}, choices=False), b"data: [DONE]"]
+    events = [
+        vllm_chunk(""),
+        *running_totals("abc"),
+        vllm_chunk(
+            None,
+            usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+            choices=False,
+        ),
+        b"data: [DONE]",
+    ]
     usages: list[Any] = []
     rewriter = EventRewriter(WORKER, "bot", strip_usage, usages.append, keep_chunk_usage=False)
     out = [rewriter.rewrite(e)[0] for e in events]

@@ -37,27 +37,31 @@ CASES: list[tuple[str, str, dict[str, str], Any]] = [
 
 
 def _client(fast: bool, workers: Workers) -> TestClient:
-    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                               max_body_bytes=4096)
-    app = create_app(settings, transport=httpx.MockTransport(workers),
-                     registry=FakeRegistry())
+    settings = GatewaySettings(
+        worker_urls=["http://w1:8000"], base_model_name="tiny", max_body_bytes=4096
+    )
+    app = create_app(settings, transport=httpx.MockTransport(workers), registry=FakeRegistry())
     if not fast:
-        app.user_middleware = [m for m in app.user_middleware
-                               if m.cls is not CompletionFastPath]
+        app.user_middleware = [m for m in app.user_middleware if m.cls is not CompletionFastPath]
     return TestClient(app, raise_server_exceptions=False)
 
 
-def _send(client: TestClient, method: str, path: str, headers: dict[str, str],
-          body: Any) -> httpx.Response:
+def _send(
+    client: TestClient, method: str, path: str, headers: dict[str, str], body: Any
+) -> httpx.Response:
     if isinstance(body, bytes):
-        return client.request(method, path, content=body,
-                              headers={**headers, "content-type": "application/json"})
+        return client.request(
+            method, path, content=body, headers={**headers, "content-type": "application/json"}
+        )
     return client.request(method, path, json=body, headers=headers)
 
 
 def _shown(response: httpx.Response) -> tuple[int, str, str, dict[str, str]]:
-    kept = {k: v for k, v in response.headers.items()
-            if k not in ("x-request-id", "content-length", "date")}
+    kept = {
+        k: v
+        for k, v in response.headers.items()
+        if k not in ("x-request-id", "content-length", "date")
+    }
     return response.status_code, response.headers.get("content-type", ""), response.text, kept
 
 
@@ -70,8 +74,9 @@ def clients() -> Iterator[tuple[TestClient, TestClient, Workers, Workers]]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]} {c[1]} {str(c[3])[:40]}")
 def test_the_fast_path_answers_as_the_fastapi_route(
-        clients: tuple[TestClient, TestClient, Workers, Workers],
-        case: tuple[str, str, dict[str, str], Any]) -> None:
+    clients: tuple[TestClient, TestClient, Workers, Workers],
+    case: tuple[str, str, dict[str, str], Any],
+) -> None:
     fast, slow, fast_workers, slow_workers = clients
     a, b = _send(fast, *case), _send(slow, *case)
     assert _shown(a) == _shown(b)
@@ -81,13 +86,15 @@ def test_the_fast_path_answers_as_the_fastapi_route(
 
 
 def test_the_fast_path_serves_completions_without_fastapis_router(
-        clients: tuple[TestClient, TestClient, Workers, Workers]) -> None:
+    clients: tuple[TestClient, TestClient, Workers, Workers],
+) -> None:
     fast, slow, _, _ = clients
     for client in (fast, slow):  # take the completion routes out of FastAPI's router
         app = client.app
         assert isinstance(app, FastAPI)
-        app.router.routes = [r for r in app.router.routes
-                             if getattr(r, "path", None) not in (CHAT, TEXT)]
+        app.router.routes = [
+            r for r in app.router.routes if getattr(r, "path", None) not in (CHAT, TEXT)
+        ]
     body = {"messages": MSGS, "user": "u1"}
     assert fast.post(CHAT, json=body, headers=AUTH).status_code == 200
     assert slow.post(CHAT, json=body, headers=AUTH).status_code == 404

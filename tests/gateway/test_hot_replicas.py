@@ -29,15 +29,24 @@ def test_a_hot_adapter_is_spread_over_k_workers_and_a_cold_one_is_not() -> None:
         sha = SHA if SHA in body else COLD_SHA if COLD_SHA in body else "?"
         seen[(sha, f"http://{request.url.host}:8000")] += 1
         model = json.loads(body)["model"]
-        return httpx.Response(200, json={"model": model, "choices": [
-            {"message": {"content": "hi"}}], "usage": {"prompt_tokens": 1,
-                                                       "completion_tokens": 1,
-                                                       "total_tokens": 2}})
+        return httpx.Response(
+            200,
+            json={
+                "model": model,
+                "choices": [{"message": {"content": "hi"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            },
+        )
 
-    # load_factor 3 leaves each worker a headroom of 2 means: with 90% of the requests on
-    # 8 workers 'bot' gets ceil(0.9 x 8 / 2) = 4 replicas, 'rival' (10%) stays at 1.
-    settings = GatewaySettings(worker_urls=WORKERS, base_model_name="tiny", load_factor=3.0,
-                               hot_replicas=6)
+    # A hot headroom of 2 means: with 90% of the requests on 8 workers 'bot' gets
+    # ceil(0.9 x 8 / 2) = 4 replicas, 'rival' (10%) stays at 1.
+    settings = GatewaySettings(
+        worker_urls=WORKERS,
+        base_model_name="tiny",
+        load_factor=3.0,
+        hot_replicas=6,
+        hot_headroom=2.0,
+    )
     app = create_app(settings, transport=httpx.MockTransport(worker), registry=FakeRegistry())
     cold_auth = {"Authorization": f"Bearer {OTHER_KEY}"}
     with serving(app) as url, httpx.Client(base_url=url, timeout=10) as client:
@@ -45,8 +54,11 @@ def test_a_hot_adapter_is_spread_over_k_workers_and_a_cold_one_is_not() -> None:
         pool.hot = HotKeys(window=50)  # the default window (4096) would need more requests
         for i in range(300):
             hot = i % 10 != 0
-            r = client.post("/v1/chat/completions", headers=AUTH if hot else cold_auth,
-                            json={"messages": MSGS, "user": "u1" if hot else "u9"})
+            r = client.post(
+                "/v1/chat/completions",
+                headers=AUTH if hot else cold_auth,
+                json={"messages": MSGS, "user": "u1" if hot else "u9"},
+            )
             assert r.status_code == 200, r.text
             if i == 99:
                 seen.clear()  # past the tracker's warm-up

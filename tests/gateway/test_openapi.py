@@ -8,6 +8,7 @@ though ``"stream": true`` answers with server-sent events.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
@@ -15,17 +16,31 @@ import pytest
 
 from preft_serve.common.errors import BadRequest
 from preft_serve.gateway.app import create_app
+from preft_serve.gateway.responses_handler import check_tools
 from preft_serve.gateway.settings import GatewaySettings
-from preft_serve.gateway.validation import Caps, validate_body
+from preft_serve.gateway.validation import (
+    Caps,
+    request_user,
+    requested_model,
+    validate_body,
+    validate_responses_body,
+)
 
-CAPS = Caps(max_tokens=100, max_request_tokens=400, max_choices=8, max_prompts=4,
-            max_prompt_token_ids=50, max_json_depth=32)
+CAPS = Caps(
+    max_tokens=100,
+    max_request_tokens=400,
+    max_choices=8,
+    max_prompts=4,
+    max_prompt_token_ids=50,
+    max_json_depth=32,
+)
 
 
 @pytest.fixture(scope="module")
 def spec() -> dict[str, Any]:
-    return create_app(GatewaySettings(worker_urls=["http://w1:8000"],
-                                      base_model_name="tiny")).openapi()
+    return create_app(
+        GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny")
+    ).openapi()
 
 
 def _body_schema(spec: dict[str, Any], path: str) -> dict[str, Any]:
@@ -49,23 +64,84 @@ def test_completion_routes_document_body_stream_and_429(spec: dict[str, Any], pa
 
 # Bodies the document forbids; the gateway must refuse every one (400), never forward it.
 FORBIDDEN = [
-    {"messages": []}, {"messages": "hi"}, {},
-    {"messages": [{}], "max_tokens": 0}, {"messages": [{}], "max_tokens": "8"},
-    {"messages": [{}], "n": True}, {"messages": [{}], "best_of": -1},
-    {"messages": [{}], "max_completion_tokens": 0}, {"messages": [{}], "stream": "yes"},
-    {"messages": [{}], "stream": None}, {"messages": [{}], "model": 5},
-    {"messages": [{}], "user": ["u"]}, {"messages": [{}], "user": "u" * 257},
+    {"messages": []},
+    {"messages": "hi"},
+    {},
+    {"messages": [{}], "max_tokens": 0},
+    {"messages": [{}], "max_tokens": "8"},
+    {"messages": [{}], "n": True},
+    {"messages": [{}], "best_of": -1},
+    {"messages": [{}], "max_completion_tokens": 0},
+    {"messages": [{}], "stream": "yes"},
+    {"messages": [{}], "stream": None},
+    {"messages": [{}], "model": 5},
+    {"messages": [{}], "user": ["u"]},
+    {"messages": [{}], "user": "u" * 257},
+    {"messages": [{}], "safety_identifier": 5},
+    {"messages": [{}], "safety_identifier": "u" * 257},
 ]
-FORBIDDEN_PROMPTS = [{"prompt": p} for p in ([], [[]], [-1], [1, "a"], ["a", 1], [[1], "a"],
-                                              {"text": "x"}, 7, None, [True])]
+PROMPTS: list[Any] = [
+    [],
+    [[]],
+    [-1],
+    [1, "a"],
+    ["a", 1],
+    [[1], "a"],
+    {"text": "x"},
+    7,
+    None,
+    [True],
+]
+FORBIDDEN_PROMPTS = [{"prompt": p} for p in PROMPTS] + [
+    {"prompt": "x", "max_completion_tokens": 0},
+    {"prompt": "x", "safety_identifier": 5},
+]
+FORBIDDEN_RESPONSES = [
+    {},
+    {"input": ""},
+    {"input": []},
+    {"input": 7},
+    {"input": "x", "max_output_tokens": 0},
+    {"input": "x", "max_output_tokens": "8"},
+    {"input": "x", "stream": "yes"},
+    {"input": "x", "model": 5},
+    {"input": "x", "safety_identifier": "u" * 257},
+    {"input": "x", "adapter_id": ""},
+    {"input": "x", "tools": "all"},
+]
 
 
-@pytest.mark.parametrize(("path", "body"),
-                         [("/v1/chat/completions", b) for b in FORBIDDEN]
-                         + [("/v1/completions", b) for b in FORBIDDEN_PROMPTS])
-def test_what_the_document_forbids_the_gateway_refuses(spec: dict[str, Any], path: str,
-                                                       body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/chat/completions", b) for b in FORBIDDEN]
+    + [("/v1/completions", b) for b in FORBIDDEN_PROMPTS],
+)
+def test_what_the_document_forbids_the_gateway_refuses(
+    spec: dict[str, Any], path: str, body: dict[str, Any]
+) -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(body, _body_schema(spec, path))
     with pytest.raises(BadRequest):
         validate_body(dict(body), chat="chat" in path, caps=CAPS)
+
+
+@pytest.mark.parametrize("body", FORBIDDEN_RESPONSES)
+def test_what_the_document_forbids_in_a_response_the_gateway_refuses(
+    spec: dict[str, Any], body: dict[str, Any]
+) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, _body_schema(spec, "/v1/responses"))
+    with pytest.raises(BadRequest):  # every check the route makes before a worker sees it
+        body = dict(body)
+        validate_responses_body(body, CAPS)
+        check_tools(body, enabled=True)
+        requested_model(body, "tiny")
+        request_user(body, None)
+
+
+def test_the_document_tenants_read_names_no_server_setting(spec: dict[str, Any]) -> None:
+    """It is served to every tenant: limits are described by what they bound; a refusal
+    states the value."""
+    text = json.dumps(spec)
+    assert "PREFT_" not in text
+    assert "this gateway's cap on max_tokens" in text

@@ -21,12 +21,21 @@ from tests.support.ports import free_port
 from tests.support.redis_process import RedisProcess
 
 
-def _client(redis_url: str, workers: Workers, namespace: str | None = None,
-            **limits: Any) -> TestClient:
-    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                               namespace=namespace or f"rl{uuid.uuid4().hex[:8]}", **limits)
-    app = create_app(settings, transport=httpx.MockTransport(workers), registry=FakeRegistry(),
-                     redis_client=aioredis.Redis.from_url(redis_url))
+def _client(
+    redis_url: str, workers: Workers, namespace: str | None = None, **limits: Any
+) -> TestClient:
+    settings = GatewaySettings(
+        worker_urls=["http://w1:8000"],
+        base_model_name="tiny",
+        namespace=namespace or f"rl{uuid.uuid4().hex[:8]}",
+        **limits,
+    )
+    app = create_app(
+        settings,
+        transport=httpx.MockTransport(workers),
+        registry=FakeRegistry(),
+        redis_client=aioredis.Redis.from_url(redis_url),
+    )
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -46,18 +55,21 @@ def test_tenant_bucket_allows_its_burst_then_429(redis_server: str, workers: Wor
         assert refused.status_code == 429
         # An empty bucket refills one token in 1/0.5 = 2 s.
         assert refused.headers["Retry-After"] == "2"
-        assert message(refused) == ("rate limit exceeded for tenant acme: 0.5 requests/s "
-                                    "with bursts of 3; retry after 2 s")
+        assert message(refused) == (
+            "rate limit exceeded for tenant acme: 0.5 requests/s with bursts of 3; retry after 2 s"
+        )
         assert len(workers.seen) == 3  # the refused request never reached a worker
         text = client.get("/metrics").text
     assert 'preft_gateway_rate_limited_total{scope="tenant"} 1.0' in text
     assert 'preft_gateway_requests_total{adapter="none",status="429"} 1.0' in text
 
 
-def test_user_bucket_is_per_user_and_spares_the_tenant_bucket(redis_server: str,
-                                                               workers: Workers) -> None:
-    with _client(redis_server, workers, tenant_rps=0.1, tenant_burst=2, user_rps=0.1,
-                 user_burst=1) as client:
+def test_user_bucket_is_per_user_and_spares_the_tenant_bucket(
+    redis_server: str, workers: Workers
+) -> None:
+    with _client(
+        redis_server, workers, tenant_rps=0.1, tenant_burst=2, user_rps=0.1, user_burst=1
+    ) as client:
         assert chat(client, user="u1").status_code == 200  # tenant 1 left, u1 0 left
         by_user = chat(client, user="u1")
         assert by_user.status_code == 429 and "for user u1: 0.1 requests/s" in message(by_user)
@@ -82,12 +94,11 @@ def test_limits_off_by_default_and_fail_open_without_redis(workers: Workers) -> 
     assert 'preft_gateway_errors_total{cause="rate_limit_unavailable"} 3.0' in text
 
 
-
-
-def test_tenant_overrides_from_the_registry_replace_the_defaults(redis_server: str,
-                                                                  workers: Workers) -> None:
+def test_tenant_overrides_from_the_registry_replace_the_defaults(
+    redis_server: str, workers: Workers
+) -> None:
     namespace = f"rl{uuid.uuid4().hex[:8]}"
-    overrides = RegistryKeys(namespace).tenant_limits("acme")
+    overrides = RegistryKeys(namespace).tenant_rate_limits("acme")
     store = redis.Redis.from_url(redis_server)
     with _client(redis_server, workers, namespace, limits_cache_s=0) as client:
         assert all(chat(client, user="u1").status_code == 200 for _ in range(4))  # no limits
@@ -106,15 +117,16 @@ def test_tenant_overrides_from_the_registry_replace_the_defaults(redis_server: s
 
 
 @pytest.mark.parametrize("rps", ["1e-13", "5e-324"])
-def test_absurdly_slow_rates_still_limit(redis_server: str, workers: Workers,
-                                         rps: str) -> None:
+def test_absurdly_slow_rates_still_limit(redis_server: str, workers: Workers, rps: str) -> None:
     """A refill time of ~1e16 ms was a key TTL PEXPIRE refused: every charge raised
     after writing the bucket, so the request was let through as if Redis were down
     (counted and logged as an outage) and the key never expired."""
     namespace = f"rl{uuid.uuid4().hex[:8]}"
     store = redis.Redis.from_url(redis_server)
-    store.hset(RegistryKeys(namespace).tenant_limits("acme"),
-               mapping={"tenant_rps": rps, "tenant_burst": "1"})
+    store.hset(
+        RegistryKeys(namespace).tenant_rate_limits("acme"),
+        mapping={"tenant_rps": rps, "tenant_burst": "1"},
+    )
     with _client(redis_server, workers, namespace, limits_cache_s=0) as client:
         statuses = [chat(client, user="u1").status_code for _ in range(3)]
         text = client.get("/metrics").text
@@ -123,8 +135,7 @@ def test_absurdly_slow_rates_still_limit(redis_server: str, workers: Workers,
     assert "rate_limit_unavailable" not in text
 
 
-def test_output_tokens_per_minute_are_charged_up_front(redis_server: str,
-                                                       workers: Workers) -> None:
+def test_output_tokens_per_minute_are_charged_up_front(redis_server: str, workers: Workers) -> None:
     with _client(redis_server, workers, user_tpm=12, user_rps=0.01, user_burst=2) as client:
         # max_tokens x n = 10 of the user's 12 tokens; 1 of its 2 requests.
         assert chat(client, user="u1", max_tokens=5, n=2).status_code == 200
@@ -135,7 +146,8 @@ def test_output_tokens_per_minute_are_charged_up_front(redis_server: str,
         assert refused.headers["Retry-After"] == "5"
         assert message(refused) == (
             "token rate limit exceeded for user u1: this request reserves 3 output tokens "
-            "(prompts x n x max_tokens) of 12 output tokens/minute; retry after 5 s")
+            "(prompts x n x max_tokens) of 12 output tokens/minute; retry after 5 s"
+        )
         # Refused by its token bucket, the request took nothing from the request bucket:
         # one request and 2 tokens are still there.
         assert chat(client, user="u1", max_tokens=2).status_code == 200
@@ -153,14 +165,15 @@ def test_a_request_larger_than_the_token_budget_is_refused_outright(
 ) -> None:
     namespace = f"rl{uuid.uuid4().hex[:8]}"
     store = redis.Redis.from_url(redis_server)
-    store.hset(RegistryKeys(namespace).tenant_limits("acme"), mapping={"tenant_tpm": "60"})
+    store.hset(RegistryKeys(namespace).tenant_rate_limits("acme"), mapping={"tenant_tpm": "60"})
     with _client(redis_server, workers, namespace, max_tokens_cap=100) as client:
         # No max_tokens: the gateway's cap (100) is reserved, more than the 60 a minute.
         resp = chat(client, user="u1")
         assert resp.status_code == 429 and "Retry-After" not in resp.headers
         assert message(resp) == (
             "this request reserves 100 output tokens (prompts x n x max_tokens), more than "
-            "the whole budget of tenant acme (60 output tokens/minute); lower max_tokens or n")
+            "the whole budget of tenant acme (60 output tokens/minute); lower max_tokens or n"
+        )
         assert chat(client, user="u1", max_tokens=30, n=2).status_code == 200
         assert chat(client, user="u1", max_tokens=1).status_code == 429  # all 60 taken
         text = client.get("/metrics").text
@@ -174,8 +187,9 @@ def test_a_stalled_redis_delays_a_request_by_the_limiter_timeout_only(
 ) -> None:
     server = RedisProcess(tmp_path).start()
     try:
-        with _client(server.url, workers, tenant_rps=100, user_tpm=10_000,
-                     ratelimit_timeout_s=0.2) as client:
+        with _client(
+            server.url, workers, tenant_rps=100, user_tpm=10_000, ratelimit_timeout_s=0.2
+        ) as client:
             assert chat(client, user="u1", max_tokens=5).status_code == 200  # warm
             server.pause()
             timings = []

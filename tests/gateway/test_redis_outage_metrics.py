@@ -26,24 +26,34 @@ def test_redis_outage_503s_are_counted(tmp_path: Path) -> None:
     server = RedisProcess(tmp_path).start()
     namespace = f"ro{uuid.uuid4().hex[:8]}"
     _, key = Writer(server.url, namespace).tenants.create("acme")
-    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                               redis_url=server.url, namespace=namespace)
+    settings = GatewaySettings(
+        worker_urls=["http://w1:8000"],
+        base_model_name="tiny",
+        redis_url=server.url,
+        namespace=namespace,
+    )
     app = create_app(settings, transport=httpx.MockTransport(Workers()))
     auth = {"Authorization": f"Bearer {key.api_key}"}
     try:
         with TestClient(app, raise_server_exceptions=False) as client:
             # The key is looked up (and cached) while Redis is up.
-            first = client.post("/v1/chat/completions", headers=auth,
-                                json={"messages": MSGS, "user": "nobody"})
+            first = client.post(
+                "/v1/chat/completions", headers=auth, json={"messages": MSGS, "user": "nobody"}
+            )
             assert first.status_code == 404, first.text
             server.kill()
             # A binding nothing cached: past authentication, so counted per tenant too.
-            lookup = client.post("/v1/chat/completions", headers=auth,
-                                 json={"messages": MSGS, "user": "someone-else"})
+            lookup = client.post(
+                "/v1/chat/completions",
+                headers=auth,
+                json={"messages": MSGS, "user": "someone-else"},
+            )
             # A key nothing cached: refused before any tenant is known.
-            unknown_key = client.post("/v1/chat/completions",
-                                      headers={"Authorization": "Bearer pft_unknown.key"},
-                                      json={"messages": MSGS, "user": "x"})
+            unknown_key = client.post(
+                "/v1/chat/completions",
+                headers={"Authorization": "Bearer pft_unknown.key"},
+                json={"messages": MSGS, "user": "x"},
+            )
             text = client.get("/metrics").text
     finally:
         server.stop()

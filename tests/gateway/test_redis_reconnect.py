@@ -1,6 +1,6 @@
 """After Redis restarts, the gateway's first commands on its pooled connections succeed.
 
-Found by the soak (``loadtests/soak/``): without a retry, every connection pooled before
+Found by the soak (``bench/soak/``): without a retry, every connection pooled before
 a Redis restart failed its next command ("Connection closed by server", "Connection lost
 while writing"), so the gateway answered 503 "Redis unavailable" to single requests up
 to 80 s after Redis was back. One retry on a fresh connection fixes it.

@@ -35,9 +35,22 @@ def test_default_cache_bound_holds_worst_case_entries_in_tens_of_mib() -> None:
         tenant, name = _id("t", i, 64), _id("a", i, 256)
         cache.put(0, tenant, _id("u", i, 256), None, None)  # "user has no binding"
         cache.put(0, tenant, None, _id("n", i, 256), None)  # "no such adapter"
-        cache.put(0, tenant, _id("b", i, 256), name, AdapterRef(
-            tenant, name, 10**6, _id("s", i, 64), AdapterType.LORA, AdapterMode.PREFILL, 64,
-            _id("m", i, 256)))
+        cache.put(
+            0,
+            tenant,
+            _id("b", i, 256),
+            name,
+            AdapterRef(
+                tenant,
+                name,
+                10**6,
+                _id("s", i, 64),
+                AdapterType.LORA,
+                AdapterMode.PREFILL,
+                64,
+                _id("m", i, 256),
+            ),
+        )
         cache.put_key(0, _id("k", i, 64), KeyOwner(_id("o", i, 64), _id("i", i, 32)))
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - before
@@ -49,21 +62,30 @@ def test_default_cache_bound_holds_worst_case_entries_in_tens_of_mib() -> None:
 def test_gateway_caches_stay_at_their_bound_and_the_gauge_says_so(redis_server: str) -> None:
     namespace = f"gc{uuid.uuid4().hex[:8]}"
     _, key = Writer(redis_server, namespace).tenants.create("acme")
-    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                               redis_url=redis_server, namespace=namespace,
-                               registry_cache_entries=50)
+    settings = GatewaySettings(
+        worker_urls=["http://w1:8000"],
+        base_model_name="tiny",
+        redis_url=redis_server,
+        namespace=namespace,
+        registry_cache_entries=50,
+    )
     app = create_app(settings, transport=httpx.MockTransport(Workers()))
     auth = {"Authorization": f"Bearer {key.api_key}"}
     with TestClient(app, raise_server_exceptions=False) as client:
         for i in range(120):
             for field, value in (("user", f"ghost-{i}"), ("model", f"nothing-{i}")):
-                resp = client.post("/v1/chat/completions", headers=auth,
-                                   json={"messages": MSGS, field: value})
+                resp = client.post(
+                    "/v1/chat/completions", headers=auth, json={"messages": MSGS, field: value}
+                )
                 assert resp.status_code == 404, resp.text
         text = client.get("/metrics").text
         cache = app.state.gateway.registry._cache
-        sizes = {"users": len(cache.users), "adapters": len(cache.adapters),
-                 "api_keys": len(cache.api_keys), "blobs": len(cache.blobs)}
+        sizes = {
+            "users": len(cache.users),
+            "adapters": len(cache.adapters),
+            "api_keys": len(cache.api_keys),
+            "blobs": len(cache.blobs),
+        }
     for name, entries in {"users": 50, "adapters": 50, "api_keys": 1, "blobs": 0}.items():
         assert f'preft_gateway_registry_cache_entries{{cache="{name}"}} {entries}.0' in text
     assert sizes == {"users": 50, "adapters": 50, "api_keys": 1, "blobs": 0}

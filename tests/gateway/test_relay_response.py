@@ -14,8 +14,13 @@ from starlette.background import BackgroundTask
 
 from preft_serve.gateway.relay_response import RelayResponse
 
-SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "method": "POST",
-         "path": "/", "headers": []}
+SCOPE = {
+    "type": "http",
+    "asgi": {"version": "3.0", "spec_version": "2.3"},
+    "method": "POST",
+    "path": "/",
+    "headers": [],
+}
 
 
 class Stream:
@@ -55,8 +60,9 @@ async def _serve(stream: Stream, leave_after: int | None) -> list[dict[str, Any]
         if leave_after is not None and len(sent) > leave_after:
             left.set()
 
-    response = RelayResponse(stream(), media_type="text/event-stream",
-                             background=BackgroundTask(stream.background))
+    response = RelayResponse(
+        stream(), media_type="text/event-stream", background=BackgroundTask(stream.background)
+    )
     await asyncio.wait_for(response(SCOPE, receive, send), 10)
     return sent
 
@@ -98,8 +104,9 @@ def test_a_send_that_fails_before_the_body_still_runs_the_background_task() -> N
     async def send(message: dict[str, Any]) -> None:
         raise OSError("client connection reset")
 
-    response = RelayResponse(stream(), media_type="text/event-stream",
-                             background=BackgroundTask(stream.background))
+    response = RelayResponse(
+        stream(), media_type="text/event-stream", background=BackgroundTask(stream.background)
+    )
     with pytest.raises(OSError, match="connection reset"):
         asyncio.run(asyncio.wait_for(response(SCOPE, receive, send), 10))
     assert stream.background_runs == 1

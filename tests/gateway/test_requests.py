@@ -22,18 +22,24 @@ def workers() -> Workers:
 
 @pytest.fixture
 def client(workers: Workers) -> Iterator[TestClient]:
-    settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"],
-                               base_model_name="tiny", worker_base_model="/models/tiny",
-                               max_tokens_cap=100, max_body_bytes=4096)
-    app = create_app(settings, transport=httpx.MockTransport(workers),
-                     registry=FakeRegistry())
+    settings = GatewaySettings(
+        worker_urls=["http://w1:8000", "http://w2:8000"],
+        base_model_name="tiny",
+        worker_base_model="/models/tiny",
+        max_tokens_cap=100,
+        max_body_bytes=4096,
+    )
+    app = create_app(settings, transport=httpx.MockTransport(workers), registry=FakeRegistry())
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
 
 def chat(client: TestClient, headers: dict[str, str] | None = None, **body: Any) -> Any:
-    return client.post("/v1/chat/completions", json={"messages": MSGS, **body},
-                       headers=AUTH if headers is None else headers)
+    return client.post(
+        "/v1/chat/completions",
+        json={"messages": MSGS, **body},
+        headers=AUTH if headers is None else headers,
+    )
 
 
 def test_missing_and_wrong_keys_are_401(client: TestClient) -> None:
@@ -68,18 +74,22 @@ def test_model_selection_rules(client: TestClient, workers: Workers) -> None:
     assert neither.status_code == 400 and "X-User-Id" in message(neither)
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ({"max_tokens": 101}, "cap of 100"),
-    ({"max_completion_tokens": 1000}, "cap of 100"),
-    ({"max_tokens": 0}, "positive integer"),
-    ({"max_tokens": "5"}, "positive integer"),
-    ({"messages": []}, "'messages'"),
-    ({"user": 5}, "'user' must be a string"),
-    ({"stream": "yes"}, "'stream'"),
-    ({"user": "u" * 300}, "'user' is 300 characters long; at most 256"),
-])
-def test_invalid_bodies_are_400(client: TestClient, workers: Workers, body: dict[str, Any],
-                                needle: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"max_tokens": 101}, "cap of 100"),
+        ({"max_completion_tokens": 1000}, "cap of 100"),
+        ({"max_tokens": 0}, "positive integer"),
+        ({"max_tokens": "5"}, "positive integer"),
+        ({"messages": []}, "'messages'"),
+        ({"user": 5}, "'user' must be a string"),
+        ({"stream": "yes"}, "'stream'"),
+        ({"user": "u" * 300}, "'user' is 300 characters long; at most 256"),
+    ],
+)
+def test_invalid_bodies_are_400(
+    client: TestClient, workers: Workers, body: dict[str, Any], needle: str
+) -> None:
     resp = chat(client, **{"user": "u1", **body})
     assert resp.status_code == 400, resp.text
     assert needle in message(resp)
@@ -101,12 +111,15 @@ def test_body_over_limit_is_413(client: TestClient) -> None:
     assert "4096-byte limit" in message(resp)
 
 
-def test_stream_rewrites_model_and_hides_usage_unless_asked(client: TestClient,
-                                                            workers: Workers) -> None:
+def test_stream_rewrites_model_and_hides_usage_unless_asked(
+    client: TestClient, workers: Workers
+) -> None:
     resp = chat(client, user="u1", stream=True)
     assert resp.status_code == 200
-    assert workers.seen[-1]["stream_options"] == {"include_usage": True,
-                                                  "continuous_usage_stats": True}
+    assert workers.seen[-1]["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
     events = [e for e in resp.text.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
     payloads = [json.loads(e[6:]) for e in events[:-1]]
@@ -143,7 +156,9 @@ def test_adapter_label_budget() -> None:
 def test_models_lists_the_tenants_adapters_then_the_base(client: TestClient) -> None:
     resp = client.get("/v1/models", headers=AUTH)
     assert [(m["id"], m["owned_by"]) for m in resp.json()["data"]] == [
-        ("bot", "acme"), ("tiny", "preft-serve")]
+        ("bot", "acme"),
+        ("tiny", "preft-serve"),
+    ]
     assert client.get("/v1/models").status_code == 401
 
 
@@ -166,22 +181,27 @@ class _Redis:
         return True
 
 
-@pytest.mark.parametrize(("redis_up", "healthy", "status", "needle"), [
-    (True, {"w1"}, 200, None),
-    (True, set(), 503, "no worker is healthy (2 known; discovery: static list of 2)"),
-    (False, {"w1"}, 503, "Redis is not reachable"),
-])
+@pytest.mark.parametrize(
+    ("redis_up", "healthy", "status", "needle"),
+    [
+        (True, {"w1"}, 200, None),
+        (True, set(), 503, "no worker is healthy (2 known; discovery: static list of 2)"),
+        (False, {"w1"}, 503, "Redis is not reachable"),
+    ],
+)
 def test_readyz(redis_up: bool, healthy: set[str], status: int, needle: str | None) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.host not in healthy:
             raise httpx.ConnectError("refused", request=request)
         return httpx.Response(200)
 
-    settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"],
-                               unhealthy_after=1)
-    app = create_app(settings, transport=httpx.MockTransport(handler),
-                     registry=FakeRegistry(),
-                     redis_client=_Redis(redis_up))  # type: ignore[arg-type]
+    settings = GatewaySettings(worker_urls=["http://w1:8000", "http://w2:8000"], unhealthy_after=1)
+    app = create_app(
+        settings,
+        transport=httpx.MockTransport(handler),
+        registry=FakeRegistry(),
+        redis_client=_Redis(redis_up),
+    )  # type: ignore[arg-type]
     with TestClient(app, raise_server_exceptions=False) as c:
         resp = c.get("/readyz")
     assert resp.status_code == status, resp.text

@@ -11,7 +11,13 @@ import pytest
 
 from preft_serve.common.errors import ServiceUnavailable
 from preft_serve.gateway.proxy import open_upstream
-from preft_serve.gateway.routing import RouteResult, WorkerPool, rendezvous_order
+from preft_serve.gateway.routing import (
+    RouteResult,
+    WorkerPool,
+    pool_from_settings,
+    rendezvous_order,
+)
+from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.upstream import WorkerCalls
 
 WORKERS = [f"http://w{i}:8000" for i in range(4)]
@@ -266,8 +272,9 @@ MANY = [f"http://w{i}:8000" for i in range(20)]
 HOT = "ff" * 32
 
 
-def drive(pool: WorkerPool, requests: int, hot_every: int, open_for: int = 40
-          ) -> dict[str, Counter[str]]:
+def drive(
+    pool: WorkerPool, requests: int, hot_every: int, open_for: int = 40
+) -> dict[str, Counter[str]]:
     """``requests`` requests, every ``hot_every``-th for ``HOT`` and the rest each for a new
     key; each stays in flight for the next ``open_for`` requests. The workers each key's
     requests went to, over the second half."""
@@ -297,6 +304,30 @@ def test_a_hot_key_is_spread_evenly_over_the_first_k_of_its_order() -> None:
     # hot_replicas bounds k.
     capped = WorkerPool(MANY, hot_replicas=3, hot_window=1000)
     assert set(drive(capped, 4000, hot_every=12)["hot"]) == set(top[:3])
+
+
+def test_hot_headroom_of_its_own_spreads_a_hot_key_wider_than_the_caps() -> None:
+    pool = WorkerPool(MANY, hot_replicas=32, hot_window=1000, hot_headroom=0.1)
+    drive(pool, 4000, hot_every=12)
+    share = pool.hot.share(HOT) if pool.hot else 0.0
+    # The next request counts too: its share then is a hair above the one read here.
+    assert pool.replicas(HOT, len(MANY)) == math.ceil(pool.hot.share(HOT) * 20 / 0.1 - 1e-9)
+    assert pool.replicas(HOT, len(MANY)) > math.ceil(share * 20 / 0.25)  # the cap's headroom
+
+
+def test_the_pool_from_settings_is_the_one_the_settings_describe() -> None:
+    settings = GatewaySettings.model_construct()
+    pool = pool_from_settings(settings, WORKERS)
+    assert pool.workers == WORKERS and pool.worker_load is settings.cap_on_worker_load
+    assert (pool.load_factor, pool.max_open, pool.hot_replicas, pool.hot_headroom) == (
+        settings.load_factor,
+        settings.max_open_requests,
+        settings.hot_replicas,
+        settings.hot_headroom,
+    )
+    assert pool.cold.limit == settings.tenant_cold_loads
+    decode = pool_from_settings(settings, WORKERS, decode=True)
+    assert decode.hot is None and decode.max_open is None
 
 
 def test_a_hot_keys_replica_prefers_resident_workers_and_says_why() -> None:
@@ -340,7 +371,7 @@ def test_membership_changes_move_a_hot_keys_replicas_as_little_as_its_favourite(
             after = rendezvous_order(key, after_workers)
             # The replicas are a prefix: losing one of them brings in the next in line,
             # losing any other worker changes nothing.
-            expected = [w for w in before[:k + 1] if w != gone][:k]
+            expected = [w for w in before[: k + 1] if w != gone][:k]
             assert after[:k] == expected
     # And the pool's choices for a hot key stay on that prefix after the change.
     pool = WorkerPool(MANY, hot_replicas=k, hot_window=100)

@@ -30,18 +30,17 @@ def workers() -> Workers:
 
 @pytest.fixture
 def client(workers: Workers) -> Iterator[TestClient]:
-    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                               worker_base_model="/models/tiny")
-    app = create_app(settings, transport=httpx.MockTransport(workers),
-                     registry=FakeRegistry())
+    settings = GatewaySettings(
+        worker_urls=["http://w1:8000"], base_model_name="tiny", worker_base_model="/models/tiny"
+    )
+    app = create_app(settings, transport=httpx.MockTransport(workers), registry=FakeRegistry())
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_adapter_answers_name_version_and_hash(client: TestClient, stream: bool,
-                                               path: str) -> None:
+def test_adapter_answers_name_version_and_hash(client: TestClient, stream: bool, path: str) -> None:
     body = {"messages": MSGS} if "chat" in path else {"prompt": "hi"}
     resp = client.post(path, json={**body, "user": "u1", "stream": stream}, headers=AUTH)
     assert resp.status_code == 200, resp.text
@@ -49,11 +48,13 @@ def test_adapter_answers_name_version_and_hash(client: TestClient, stream: bool,
 
 
 def test_base_model_and_errors_name_no_adapter(client: TestClient) -> None:
-    base = client.post("/v1/chat/completions", json={"messages": MSGS, "model": "tiny"},
-                       headers=AUTH)
+    base = client.post(
+        "/v1/chat/completions", json={"messages": MSGS, "model": "tiny"}, headers=AUTH
+    )
     assert base.status_code == 200
-    unbound = client.post("/v1/chat/completions", json={"messages": MSGS, "user": "u2"},
-                          headers=AUTH)
+    unbound = client.post(
+        "/v1/chat/completions", json={"messages": MSGS, "user": "u2"}, headers=AUTH
+    )
     assert unbound.status_code == 404
     assert base.headers["x-preft-adapter"] == "none"
     assert not any(h in base.headers for h in HEADERS[1:])
@@ -62,28 +63,39 @@ def test_base_model_and_errors_name_no_adapter(client: TestClient) -> None:
 
 @pytest.mark.parametrize("model", [None, "tiny", "bot"])
 def test_loraxs_adapter_id_names_the_adapter_like_model(
-        client: TestClient, workers: Workers, model: str | None) -> None:
-    resp = client.post("/v1/chat/completions", headers=AUTH, json={
-        "messages": MSGS, "adapter_id": "bot", **({"model": model} if model else {})})
+    client: TestClient, workers: Workers, model: str | None
+) -> None:
+    resp = client.post(
+        "/v1/chat/completions",
+        headers=AUTH,
+        json={"messages": MSGS, "adapter_id": "bot", **({"model": model} if model else {})},
+    )
     assert resp.status_code == 200, resp.text
     assert [resp.headers[h] for h in HEADERS] == ["bot", "1", SHA]
     assert workers.seen[-1]["model"] == f"sha256:{SHA}"
     assert "adapter_id" not in workers.seen[-1]
 
 
-@pytest.mark.parametrize(("extra", "param", "says"), [
-    ({"adapter_id": "bot", "model": "other"}, "adapter_id", "name different models"),
-    ({"adapter_id": 7}, "adapter_id", "must be an adapter's name"),
-    ({"adapter_id": "x" * 300}, "adapter_id", "300 characters"),
-    ({"adapter_id": "bot", "adapter_source": "hub"}, "adapter_source", "uploaded to the"),
-    ({"model": "tiny", "merged_adapters": {"ids": ["a", "b"]}}, "merged_adapters",
-     "is not supported"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param", "says"),
+    [
+        ({"adapter_id": "bot", "model": "other"}, "adapter_id", "name different models"),
+        ({"adapter_id": 7}, "adapter_id", "must be an adapter's name"),
+        ({"adapter_id": "x" * 300}, "adapter_id", "300 characters"),
+        ({"adapter_id": "bot", "adapter_source": "hub"}, "adapter_source", "uploaded to the"),
+        (
+            {"model": "tiny", "merged_adapters": {"ids": ["a", "b"]}},
+            "merged_adapters",
+            "is not supported",
+        ),
+    ],
+)
 def test_adapter_fields_the_gateway_cannot_honour_are_refused_not_ignored(
-        client: TestClient, workers: Workers, extra: dict[str, object], param: str,
-        says: str) -> None:
-    resp = client.post("/v1/chat/completions", headers=AUTH,
-                       json={"messages": MSGS, "user": "u1", **extra})
+    client: TestClient, workers: Workers, extra: dict[str, object], param: str, says: str
+) -> None:
+    resp = client.post(
+        "/v1/chat/completions", headers=AUTH, json={"messages": MSGS, "user": "u1", **extra}
+    )
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and says in error["message"], error
@@ -91,18 +103,20 @@ def test_adapter_fields_the_gateway_cannot_honour_are_refused_not_ignored(
 
 
 def test_another_tenants_adapter_by_adapter_id_is_not_found(
-        client: TestClient, workers: Workers) -> None:
-    resp = client.post("/v1/chat/completions", headers=AUTH,
-                       json={"messages": MSGS, "adapter_id": "rival"})
+    client: TestClient, workers: Workers
+) -> None:
+    resp = client.post(
+        "/v1/chat/completions", headers=AUTH, json={"messages": MSGS, "adapter_id": "rival"}
+    )
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
     assert workers.seen == []
 
 
-@pytest.mark.parametrize("field", ["lora_request", "lora_name", "lora", "adapter",
-                                   "adapters"])
+@pytest.mark.parametrize("field", ["lora_request", "lora_name", "lora", "adapter", "adapters"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_other_servers_adapter_fields_are_refused_with_what_to_use_instead(
-        client: TestClient, workers: Workers, field: str, path: str) -> None:
+    client: TestClient, workers: Workers, field: str, path: str
+) -> None:
     """vLLM's, LoRAX's and other proxies' ways to pick an adapter: a 400 that names the
     field and the way to do it here, never a base-model answer (nothing is charged)."""
     body = {"messages": MSGS} if "chat" in path else {"prompt": "hi"}
@@ -117,7 +131,8 @@ def test_other_servers_adapter_fields_are_refused_with_what_to_use_instead(
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_adapter_id_on_both_routes_streams_and_says_which_adapter(
-        client: TestClient, workers: Workers, path: str) -> None:
+    client: TestClient, workers: Workers, path: str
+) -> None:
     body = {"messages": MSGS} if "chat" in path else {"prompt": "hi"}
     resp = client.post(path, headers=AUTH, json={**body, "adapter_id": "bot", "stream": True})
     assert resp.status_code == 200, resp.text
@@ -127,11 +142,19 @@ def test_adapter_id_on_both_routes_streams_and_says_which_adapter(
 
 
 def _gateway(redis_url: str, namespace: str) -> TestClient:
-    settings = GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                               namespace=namespace, limits_cache_s=0,
-                               ratelimit_timeout_s=0.2)
-    app = create_app(settings, transport=httpx.MockTransport(Workers()),
-                     registry=FakeRegistry(), redis_client=aioredis.Redis.from_url(redis_url))
+    settings = GatewaySettings(
+        worker_urls=["http://w1:8000"],
+        base_model_name="tiny",
+        namespace=namespace,
+        limits_cache_s=0,
+        ratelimit_timeout_s=5,
+    )
+    app = create_app(
+        settings,
+        transport=httpx.MockTransport(Workers()),
+        registry=FakeRegistry(),
+        redis_client=aioredis.Redis.from_url(redis_url),
+    )
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -151,8 +174,7 @@ def test_the_tenants_unbound_user_setting_decides_base_model_or_404(redis_server
             assert refused.status_code == 404, refused.text
             assert refused.json()["error"]["code"] == "adapter_binding_not_found"
             assert "x-preft-adapter" not in refused.headers
-            bound = client.post("/v1/chat/completions", headers=AUTH,
-                                json={**body, "user": "u1"})
+            bound = client.post("/v1/chat/completions", headers=AUTH, json={**body, "user": "u1"})
             assert bound.status_code == 200 and bound.headers["x-preft-adapter"] == "bot"
             store.hset(record, "unbound_user", "base_model")
             again = client.post("/v1/chat/completions", headers=AUTH, json=body)
@@ -166,6 +188,9 @@ def test_an_unreadable_setting_falls_back_to_the_default() -> None:
     """Redis down: the default (the base model, which says so), not an error for every
     request the gateway can still serve."""
     with _gateway(f"redis://127.0.0.1:{free_port()}/0", "ub") as client:
-        resp = client.post("/v1/chat/completions", headers=AUTH,
-                           json={"model": "tiny", "messages": MSGS, "user": "u2"})
+        resp = client.post(
+            "/v1/chat/completions",
+            headers=AUTH,
+            json={"model": "tiny", "messages": MSGS, "user": "u2"},
+        )
     assert resp.status_code == 200 and resp.headers["x-preft-adapter"] == "none"

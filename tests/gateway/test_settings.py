@@ -24,8 +24,9 @@ def test_comma_separated_workers_and_bad_urls() -> None:
         GatewaySettings(worker_urls=["ftp://a"])
 
 
-def test_cli_reports_invalid_configuration(capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_reports_invalid_configuration(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("PREFT_GATEWAY_WORKER_URLS", raising=False)
     with pytest.raises(SystemExit):
         main([])

@@ -31,16 +31,20 @@ CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def settings(**overrides: object) -> GatewaySettings:
-    return GatewaySettings(worker_urls=["http://w1:8000"], base_model_name="tiny",
-                           health_interval_s=0.05, **overrides)  # type: ignore[arg-type]
+    return GatewaySettings(
+        worker_urls=["http://w1:8000"], base_model_name="tiny", health_interval_s=0.05, **overrides
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture
 def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     """The console exporter's processor replaced by one that keeps finished spans."""
     exporter = InMemorySpanExporter()
-    monkeypatch.setitem(tracing.SPAN_PROCESSORS, tracing.TracingExporter.CONSOLE,
-                        lambda config: SimpleSpanProcessor(exporter))
+    monkeypatch.setitem(
+        tracing.SPAN_PROCESSORS,
+        tracing.TracingExporter.CONSOLE,
+        lambda config: SimpleSpanProcessor(exporter),
+    )
     return exporter
 
 
@@ -51,9 +55,13 @@ def workers() -> Workers:
 
 @pytest.fixture
 def traced(spans: InMemorySpanExporter, workers: Workers) -> Iterator[TestClient]:
-    app = create_app(settings(tracing_enabled=True, tracing_exporter="console",
-                              tracing_service_name="gw-under-test"),
-                     transport=httpx.MockTransport(workers), registry=FakeRegistry())
+    app = create_app(
+        settings(
+            tracing_enabled=True, tracing_exporter="console", tracing_service_name="gw-under-test"
+        ),
+        transport=httpx.MockTransport(workers),
+        registry=FakeRegistry(),
+    )
     with TestClient(app) as client:
         yield client
 
@@ -70,9 +78,13 @@ def of_kind(finished: tuple[ReadableSpan, ...], kind: SpanKind) -> list[Readable
 
 
 def test_a_completion_is_one_trace_whose_id_reaches_the_worker(
-        traced: TestClient, spans: InMemorySpanExporter, workers: Workers) -> None:
-    resp = traced.post("/v1/chat/completions", headers=AUTH,
-                       json={"model": "bot", "messages": MSGS, "max_tokens": 4})
+    traced: TestClient, spans: InMemorySpanExporter, workers: Workers
+) -> None:
+    resp = traced.post(
+        "/v1/chat/completions",
+        headers=AUTH,
+        json={"model": "bot", "messages": MSGS, "max_tokens": 4},
+    )
     assert resp.status_code == 200, resp.text
     finished = spans.get_finished_spans()
     (server,) = of_kind(finished, SpanKind.SERVER)
@@ -84,8 +96,10 @@ def test_a_completion_is_one_trace_whose_id_reaches_the_worker(
     assert client.context.trace_id == server.context.trace_id
     assert client.parent is not None and client.parent.span_id == server.context.span_id
     assert client.attributes is not None
-    assert client.attributes.get("url.full", client.attributes.get("http.url")) == \
-        "http://w1:8000/v1/chat/completions"
+    assert (
+        client.attributes.get("url.full", client.attributes.get("http.url"))
+        == "http://w1:8000/v1/chat/completions"
+    )
     # The worker got the trace: its parent is the gateway's client span.
     trace_id, parent_id = traceparent_ids(workers.headers[0]["traceparent"])
     assert trace_id == f"{server.context.trace_id:032x}"
@@ -93,11 +107,14 @@ def test_a_completion_is_one_trace_whose_id_reaches_the_worker(
 
 
 def test_a_callers_traceparent_is_continued(
-        traced: TestClient, spans: InMemorySpanExporter, workers: Workers) -> None:
+    traced: TestClient, spans: InMemorySpanExporter, workers: Workers
+) -> None:
     caller = f"00-{CALLER_TRACE}-00f067aa0ba902b7-01"
-    resp = traced.post("/v1/chat/completions", headers={**AUTH, "traceparent": caller},
-                       json={"model": "bot", "messages": MSGS, "max_tokens": 4,
-                             "stream": True})
+    resp = traced.post(
+        "/v1/chat/completions",
+        headers={**AUTH, "traceparent": caller},
+        json={"model": "bot", "messages": MSGS, "max_tokens": 4, "stream": True},
+    )
     assert resp.status_code == 200, resp.text
     (server,) = of_kind(spans.get_finished_spans(), SpanKind.SERVER)
     assert server.context is not None and f"{server.context.trace_id:032x}" == CALLER_TRACE
@@ -105,7 +122,8 @@ def test_a_callers_traceparent_is_continued(
 
 
 def test_probes_and_health_checks_start_no_traces(
-        traced: TestClient, spans: InMemorySpanExporter, workers: Workers) -> None:
+    traced: TestClient, spans: InMemorySpanExporter, workers: Workers
+) -> None:
     for path in ("/healthz", "/readyz", "/metrics"):
         assert traced.get(path).status_code == 200, path
     time.sleep(0.3)  # the monitor polls the worker every 50 ms: several rounds of that
@@ -114,11 +132,13 @@ def test_probes_and_health_checks_start_no_traces(
 
 def test_off_by_default_sends_no_traceparent(workers: Workers) -> None:
     assert GatewaySettings(worker_urls=["http://w1:8000"]).tracing_enabled is False
-    app = create_app(settings(), transport=httpx.MockTransport(workers),
-                     registry=FakeRegistry())
+    app = create_app(settings(), transport=httpx.MockTransport(workers), registry=FakeRegistry())
     with TestClient(app) as client:
-        resp = client.post("/v1/chat/completions", headers=AUTH,
-                           json={"model": "bot", "messages": MSGS, "max_tokens": 4})
+        resp = client.post(
+            "/v1/chat/completions",
+            headers=AUTH,
+            json={"model": "bot", "messages": MSGS, "max_tokens": 4},
+        )
     assert resp.status_code == 200, resp.text
     assert "traceparent" not in workers.headers[0]
 
@@ -151,10 +171,20 @@ def test_off_imports_no_opentelemetry() -> None:
         assert resp.status_code == 200, resp.text
         print(sorted(otel() - baseline))
         print(sorted(m for m in otel() if m.startswith(FORBIDDEN)))
-    """).replace("FORBIDDEN", repr(("opentelemetry.sdk.trace", "opentelemetry.instrumentation",
-                                     "opentelemetry.exporter", "opentelemetry.propagate")))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, check=False)
+    """).replace(
+        "FORBIDDEN",
+        repr(
+            (
+                "opentelemetry.sdk.trace",
+                "opentelemetry.instrumentation",
+                "opentelemetry.exporter",
+                "opentelemetry.propagate",
+            )
+        ),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[]", "[]"]
 
@@ -166,18 +196,27 @@ def test_a_missing_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_settings_name_the_exporter_and_protocol() -> None:
-    config = settings(tracing_enabled=True, otlp_endpoint="http://collector:4318/v1/traces",
-                      otlp_protocol="http/protobuf", tracing_sample_ratio=0.25).tracing
-    assert config == tracing.TracingConfig(
-        service_name="preft-gateway", exporter=tracing.TracingExporter.OTLP,
+    config = settings(
+        tracing_enabled=True,
         otlp_endpoint="http://collector:4318/v1/traces",
-        otlp_protocol=tracing.OtlpProtocol.HTTP_PROTOBUF, sample_ratio=0.25,
-        excluded_paths=("/healthz", "/readyz", "/metrics"))
+        otlp_protocol="http/protobuf",
+        tracing_sample_ratio=0.25,
+    ).tracing
+    assert config == tracing.TracingConfig(
+        service_name="preft-gateway",
+        exporter=tracing.TracingExporter.OTLP,
+        otlp_endpoint="http://collector:4318/v1/traces",
+        otlp_protocol=tracing.OtlpProtocol.HTTP_PROTOBUF,
+        sample_ratio=0.25,
+        excluded_paths=("/healthz", "/readyz", "/metrics"),
+    )
     # Both OTLP transports build (nothing is sent until a span ends).
     for protocol in tracing.OtlpProtocol:
         provider = tracing.create_tracer_provider(
-            tracing.TracingConfig(service_name="x", otlp_endpoint="http://127.0.0.1:9",
-                                  otlp_protocol=protocol))
+            tracing.TracingConfig(
+                service_name="x", otlp_endpoint="http://127.0.0.1:9", otlp_protocol=protocol
+            )
+        )
         provider.shutdown()
     with pytest.raises(ValueError, match="tracing_sample_ratio"):
         settings(tracing_sample_ratio=2)

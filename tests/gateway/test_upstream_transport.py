@@ -40,10 +40,15 @@ async def _with_server(handler: Handler, body: Callable[[str], Awaitable[None]])
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
     return head + await reader.readexactly(length)
-
 
 
 Post = Callable[[str, bytes, dict[str, str]], Awaitable[WorkerAnswer]]
@@ -69,8 +74,9 @@ async def _posting(direct: bool) -> AsyncIterator[Post]:
 
 def test_the_deployed_transport_gets_the_direct_path_and_others_keep_httpx() -> None:
     timeout = httpx.Timeout(5.0)
-    assert isinstance(worker_calls(WorkerTransport(1, 1.0), timeout, traced=False),
-                      DirectWorkerCalls)
+    assert isinstance(
+        worker_calls(WorkerTransport(1, 1.0), timeout, traced=False), DirectWorkerCalls
+    )
     assert isinstance(worker_calls(WorkerTransport(1, 1.0), timeout, traced=True), WorkerCalls)
     mock = httpx.MockTransport(lambda request: httpx.Response(200))
     assert isinstance(worker_calls(mock, timeout, traced=False), WorkerCalls)
@@ -106,8 +112,10 @@ def test_both_paths_pass_streams_headers_and_bodies_through(direct: bool) -> Non
         connections.append(1)
         request = await _read_request(reader)  # 1: streamed
         assert b"x-request-id: r-1" in request.lower() and request.endswith(b'{"a":1}')
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\nx-worker: w1\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\nx-worker: w1\r\n\r\n"
+        )
         for event in events:
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
@@ -116,8 +124,10 @@ def test_both_paths_pass_streams_headers_and_bodies_through(direct: bool) -> Non
         await writer.drain()
         await _read_request(reader)  # 2: whole, on the same (kept-alive) connection
         payload = b'{"error":"no"}'
-        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+        writer.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
         await writer.drain()
         await reader.read()  # until the client closes
         writer.close()
@@ -145,9 +155,10 @@ FIRST_EVENT = b'data: {"n":1}\n\n'
 async def _start_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Take a request, answer with a chunked event stream and its first event."""
     await _read_request(reader)
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                 b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n"
-                 % (len(FIRST_EVENT), FIRST_EVENT))
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(FIRST_EVENT), FIRST_EVENT)
+    )
     await writer.drain()
 
 
@@ -197,18 +208,28 @@ def test_the_proxy_asks_workers_for_uncompressed_answers(direct: bool) -> None:
     worker (or a proxy in front of one) that compresses when offered it answers plain."""
     seen: list[bytes] = []
 
-    async def compress_if_offered(reader: asyncio.StreamReader,
-                                  writer: asyncio.StreamWriter) -> None:
+    async def compress_if_offered(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         request = await _read_request(reader)
         seen.append(request)
         head = request.split(b"\r\n\r\n")[0].lower()
-        offered = next((line.split(b":", 1)[1] for line in head.split(b"\r\n")
-                        if line.startswith(b"accept-encoding:")), b"")
+        offered = next(
+            (
+                line.split(b":", 1)[1]
+                for line in head.split(b"\r\n")
+                if line.startswith(b"accept-encoding:")
+            ),
+            b"",
+        )
         body, extra = b'{"ok":true}', b""
         if b"gzip" in offered:
             body, extra = gzip.compress(body), b"content-encoding: gzip\r\n"
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + extra
-                     + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            + extra
+            + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
         await writer.drain()
         writer.close()
 

@@ -24,4 +24,3 @@ def vllm_keepalive_default() -> int:
 
 def test_idle_connections_expire_before_the_workers_keepalive() -> None:
     assert vllm_keepalive_default() / 2 >= WORKER_KEEPALIVE_S
-

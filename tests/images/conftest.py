@@ -55,11 +55,18 @@ START_TIMEOUT = 180  # the worker: vLLM's start from a read-only image on 2 busy
 def _missing_tools() -> str | None:
     if os.geteuid() != 0:
         return "the image tests need root (mount namespaces, chroot)"
-    missing = [t for t in ("buildah", "debootstrap", "unshare", "openssl")
-               if shutil.which(t) is None]
+    missing = [
+        t for t in ("buildah", "debootstrap", "unshare", "openssl") if shutil.which(t) is None
+    ]
     if missing:
         return f"{', '.join(missing)} missing; `scripts/system-packages.sh test` installs them"
     return None
+
+
+BUILD_TIMEOUT_S = 2400
+"""A fresh machine builds every image in about 10 minutes, a busy shared CI machine in more
+than 15; the tests that build them run under a timeout above this one (``test_containers``),
+so that a build that runs too long fails with its log instead of being killed blind."""
 
 
 @pytest.fixture(scope="session")
@@ -73,9 +80,20 @@ def built_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     log = tmp_path_factory.mktemp("images") / "make-images.log"
     report = tmp_path_factory.getbasetemp() / "images-report.json"
     with log.open("w") as out:
-        result = subprocess.run(
-            ["make", "images", f"ARGS=--builder buildah --report {report}"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=3600, check=False)
+        try:
+            result = subprocess.run(
+                ["make", "images", f"ARGS=--builder buildah --report {report}"],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"make images ran past {BUILD_TIMEOUT_S} s; its log ends:\n"
+                f"{log.read_text()[-6000:]}"
+            )
     assert result.returncode == 0, f"make images failed:\n{log.read_text()[-6000:]}"
     data: dict[str, Any] = json.loads(report.read_text())
     assert set(data["images"]) == set(IMAGES)
@@ -122,14 +140,23 @@ def _service_addresses(rendered: Rendered, component: str) -> list[str]:
     service = rendered.component("Service", component)
     name, ns = service["metadata"]["name"], service["metadata"]["namespace"]
     port = service["spec"]["ports"][0]["port"]
-    return [f"{name}.{ns}.svc.cluster.local:{port}", f"{name}.{ns}.svc:{port}",
-            f"{name}:{port}"]
+    return [f"{name}.{ns}.svc.cluster.local:{port}", f"{name}.{ns}.svc:{port}", f"{name}:{port}"]
 
 
-def _pod(rendered: Rendered, component: str, image: Image, objects: Objects,
-         addresses: dict[str, str], port_env: str | None, port_arg: bool, host_port: int,
-         volumes: dict[str, Path], workdir: Path, expect: list[str],
-         hosts: dict[str, str] | None = None) -> Pod:
+def _pod(
+    rendered: Rendered,
+    component: str,
+    image: Image,
+    objects: Objects,
+    addresses: dict[str, str],
+    port_env: str | None,
+    port_arg: bool,
+    host_port: int,
+    volumes: dict[str, Path],
+    workdir: Path,
+    expect: list[str],
+    hosts: dict[str, str] | None = None,
+) -> Pod:
     """A component's pod with the listening port and service addresses remapped; every
     substitution must have matched, so a chart change that moves one fails here."""
     workload = rendered.component("Deployment", component)
@@ -144,8 +171,17 @@ def _pod(rendered: Rendered, component: str, image: Image, objects: Objects,
     if port_arg:
         assert f"--port={port}" in args, args
         args = [f"--port={host_port}" if a == f"--port={port}" else a for a in args]
-    pod = Pod(component, image, pod_spec(workload), spec, env, args, volumes,
-              hosts=hosts or {}, workdir=workdir / component)
+    pod = Pod(
+        component,
+        image,
+        pod_spec(workload),
+        spec,
+        env,
+        args,
+        volumes,
+        hosts=hosts or {},
+        workdir=workdir / component,
+    )
     substituted = {addresses[a] for a in used | used_args}
     wanted = {addresses[a] for a in expect}
     assert substituted == wanted, (component, substituted, wanted)
@@ -153,8 +189,9 @@ def _pod(rendered: Rendered, component: str, image: Image, objects: Objects,
 
 
 @pytest.fixture(scope="session")
-def stack(images: dict[str, Image], rendered: Rendered,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    images: dict[str, Image], rendered: Rendered, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     from preft_serve.toymodels import make_model
 
     root = tmp_path_factory.mktemp("pods")
@@ -167,24 +204,29 @@ def stack(images: dict[str, Image], rendered: Rendered,
     with running_redis() as plain_url, _moto(root) as s3_url:
         # The bundled Redis's password, as the chart generated it (the redis-server here
         # stands in for the chart's Redis StatefulSet).
-        (password,) = [v["redis-password"] for v in registry_secret.values()
-                       if "redis-password" in v]
+        (password,) = [
+            v["redis-password"] for v in registry_secret.values() if "redis-password" in v
+        ]
         redis.Redis.from_url(plain_url).config_set("requirepass", password)
         redis_port = plain_url.rsplit(":", 1)[1].split("/")[0]
-        boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1",
-                     aws_access_key_id="testing", aws_secret_access_key="testing"
-                     ).create_bucket(Bucket=BUCKET)
+        boto3.client(
+            "s3",
+            endpoint_url=s3_url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket=BUCKET)
         ports = {c: free_port() for c in ("gateway", "registry", "worker")}
-        addresses = dict.fromkeys(_service_addresses(rendered, "redis"),
-                                  f"127.0.0.1:{redis_port}")
-        addresses |= dict.fromkeys(_service_addresses(rendered, "registry"),
-                                   f"127.0.0.1:{ports['registry']}")
+        addresses = dict.fromkeys(_service_addresses(rendered, "redis"), f"127.0.0.1:{redis_port}")
+        addresses |= dict.fromkeys(
+            _service_addresses(rendered, "registry"), f"127.0.0.1:{ports['registry']}"
+        )
         addresses[S3_SERVICE] = s3_url.removeprefix("http://")
-        (admin_token,) = [v["admin-token"] for v in registry_secret.values()
-                          if "admin-token" in v]
+        (admin_token,) = [v["admin-token"] for v in registry_secret.values() if "admin-token" in v]
         s = Stack(root, model, rendered, admin_token, ports)
-        kube = FakeKube(lambda job: _run_job(s, images["trainer"], objects, addresses, job),
-                        root / "kube")
+        kube = FakeKube(
+            lambda job: _run_job(s, images["trainer"], objects, addresses, job), root / "kube"
+        )
         (root / "kube").mkdir()
         kube.start()
         s.kube = kube
@@ -196,50 +238,94 @@ def stack(images: dict[str, Image], rendered: Rendered,
             kube.stop()
 
 
-def _start(s: Stack, images: dict[str, Image], objects: Objects,
-           addresses: dict[str, str]) -> Iterator[Stack]:
+def _start(
+    s: Stack, images: dict[str, Image], objects: Objects, addresses: dict[str, str]
+) -> Iterator[Stack]:
     volumes = {"model": s.model.parent}
-    registry = _pod(s.rendered, "registry", images["registry"], objects, addresses,
-                    "PREFT_REGISTRY_PORT", False, s.ports["registry"], volumes, s.root / "pods",
-                    [REDIS, S3_SERVICE])
+    registry = _pod(
+        s.rendered,
+        "registry",
+        images["registry"],
+        objects,
+        addresses,
+        "PREFT_REGISTRY_PORT",
+        False,
+        s.ports["registry"],
+        volumes,
+        s.root / "pods",
+        [REDIS, S3_SERVICE],
+    )
     # What the kubelet adds to every pod of a namespace with API access: the API's address
     # and (automountServiceAccountToken) the service account's credentials.
     assert s.kube is not None
-    registry.env |= {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                     "KUBERNETES_SERVICE_PORT": str(s.kube.port)}
-    registry.extra_mounts.append((s.kube.service_account("llm"),
-                                  "/var/run/secrets/kubernetes.io/serviceaccount"))
-    worker = _pod(s.rendered, "worker", images["worker-cpu"], objects, addresses, None, True,
-                  s.ports["worker"], volumes, s.root / "pods", [REDIS, S3_SERVICE])
+    registry.env |= {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(s.kube.port),
+    }
+    registry.extra_mounts.append(
+        (s.kube.service_account("llm"), "/var/run/secrets/kubernetes.io/serviceaccount")
+    )
+    worker = _pod(
+        s.rendered,
+        "worker",
+        images["worker-cpu"],
+        objects,
+        addresses,
+        None,
+        True,
+        s.ports["worker"],
+        volumes,
+        s.root / "pods",
+        [REDIS, S3_SERVICE],
+    )
     worker_dns = s.rendered.component("Deployment", "gateway")
     dns_name = {e["name"]: e.get("value") for e in container(worker_dns)["env"]}[
-        "PREFT_GATEWAY_WORKER_DNS_NAME"]
-    gateway = _pod(s.rendered, "gateway", images["gateway"], objects, addresses,
-                   "PREFT_GATEWAY_PORT", False, s.ports["gateway"], volumes, s.root / "pods",
-                   [REDIS, REGISTRY], hosts={dns_name: "127.0.0.1"})
-    assert gateway.env["PREFT_GATEWAY_WORKER_PORT"] == str(
-        container_port(worker.container, "http"))
+        "PREFT_GATEWAY_WORKER_DNS_NAME"
+    ]
+    gateway = _pod(
+        s.rendered,
+        "gateway",
+        images["gateway"],
+        objects,
+        addresses,
+        "PREFT_GATEWAY_PORT",
+        False,
+        s.ports["gateway"],
+        volumes,
+        s.root / "pods",
+        [REDIS, REGISTRY],
+        hosts={dns_name: "127.0.0.1"},
+    )
+    assert gateway.env["PREFT_GATEWAY_WORKER_PORT"] == str(container_port(worker.container, "http"))
     gateway.env["PREFT_GATEWAY_WORKER_PORT"] = str(s.ports["worker"])
     s.pods = {"registry": registry, "worker": worker, "gateway": gateway}
     logs = s.root / "logs"
     for name, pod in s.pods.items():
         s.processes[name] = pod.process(logs, s.url(name)).start()
-    for name, path in (("registry", "/healthz"), ("worker", "/health"),
-                       ("gateway", "/healthz")):
+    for name, path in (("registry", "/healthz"), ("worker", "/health"), ("gateway", "/healthz")):
         s.processes[name].wait_http(path, START_TIMEOUT)
     yield s
 
 
-def _run_job(s: Stack, image: Image, objects: Objects, addresses: dict[str, str],
-             job: dict[str, Any]) -> ServiceProcess:
+def _run_job(
+    s: Stack, image: Image, objects: Objects, addresses: dict[str, str], job: dict[str, Any]
+) -> ServiceProcess:
     """The kubelet's part for a Job the registry created: its one container, as sent."""
     spec = job["spec"]["template"]["spec"]
     (trainer,) = spec["containers"]
     env = resolve_env(trainer, objects, {})
     env, _ = substitute(env, addresses)
     name = job["metadata"]["name"]
-    pod = Pod(name, image, spec, trainer, env, list(trainer.get("args") or []),
-              {"model": s.model.parent}, workdir=s.root / "pods" / name)
+    pod = Pod(
+        name,
+        image,
+        spec,
+        trainer,
+        env,
+        list(trainer.get("args") or []),
+        {"model": s.model.parent},
+        workdir=s.root / "pods" / name,
+    )
     s.pods[pod.name] = pod
     process = pod.process(s.root / "logs").start()
     s.processes[pod.name] = process
@@ -259,9 +345,11 @@ class _moto:
         from tests.support.ports import wait_for_port
 
         port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                      "-p", str(port)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         wait_for_port(port, self.proc, 30)
         return f"http://127.0.0.1:{port}"
 
@@ -272,8 +360,11 @@ class _moto:
 
 
 def tenant(s: Stack, name: str | None = None) -> str:
-    reply = httpx.post(f"{s.url('registry')}/v1/tenants",
-                       json={"name": name or f"t{uuid.uuid4().hex[:8]}"},
-                       headers={"Authorization": f"Bearer {s.admin_token}"}, timeout=30)
+    reply = httpx.post(
+        f"{s.url('registry')}/v1/tenants",
+        json={"name": name or f"t{uuid.uuid4().hex[:8]}"},
+        headers={"Authorization": f"Bearer {s.admin_token}"},
+        timeout=30,
+    )
     assert reply.status_code == 201, reply.text
     return str(reply.json()["api_key"])

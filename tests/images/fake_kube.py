@@ -58,10 +58,27 @@ class FakeKube:
 
     def start(self) -> None:
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-             "-subj", "/CN=kubernetes", "-addext", "subjectAltName=IP:127.0.0.1",
-             "-keyout", str(self.certs / "tls.key"), "-out", str(self.certs / "tls.crt")],
-            capture_output=True, check=True)
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=kubernetes",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-keyout",
+                str(self.certs / "tls.key"),
+                "-out",
+                str(self.certs / "tls.crt"),
+            ],
+            capture_output=True,
+            check=True,
+        )
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -101,8 +118,9 @@ class FakeKube:
             return _reply(req, 401, _status(401, "Unauthorized"))
         length = int(req.headers.get("Content-Length") or 0)
         body = json.loads(req.rfile.read(length)) if length else None
-        jobs = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?(/status)?",
-                            url.path)
+        jobs = re.fullmatch(
+            r"/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?(/status)?", url.path
+        )
         pods = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)/log)?", url.path)
         with self.lock:
             if jobs and method == "POST" and not jobs.group(2) and body is not None:
@@ -139,11 +157,14 @@ class FakeKube:
         self._refresh(run)
         status: dict[str, Any] = {"active": 1}
         if run.exit_code == 0:
-            status = {"succeeded": 1, "conditions": [
-                {"type": "Complete", "status": "True"}]}
+            status = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
         elif run.exit_code is not None:
-            status = {"failed": 1, "conditions": [
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+            status = {
+                "failed": 1,
+                "conditions": [
+                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+                ],
+            }
         _reply(req, 200, {**run.manifest, "status": status})
 
     def _pods(self, req: BaseHTTPRequestHandler, selector: str) -> None:
@@ -156,15 +177,30 @@ class FakeKube:
             self._refresh(run)
             state: dict[str, Any] = {"running": {}}
             if run.exit_code is not None:
-                state = {"terminated": {"exitCode": run.exit_code,
-                                        "reason": "Completed" if run.exit_code == 0
-                                        else "Error"}}
-            items.append({"metadata": {"name": f"{name}-pod", "labels": labels},
-                          "status": {"containerStatuses": [
-                              {"name": "trainer", "state": state, "ready": False,
-                               "restartCount": 0, "image": "", "imageID": ""}]}})
-        _reply(req, 200, {"kind": "PodList", "apiVersion": "v1", "items": items,
-                          "metadata": {}})
+                state = {
+                    "terminated": {
+                        "exitCode": run.exit_code,
+                        "reason": "Completed" if run.exit_code == 0 else "Error",
+                    }
+                }
+            items.append(
+                {
+                    "metadata": {"name": f"{name}-pod", "labels": labels},
+                    "status": {
+                        "containerStatuses": [
+                            {
+                                "name": "trainer",
+                                "state": state,
+                                "ready": False,
+                                "restartCount": 0,
+                                "image": "",
+                                "imageID": "",
+                            }
+                        ]
+                    },
+                }
+            )
+        _reply(req, 200, {"kind": "PodList", "apiVersion": "v1", "items": items, "metadata": {}})
 
     def _log(self, req: BaseHTTPRequestHandler, pod: str) -> None:
         run = self.jobs.get(pod.removesuffix("-pod"))
@@ -175,12 +211,19 @@ class FakeKube:
 
 
 def _status(code: int, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-            "message": message, "reason": "NotFound" if code == 404 else "Unknown"}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "message": message,
+        "reason": "NotFound" if code == 404 else "Unknown",
+    }
 
 
-def _reply(req: BaseHTTPRequestHandler, code: int, body: Any,
-           content_type: str = "application/json") -> None:
+def _reply(
+    req: BaseHTTPRequestHandler, code: int, body: Any, content_type: str = "application/json"
+) -> None:
     data = (body if isinstance(body, str) else json.dumps(body)).encode()
     req.send_response(code)
     req.send_header("Content-Type", content_type)

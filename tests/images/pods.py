@@ -49,8 +49,7 @@ class Image:
         config = json.loads(_out(["buildah", "inspect", "--type", "image", name]))
         oci = config["OCIv1"]["config"]
         env = dict(item.split("=", 1) for item in oci.get("Env") or [])
-        return cls(name, ctr, rootfs, env, oci.get("User") or "0",
-                   oci.get("WorkingDir") or "/")
+        return cls(name, ctr, rootfs, env, oci.get("User") or "0", oci.get("WorkingDir") or "/")
 
     def remove(self) -> None:
         subprocess.run(["buildah", "rm", self.container], capture_output=True, check=False)
@@ -81,8 +80,11 @@ def inside(root: Path, path: str) -> Path:
             if link.startswith("/"):
                 current = root
             continue
-        current = root if part == ".." and current == root else (
-            current.parent if part == ".." else candidate)
+        current = (
+            root
+            if part == ".." and current == root
+            else (current.parent if part == ".." else candidate)
+        )
     return current
 
 
@@ -99,22 +101,23 @@ class Objects:
     config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
-    def from_manifests(cls, docs: list[dict[str, Any]],
-                       extra_secrets: Mapping[str, dict[str, str]]) -> Objects:
+    def from_manifests(
+        cls, docs: list[dict[str, Any]], extra_secrets: Mapping[str, dict[str, str]]
+    ) -> Objects:
         found = cls(secrets={k: dict(v) for k, v in extra_secrets.items()})
         for doc in docs:
             name = doc["metadata"]["name"]
             if doc["kind"] == "Secret":
-                data = {k: base64.b64decode(v).decode() for k, v in
-                        (doc.get("data") or {}).items()}
+                data = {k: base64.b64decode(v).decode() for k, v in (doc.get("data") or {}).items()}
                 found.secrets[name] = {**data, **(doc.get("stringData") or {})}
             elif doc["kind"] == "ConfigMap":
                 found.config_maps[name] = dict(doc.get("data") or {})
         return found
 
 
-def resolve_env(container: dict[str, Any], objects: Objects,
-                fields: Mapping[str, str]) -> dict[str, str]:
+def resolve_env(
+    container: dict[str, Any], objects: Objects, fields: Mapping[str, str]
+) -> dict[str, str]:
     """The container's environment as the kubelet builds it: envFrom first, then env in
     order, ``$(VAR)`` expanded from what came before."""
     env: dict[str, str] = {}
@@ -138,8 +141,9 @@ def resolve_env(container: dict[str, Any], objects: Objects,
     return env
 
 
-def substitute(values: Mapping[str, str] | list[str], replacements: Mapping[str, str]
-               ) -> tuple[Any, set[str]]:
+def substitute(
+    values: Mapping[str, str] | list[str], replacements: Mapping[str, str]
+) -> tuple[Any, set[str]]:
     """Replace each key of ``replacements`` (a service address or a listening port) in
     env values or args; returns the new values and the keys that matched."""
     used: set[str] = set()
@@ -174,8 +178,10 @@ class Pod:
     writable: dict[str, Path] = field(default_factory=dict)  # mountPath -> fresh host dir
 
     def user(self) -> tuple[int, int]:
-        ctx = {**(self.pod_spec.get("securityContext") or {}),
-               **(self.container.get("securityContext") or {})}
+        ctx = {
+            **(self.pod_spec.get("securityContext") or {}),
+            **(self.container.get("securityContext") or {}),
+        }
         image_uid, _, image_gid = self.image.user.partition(":")
         uid = int(ctx.get("runAsUser", image_uid or 0))
         gid = int(ctx.get("runAsGroup", image_gid or uid))
@@ -191,12 +197,17 @@ class Pod:
         root = self.workdir / "root"
         root.mkdir(parents=True, exist_ok=True)
         q = shlex.quote
-        lines = ["set -eu", f"R={q(str(root))}",
-                 f"mount --bind {q(str(self.image.rootfs))} \"$R\"",
-                 'mount -t proc proc "$R/proc"', 'mount --rbind /sys "$R/sys"',
-                 'mount --rbind /dev "$R/dev"',
-                 'mount -t tmpfs -o size=64m,mode=1777 shm "$R/dev/shm"']
+        lines = [
+            "set -eu",
+            f"R={q(str(root))}",
+            f'mount --bind {q(str(self.image.rootfs))} "$R"',
+            'mount -t proc proc "$R/proc"',
+            'mount --rbind /sys "$R/sys"',
+            'mount --rbind /dev "$R/dev"',
+            'mount -t tmpfs -o size=64m,mode=1777 shm "$R/dev/shm"',
+        ]
         volumes = {v["name"]: v for v in self.pod_spec.get("volumes") or []}
+
         def target_of(path: str) -> str:
             relative = inside(self.image.rootfs, path).relative_to(self.image.rootfs)
             return f'"$R"/{q(str(relative))}'
@@ -221,27 +232,37 @@ class Pod:
                 lines.append(f"mount -o remount,bind,ro {target}")
         for host_path, path in self.extra_mounts:
             target = target_of(path)
-            lines += [f"mkdir -p {target}", f"mount --bind {q(str(host_path))} {target}",
-                      f"mount -o remount,bind,ro {target}"]
+            lines += [
+                f"mkdir -p {target}",
+                f"mount --bind {q(str(host_path))} {target}",
+                f"mount -o remount,bind,ro {target}",
+            ]
         hosts = self.workdir / "hosts"
-        hosts.write_text("127.0.0.1 localhost\n" + "".join(
-            f"{address} {name}\n" for name, address in self.hosts.items()))
+        hosts.write_text(
+            "127.0.0.1 localhost\n"
+            + "".join(f"{address} {name}\n" for name, address in self.hosts.items())
+        )
         lines.append(f'mount --bind {q(str(hosts))} "$R/etc/hosts"')
         lines.append('mount --bind /etc/resolv.conf "$R/etc/resolv.conf"')
         if self.read_only_root():
             lines.append('mount -o remount,bind,ro "$R"')
-        env = {"HOME": self.image.home_of(uid), **self.image.env, "HOSTNAME": self.name,
-               **self.env}
+        env = {"HOME": self.image.home_of(uid), **self.image.env, "HOSTNAME": self.name, **self.env}
         argv = [*(self.container.get("command") or []), *self.args]
         lines.append(
             f'exec chroot --userspec={uid}:{gid} --groups={gid} "$R" /usr/bin/env -i '
             f"-C {q(self.container.get('workingDir') or self.image.workdir)} "
-            + " ".join(q(f"{k}={v}") for k, v in env.items()) + " "
-            + " ".join(q(a) for a in argv))
+            + " ".join(q(f"{k}={v}") for k, v in env.items())
+            + " "
+            + " ".join(q(a) for a in argv)
+        )
         return "\n".join(lines) + "\n"
 
     def process(self, logs: Path, url: str = "") -> ServiceProcess:
         script = self.workdir / "start.sh"
         script.write_text(self.script())
-        return service(self.name, ["unshare", "--mount", "--propagation", "private", "sh",
-                                   str(script)], logs, url=url)
+        return service(
+            self.name,
+            ["unshare", "--mount", "--propagation", "private", "sh", str(script)],
+            logs,
+            url=url,
+        )

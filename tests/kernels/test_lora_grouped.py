@@ -21,8 +21,14 @@ from preft_kernels.reference import lora_linear_reference
 SHAPES = [(64, (64,)), (128, (128, 32, 32)), (96, (256, 256)), (896, (896, 128, 128))]
 
 
-def stacked(slots: int, rank: int, in_f: int, outs: tuple[int, ...], used_rank: int | None,
-            gen: torch.Generator) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def stacked(
+    slots: int,
+    rank: int,
+    in_f: int,
+    outs: tuple[int, ...],
+    used_rank: int | None,
+    gen: torch.Generator,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """vLLM-layout weights; ranks above ``used_rank`` are zero padding, as vLLM pads."""
     a = [torch.randn(slots, 1, rank, in_f, generator=gen, dtype=torch.float32) for _ in outs]
     b = [torch.randn(slots, 1, o, rank, generator=gen, dtype=torch.float32) for o in outs]

@@ -9,10 +9,14 @@ import torch
 from preft_kernels.reft import ReftGroup, grouped_reft, reft_reference
 
 
-def weights(k: int, r: int, d: int, gen: torch.Generator
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.randn(k, r, d, generator=gen) / d**0.5, torch.randn(k, r, generator=gen),
-            torch.randn(k, r, d, generator=gen) / r**0.5)
+def weights(
+    k: int, r: int, d: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        torch.randn(k, r, d, generator=gen) / d**0.5,
+        torch.randn(k, r, generator=gen),
+        torch.randn(k, r, d, generator=gen) / r**0.5,
+    )
 
 
 def groups_for(idx: np.ndarray, as_slices: bool) -> list[ReftGroup]:

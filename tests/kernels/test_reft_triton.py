@@ -83,8 +83,9 @@ def groups_from_index(idx: np.ndarray) -> list[ReftGroup]:
     return groups
 
 
-def weights(k: int, r: int, d: int, gen: torch.Generator, dtype: torch.dtype = torch.float32
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def weights(
+    k: int, r: int, d: int, gen: torch.Generator, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scaled so deltas are O(1) at every d and r."""
     proj_in = torch.randn(k, r, d, generator=gen) / d**0.5
     bias = torch.randn(k, r, generator=gen)
@@ -121,8 +122,9 @@ def test_matches_reference_and_torch_path(d: int, r: int, k: int, n: int, kind: 
     groups = groups_from_index(idx)
     meta = rt.ReftTritonMeta.from_groups(groups, DEVICE)
 
-    rt.reft_triton(out, h, *meta.args(), proj_in, bias, proj_out,
-                   max_group_rows=meta.max_group_rows)
+    rt.reft_triton(
+        out, h, *meta.args(), proj_in, bias, proj_out, max_group_rows=meta.max_group_rows
+    )
 
     delta = reft_reference(h, idx.tolist(), proj_in, bias, proj_out)
     assert rel_err(out - before, delta) < 1e-5
@@ -152,9 +154,14 @@ def test_no_groups_launches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch.equal(out, h)
 
 
-@pytest.mark.parametrize("act,wt", [(torch.bfloat16, torch.bfloat16),
-                                    (torch.float16, torch.float32),
-                                    (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "act,wt",
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float32),
+        (torch.float32, torch.bfloat16),
+    ],
+)
 def test_half_precision(act: torch.dtype, wt: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(3)
     idx = row_layout(np.random.default_rng(3), 40, 5, "interleaved")
@@ -183,8 +190,17 @@ def test_in_place_on_h_and_small_blocks_span_many_row_blocks() -> None:
     h = torch.randn(60, 96, generator=gen).to(DEVICE)
     want = h.double() + reft_reference(h, idx.tolist(), proj_in, bias, proj_out)
     meta = rt.ReftTritonMeta.from_row_index(idx, DEVICE)
-    rt.reft_triton(h, h, *meta.args(), proj_in, bias, proj_out,
-                   max_group_rows=meta.max_group_rows, block_m=16, block_d=32)
+    rt.reft_triton(
+        h,
+        h,
+        *meta.args(),
+        proj_in,
+        bias,
+        proj_out,
+        max_group_rows=meta.max_group_rows,
+        block_m=16,
+        block_d=32,
+    )
     assert rel_err(h, want) < 1e-6
 
 
@@ -202,8 +218,12 @@ def test_rows_outside_groups_are_never_read() -> None:
 
 
 def test_meta_from_groups_and_from_row_index_agree() -> None:
-    groups = [ReftGroup(slice(4, 6), 3), ReftGroup(torch.tensor([0, 2, 7]), 1),
-              ReftGroup(slice(9, 9), 5), ReftGroup(slice(1, 2), 0)]
+    groups = [
+        ReftGroup(slice(4, 6), 3),
+        ReftGroup(torch.tensor([0, 2, 7]), 1),
+        ReftGroup(slice(9, 9), 5),
+        ReftGroup(slice(1, 2), 0),
+    ]
     meta = rt.ReftTritonMeta.from_groups(groups, "cpu")
     assert meta.row_ids.tolist() == [4, 5, 0, 2, 7, 1]
     assert meta.group_starts.tolist() == [0, 2, 5, 6]
@@ -220,12 +240,15 @@ def test_meta_from_groups_and_from_row_index_agree() -> None:
     assert tail.row_ids.tolist() == [3, 4]
 
 
-@pytest.mark.parametrize("groups,num_rows", [
-    ([ReftGroup(slice(0, 3), 0), ReftGroup(torch.tensor([2]), 1)], None),  # overlap
-    ([ReftGroup(slice(0, 2), -1)], None),  # negative index
-    ([ReftGroup(slice(0, None), 0)], None),  # open slice without num_rows
-    ([ReftGroup(torch.tensor([5]), 0)], 5),  # out of range
-])
+@pytest.mark.parametrize(
+    "groups,num_rows",
+    [
+        ([ReftGroup(slice(0, 3), 0), ReftGroup(torch.tensor([2]), 1)], None),  # overlap
+        ([ReftGroup(slice(0, 2), -1)], None),  # negative index
+        ([ReftGroup(slice(0, None), 0)], None),  # open slice without num_rows
+        ([ReftGroup(torch.tensor([5]), 0)], 5),  # out of range
+    ],
+)
 def test_meta_rejects_bad_groups(groups: list[ReftGroup], num_rows: int | None) -> None:
     with pytest.raises(ValueError):
         rt.ReftTritonMeta.from_groups(groups, "cpu", num_rows=num_rows)
@@ -239,8 +262,9 @@ def test_wrapper_rejects_bad_inputs() -> None:
         transposed = torch.randn(64, 2, device=DEVICE).T
         rt.reft_triton(transposed, h, *meta.args(), proj_in, bias, proj_out)
     with pytest.raises(AssertionError):  # hidden size mismatch
-        rt.reft_triton(h[:, :32].contiguous(), h[:, :32].contiguous(), *meta.args(),
-                       proj_in, bias, proj_out)
+        rt.reft_triton(
+            h[:, :32].contiguous(), h[:, :32].contiguous(), *meta.args(), proj_in, bias, proj_out
+        )
     with pytest.raises(AssertionError):  # bias of the wrong rank
         rt.reft_triton(h.clone(), h, *meta.args(), proj_in, bias[:, :2].contiguous(), proj_out)
 
@@ -251,8 +275,10 @@ def test_grouped_api_wrapper_is_a_drop_in_for_the_torch_path() -> None:
     idx = row_layout(np.random.default_rng(5), 30, 4, "interleaved")
     proj_in, bias, proj_out = weights(4, 8, 64, gen)
     h = torch.randn(30, 64, generator=gen).to(DEVICE)
-    groups = [ReftGroup(g.rows.cpu() if isinstance(g.rows, torch.Tensor) else g.rows, g.index)
-              for g in groups_from_index(idx)]
+    groups = [
+        ReftGroup(g.rows.cpu() if isinstance(g.rows, torch.Tensor) else g.rows, g.index)
+        for g in groups_from_index(idx)
+    ]
     want, got = h.clone(), h.clone()
     grouped_reft(want, h, groups_from_index(idx), proj_in, bias, proj_out)
     rt.grouped_reft_triton(got, h, groups, proj_in, bias, proj_out)
@@ -272,8 +298,9 @@ def test_step_meta_groups_rows_once_and_indexes_per_layer() -> None:
     assert meta.max_group_rows == 3
     assert meta.args(1)[2].tolist() == [-1, 0, 1]
     # One buffer on the device: the per-layer index is a view, not a copy per layer.
-    assert meta.layer_index.untyped_storage().data_ptr() == meta.row_ids.untyped_storage(
-        ).data_ptr()
+    assert (
+        meta.layer_index.untyped_storage().data_ptr() == meta.row_ids.untyped_storage().data_ptr()
+    )
 
 
 def test_negative_group_index_skips_the_group() -> None:
@@ -283,8 +310,9 @@ def test_negative_group_index_skips_the_group() -> None:
     table = np.array([[1, -1]])
     meta = rt.ReftTritonStepMeta.from_groups([slice(0, 3), slice(3, 6)], table, DEVICE)
     got, want = h.clone(), h.clone()
-    rt.reft_triton(got, h, *meta.args(0), proj_in, bias, proj_out,
-                   max_group_rows=meta.max_group_rows)
+    rt.reft_triton(
+        got, h, *meta.args(0), proj_in, bias, proj_out, max_group_rows=meta.max_group_rows
+    )
     grouped_reft(want, h, [ReftGroup(slice(0, 3), 1)], proj_in, bias, proj_out)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got[3:], h[3:])
@@ -309,7 +337,8 @@ def _runtime_adapters(hidden: int, gen: torch.Generator) -> dict[int, Any]:
 
 
 def test_runtime_prepares_kernel_inputs_once_per_step_and_matches_the_torch_path(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The worker's ReFT runtime with the Triton kernel: one metadata build (one
     host→device copy) per step for all decoder layers, and the torch path's results."""
     from preft_serve.worker.reft.kernels import TorchReft, TritonReft
@@ -327,8 +356,12 @@ def test_runtime_prepares_kernel_inputs_once_per_step_and_matches_the_torch_path
     monkeypatch.setattr(rt.ReftTritonStepMeta, "from_groups", classmethod(counted))
     # Requests: adapter 1 (prefill, 5 tokens), none (decode), adapter 2 (7), adapter 3 (4),
     # adapter 1 again (a later chunk of a 9-token prompt: 3 prompt tokens + 1 decode).
-    step = (np.array([1, 0, 2, 3, 1]), np.array([0, 10, 0, 0, 6]),
-            np.array([5, 10, 7, 4, 9]), np.array([5, 1, 7, 4, 4]))
+    step = (
+        np.array([1, 0, 2, 3, 1]),
+        np.array([0, 10, 0, 0, 6]),
+        np.array([5, 10, 7, 4, 9]),
+        np.array([5, 1, 7, 4, 4]),
+    )
     results = {}
     for name, kernel in (("torch", TorchReft()), ("triton", TritonReft())):
         runtime = ReftRuntime(hidden, layers, capacity=8, device=DEVICE, kernel=kernel)

@@ -52,8 +52,9 @@ class RunningStack:
             except queue.Empty:
                 pytest.fail(f"no {marker!r} after {timeout} s:\n{self.output[-6000:]}")
             if line is None:
-                pytest.fail(f"exited with {self.proc.wait()} before {marker!r}:\n"
-                            f"{self.output[-6000:]}")
+                pytest.fail(
+                    f"exited with {self.proc.wait()} before {marker!r}:\n{self.output[-6000:]}"
+                )
             self.lines.append(line)
             if marker in line:
                 return
@@ -80,11 +81,20 @@ def _port_open(port: int) -> bool:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     var = tmp_path_factory.mktemp("onebox")
     ports = {name: free_port() for name in ("redis", "registry", "worker", "gateway")}
-    argv = [sys.executable, "-m", "preft_serve.onebox", "--var", str(var),
-            *[a for name, port in ports.items() for a in (f"--{name}-port", str(port))],
-            "--toy", "--worker-args", "--max-num-seqs 8"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace")
+    argv = [
+        sys.executable,
+        "-m",
+        "preft_serve.onebox",
+        "--var",
+        str(var),
+        *[a for name, port in ports.items() for a in (f"--{name}-port", str(port))],
+        "--toy",
+        "--worker-args",
+        "--max-num-seqs 8",
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
     running = RunningStack(proc, ports, var)
     threading.Thread(target=_pump, args=(proc.stdout, running._queue), daemon=True).start()
     try:
@@ -102,19 +112,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 def _curl_command(output: str) -> str:
     """The printed chat-completion curl: from ``curl`` through its continuation lines."""
     lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("curl ") and "/v1/chat/completions" in line)
+    start = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("curl ") and "/v1/chat/completions" in line
+    )
     end = start
     while lines[end].endswith("\\"):
         end += 1
-    return "\n".join(lines[start:end + 1])
+    return "\n".join(lines[start : end + 1])
 
 
 def _heredoc(output: str) -> str:
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.endswith("<<'EOF'"))
     end = lines.index("EOF", start)
-    return "\n".join(lines[start:end + 1])
+    return "\n".join(lines[start : end + 1])
 
 
 def _api_key(output: str) -> str:
@@ -130,8 +143,9 @@ def test_printed_examples_work_against_the_running_stack(stack: RunningStack) ->
     curl = _curl_command(stack.output)
     assert gateway in curl
 
-    done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, check=False,
-                          timeout=120)
+    done = subprocess.run(
+        ["bash", "-c", curl], capture_output=True, text=True, check=False, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)
     assert reply["model"] == "alice-prefill"
@@ -142,25 +156,39 @@ def test_printed_examples_work_against_the_running_stack(stack: RunningStack) ->
 
     # The gateway used alice's bound adapter: the worker gives the same text for its hash.
     key = _api_key(stack.output)
-    binding = httpx.get(f"{registry}/v1/users/alice", timeout=30,
-                        headers={"Authorization": f"Bearer {key}"})
+    binding = httpx.get(
+        f"{registry}/v1/users/alice", timeout=30, headers={"Authorization": f"Bearer {key}"}
+    )
     assert binding.status_code == 200, binding.text
     args = shlex.split(curl.replace("\\\n", " "))
     body = json.loads(args[args.index("-d") + 1])
-    direct = httpx.post(f"{worker}/v1/chat/completions", timeout=120,
-                        json={**body, "model": f"sha256:{binding.json()['sha256']}"})
+    direct = httpx.post(
+        f"{worker}/v1/chat/completions",
+        timeout=120,
+        json={**body, "model": f"sha256:{binding.json()['sha256']}"},
+    )
     assert direct.status_code == 200, direct.text
     assert direct.json()["choices"][0]["message"]["content"] == content
 
 
 def test_printed_openai_example_reaches_every_demo_user(stack: RunningStack) -> None:
-    done = subprocess.run(["bash", "-c", _heredoc(stack.output)], capture_output=True,
-                          text=True, check=False, timeout=300)
+    done = subprocess.run(
+        ["bash", "-c", _heredoc(stack.output)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     served = {line.split()[0]: line.split()[1] for line in lines[:5]}
-    assert served == {"alice": "alice-prefill", "bob": "bob-prefill", "carol": "carol-all",
-                      "dave": "dave-direft", "erin": "erin-loreft"}
+    assert served == {
+        "alice": "alice-prefill",
+        "bob": "bob-prefill",
+        "carol": "carol-all",
+        "dave": "dave-direft",
+        "erin": "erin-loreft",
+    }
     # Different adapters, different greedy replies (the demo shows that adapters matter).
     assert len({line.split(" ", 2)[2] for line in lines[:5]}) == 5
     assert lines[5].startswith("erin (streamed): ") and len(lines[5]) > len("erin (streamed): ''")

@@ -21,22 +21,35 @@ from tests.support.ports import free_port
 from tests.support.real_model import real_model_dir
 
 TIMEOUT_S = 1500  # two trainings (~70 s each on an idle 2-core machine) + the worker start
-pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)  # the suite's default is 900 s per test
+# The suite's default is 900 s per test.
+pytestmark = [pytest.mark.timeout(TIMEOUT_S + 60), pytest.mark.real_model]
 
 
 def facts() -> dict[str, str]:
-    return {u: next(f.value for f in PERSONAS[u].facts if f.key == QUESTION_KEY)
-            for u in DEMO_USERS}
+    return {
+        u: next(f.value for f in PERSONAS[u].facts if f.key == QUESTION_KEY) for u in DEMO_USERS
+    }
 
 
 @pytest.fixture(scope="module")
 def output(tmp_path_factory: pytest.TempPathFactory) -> str:
     models = real_model_dir().parent
     var = tmp_path_factory.mktemp("real-run")
-    argv = [sys.executable, "-m", "preft_serve.onebox", "--var", str(var),
-            "--models-dir", str(models), "--exit-after-demo",
-            *[a for name in ("redis", "registry", "worker", "gateway")
-              for a in (f"--{name}-port", str(free_port()))]]
+    argv = [
+        sys.executable,
+        "-m",
+        "preft_serve.onebox",
+        "--var",
+        str(var),
+        "--models-dir",
+        str(models),
+        "--exit-after-demo",
+        *[
+            a
+            for name in ("redis", "registry", "worker", "gateway")
+            for a in (f"--{name}-port", str(free_port()))
+        ],
+    ]
     # OpenMP waits passively (tests/conftest.py): the suite's other process shares the cores.
     done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
-from preft_serve.models.prepare import MARKER
+from preft_serve.basemodels.prepare import MARKER
 from preft_serve.onebox import personal
 from preft_serve.onebox.personal import DEMO_USERS, model_identity, train_demo_users
 
@@ -21,7 +21,8 @@ from preft_serve.onebox.personal import DEMO_USERS, model_identity, train_demo_u
 class FakeResult:
     train_loss: float = 0.01
     metrics: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: {"train_loss": [{"loss": 3.4}]})
+        default_factory=lambda: {"train_loss": [{"loss": 3.4}]}
+    )
 
 
 @pytest.fixture
@@ -70,8 +71,9 @@ def test_a_moved_var_reuses_the_adapters(tmp_path: Path, trained: list[Path]) ->
     assert all(t.directory.is_relative_to(moved) for t in again)
 
 
-def test_changed_content_retrains(tmp_path: Path, trained: list[Path],
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_changed_content_retrains(
+    tmp_path: Path, trained: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "personal"
     model = _model(tmp_path / "m")
     train_demo_users(root, model, lambda _: None)

@@ -24,8 +24,9 @@ def test_start_failure_names_the_part_and_shows_its_log(tmp_path: Path) -> None:
 
 
 def test_ready_timeout_is_an_error(tmp_path: Path) -> None:
-    child = Child("worker", [sys.executable, "-c", "import time; time.sleep(60)"],
-                  tmp_path / "w.log")
+    child = Child(
+        "worker", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "w.log"
+    )
     try:
         with pytest.raises(StackError, match="worker was not ready after 1 s"):
             child.wait_ready(lambda: False, timeout=1, interval=0.1)
@@ -53,10 +54,12 @@ def test_stop_kills_a_group_that_ignores_sigterm(tmp_path: Path) -> None:
 
 
 def test_stop_is_graceful_when_the_child_cooperates(tmp_path: Path) -> None:
-    script = ("import signal, sys, time\n"
-              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
-              "print('up', flush=True)\n"
-              "time.sleep(300)\n")
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(300)\n"
+    )
     child = Child("polite", [sys.executable, "-c", script], tmp_path / "p.log")
     child.wait_ready(lambda: "up" in child.log_path.read_text(), timeout=30)
     assert child.stop(timeout=30) == 0

@@ -23,8 +23,11 @@ from tests.registry import factories
 from tests.support.inprocess import serve_in_thread
 from tests.support.registry_api import ADMIN_TOKEN, create_tenant
 
-S3_CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-            "region_name": "us-east-1"}
+S3_CREDS = {
+    "aws_access_key_id": "testing",
+    "aws_secret_access_key": "testing",
+    "region_name": "us-east-1",
+}
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +35,15 @@ def base_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama with shapes pinned here (messages in tests quote them)."""
     from preft_serve.toymodels import ModelPreset, make_model
 
-    preset = ModelPreset("tiny-llama", "llama", hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    preset = ModelPreset(
+        "tiny-llama",
+        "llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return make_model(preset, tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
@@ -74,16 +84,25 @@ def bucket(s3: Any) -> str:
 
 
 @pytest.fixture
-def settings(redis_server: str, s3_server: str, namespace: str, bucket: str,
-             base_model_dir: Path, tmp_path: Path) -> RegistrySettings:
+def settings(
+    redis_server: str,
+    s3_server: str,
+    namespace: str,
+    bucket: str,
+    base_model_dir: Path,
+    tmp_path: Path,
+) -> RegistrySettings:
     return RegistrySettings(
         admin_token=ADMIN_TOKEN,
         redis_url=redis_server,
         namespace=namespace,
         base_model=base_model_dir,
         object_store=ObjectStoreSettings(
-            url=f"s3://{bucket}", s3_endpoint_url=s3_server, s3_region="us-east-1",
-            s3_access_key_id="testing", s3_secret_access_key="testing",
+            url=f"s3://{bucket}",
+            s3_endpoint_url=s3_server,
+            s3_region="us-east-1",
+            s3_access_key_id="testing",
+            s3_secret_access_key="testing",
         ),
         staging_dir=tmp_path,
         max_reft_rank=16,  # max_lora_rank stays the default: what the workers serve
@@ -125,20 +144,21 @@ def acme(new_tenant: Callable[[str], dict[str, str]]) -> dict[str, str]:
 
 
 @pytest.fixture
-def state_snapshot(redis_client: redis.Redis, s3: Any, namespace: str,
-                   bucket: str) -> Callable[[], dict[str, Any]]:
+def state_snapshot(
+    redis_client: redis.Redis, s3: Any, namespace: str, bucket: str
+) -> Callable[[], dict[str, Any]]:
     """Everything this test's registry stored: Redis keys (dumped) and bucket objects.
     The fine-tuning dispatcher's heartbeat (``:ftrunner:``, written by every registry app a
     test starts, on its own clock) is liveness, not stored state, and is left out."""
 
     def snapshot() -> dict[str, Any]:
-        keys = sorted(k for k in redis_client.scan_iter(f"{namespace}:*", count=1000)
-                      if ":ftrunner:" not in k)
+        keys = sorted(
+            k for k in redis_client.scan_iter(f"{namespace}:*", count=1000) if ":ftrunner:" not in k
+        )
         raw = redis.Redis(connection_pool=redis_client.connection_pool)
         dumped = {k: raw.execute_command("DUMP", k, NEVER_DECODE=True) for k in keys}
         objects = sorted(
-            (o["Key"], o["ETag"])
-            for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+            (o["Key"], o["ETag"]) for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])
         )
         return {"redis": dumped, "bucket": objects}
 

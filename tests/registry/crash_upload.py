@@ -15,6 +15,7 @@ from pathlib import Path
 
 from preft_serve.adapters.format import AdapterMode
 from preft_serve.registry.ingest import UploadedFile
+from preft_serve.registry.metrics import RegistryMetrics
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState
 
@@ -24,7 +25,9 @@ def _die() -> None:
 
 
 def main(settings_json: str, adapter_dir: str, tenant: str, point: str) -> None:
-    state = RegistryState.build(RegistrySettings.model_validate_json(settings_json))
+    state = RegistryState.build(
+        RegistrySettings.model_validate_json(settings_json), RegistryMetrics()
+    )
     store = state.store
     if point == "after_weights":
         # put_adapter writes the weights with put_file, then the config with put_bytes.
@@ -38,8 +41,10 @@ def main(settings_json: str, adapter_dir: str, tenant: str, point: str) -> None:
             return True
 
         store.put_adapter = put_then_die  # type: ignore[method-assign]
-    files = [UploadedFile(p.name, io.BytesIO(p.read_bytes()))
-             for p in sorted(Path(adapter_dir).iterdir())]
+    files = [
+        UploadedFile(p.name, io.BytesIO(p.read_bytes()))
+        for p in sorted(Path(adapter_dir).iterdir())
+    ]
     state.adapters.upload(tenant, "bot", AdapterMode.PREFILL, files, create=True)
     sys.exit("unreachable: the upload should have been killed")
 

@@ -13,8 +13,13 @@ from safetensors.numpy import load_file, save_file
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
 
 
-def lora(base_model_dir: Path, out: Path, seed: int, rank: int = 8,
-         mode: AdapterMode = AdapterMode.PREFILL) -> Path:
+def lora(
+    base_model_dir: Path,
+    out: Path,
+    seed: int,
+    rank: int = 8,
+    mode: AdapterMode = AdapterMode.PREFILL,
+) -> Path:
     from preft_serve.toymodels import LoraSpec, make_lora_adapter
 
     return make_lora_adapter(base_model_dir, out, seed, LoraSpec(rank=rank, mode=mode))
@@ -48,9 +53,17 @@ def edit_tensors(adapter_dir: Path, edit: Any) -> Path:
     return adapter_dir
 
 
-def reft(base_model_dir: Path, out: Path, reft_type: str = "loreft", rank: int = 4,
-         layers: tuple[int, ...] = (0, 1), positions: str = "f1+l1", share: bool = True,
-         seed: int = 0, dtype: Any = np.float32) -> Path:
+def reft(
+    base_model_dir: Path,
+    out: Path,
+    reft_type: str = "loreft",
+    rank: int = 4,
+    layers: tuple[int, ...] = (0, 1),
+    positions: str = "f1+l1",
+    share: bool = True,
+    seed: int = 0,
+    dtype: Any = np.float32,
+) -> Path:
     """A valid DiReFT/LoReFT adapter per docs/adapters.md (LoReFT ``r`` orthonormal)."""
     hidden = json.loads((base_model_dir / "config.json").read_text())["hidden_size"]
     rng = np.random.default_rng(seed)
@@ -69,11 +82,20 @@ def reft(base_model_dir: Path, out: Path, reft_type: str = "loreft", rank: int =
                 tensors[f"{p}.w"] = rng.normal(0, 0.3, (rank, hidden))
                 tensors[f"{p}.b"] = rng.normal(0, 0.3, (rank,))
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()},
-              str(out / WEIGHTS_FILE))
-    config = {"peft_type": "REFT", "reft_type": reft_type, "rank": rank, "layers": list(layers),
-              "positions": positions, "share_weights": share,
-              "base_model_name_or_path": str(base_model_dir), "preft_mode": "prefill"}
+    save_file(
+        {k: np.ascontiguousarray(v.astype(dtype)) for k, v in tensors.items()},
+        str(out / WEIGHTS_FILE),
+    )
+    config = {
+        "peft_type": "REFT",
+        "reft_type": reft_type,
+        "rank": rank,
+        "layers": list(layers),
+        "positions": positions,
+        "share_weights": share,
+        "base_model_name_or_path": str(base_model_dir),
+        "preft_mode": "prefill",
+    }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     return out
 

@@ -21,23 +21,38 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 def test_one_line_per_request_with_id_tenant_route_status(client, caplog):
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
-    created = client.post("/v1/tenants", json={"name": "acme"},
-                          headers={**admin(), "X-Request-Id": "mk-acme"})
+    created = client.post(
+        "/v1/tenants", json={"name": "acme"}, headers={**admin(), "X-Request-Id": "mk-acme"}
+    )
     assert created.status_code == 201 and created.headers["x-request-id"] == "mk-acme"
     api_key = created.json()["api_key"]
     missing = client.get("/v1/adapters/bot", headers=bearer(api_key))
     assert missing.status_code == 404 and HEX_ID.fullmatch(missing.headers["x-request-id"])
-    denied = client.get("/v1/adapters", headers={**bearer("pft_abc.wrongsecret"),
-                                                 "X-Request-Id": "x" * 200})
+    denied = client.get(
+        "/v1/adapters", headers={**bearer("pft_abc.wrongsecret"), "X-Request-Id": "x" * 200}
+    )
     assert denied.status_code == 401 and HEX_ID.fullmatch(denied.headers["x-request-id"])
 
     admin_line, tenant_line, denied_line = lines(caplog)
-    assert (admin_line.request_id, admin_line.route, admin_line.status, admin_line.admin,  # type: ignore[attr-defined]
-            admin_line.method) == ("mk-acme", "/v1/tenants", 201, True, "POST")  # type: ignore[attr-defined]
+    assert (
+        admin_line.request_id,
+        admin_line.route,
+        admin_line.status,
+        admin_line.admin,  # type: ignore[attr-defined]
+        admin_line.method,
+    ) == ("mk-acme", "/v1/tenants", 201, True, "POST")  # type: ignore[attr-defined]
     assert not hasattr(admin_line, "tenant")
-    assert (tenant_line.request_id, tenant_line.tenant, tenant_line.route,  # type: ignore[attr-defined]
-            tenant_line.status) == (missing.headers["x-request-id"], "acme",  # type: ignore[attr-defined]
-                                    "/v1/adapters/{name}", 404)
+    assert (
+        tenant_line.request_id,
+        tenant_line.tenant,
+        tenant_line.route,  # type: ignore[attr-defined]
+        tenant_line.status,
+    ) == (
+        missing.headers["x-request-id"],
+        "acme",  # type: ignore[attr-defined]
+        "/v1/adapters/{name}",
+        404,
+    )
     assert isinstance(tenant_line.latency_ms, float)  # type: ignore[attr-defined]
     assert denied_line.status == 401 and not hasattr(denied_line, "tenant")  # type: ignore[attr-defined]
     assert denied_line.request_id == denied.headers["x-request-id"]  # type: ignore[attr-defined]

@@ -9,8 +9,9 @@ from preft_serve.common.registry_client import RegistryKeys
 from tests.support.registry_api import upload
 
 
-def test_rollback_is_a_new_version_with_the_upload_event(client, acme, lora_dir, lora_dir2,
-                                                         redis_client, namespace, state_snapshot):
+def test_rollback_is_a_new_version_with_the_upload_event(
+    client, acme, lora_dir, lora_dir2, redis_client, namespace, state_snapshot
+):
     keys = RegistryKeys(namespace)
     v1 = upload(client, acme, "bot", lora_dir).json()
     v2 = upload(client, acme, "bot", lora_dir2, method="PUT").json()
@@ -19,11 +20,14 @@ def test_rollback_is_a_new_version_with_the_upload_event(client, acme, lora_dir,
     assert resp.json()["version"] == 3 and resp.json()["sha256"] == v1["sha256"]
     last = redis_client.xrevrange(keys.events, count=1)[0][1]
     assert {k: last[k] for k in ("type", "tenant", "adapter", "version", "sha256")} == {
-        "type": "adapter.updated", "tenant": "acme", "adapter": "bot", "version": "3",
-        "sha256": v1["sha256"]}
+        "type": "adapter.updated",
+        "tenant": "acme",
+        "adapter": "bot",
+        "version": "3",
+        "sha256": v1["sha256"],
+    }
     detail = client.get("/v1/adapters/bot", headers=acme).json()
-    assert [v["sha256"] for v in detail["versions"]] == [v1["sha256"], v2["sha256"],
-                                                        v1["sha256"]]
+    assert [v["sha256"] for v in detail["versions"]] == [v1["sha256"], v2["sha256"], v1["sha256"]]
     assert detail["created_at"] == v1["created_at"]
     snap = state_snapshot()
     again = client.post("/v1/adapters/bot/rollback", json={"version": 1}, headers=acme)
@@ -31,12 +35,17 @@ def test_rollback_is_a_new_version_with_the_upload_event(client, acme, lora_dir,
     assert state_snapshot() == snap
     missing = client.post("/v1/adapters/bot/rollback", json={"version": 7}, headers=acme)
     assert missing.status_code == 404
-    assert missing.json()["error"]["message"] == ("adapter 'bot' has no version 7; its "
-                                                  "versions are 1 to 3")
-    assert client.post("/v1/adapters/bot/rollback", json={"version": 0},
-                       headers=acme).status_code == 422
-    assert client.post("/v1/adapters/ghost/rollback", json={"version": 1},
-                       headers=acme).status_code == 404
+    assert missing.json()["error"]["message"] == (
+        "adapter 'bot' has no version 7; its versions are 1 to 3"
+    )
+    assert (
+        client.post("/v1/adapters/bot/rollback", json={"version": 0}, headers=acme).status_code
+        == 422
+    )
+    assert (
+        client.post("/v1/adapters/ghost/rollback", json={"version": 1}, headers=acme).status_code
+        == 404
+    )
 
 
 def test_download_returns_the_stored_files(client, acme, new_tenant, lora_dir):
@@ -48,8 +57,9 @@ def test_download_returns_the_stored_files(client, acme, new_tenant, lora_dir):
         assert sorted(tar.getnames()) == ["adapter_config.json", "adapter_model.safetensors"]
     # The archive uploads back as the same content.
     files = [("files", ("bot-v1.tar.gz", resp.content, "application/gzip"))]
-    again = client.post("/v1/adapters", data={"name": "copy", "mode": "prefill"}, files=files,
-                        headers=acme)
+    again = client.post(
+        "/v1/adapters", data={"name": "copy", "mode": "prefill"}, files=files, headers=acme
+    )
     assert again.status_code == 201 and again.json()["sha256"] == sha
     other = new_tenant("globex")
     assert client.get("/v1/adapters/bot/download", headers=other).status_code == 404
@@ -61,9 +71,13 @@ def test_list_users(client, acme, lora_dir):
     for user, name in (("zed", "bot"), ("amy", "two"), ("bob", "bot")):
         client.put(f"/v1/users/{user}", json={"adapter": name}, headers=acme)
     assert client.get("/v1/users", headers=acme).json()["items"] == [
-        {"user": "amy", "adapter": "two"}, {"user": "bob", "adapter": "bot"},
-        {"user": "zed", "adapter": "bot"}]
-    assert [b["user"] for b in client.get("/v1/users", params={"adapter": "bot"},
-                                          headers=acme).json()["items"]] == ["bob", "zed"]
+        {"user": "amy", "adapter": "two"},
+        {"user": "bob", "adapter": "bot"},
+        {"user": "zed", "adapter": "bot"},
+    ]
+    assert [
+        b["user"]
+        for b in client.get("/v1/users", params={"adapter": "bot"}, headers=acme).json()["items"]
+    ] == ["bob", "zed"]
     assert client.get("/v1/users", params={"adapter": "nope"}, headers=acme).status_code == 404
     assert client.get("/v1/users", params={"adapter": "a:b"}, headers=acme).status_code == 400

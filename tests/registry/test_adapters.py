@@ -24,14 +24,19 @@ def _expected_digest(adapter_dir: Path, mode: str) -> tuple[str, dict]:
     return adapter_digest(config, (adapter_dir / WEIGHTS_FILE).read_bytes()), config
 
 
-def test_upload_returns_identity_and_stores_canonical_blob(client, acme, lora_dir, s3, bucket,
-                                                           redis_client, namespace):
+def test_upload_returns_identity_and_stores_canonical_blob(
+    client, acme, lora_dir, s3, bucket, redis_client, namespace
+):
     resp = upload(client, acme, "support-bot", lora_dir, mode="all")
     assert resp.status_code == 201, resp.text
     body = resp.json()
     digest, config = _expected_digest(lora_dir, "all")
     assert {k: body[k] for k in ("name", "version", "sha256", "type", "rank", "mode")} == {
-        "name": "support-bot", "version": 1, "sha256": digest, "type": "lora", "rank": 8,
+        "name": "support-bot",
+        "version": 1,
+        "sha256": digest,
+        "type": "lora",
+        "rank": 8,
         "mode": "all",
     }
     assert body["base_model"] == "tiny-llama"
@@ -74,14 +79,16 @@ def test_identical_reupload_is_idempotent(client, acme, lora_dir, state_snapshot
     assert state_snapshot() == before  # no new version, no event, no new object
 
 
-def test_post_existing_name_with_new_content_conflicts(client, acme, lora_dir, lora_dir2,
-                                                       state_snapshot):
+def test_post_existing_name_with_new_content_conflicts(
+    client, acme, lora_dir, lora_dir2, state_snapshot
+):
     upload(client, acme, "bot", lora_dir)
     before = state_snapshot()
     resp = upload(client, acme, "bot", lora_dir2)
     assert resp.status_code == 409
-    assert error_message(resp) == ("adapter 'bot' already exists (version 1); upload a new "
-                                   "version with PUT /v1/adapters/bot")
+    assert error_message(resp) == (
+        "adapter 'bot' already exists (version 1); upload a new version with PUT /v1/adapters/bot"
+    )
     assert state_snapshot() == before
 
 
@@ -94,8 +101,7 @@ def test_put_hot_swap_versions_and_history(client, acme, lora_dir, lora_dir2):
     detail = client.get("/v1/adapters/bot", headers=acme).json()
     assert detail["version"] == 3 and detail["sha256"] == v1["sha256"]
     assert [v["version"] for v in detail["versions"]] == [1, 2, 3]
-    assert [v["sha256"] for v in detail["versions"]] == [v1["sha256"], v2["sha256"],
-                                                         v1["sha256"]]
+    assert [v["sha256"] for v in detail["versions"]] == [v1["sha256"], v2["sha256"], v1["sha256"]]
     assert detail["created_at"] == v1["created_at"]
     assert detail["updated_at"] == v3["created_at"]
 
@@ -150,11 +156,14 @@ def test_delete_refuses_bound_adapter_unless_forced(client, acme, lora_dir, stat
     before = state_snapshot()
     resp = client.delete("/v1/adapters/bot", headers=acme)
     assert resp.status_code == 409
-    assert error_message(resp) == ("adapter 'bot' is bound to 1 user(s); unbind them first or "
-                                   "delete with ?force=true, which also unbinds them")
+    assert error_message(resp) == (
+        "adapter 'bot' is bound to 1 user(s); unbind them first or "
+        "delete with ?force=true, which also unbinds them"
+    )
     assert state_snapshot() == before
-    assert client.delete("/v1/adapters/bot", params={"force": True},
-                         headers=acme).status_code == 204
+    assert (
+        client.delete("/v1/adapters/bot", params={"force": True}, headers=acme).status_code == 204
+    )
     assert client.get("/v1/adapters/bot", headers=acme).status_code == 404
     resp = client.get("/v1/users/u1", headers=acme)
     assert resp.status_code == 404
@@ -162,8 +171,9 @@ def test_delete_refuses_bound_adapter_unless_forced(client, acme, lora_dir, stat
     assert client.get("/v1/adapters", headers=acme).json()["items"] == []
 
 
-def test_delete_then_recreate_starts_at_version_one_and_keeps_blob(client, acme, lora_dir,
-                                                                    s3, bucket):
+def test_delete_then_recreate_starts_at_version_one_and_keeps_blob(
+    client, acme, lora_dir, s3, bucket
+):
     digest = upload(client, acme, "bot", lora_dir).json()["sha256"]
     assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
     objects = s3.list_objects_v2(Bucket=bucket)["Contents"]
@@ -175,32 +185,45 @@ def test_delete_then_recreate_starts_at_version_one_and_keeps_blob(client, acme,
 
 
 @pytest.mark.parametrize("reft_type", ["direft", "loreft"])
-@pytest.mark.parametrize("positions,share", [("f1+l1", True), ("f2+l2", False), ("prefill", False),
-                                             ("l3", False)])
-def test_reft_adapters_accepted(reft_type, positions, share, client, acme, base_model_dir,
-                                tmp_path):
-    adapter = factories.reft(base_model_dir, tmp_path / "reft", reft_type, rank=4,
-                             positions=positions, share=share)
+@pytest.mark.parametrize(
+    "positions,share", [("f1+l1", True), ("f2+l2", False), ("prefill", False), ("l3", False)]
+)
+def test_reft_adapters_accepted(
+    reft_type, positions, share, client, acme, base_model_dir, tmp_path
+):
+    adapter = factories.reft(
+        base_model_dir, tmp_path / "reft", reft_type, rank=4, positions=positions, share=share
+    )
     resp = upload(client, acme, "reft", adapter)
     assert resp.status_code == 201, resp.text
     body = resp.json()
     assert (body["type"], body["rank"], body["mode"]) == (reft_type, 4, "prefill")
 
 
-@pytest.mark.parametrize("spec", [
-    {"type": "direft", "positions": "f3+l3", "share_weights": False},
-    {"type": "loreft", "positions": "f2+l2", "share_weights": True},
-    {"type": "loreft", "positions": "prefill", "share_weights": False},
-    {"type": "direft", "positions": "l4", "share_weights": False},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"type": "direft", "positions": "f3+l3", "share_weights": False},
+        {"type": "loreft", "positions": "f2+l2", "share_weights": True},
+        {"type": "loreft", "positions": "prefill", "share_weights": False},
+        {"type": "direft", "positions": "l4", "share_weights": False},
+    ],
+)
 def test_worker_toymodel_reft_adapters_accepted(spec, client, acme, base_model_dir, tmp_path):
     """The generator the worker's tests use produces adapters the registry accepts."""
     from preft_serve.adapters.format import AdapterType
     from preft_serve.toymodels import ReftSpec, make_reft_adapter
 
-    adapter = make_reft_adapter(base_model_dir, tmp_path / "reft", 0, ReftSpec(
-        type=AdapterType(spec["type"]), positions=spec["positions"],
-        share_weights=spec["share_weights"]))
+    adapter = make_reft_adapter(
+        base_model_dir,
+        tmp_path / "reft",
+        0,
+        ReftSpec(
+            type=AdapterType(spec["type"]),
+            positions=spec["positions"],
+            share_weights=spec["share_weights"],
+        ),
+    )
     resp = upload(client, acme, "reft", adapter)
     assert resp.status_code == 201, resp.text
     assert resp.json()["type"] == spec["type"]

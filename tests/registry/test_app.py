@@ -20,7 +20,8 @@ def test_openapi_published(client):
     spec = client.get("/openapi.json").json()
     paths = spec["paths"]
     assert {"/v1/tenants", "/v1/adapters", "/v1/adapters/{name}", "/v1/users/{user_id}"} <= set(
-        paths)
+        paths
+    )
     upload = paths["/v1/adapters"]["post"]
     assert "multipart/form-data" in upload["requestBody"]["content"]
     assert {"200", "201", "409", "413", "415", "422"} <= set(upload["responses"])
@@ -32,16 +33,22 @@ def test_health_ready_metrics(client, acme):
     assert client.get("/readyz").json() == {"status": "ready"}
     client.get("/v1/adapters/x", headers=acme)
     text = client.get("/metrics").text
-    assert ('preft_registry_requests_total{method="GET",route="/v1/adapters/{name}",'
-            'status="404"} 1.0') in text
+    assert (
+        'preft_registry_requests_total{method="GET",route="/v1/adapters/{name}",status="404"} 1.0'
+    ) in text
 
 
 def test_unknown_route_and_method_use_envelope(client):
     resp = client.get("/v2/nothing")
     assert resp.status_code == 404
-    assert resp.json() == {"error": {
-        "message": "no such endpoint: GET /v2/nothing; see /docs for the API",
-        "type": "invalid_request_error", "param": None, "code": "unknown_url"}}
+    assert resp.json() == {
+        "error": {
+            "message": "no such endpoint: GET /v2/nothing; see /docs for the API",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "unknown_url",
+        }
+    }
     resp = client.patch("/v1/adapters")
     assert resp.status_code == 405
     assert error_message(resp) == "method not allowed on this endpoint; see /docs for the API"
@@ -58,8 +65,9 @@ def test_redis_down_is_503(make_client, base_model_dir):
 
 
 @pytest.mark.parametrize("how", ["moved", "replaced by a file"])
-def test_object_store_outage_is_503_and_nothing_changes(make_client, tmp_path, lora_dir,
-                                                        lora_dir2, state_snapshot, how):
+def test_object_store_outage_is_503_and_nothing_changes(
+    make_client, tmp_path, lora_dir, lora_dir2, state_snapshot, how
+):
     """The local store's directory is moved (or a file takes its place) after start-up:
     uploads are 503 with nothing stored and the directory is not recreated, /readyz says
     why, and no answer shows the path or errno text."""
@@ -73,8 +81,10 @@ def test_object_store_outage_is_503_and_nothing_changes(make_client, tmp_path, l
     if how == "replaced by a file":
         objects.write_bytes(b"")
 
-    responses = [upload(client, acme, "second", lora_dir2),
-                 upload(client, acme, "first", lora_dir2, method="PUT")]
+    responses = [
+        upload(client, acme, "second", lora_dir2),
+        upload(client, acme, "first", lora_dir2, method="PUT"),
+    ]
     ready = client.get("/readyz")
 
     for resp in responses:
@@ -117,18 +127,24 @@ def test_streaming_body_limit_over_http(make_client, settings, lora_dir):
         boundary = "b0undary"
 
         def body():
-            yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; "
-                   f"filename=\"adapter_model.safetensors\"\r\n\r\n").encode()
+            yield (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="files"; '
+                f'filename="adapter_model.safetensors"\r\n\r\n'
+            ).encode()
             for _ in range(12):  # 96 KiB in 8 KiB chunks, no declared length
                 yield b"\0" * 8192
             yield f"\r\n--{boundary}--\r\n".encode()
 
-        resp = httpx.post(f"{url}/v1/adapters", content=body(), headers={
-            **headers, "Content-Type": f"multipart/form-data; boundary={boundary}"})
+        resp = httpx.post(
+            f"{url}/v1/adapters",
+            content=body(),
+            headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
         assert "content-length" not in resp.request.headers
         assert resp.status_code == 413
-        assert error_message(resp).startswith("request body exceeds this registry's 65536-byte "
-                                              "limit")
+        assert error_message(resp).startswith(
+            "request body exceeds this registry's 65536-byte limit"
+        )
     finally:
         server.should_exit = True
         thread.join(10)
@@ -162,8 +178,13 @@ def test_settings_from_env(monkeypatch, base_model_dir):
 
 
 def test_module_entry_point_help():
-    proc = subprocess.run([sys.executable, "-m", "preft_serve.registry", "--help"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "preft_serve.registry", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0
     assert "--host" in proc.stdout and "--port" in proc.stdout
     assert "PREFT_REGISTRY_ADMIN_TOKEN" in proc.stdout

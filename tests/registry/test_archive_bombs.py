@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from preft_serve.adapters.format import CONFIG_FILE
-from preft_serve.common.errors import BadRequest
+from preft_serve.common.domain_errors import InvalidRequest
 from preft_serve.registry.archives import extract_archive
-from preft_serve.registry.validation import ValidationLimits
+from preft_serve.registry.validation import UploadBounds
 from tests.support.registry_api import error_message
 
 _NAME = b"x"
@@ -28,11 +28,16 @@ _CRC = zlib.crc32(b"a")
 
 
 def _post(client, headers, filename: str, data: bytes):
-    return client.post("/v1/adapters", data={"name": "bot", "mode": "prefill"}, headers=headers,
-                       files=[("files", (filename, data, "application/octet-stream"))])
+    return client.post(
+        "/v1/adapters",
+        data={"name": "bot", "mode": "prefill"},
+        headers=headers,
+        files=[("files", (filename, data, "application/octet-stream"))],
+    )
 
 
 # -- zip central-directory floods ---------------------------------------------------------
+
 
 def flood_zip(entries: int, *, claimed: int | None = None, zip64: bool | None = None) -> bytes:
     """One stored 1-byte file whose central directory lists it ``entries`` times.
@@ -40,22 +45,58 @@ def flood_zip(entries: int, *, claimed: int | None = None, zip64: bool | None = 
     zipfile parses every central-directory record when the archive is opened, whatever
     the end record's entry count says (``claimed`` lets the count lie).
     """
-    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, _CRC, 1, 1,
-                        len(_NAME), 0) + _NAME + b"a"
-    record = struct.pack("<4s4B4HL2L5H2L", b"PK\x01\x02", 20, 3, 20, 0, 0, 0, 0, 0, _CRC, 1,
-                         1, len(_NAME), 0, 0, 0, 0, 0o100644 << 16, 0) + _NAME
+    local = (
+        struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, _CRC, 1, 1, len(_NAME), 0)
+        + _NAME
+        + b"a"
+    )
+    record = (
+        struct.pack(
+            "<4s4B4HL2L5H2L",
+            b"PK\x01\x02",
+            20,
+            3,
+            20,
+            0,
+            0,
+            0,
+            0,
+            0,
+            _CRC,
+            1,
+            1,
+            len(_NAME),
+            0,
+            0,
+            0,
+            0,
+            0o100644 << 16,
+            0,
+        )
+        + _NAME
+    )
     directory = record * entries
     count = entries if claimed is None else claimed
     zip64 = count > 0xFFFF if zip64 is None else zip64
     tail = b""
     if zip64:
         end64_at = len(local) + len(directory)
-        tail = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count,
-                           len(directory), len(local))
+        tail = struct.pack(
+            "<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, len(directory), len(local)
+        )
         tail += struct.pack("<4sLQL", b"PK\x06\x07", 0, end64_at, 1)
     small = min(count, 0xFFFF)
-    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, small, small,
-                      min(len(directory), 0xFFFFFFFF), len(local), 0)
+    end = struct.pack(
+        "<4s4H2LH",
+        b"PK\x05\x06",
+        0,
+        0,
+        small,
+        small,
+        min(len(directory), 0xFFFFFFFF),
+        len(local),
+        0,
+    )
     return local + directory + tail + end
 
 
@@ -71,14 +112,15 @@ def test_flood_zip_is_a_zip_that_lists_every_entry(zip64):
 def test_zip_central_directory_flood_refused_over_http(client, acme, state_snapshot):
     data = flood_zip(100_000)  # 4.8 MB: under the test registry's upload limit
     before = state_snapshot()
-    started = time.monotonic()
+    started = time.process_time()  # CPU time (the app runs in this process): load-proof
     resp = _post(client, acme, "adapter.zip", data)
-    elapsed = time.monotonic() - started
+    elapsed = time.process_time() - started
     assert resp.status_code == 400, resp.text
     assert error_message(resp) == (
         "archive has more than 16 entries (its zip central directory lists 100000); an "
-        "adapter archive holds adapter_config.json and adapter_model.safetensors")
-    assert elapsed < 5, f"took {elapsed:.1f}s"  # generous: the 4.8 MB upload itself counts
+        "adapter archive holds adapter_config.json and adapter_model.safetensors"
+    )
+    assert elapsed < 5, f"took {elapsed:.1f} s of CPU"  # generous: the upload counts
     assert state_snapshot() == before
 
 
@@ -89,28 +131,31 @@ def test_zip_million_entry_flood_refused_in_bounded_time_and_memory(tmp_path: Pa
     assert path.stat().st_size > 44 << 20
     tracemalloc.start()
     try:
-        started = time.monotonic()
-        with open(path, "rb") as fh, pytest.raises(BadRequest) as err:
-            extract_archive(fh, "flood.zip", tmp_path / "out", ValidationLimits())
-        elapsed = time.monotonic() - started
+        started = time.process_time()  # CPU time: another process on the cores adds none
+        with open(path, "rb") as fh, pytest.raises(InvalidRequest) as err:
+            extract_archive(fh, "flood.zip", tmp_path / "out", UploadBounds())
+        elapsed = time.process_time() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert err.value.message.startswith(
-        "archive has more than 16 entries (its zip central directory lists 1000000)")
-    assert elapsed < 2, f"took {elapsed:.1f}s"
+        "archive has more than 16 entries (its zip central directory lists 1000000)"
+    )
+    assert elapsed < 2, f"took {elapsed:.1f} s of CPU"
     assert peak < 4 << 20, f"peak {peak / 2**20:.1f} MiB"
 
 
 def test_zip_whose_end_record_understates_the_count_refused_on_directory_size(
-        client, acme, state_snapshot):
+    client, acme, state_snapshot
+):
     """zipfile reads as many records as the directory size holds, not the claimed count."""
     before = state_snapshot()
     resp = _post(client, acme, "adapter.zip", flood_zip(60_000, claimed=2))
     assert resp.status_code == 400, resp.text
     assert error_message(resp) == (
         "archive's zip central directory is 2820000 bytes; 16 entries need at most 65536; an "
-        "adapter archive holds adapter_config.json and adapter_model.safetensors")
+        "adapter archive holds adapter_config.json and adapter_model.safetensors"
+    )
     assert state_snapshot() == before
 
 
@@ -119,7 +164,8 @@ def test_zip64_end_record_count_is_checked(client, acme, state_snapshot):
     resp = _post(client, acme, "adapter.zip", flood_zip(20, zip64=True, claimed=2**40))
     assert resp.status_code == 400, resp.text
     assert error_message(resp).startswith(
-        f"archive has more than 16 entries (its zip central directory lists {2**40})")
+        f"archive has more than 16 entries (its zip central directory lists {2**40})"
+    )
     assert state_snapshot() == before
 
 
@@ -177,14 +223,21 @@ def giant_header_tar_gz(kind: str, size: int) -> bytes:
 GIANT = 32 << 20  # the issue used 100 MiB; 32 MiB shows the same harm in less test time
 
 
-@pytest.mark.parametrize("kind,message", [
-    ("gnu name", f"archive has a GNU long-name header of {GIANT} bytes; the limit is 4096"),
-    ("gnu link", f"archive has a GNU long-link header of {GIANT} bytes; the limit is 4096"),
-    ("pax", (f"archive has a pax extended header of {_pax_record('path', GIANT)[1]} bytes; "
-            "the limit is 65536")),
-])
-def test_giant_tar_header_refused_before_it_is_read(kind, message, client, acme,
-                                                    state_snapshot):
+@pytest.mark.parametrize(
+    "kind,message",
+    [
+        ("gnu name", f"archive has a GNU long-name header of {GIANT} bytes; the limit is 4096"),
+        ("gnu link", f"archive has a GNU long-link header of {GIANT} bytes; the limit is 4096"),
+        (
+            "pax",
+            (
+                f"archive has a pax extended header of {_pax_record('path', GIANT)[1]} bytes; "
+                "the limit is 65536"
+            ),
+        ),
+    ],
+)
+def test_giant_tar_header_refused_before_it_is_read(kind, message, client, acme, state_snapshot):
     data = giant_header_tar_gz(kind, GIANT)
     assert len(data) < 200_000
     before = state_snapshot()
@@ -221,7 +274,8 @@ def test_endless_chain_of_extension_headers_refused(client, acme, state_snapshot
     assert resp.status_code == 400, resp.text[:500]
     assert error_message(resp) == (
         "archive has more than 64 extended (pax or GNU long-name) headers; an adapter "
-        "archive holds adapter_config.json and adapter_model.safetensors")
+        "archive holds adapter_config.json and adapter_model.safetensors"
+    )
     assert "unhandled error" not in caplog.text
     assert state_snapshot() == before
 
@@ -238,8 +292,10 @@ def test_long_member_names_are_cut_in_messages(client, acme, state_snapshot):
     resp = _post(client, acme, "adapter.tar.gz", buf.getvalue())
     assert resp.status_code == 400
     message = error_message(resp)
-    assert message.startswith("unexpected file '" + "n" * 100 + "…' (4004 characters): an "
-                              "adapter is exactly adapter_config.json and")
+    assert message.startswith(
+        "unexpected file '" + "n" * 100 + "…' (4004 characters): an "
+        "adapter is exactly adapter_config.json and"
+    )
     assert len(message) < 400
     assert state_snapshot() == before
 
@@ -247,11 +303,16 @@ def test_long_member_names_are_cut_in_messages(client, acme, state_snapshot):
 def test_many_file_names_are_cut_in_messages(client, acme, state_snapshot):
     names = [f"{'f' * 1000}{i}.zip" for i in range(50)]
     before = state_snapshot()
-    resp = client.post("/v1/adapters", data={"name": "bot", "mode": "prefill"}, headers=acme,
-                       files=[("files", (n, b"x", "application/zip")) for n in names])
+    resp = client.post(
+        "/v1/adapters",
+        data={"name": "bot", "mode": "prefill"},
+        headers=acme,
+        files=[("files", (n, b"x", "application/zip")) for n in names],
+    )
     assert resp.status_code == 400
     message = error_message(resp)
-    assert message.startswith("send either one archive or the two adapter files, not both "
-                              "(got ffff")
+    assert message.startswith(
+        "send either one archive or the two adapter files, not both (got ffff"
+    )
     assert message.endswith("…)") and len(message) < 500
     assert state_snapshot() == before

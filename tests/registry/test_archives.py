@@ -16,8 +16,10 @@ from tests.support.registry_api import error_message, upload
 
 def _post_archive(client, headers, filename: str, data: bytes, name: str = "bot"):
     return client.post(
-        "/v1/adapters", data={"name": name, "mode": "prefill"},
-        files=[("files", (filename, data, "application/octet-stream"))], headers=headers,
+        "/v1/adapters",
+        data={"name": name, "mode": "prefill"},
+        files=[("files", (filename, data, "application/octet-stream"))],
+        headers=headers,
     )
 
 
@@ -69,8 +71,12 @@ def _sparse(pax: bool) -> bytes:
     """A tar whose weights entry is a GNU sparse file (old-style header, or pax 1.0)."""
     info = tarfile.TarInfo(WEIGHTS_FILE)
     if pax:
-        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
-                            "GNU.sparse.name": WEIGHTS_FILE, "GNU.sparse.realsize": "1"}
+        info.pax_headers = {
+            "GNU.sparse.major": "1",
+            "GNU.sparse.minor": "0",
+            "GNU.sparse.name": WEIGHTS_FILE,
+            "GNU.sparse.realsize": "1",
+        }
     else:
         info.type = tarfile.GNUTYPE_SPARSE
     buf = io.BytesIO()
@@ -83,7 +89,7 @@ def _zip_symlink() -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         info = zipfile.ZipInfo(WEIGHTS_FILE)
-        info.external_attr = (0o120777 << 16)
+        info.external_attr = 0o120777 << 16
         zf.writestr(info, "/etc/passwd")
     return buf.getvalue()
 
@@ -92,98 +98,196 @@ def _bomb_zip() -> bytes:
     return _zip([(CONFIG_FILE, b"{}"), (WEIGHTS_FILE, b"\0" * (3 << 20))])
 
 
-def _zip_entry_patched(entries: list[tuple[str, bytes]], target: str, *,
-                       method: int | None = None, data_head: bytes | None = None) -> bytes:
+def _zip_entry_patched(
+    entries: list[tuple[str, bytes]],
+    target: str,
+    *,
+    method: int | None = None,
+    data_head: bytes | None = None,
+) -> bytes:
     """A deflated zip whose ``target`` entry claims compression ``method`` (in its local
     header and the central directory) or whose compressed data starts with ``data_head``."""
     raw = bytearray(_zip(entries))
     with zipfile.ZipFile(io.BytesIO(bytes(raw))) as zf:
         info = zf.getinfo(target)
     local = info.header_offset
-    name_len, extra_len = (int.from_bytes(raw[local + i: local + i + 2], "little")
-                           for i in (26, 28))
+    name_len, extra_len = (
+        int.from_bytes(raw[local + i : local + i + 2], "little") for i in (26, 28)
+    )
     if method is not None:
-        raw[local + 8: local + 10] = method.to_bytes(2, "little")
+        raw[local + 8 : local + 10] = method.to_bytes(2, "little")
         central = raw.find(b"PK\x01\x02")
         while central >= 0:  # the central directory record of this name too
-            name = raw[central + 46: central + 46 + int.from_bytes(
-                raw[central + 28: central + 30], "little")]
+            name = raw[
+                central + 46 : central
+                + 46
+                + int.from_bytes(raw[central + 28 : central + 30], "little")
+            ]
             if name == target.encode():
-                raw[central + 10: central + 12] = method.to_bytes(2, "little")
+                raw[central + 10 : central + 12] = method.to_bytes(2, "little")
             central = raw.find(b"PK\x01\x02", central + 4)
     if data_head is not None:
         data = local + 30 + name_len + extra_len
-        raw[data: data + len(data_head)] = data_head
+        raw[data : data + len(data_head)] = data_head
     return bytes(raw)
 
 
 def _xz_corrupt(entries: list[tuple[str, bytes]]) -> bytes:
     data = bytearray(_tar(entries, "w:xz"))
     middle = len(data) // 2
-    data[middle: middle + 64] = bytes(64)  # inside the LZMA stream
+    data[middle : middle + 64] = bytes(64)  # inside the LZMA stream
     return bytes(data)
 
 
 BAD_ARCHIVES = {
-    "symlink": (lambda d: _tar([_link(WEIGHTS_FILE, "/etc/passwd")]), "adapter.tar.gz", 400,
-                f"archive entry '{WEIGHTS_FILE}' is a link; only regular files are allowed"),
-    "hardlink": (lambda d: _tar([_link(CONFIG_FILE, "x", hard=True)]), "adapter.tgz", 400,
-                 f"archive entry '{CONFIG_FILE}' is a link"),
-    "sparse": (lambda d: _sparse(pax=False), "adapter.tar.gz", 400,
-               (f"archive entry '{WEIGHTS_FILE}' is a sparse file; only regular files are "
-               "allowed")),
-    "pax sparse": (lambda d: _sparse(pax=True), "adapter.tar.gz", 400,
-                   f"archive entry '{WEIGHTS_FILE}' is a sparse file"),
-    "zip symlink": (lambda d: _zip_symlink(), "adapter.zip", 400,
-                    f"archive entry '{WEIGHTS_FILE}' is a symbolic link"),
-    "traversal": (lambda d: _tar(_adapter_entries(d, "../")), "adapter.tar.gz", 400,
-                  f"archive entry '../{CONFIG_FILE}' points outside the archive ('..')"),
-    "zip traversal": (lambda d: _zip(_adapter_entries(d, "a/../../")), "adapter.zip", 400,
-                      "points outside the archive ('..')"),
-    "absolute": (lambda d: _tar(_adapter_entries(d, "/tmp/")), "adapter.tar.gz", 400,
-                 f"archive entry '/tmp/{CONFIG_FILE}' has an absolute or Windows path"),
-    "too deep": (lambda d: _tar(_adapter_entries(d, "a/b/")), "adapter.tar.gz", 400,
-                 f"archive entry 'a/b/{CONFIG_FILE}' is nested too deeply"),
+    "symlink": (
+        lambda d: _tar([_link(WEIGHTS_FILE, "/etc/passwd")]),
+        "adapter.tar.gz",
+        400,
+        f"archive entry '{WEIGHTS_FILE}' is a link; only regular files are allowed",
+    ),
+    "hardlink": (
+        lambda d: _tar([_link(CONFIG_FILE, "x", hard=True)]),
+        "adapter.tgz",
+        400,
+        f"archive entry '{CONFIG_FILE}' is a link",
+    ),
+    "sparse": (
+        lambda d: _sparse(pax=False),
+        "adapter.tar.gz",
+        400,
+        (f"archive entry '{WEIGHTS_FILE}' is a sparse file; only regular files are allowed"),
+    ),
+    "pax sparse": (
+        lambda d: _sparse(pax=True),
+        "adapter.tar.gz",
+        400,
+        f"archive entry '{WEIGHTS_FILE}' is a sparse file",
+    ),
+    "zip symlink": (
+        lambda d: _zip_symlink(),
+        "adapter.zip",
+        400,
+        f"archive entry '{WEIGHTS_FILE}' is a symbolic link",
+    ),
+    "traversal": (
+        lambda d: _tar(_adapter_entries(d, "../")),
+        "adapter.tar.gz",
+        400,
+        f"archive entry '../{CONFIG_FILE}' points outside the archive ('..')",
+    ),
+    "zip traversal": (
+        lambda d: _zip(_adapter_entries(d, "a/../../")),
+        "adapter.zip",
+        400,
+        "points outside the archive ('..')",
+    ),
+    "absolute": (
+        lambda d: _tar(_adapter_entries(d, "/tmp/")),
+        "adapter.tar.gz",
+        400,
+        f"archive entry '/tmp/{CONFIG_FILE}' has an absolute or Windows path",
+    ),
+    "too deep": (
+        lambda d: _tar(_adapter_entries(d, "a/b/")),
+        "adapter.tar.gz",
+        400,
+        f"archive entry 'a/b/{CONFIG_FILE}' is nested too deeply",
+    ),
     "zip bomb": (lambda d: _bomb_zip(), "adapter.zip", 400, "over the 100x limit (zip bomb?)"),
-    "gzip bomb": (lambda d: _tar([(CONFIG_FILE, b"{}"), (WEIGHTS_FILE, b"\0" * (3 << 20))]),
-                  "adapter.tar.gz", 400, "archive expands more than 100x (zip bomb?)"),
-    "too many entries": (lambda d: _zip([(f"README{i}/README.md", b"") for i in range(20)]),
-                         "adapter.zip", 400, "archive has more than 16 entries"),
-    "pickle inside": (lambda d: _tar([(CONFIG_FILE, b"{}"), ("adapter_model.bin", b"\x80\x04")]),
-                      "adapter.tar.gz", 415, "adapter_model.bin is a pickle-based PyTorch file"),
-    "stranger inside": (lambda d: _zip([*_adapter_entries(d), ("run.sh", b"rm -rf /")]),
-                        "adapter.zip", 400, "unexpected file 'run.sh'"),
-    "duplicate": (lambda d: _tar(_adapter_entries(d) + _adapter_entries(d, "x/")),
-                  "adapter.tar.gz", 400, "archive contains adapter_config.json more than once"),
-    "two folders": (lambda d: _zip(_adapter_entries(d, "a/")[:1] + _adapter_entries(d, "b/")[1:]),
-                    "adapter.zip", 400,
-                    ("archive has adapter_config.json in folder 'a' and adapter_model.safetensors "
-                    "in folder 'b'; put both adapter files at the archive root or both in one "
-                    "top-level folder")),
-    "root and folder": (lambda d: _tar(_adapter_entries(d)[:1] + _adapter_entries(d, "w/")[1:]),
-                        "adapter.tar.gz", 400,
-                        ("archive has adapter_config.json at the archive root and "
-                        "adapter_model.safetensors in folder 'w'")),
-    "missing weights": (lambda d: _zip(_adapter_entries(d)[:1]), "adapter.zip", 400,
-                        "the upload lacks adapter_model.safetensors"),
-    "corrupt zip": (lambda d: b"PK\x03\x04 definitely not a zip", "adapter.zip", 400,
-                    "upload is not a readable .zip archive"),
-    "corrupt tar.gz": (lambda d: _tar(_adapter_entries(d))[:300], "adapter.tar.gz", 400,
-                       "corrupt or truncated"),
+    "gzip bomb": (
+        lambda d: _tar([(CONFIG_FILE, b"{}"), (WEIGHTS_FILE, b"\0" * (3 << 20))]),
+        "adapter.tar.gz",
+        400,
+        "archive expands more than 100x (zip bomb?)",
+    ),
+    "too many entries": (
+        lambda d: _zip([(f"README{i}/README.md", b"") for i in range(20)]),
+        "adapter.zip",
+        400,
+        "archive has more than 16 entries",
+    ),
+    "pickle inside": (
+        lambda d: _tar([(CONFIG_FILE, b"{}"), ("adapter_model.bin", b"\x80\x04")]),
+        "adapter.tar.gz",
+        415,
+        "adapter_model.bin is a pickle-based PyTorch file",
+    ),
+    "stranger inside": (
+        lambda d: _zip([*_adapter_entries(d), ("run.sh", b"rm -rf /")]),
+        "adapter.zip",
+        400,
+        "unexpected file 'run.sh'",
+    ),
+    "duplicate": (
+        lambda d: _tar(_adapter_entries(d) + _adapter_entries(d, "x/")),
+        "adapter.tar.gz",
+        400,
+        "archive contains adapter_config.json more than once",
+    ),
+    "two folders": (
+        lambda d: _zip(_adapter_entries(d, "a/")[:1] + _adapter_entries(d, "b/")[1:]),
+        "adapter.zip",
+        400,
+        (
+            "archive has adapter_config.json in folder 'a' and adapter_model.safetensors "
+            "in folder 'b'; put both adapter files at the archive root or both in one "
+            "top-level folder"
+        ),
+    ),
+    "root and folder": (
+        lambda d: _tar(_adapter_entries(d)[:1] + _adapter_entries(d, "w/")[1:]),
+        "adapter.tar.gz",
+        400,
+        (
+            "archive has adapter_config.json at the archive root and "
+            "adapter_model.safetensors in folder 'w'"
+        ),
+    ),
+    "missing weights": (
+        lambda d: _zip(_adapter_entries(d)[:1]),
+        "adapter.zip",
+        400,
+        "the upload lacks adapter_model.safetensors",
+    ),
+    "corrupt zip": (
+        lambda d: b"PK\x03\x04 definitely not a zip",
+        "adapter.zip",
+        400,
+        "upload is not a readable .zip archive",
+    ),
+    "corrupt tar.gz": (
+        lambda d: _tar(_adapter_entries(d))[:300],
+        "adapter.tar.gz",
+        400,
+        "corrupt or truncated",
+    ),
     # Each of these was a 500 (an exception zipfile, zlib or lzma raise outside the ones
     # caught): found by a review of the upload paths.
     "zip entry: corrupt deflate data": (
         lambda d: _zip_entry_patched(_adapter_entries(d), WEIGHTS_FILE, data_head=b"\xff"),
-        "adapter.zip", 400, f"archive entry '{WEIGHTS_FILE}' is corrupt"),
+        "adapter.zip",
+        400,
+        f"archive entry '{WEIGHTS_FILE}' is corrupt",
+    ),
     "zip entry: unknown compression method": (
         lambda d: _zip_entry_patched(_adapter_entries(d), WEIGHTS_FILE, method=99),
-        "adapter.zip", 400,
-        f"archive entry '{WEIGHTS_FILE}' uses a compression method this registry cannot read"),
-    "corrupt xz stream named .tar.gz": (lambda d: _xz_corrupt(_adapter_entries(d)),
-                                        "adapter.tar.gz", 400, "corrupt or truncated"),
-    "declared too large": (lambda d: _tar([(CONFIG_FILE, b"{" + b" " * 5000 + b"}")]),
-                           "adapter.tar.gz", 413,
-                           "adapter_config.json in the archive is 5002 bytes; the limit is 4096"),
+        "adapter.zip",
+        400,
+        f"archive entry '{WEIGHTS_FILE}' uses a compression method this registry cannot read",
+    ),
+    "corrupt xz stream named .tar.gz": (
+        lambda d: _xz_corrupt(_adapter_entries(d)),
+        "adapter.tar.gz",
+        400,
+        "corrupt or truncated",
+    ),
+    "declared too large": (
+        lambda d: _tar([(CONFIG_FILE, b"{" + b" " * 5000 + b"}")]),
+        "adapter.tar.gz",
+        413,
+        "adapter_config.json in the archive is 5002 bytes; the limit is 4096",
+    ),
 }
 
 
@@ -205,9 +309,13 @@ def test_archive_with_other_files_rejected(client, acme, lora_dir, state_snapsho
     before = state_snapshot()
     data = _zip(_adapter_entries(lora_dir))
     resp = client.post(
-        "/v1/adapters", data={"name": "bot", "mode": "prefill"}, headers=acme,
-        files=[("files", ("a.zip", data, "application/zip")),
-               ("files", (CONFIG_FILE, b"{}", "application/json"))],
+        "/v1/adapters",
+        data={"name": "bot", "mode": "prefill"},
+        headers=acme,
+        files=[
+            ("files", ("a.zip", data, "application/zip")),
+            ("files", (CONFIG_FILE, b"{}", "application/json")),
+        ],
     )
     assert resp.status_code == 400
     assert "send either one archive or the two adapter files, not both" in error_message(resp)

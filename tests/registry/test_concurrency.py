@@ -18,8 +18,9 @@ def _variants(src: Path, tmp: Path, n: int) -> list[Path]:
     out = []
     for i in range(n):
         d = factories.copy_adapter(src, tmp / f"v{i}")
-        factories.edit_tensors(d, lambda t, i=i: {k: (v * (1 + 0.01 * (i + 1))).astype(v.dtype)
-                                                  for k, v in t.items()})
+        factories.edit_tensors(
+            d, lambda t, i=i: {k: (v * (1 + 0.01 * (i + 1))).astype(v.dtype) for k, v in t.items()}
+        )
         out.append(d)
     return out
 
@@ -28,10 +29,12 @@ def _files(d: Path) -> list:
     return [("files", (p.name, p.read_bytes())) for p in sorted(d.iterdir())]
 
 
-def test_concurrent_puts_give_consecutive_versions(live_server, lora_dir, tmp_path,
-                                                   redis_server, namespace):
-    key = httpx.post(f"{live_server}/v1/tenants", json={"name": "acme"},
-                     headers=admin()).json()["api_key"]
+def test_concurrent_puts_give_consecutive_versions(
+    live_server, lora_dir, tmp_path, redis_server, namespace
+):
+    key = httpx.post(f"{live_server}/v1/tenants", json={"name": "acme"}, headers=admin()).json()[
+        "api_key"
+    ]
     variants = _variants(lora_dir, tmp_path, WRITERS)
     barrier = threading.Barrier(WRITERS)
     results: list[dict] = []
@@ -43,7 +46,8 @@ def test_concurrent_puts_give_consecutive_versions(live_server, lora_dir, tmp_pa
             barrier.wait()
             resp = http.put("/v1/adapters/bot", data={"mode": "prefill"}, files=files)
             (results if resp.status_code == 201 else errors).append(
-                resp.json() if resp.status_code == 201 else resp.text)
+                resp.json() if resp.status_code == 201 else resp.text
+            )
 
     threads = [threading.Thread(target=put, args=(d,)) for d in variants]
     for t in threads:
@@ -65,8 +69,9 @@ def test_concurrent_puts_give_consecutive_versions(live_server, lora_dir, tmp_pa
 
 
 def test_concurrent_identical_posts_create_one_version(live_server, lora_dir):
-    key = httpx.post(f"{live_server}/v1/tenants", json={"name": "acme"},
-                     headers=admin()).json()["api_key"]
+    key = httpx.post(f"{live_server}/v1/tenants", json={"name": "acme"}, headers=admin()).json()[
+        "api_key"
+    ]
     barrier = threading.Barrier(4)
     statuses: list[int] = []
 
@@ -74,8 +79,7 @@ def test_concurrent_identical_posts_create_one_version(live_server, lora_dir):
         with httpx.Client(base_url=live_server, headers=bearer(key), timeout=60) as http:
             files = _files(lora_dir)
             barrier.wait()
-            resp = http.post("/v1/adapters", data={"name": "bot", "mode": "prefill"},
-                             files=files)
+            resp = http.post("/v1/adapters", data={"name": "bot", "mode": "prefill"}, files=files)
             statuses.append(resp.status_code)
 
     threads = [threading.Thread(target=post) for _ in range(4)]
@@ -86,6 +90,3 @@ def test_concurrent_identical_posts_create_one_version(live_server, lora_dir):
     assert sorted(statuses) == [200, 200, 200, 201]
     detail = httpx.get(f"{live_server}/v1/adapters/bot", headers=bearer(key)).json()
     assert [v["version"] for v in detail["versions"]] == [1]
-
-
-

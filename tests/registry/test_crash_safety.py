@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("point", ["after_weights", "after_blob"])
-def test_kill_between_blob_and_metadata(point, client, acme, settings, lora_dir, s3, bucket,
-                                        state_snapshot, tmp_path):
+def test_kill_between_blob_and_metadata(
+    point, client, acme, settings, lora_dir, s3, bucket, state_snapshot, tmp_path
+):
     before = state_snapshot()
     settings_json = settings.model_dump_json()
     # SecretStr fields dump masked; pass the real values for the subprocess.
@@ -28,9 +29,20 @@ def test_kill_between_blob_and_metadata(point, client, acme, settings, lora_dir,
     data["admin_token"] = settings.admin_token.get_secret_value()
     data["object_store"]["s3_secret_access_key"] = "testing"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.registry.crash_upload", json.dumps(data), str(lora_dir),
-         "acme", point],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "tests.registry.crash_upload",
+            json.dumps(data),
+            str(lora_dir),
+            "acme",
+            point,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr

@@ -12,10 +12,10 @@ import pytest
 import redis
 from starlette.datastructures import QueryParams
 
-from preft_serve.common.errors import BadRequest
+from preft_serve.common.domain_errors import InvalidRequest
+from preft_serve.common.finetune_wire import FineTuningJob, JobCreate, JobStatus
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune.jobs import JobRecord, JobStore, estimate_finish
-from preft_serve.registry.finetune.models import FineTuningJob, JobCreate, JobStatus
 from preft_serve.registry.finetune.resolve import resolve
 from preft_serve.registry.finetune.results import step_metrics_csv
 from preft_serve.registry.routers.fine_tuning import metadata_filter
@@ -24,15 +24,19 @@ from preft_serve.registry.routers.fine_tuning import metadata_filter
 def test_the_result_csv_has_openais_columns_the_recorded_values_and_no_paths() -> None:
     metrics = {
         "config": {"data": "/srv/scratch/train.jsonl", "model": "/models/base"},
-        "train_loss": [{"step": 1, "loss": 2.5, "lr": 1e-3}, {"step": 2, "loss": 1.25},
-                       {"step": 3, "loss": float("nan")}],
+        "train_loss": [
+            {"step": 1, "loss": 2.5, "lr": 1e-3},
+            {"step": 2, "loss": 1.25},
+            {"step": 3, "loss": float("nan")},
+        ],
         "eval_loss": [{"step": 2, "loss": 1.5}, {"step": 3, "loss": 1.0}],
     }
     assert step_metrics_csv(metrics).decode() == (
         "step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy\n"
         "1,2.5,,,\n"
         "2,1.25,,1.5,\n"
-        "3,,,1.0,\n")
+        "3,,,1.0,\n"
+    )
     assert step_metrics_csv({}).decode().count("\n") == 1  # the header alone
 
 
@@ -48,15 +52,23 @@ def store(redis_client: redis.Redis) -> JobStore:
 
 
 def _record(status: JobStatus, started_at: float | None) -> JobRecord:
-    job = FineTuningJob(id=f"ftjob-{uuid.uuid4().hex[:24]}", created_at=int(time.time()),
-                        model="m", organization_id="acme", status=status,
-                        training_file="file-x", hyperparameters={}, seed=0, method={})
-    return JobRecord(job=job, tenant="acme", adapter_name="a", training_sha256="0" * 64,
-                     started_at=started_at)
+    job = FineTuningJob(
+        id=f"ftjob-{uuid.uuid4().hex[:24]}",
+        created_at=int(time.time()),
+        model="m",
+        organization_id="acme",
+        status=status,
+        training_file="file-x",
+        hyperparameters={},
+        seed=0,
+        method={},
+    )
+    return JobRecord(
+        job=job, tenant="acme", adapter_name="a", training_sha256="0" * 64, started_at=started_at
+    )
 
 
-def test_a_running_jobs_progress_sets_its_estimate_and_nothing_else_does(
-        store: JobStore) -> None:
+def test_a_running_jobs_progress_sets_its_estimate_and_nothing_else_does(store: JobStore) -> None:
     running = _record(JobStatus.RUNNING, time.time() - 30)
     store.create(running, "queued")
     store.progress(running.id, 10, 40)
@@ -71,7 +83,8 @@ def test_a_running_jobs_progress_sets_its_estimate_and_nothing_else_does(
 
 
 def test_jobs_list_newest_first_when_created_at_and_the_write_straddle_a_second(
-        store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The older job is stamped 12 s and written at 12.5 s; the newer one stamped 12 s too
     # but written at 13.001 s (a slow moment between stamping and writing).
     older, newer = _record(JobStatus.QUEUED, None), _record(JobStatus.QUEUED, None)
@@ -89,26 +102,36 @@ def test_jobs_list_newest_first_when_created_at_and_the_write_straddle_a_second(
 def test_the_metadata_filter_reads_openais_deep_object_form() -> None:
     assert metadata_filter(QueryParams("limit=5")) is None
     assert metadata_filter(QueryParams("metadata%5Bteam%5D=blue&metadata%5Brun%5D=")) == {
-        "team": "blue", "run": ""}
+        "team": "blue",
+        "run": "",
+    }
     assert metadata_filter(QueryParams("metadata=null")) == "null"
-    for bad in ("metadata=x", "metadata=null&metadata%5Ba%5D=b",
-                "&".join(f"metadata%5Bk{i}%5D=v" for i in range(17))):
-        with pytest.raises(BadRequest):
+    for bad in (
+        "metadata=x",
+        "metadata=null&metadata%5Ba%5D=b",
+        "&".join(f"metadata%5Bk{i}%5D=v" for i in range(17)),
+    ):
+        with pytest.raises(InvalidRequest):
             metadata_filter(QueryParams(bad))
 
 
-@pytest.mark.parametrize("examples, epochs, steps, multiplier", [
-    (4, 16, 16, 2.5),  # one step an epoch: 16 passes, at the small-file rate
-    (9, 8, 16, 2.5),  # the demo's 9 facts, batches of 8: two steps an epoch
-    (40, 4, 20, 1.0),  # more than 16 steps: the default rate
-    (100, 3, 39, 1.0),  # enough steps in 3 epochs: 3, as for any larger file
-    (1000, 3, 375, 1.0),
-])
+@pytest.mark.parametrize(
+    "examples, epochs, steps, multiplier",
+    [
+        (4, 16, 16, 2.5),  # one step an epoch: 16 passes, at the small-file rate
+        (9, 8, 16, 2.5),  # the demo's 9 facts, batches of 8: two steps an epoch
+        (40, 4, 20, 1.0),  # more than 16 steps: the default rate
+        (100, 3, 39, 1.0),  # enough steps in 3 epochs: 3, as for any larger file
+        (1000, 3, 375, 1.0),
+    ],
+)
 def test_auto_gives_a_small_file_at_least_16_steps_at_a_higher_rate(
-        examples: int, epochs: int, steps: int, multiplier: float) -> None:
+    examples: int, epochs: int, steps: int, multiplier: float
+) -> None:
     body = JobCreate.model_validate({"model": "m", "training_file": "file-1"})
-    options, hyper, _ = resolve(body, examples, seed=0, max_steps=10_000, max_lora_rank=64,
-                                max_reft_rank=32)
+    options, hyper, _ = resolve(
+        body, examples, seed=0, max_steps=10_000, max_lora_rank=64, max_reft_rank=32
+    )
     assert (options["epochs"], hyper["n_epochs"]) == (epochs, epochs)
     assert epochs * math.ceil(examples / options["batch_size"]) == steps
     assert hyper["learning_rate_multiplier"] == multiplier
@@ -116,8 +139,8 @@ def test_auto_gives_a_small_file_at_least_16_steps_at_a_higher_rate(
 
 
 def test_chosen_epochs_are_kept() -> None:
-    body = JobCreate.model_validate({"model": "m", "training_file": "file-1",
-                                     "hyperparameters": {"n_epochs": 2}})
-    options, _, _ = resolve(body, 4, seed=0, max_steps=10_000, max_lora_rank=64,
-                            max_reft_rank=32)
+    body = JobCreate.model_validate(
+        {"model": "m", "training_file": "file-1", "hyperparameters": {"n_epochs": 2}}
+    )
+    options, _, _ = resolve(body, 4, seed=0, max_steps=10_000, max_lora_rank=64, max_reft_rank=32)
     assert options["epochs"] == 2

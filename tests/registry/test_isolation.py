@@ -27,6 +27,7 @@ def test_tenants_are_isolated(client, new_tenant, lora_dir, lora_dir2, state_sna
         ("DELETE", "/v1/adapters/{}?force=true", {}),
         ("PUT", "/v1/users/bob", {"json": {"adapter": "{}"}}),
     ]:
+
         def call(name: str, method=method, path=path, kwargs=kwargs):
             kw = dict(kwargs)
             if "json" in kw:
@@ -36,7 +37,8 @@ def test_tenants_are_isolated(client, new_tenant, lora_dir, lora_dir2, state_sna
         existing, missing = call("secret-bot"), call("never-existed")
         assert existing.status_code == missing.status_code == 404
         assert existing.json()["error"]["message"] == missing.json()["error"]["message"].replace(
-            "never-existed", "secret-bot")
+            "never-existed", "secret-bot"
+        )
     # the other tenant cannot see acme's user binding either
     resp = client.get("/v1/users/alice", headers=other)
     assert resp.status_code == 404

@@ -25,16 +25,17 @@ def _send(client, acme, route: str, body: bytes, content_type: str | None):
     return client.request(method.upper(), path, content=body, headers=headers)
 
 
-@pytest.mark.parametrize("content_type", ["application/json", None,
-                                          "application/merge-patch+json"])
+@pytest.mark.parametrize("content_type", ["application/json", None, "application/merge-patch+json"])
 @pytest.mark.parametrize("route", list(ROUTES))
-def test_nesting_bomb_refused_before_parsing(route, content_type, client, acme,
-                                             state_snapshot, caplog):
+def test_nesting_bomb_refused_before_parsing(
+    route, content_type, client, acme, state_snapshot, caplog
+):
     before = state_snapshot()
     resp = _send(client, acme, route, BOMB, content_type)
     assert resp.status_code == 400, resp.text
-    assert error_message(resp) == ("request body nests JSON arrays/objects 100000 levels "
-                                   "deep; the limit is 32")
+    assert error_message(resp) == (
+        "request body nests JSON arrays/objects 100000 levels deep; the limit is 32"
+    )
     assert "Traceback" not in caplog.text and "RecursionError" not in caplog.text
     assert state_snapshot() == before
 
@@ -42,27 +43,36 @@ def test_nesting_bomb_refused_before_parsing(route, content_type, client, acme,
 # Content types that FastAPI still parses as JSON although a byte-wise check would not
 # (it strips NBSP and other separators around the media type), and others that are no
 # JSON at all: none may carry a large body past the guard.
-OTHER_CONTENT_TYPES = ["application/json\xa0", "\xa0application/json", "\x1capplication/json",
-                       "text/plain", "application/octet-stream", "multipart/mixed"]
+OTHER_CONTENT_TYPES = [
+    "application/json\xa0",
+    "\xa0application/json",
+    "\x1capplication/json",
+    "text/plain",
+    "application/octet-stream",
+    "multipart/mixed",
+]
 
 
 @pytest.mark.parametrize("content_type", ["application/json", *OTHER_CONTENT_TYPES])
 @pytest.mark.parametrize("route", list(ROUTES))
-def test_oversized_body_refused_whatever_its_content_type(route, content_type, client, acme,
-                                                          state_snapshot):
+def test_oversized_body_refused_whatever_its_content_type(
+    route, content_type, client, acme, state_snapshot
+):
     before = state_snapshot()
     body = b'{"name": "' + b"a" * (1 << 20) + b'"}'
     resp = _send(client, acme, route, body, content_type)
     assert resp.status_code == 413, resp.text
     assert error_message(resp) == (
         "request body is larger than 1048576 bytes; the registry's JSON bodies are a few "
-        "small fields (adapters are uploaded as multipart/form-data)")
+        "small fields (adapters are uploaded as multipart/form-data)"
+    )
     assert state_snapshot() == before
 
 
 @pytest.mark.parametrize("content_type", OTHER_CONTENT_TYPES[:3])
-def test_nesting_bomb_behind_an_odd_content_type_refused(content_type, client, acme,
-                                                         state_snapshot, caplog):
+def test_nesting_bomb_behind_an_odd_content_type_refused(
+    content_type, client, acme, state_snapshot, caplog
+):
     before = state_snapshot()
     resp = _send(client, acme, "bind user", BOMB, content_type)
     assert resp.status_code == 400, resp.text
@@ -74,8 +84,11 @@ def test_nesting_bomb_behind_an_odd_content_type_refused(content_type, client, a
 def test_brackets_inside_strings_do_not_count(client, acme, state_snapshot):
     before = state_snapshot()
     name = '[{\\"' * 40 + "]"
-    resp = client.put("/v1/users/u1", content=f'{{"adapter": "{name}"}}'.encode(),
-                      headers={**acme, "Content-Type": "application/json"})
+    resp = client.put(
+        "/v1/users/u1",
+        content=f'{{"adapter": "{name}"}}'.encode(),
+        headers={**acme, "Content-Type": "application/json"},
+    )
     assert resp.status_code == 400, resp.text
     assert error_message(resp).startswith("adapter name '[{\"[{")
     assert state_snapshot() == before

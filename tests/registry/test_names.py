@@ -35,8 +35,9 @@ def _path(name: str) -> str:
 
 @pytest.mark.parametrize("name", FORGED_ADAPTERS)
 @pytest.mark.parametrize("route", ["get", "delete", "delete force", "put", "bind", "cursor"])
-def test_adapter_routes_refuse_names_that_forge_keys(route, name, client, k_bot, lora_dir,
-                                                     state_snapshot):
+def test_adapter_routes_refuse_names_that_forge_keys(
+    route, name, client, k_bot, lora_dir, state_snapshot
+):
     before = state_snapshot()
     path = f"/v1/adapters/{_path(name)}"
     if route == "get":
@@ -79,10 +80,10 @@ FORGED_TENANTS = ["acme:adapter:k-bot", "acme:keys", "acme\n"]
 
 
 @pytest.mark.parametrize("tenant", FORGED_TENANTS)
-@pytest.mark.parametrize("route", ["get", "list keys", "create key", "revoke key", "get limits",
-                                   "put limits", "create"])
-def test_tenant_routes_refuse_names_that_forge_keys(route, tenant, client, k_bot,
-                                                    state_snapshot):
+@pytest.mark.parametrize(
+    "route", ["get", "list keys", "create key", "revoke key", "get limits", "put limits", "create"]
+)
+def test_tenant_routes_refuse_names_that_forge_keys(route, tenant, client, k_bot, state_snapshot):
     before = state_snapshot()
     path = f"/v1/tenants/{_path(tenant)}"
     resp = {
@@ -91,8 +92,7 @@ def test_tenant_routes_refuse_names_that_forge_keys(route, tenant, client, k_bot
         "create key": lambda: client.post(f"{path}/keys", headers=admin()),
         "revoke key": lambda: client.delete(f"{path}/keys/0123456789ab", headers=admin()),
         "get limits": lambda: client.get(f"{path}/limits", headers=admin()),
-        "put limits": lambda: client.put(f"{path}/limits", json={"tenant_rps": 1},
-                                         headers=admin()),
+        "put limits": lambda: client.put(f"{path}/limits", json={"tenant_rps": 1}, headers=admin()),
         "create": lambda: client.post("/v1/tenants", json={"name": tenant}, headers=admin()),
     }[route]()
     assert resp.status_code == 400, resp.text

@@ -20,9 +20,14 @@ from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
 from tests.support.registry_api import ADMIN_TOKEN
 
-PATTERNS = {"tenant": names.TENANT_PATTERN, "key_id": names.KEY_ID_PATTERN,
-            "name": names.ADAPTER_PATTERN, "user_id": names.USER_PATTERN,
-            "cursor": names.ADAPTER_PATTERN, "adapter": names.ADAPTER_PATTERN}
+PATTERNS = {
+    "tenant": names.TENANT_PATTERN,
+    "key_id": names.KEY_ID_PATTERN,
+    "name": names.ADAPTER_PATTERN,
+    "user_id": names.USER_PATTERN,
+    "cursor": names.ADAPTER_PATTERN,
+    "adapter": names.ADAPTER_PATTERN,
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +37,7 @@ def spec() -> dict[str, Any]:
 
 
 def _operations(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    return [(method, path, op) for path, ops in spec["paths"].items()
-            for method, op in ops.items()]
+    return [(method, path, op) for path, ops in spec["paths"].items() for method, op in ops.items()]
 
 
 def test_every_route_taking_a_name_documents_its_rule_and_the_400(spec: dict[str, Any]) -> None:
@@ -43,31 +47,62 @@ def test_every_route_taking_a_name_documents_its_rule_and_the_400(spec: dict[str
             if param["name"] in PATTERNS:
                 assert param["schema"].get("pattern") == PATTERNS[param["name"]] or any(
                     s.get("pattern") == PATTERNS[param["name"]]
-                    for s in param["schema"].get("anyOf", [])), (method, path, param)
+                    for s in param["schema"].get("anyOf", [])
+                ), (method, path, param)
                 assert "400" in op["responses"], (method, path)
                 checked += 1
-    assert checked == 19
+    assert checked == 20
     schemas = spec["components"]["schemas"]
     assert schemas["TenantCreate"]["properties"]["name"]["pattern"] == names.TENANT_PATTERN
     assert schemas["BindingIn"]["properties"]["adapter"]["pattern"] == names.ADAPTER_PATTERN
     upload = schemas["Body_upload_adapter_v1_adapters_post"]["properties"]
     assert upload["name"]["pattern"] == names.ADAPTER_PATTERN
-    for body in ("Body_upload_adapter_v1_adapters_post",
-                 "Body_upload_version_v1_adapters__name__put"):
+    for body in (
+        "Body_upload_adapter_v1_adapters_post",
+        "Body_upload_version_v1_adapters__name__put",
+    ):
         assert schemas[body]["properties"]["files"]["minItems"] == 1
 
 
-SAMPLES = ["", "a", "ab", "acme", "a-b", "-ab", "Ab", "a" * 63, "a" * 64, "a" * 65, "a" * 128,
-           "a" * 129, "bot", "bot..x", "bot.x", ".bot", "_bot", "bot\n", "bot:users", "b t",
-           "alice@example.com", "u+1=2", "é", "0123456789ab", "0123456789AB", "0123456789a"]
+SAMPLES = [
+    "",
+    "a",
+    "ab",
+    "acme",
+    "a-b",
+    "-ab",
+    "Ab",
+    "a" * 63,
+    "a" * 64,
+    "a" * 65,
+    "a" * 128,
+    "a" * 129,
+    "bot",
+    "bot..x",
+    "bot.x",
+    ".bot",
+    "_bot",
+    "bot\n",
+    "bot:users",
+    "b t",
+    "alice@example.com",
+    "u+1=2",
+    "é",
+    "0123456789ab",
+    "0123456789AB",
+    "0123456789a",
+]
 
 
-@pytest.mark.parametrize(("pattern", "rule"), [
-    (names.TENANT_PATTERN, is_tenant_name),
-    (names.ADAPTER_PATTERN, is_adapter_name),
-    (names.USER_PATTERN, is_user_id),
-    (names.KEY_ID_PATTERN, lambda s: re.fullmatch(r"[0-9a-f]{12}", s) is not None),
-])
+@pytest.mark.parametrize(
+    ("pattern", "rule"),
+    [
+        (names.TENANT_PATTERN, is_tenant_name),
+        (names.ADAPTER_PATTERN, is_adapter_name),
+        (names.USER_PATTERN, is_user_id),
+        (names.KEY_ID_PATTERN, lambda s: re.fullmatch(r"[0-9a-f]{12}", s) is not None),
+    ],
+)
 def test_documented_patterns_are_the_rules_the_routes_check(pattern: str, rule: Any) -> None:
     # JSON Schema patterns are ECMA regexes searched anywhere; "$" must not allow a
     # trailing newline, so compare with \Z.

@@ -27,17 +27,19 @@ FORMS: dict[str, dict[str, Any]] = {
     "regex on one layer": {"target_modules": r"model\.layers\.1\.(self_attn|mlp)\..*_proj"},
     "suffixes": {"target_modules": ["self_attn.q_proj", "mlp.down_proj"]},
     "short names": {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-    "short names, one layer": {"target_modules": ["q_proj", "up_proj"],
-                               "layers_to_transform": [1]},
-    "layers_pattern": {"target_modules": ["v_proj"], "layers_to_transform": 0,
-                       "layers_pattern": "layers"},
+    "short names, one layer": {"target_modules": ["q_proj", "up_proj"], "layers_to_transform": [1]},
+    "layers_pattern": {
+        "target_modules": ["v_proj"],
+        "layers_to_transform": 0,
+        "layers_pattern": "layers",
+    },
     # A whole module name is matched as such; PEFT applies layers_to_transform to suffixes only.
     "full name bypasses layer filter": {
         "target_modules": ["model.layers.0.self_attn.q_proj", "o_proj"],
-        "layers_to_transform": [1]},
+        "layers_to_transform": [1],
+    },
     "all-linear minus suffix": {"target_modules": "all-linear", "exclude_modules": ["down_proj"]},
-    "exclude regex": {"target_modules": ["q_proj", "gate_proj"],
-                      "exclude_modules": r".*\.0\..*"},
+    "exclude regex": {"target_modules": ["q_proj", "gate_proj"], "exclude_modules": r".*\.0\..*"},
 }
 
 
@@ -67,8 +69,11 @@ def wrapped_modules(base_model_dir: Path, **lora: Any) -> set[str]:
 
     model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
     peft_model = get_peft_model(model, LoraConfig(r=4, **lora))
-    return {name.removeprefix("base_model.model.") for name, module in
-            peft_model.named_modules() if isinstance(module, LoraLayer)}
+    return {
+        name.removeprefix("base_model.model.")
+        for name, module in peft_model.named_modules()
+        if isinstance(module, LoraLayer)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +92,9 @@ def test_resolution_equals_peft(form, base, base_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-def test_plain_peft_adapter_uploads_unchanged(form, client, acme, base_model_dir, tmp_path,
-                                              redis_client, namespace):
+def test_plain_peft_adapter_uploads_unchanged(
+    form, client, acme, base_model_dir, tmp_path, redis_client, namespace
+):
     adapter = peft_adapter(base_model_dir, tmp_path / "a", **FORMS[form])
     assert (adapter / "README.md").is_file()  # the folder as PEFT wrote it; the CLI sends
     resp = _post(client, acme, adapter, strict=True)  # the two adapter files, as here
@@ -96,8 +102,9 @@ def test_plain_peft_adapter_uploads_unchanged(form, client, acme, base_model_dir
     assert resp.json()["warnings"] == []
     # Stored as uploaded (plus preft_mode): vLLM loads LoRA by tensor names and only needs
     # target_modules to be present, so no form is rewritten.
-    stored = json.loads(redis_client.hget(RegistryKeys(namespace).blob(resp.json()["sha256"]),
-                                          "config"))
+    stored = json.loads(
+        redis_client.hget(RegistryKeys(namespace).blob(resp.json()["sha256"]), "config")
+    )
     uploaded = json.loads((adapter / CONFIG_FILE).read_text())
     assert stored == {**uploaded, "preft_mode": "all"}
 
@@ -106,18 +113,23 @@ def test_entry_matching_nothing_warns(base):
     resolution = resolve_targets({"target_modules": ["q_proj", "c_attn"]}, base)
     assert [t.module for t in resolution.targets] == ["q_proj", "q_proj"]
     assert resolution.warnings == [
-        ("target_modules entry 'c_attn' matches no module of the base model (LlamaForCausalLM); "
-         "use names like q_proj, self_attn.q_proj, a regex, or 'all-linear'")]
+        (
+            "target_modules entry 'c_attn' matches no module of the base model (LlamaForCausalLM); "
+            "use names like q_proj, self_attn.q_proj, a regex, or 'all-linear'"
+        )
+    ]
 
 
 def test_warnings_are_bounded(base):
     """A list may hold 16,384 entries: the 201 must not carry a warning for each."""
-    resolution = resolve_targets({"target_modules": ["q_proj"] + [f"nope{i}" for i in range(5000)]},
-                                 base)
+    resolution = resolve_targets(
+        {"target_modules": ["q_proj"] + [f"nope{i}" for i in range(5000)]}, base
+    )
     assert len(resolution.warnings) == 21
     assert resolution.warnings[0].startswith("target_modules entry 'nope0' matches no module")
-    assert resolution.warnings[-1] == ("... and 4980 more target_modules entries that match "
-                                       "no module")
+    assert resolution.warnings[-1] == (
+        "... and 4980 more target_modules entries that match no module"
+    )
 
 
 def test_slow_regex_is_bounded(base, monkeypatch):
@@ -129,21 +141,39 @@ def test_slow_regex_is_bounded(base, monkeypatch):
 
 
 def _post(client, headers, adapter: Path, strict: bool) -> Any:
-    files = [("files", (n, (adapter / n).read_bytes(), "application/octet-stream"))
-             for n in (CONFIG_FILE, WEIGHTS_FILE)]
-    return client.post("/v1/adapters", data={"name": "bot", "mode": "all"}, files=files,
-                       headers=headers, params={"strict": "true"} if strict else None)
+    files = [
+        ("files", (n, (adapter / n).read_bytes(), "application/octet-stream"))
+        for n in (CONFIG_FILE, WEIGHTS_FILE)
+    ]
+    return client.post(
+        "/v1/adapters",
+        data={"name": "bot", "mode": "all"},
+        files=files,
+        headers=headers,
+        params={"strict": "true"} if strict else None,
+    )
 
 
-@pytest.mark.parametrize("edit, warning", [
-    ({"base_model_name_or_path": "meta-llama/Llama-3.1-8B"},
-     ("adapter_config.json names base_model_name_or_path 'meta-llama/Llama-3.1-8B', but this "
-      "registry serves 'tiny-llama', LlamaForCausalLM; the shapes match")),
-    ({"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "c_attn"]},
-     "target_modules entry 'c_attn' matches no module of the base model"),
-])
-def test_doubtful_adapter_warns_or_fails_strict(edit, warning, client, acme, lora_dir,
-                                                tmp_path, state_snapshot):
+@pytest.mark.parametrize(
+    "edit, warning",
+    [
+        (
+            {"base_model_name_or_path": "meta-llama/Llama-3.1-8B"},
+            (
+                "adapter_config.json names base_model_name_or_path "
+                "'meta-llama/Llama-3.1-8B', but this "
+                "registry serves 'tiny-llama', LlamaForCausalLM; the shapes match"
+            ),
+        ),
+        (
+            {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "c_attn"]},
+            "target_modules entry 'c_attn' matches no module of the base model",
+        ),
+    ],
+)
+def test_doubtful_adapter_warns_or_fails_strict(
+    edit, warning, client, acme, lora_dir, tmp_path, state_snapshot
+):
     adapter = factories.edit_config(factories.copy_adapter(lora_dir, tmp_path / "a"), **edit)
     before = state_snapshot()
     resp = _post(client, acme, adapter, strict=True)
@@ -159,16 +189,16 @@ def test_doubtful_adapter_warns_or_fails_strict(edit, warning, client, acme, lor
     assert again.status_code == 200 and again.json()["warnings"] == [shown]
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "/somewhere/else/tiny-llama/",
-                                  "someorg/Tiny-Llama", None, ""])
+@pytest.mark.parametrize(
+    "name", ["tiny-llama", "/somewhere/else/tiny-llama/", "someorg/Tiny-Llama", None, ""]
+)
 def test_base_model_names_that_mean_the_served_model(name, client, acme, lora_dir, tmp_path):
-    adapter = factories.edit_config(factories.copy_adapter(lora_dir, tmp_path / "a"),
-                                    base_model_name_or_path=name)
+    adapter = factories.edit_config(
+        factories.copy_adapter(lora_dir, tmp_path / "a"), base_model_name_or_path=name
+    )
     resp = _post(client, acme, adapter, strict=True)
     assert resp.status_code == 201, resp.text
     assert resp.json()["warnings"] == []
-
-
 
 
 def test_convert_bin_then_upload(base_model_dir, tmp_path, capsys, client, acme):

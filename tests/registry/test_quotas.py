@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from preft_serve.common.errors import QuotaExceeded
+from preft_serve.common.domain_errors import QuotaExceeded
 from preft_serve.registry.quotas import Quota, QuotaOverrides, TenantUse, check_upload
 from tests.support.registry_api import admin, bearer, create_tenant, error_message, upload
 
@@ -22,8 +22,10 @@ def test_adapter_count_quota(make_client, lora_dir, lora_dir2, state_snapshot) -
     refused = upload(client, acme, "two", lora_dir2)
     assert refused.status_code == 403, refused.text
     assert refused.json()["error"]["code"] == "quota_exceeded"
-    assert error_message(refused) == ("tenant acme has 1 adapters, its quota is 1 "
-                                      "(max_adapters); delete one before creating another")
+    assert error_message(refused) == (
+        "tenant acme has 1 adapters, its quota is 1 "
+        "(max_adapters); delete one before creating another"
+    )
     assert state_snapshot() == before  # nothing stored, no event
     # A new version of an existing adapter is not a new adapter.
     assert upload(client, acme, "one", lora_dir2, method="PUT").status_code == 201
@@ -48,13 +50,16 @@ def test_stored_bytes_quota(make_client, lora_dir, lora_dir2, state_snapshot) ->
     assert upload(client, acme, "same", lora_dir).status_code == 201
 
 
-@pytest.mark.parametrize(("use", "new", "sha", "size", "ok"), [
-    (TenantUse(2, 100, frozenset({"a"})), True, "b", 10, False),   # third adapter
-    (TenantUse(2, 100, frozenset({"a"})), False, "b", 10, True),   # new version
-    (TenantUse(1, 100, frozenset({"a"})), True, "b", 901, False),  # 1001 bytes
-    (TenantUse(1, 100, frozenset({"a"})), True, "b", 900, True),   # exactly the quota
-    (TenantUse(1, 1000, frozenset({"a"})), True, "a", 900, True),  # already stored
-])
+@pytest.mark.parametrize(
+    ("use", "new", "sha", "size", "ok"),
+    [
+        (TenantUse(2, 100, frozenset({"a"})), True, "b", 10, False),  # third adapter
+        (TenantUse(2, 100, frozenset({"a"})), False, "b", 10, True),  # new version
+        (TenantUse(1, 100, frozenset({"a"})), True, "b", 901, False),  # 1001 bytes
+        (TenantUse(1, 100, frozenset({"a"})), True, "b", 900, True),  # exactly the quota
+        (TenantUse(1, 1000, frozenset({"a"})), True, "a", 900, True),  # already stored
+    ],
+)
 def test_check_upload(use: TenantUse, new: bool, sha: str, size: int, ok: bool) -> None:
     quota = Quota(max_adapters=2, max_stored_bytes=1000)
     if ok:
@@ -80,11 +85,13 @@ def set_quota(client: TestClient, tenant: str, quota: object) -> Any:
     return client.patch(f"/v1/tenants/{tenant}", json={"quota": quota}, headers=admin())
 
 
-def test_override_lower_than_the_default_refuses(make_client, lora_dir, lora_dir2,
-                                                 state_snapshot) -> None:
+def test_override_lower_than_the_default_refuses(
+    make_client, lora_dir, lora_dir2, state_snapshot
+) -> None:
     client: TestClient = make_client()  # defaults: 1000 adapters, 10 GiB
-    created = client.post("/v1/tenants", json={"name": "acme", "quota": {"max_adapters": 1}},
-                          headers=admin())
+    created = client.post(
+        "/v1/tenants", json={"name": "acme", "quota": {"max_adapters": 1}}, headers=admin()
+    )
     assert created.status_code == 201, created.text
     assert created.json()["quota"] == {"max_adapters": 1, "max_stored_bytes": None}
     acme = bearer(created.json()["api_key"])
@@ -94,15 +101,18 @@ def test_override_lower_than_the_default_refuses(make_client, lora_dir, lora_dir
     assert refused.status_code == 403, refused.text
     assert error_message(refused) == (
         "tenant acme has 1 adapters, its quota is 1 (max_adapters, this tenant's own; the "
-        "default is 1000); delete one before creating another")
+        "default is 1000); delete one before creating another"
+    )
     assert state_snapshot() == before
     # The byte quota too, set later: no new content at all.
     assert set_quota(client, "acme", {"max_stored_bytes": 0}).status_code == 200
     before = state_snapshot()
     refused = upload(client, acme, "one", lora_dir2, method="PUT")
     assert refused.status_code == 403, refused.text
-    assert (f"would exceed its quota of 0 bytes (max_stored_bytes, this tenant's own; the "
-            f"default is {DEFAULT_BYTES})") in error_message(refused)
+    assert (
+        f"would exceed its quota of 0 bytes (max_stored_bytes, this tenant's own; the "
+        f"default is {DEFAULT_BYTES})"
+    ) in error_message(refused)
     assert state_snapshot() == before
     # Other tenants keep the defaults.
     globex = create_tenant(client, "globex")
@@ -123,38 +133,53 @@ def test_override_higher_than_the_default_allows(make_client, lora_dir, lora_dir
     assert set_quota(client, "acme", {"max_stored_bytes": DEFAULT_BYTES * 2}).status_code == 200
     assert quota_of(client, "acme") == {"max_adapters": 2, "max_stored_bytes": DEFAULT_BYTES * 2}
     assert set_quota(client, "acme", {"max_adapters": None}).json()["quota"] == {
-        "max_adapters": None, "max_stored_bytes": DEFAULT_BYTES * 2}
+        "max_adapters": None,
+        "max_stored_bytes": DEFAULT_BYTES * 2,
+    }
     assert set_quota(client, "acme", None).json()["quota"] == {
-        "max_adapters": None, "max_stored_bytes": None}
+        "max_adapters": None,
+        "max_stored_bytes": None,
+    }
     # Over the default again: what it holds stays, a third adapter is refused.
     refused = upload(client, acme, "three", lora_dir)
     assert refused.status_code == 403
     assert "its quota is 1 (max_adapters);" in error_message(refused)
     listed = client.get("/v1/tenants", headers=admin()).json()
-    assert listed == [{"name": "acme", "created_at": listed[0]["created_at"], "adapters": 2,
-                       "quota": {"max_adapters": None, "max_stored_bytes": None}}]
+    assert listed == [
+        {
+            "name": "acme",
+            "created_at": listed[0]["created_at"],
+            "adapters": 2,
+            "quota": {"max_adapters": None, "max_stored_bytes": None},
+        }
+    ]
 
 
-@pytest.mark.parametrize(("quota", "field"), [
-    ({"max_adapters": -1}, "quota.max_adapters"),
-    ({"max_adapters": 1_000_001}, "quota.max_adapters"),
-    ({"max_adapters": "5"}, "quota.max_adapters"),
-    ({"max_adapters": True}, "quota.max_adapters"),
-    ({"max_adapters": 2.5}, "quota.max_adapters"),
-    ({"max_stored_bytes": (1 << 50) + 1}, "quota.max_stored_bytes"),
-    ({"max_stored_bytes": -5}, "quota.max_stored_bytes"),
-    ({"max_files": 3}, "quota.max_files"),
-    ([1], "quota"),
-])
-def test_bad_overrides_are_422_and_change_nothing(make_client, state_snapshot,
-                                                  quota: object, field: str) -> None:
+@pytest.mark.parametrize(
+    ("quota", "field"),
+    [
+        ({"max_adapters": -1}, "quota.max_adapters"),
+        ({"max_adapters": 1_000_001}, "quota.max_adapters"),
+        ({"max_adapters": "5"}, "quota.max_adapters"),
+        ({"max_adapters": True}, "quota.max_adapters"),
+        ({"max_adapters": 2.5}, "quota.max_adapters"),
+        ({"max_stored_bytes": (1 << 50) + 1}, "quota.max_stored_bytes"),
+        ({"max_stored_bytes": -5}, "quota.max_stored_bytes"),
+        ({"max_files": 3}, "quota.max_files"),
+        ([1], "quota"),
+    ],
+)
+def test_bad_overrides_are_422_and_change_nothing(
+    make_client, state_snapshot, quota: object, field: str
+) -> None:
     client: TestClient = make_client()
     create_tenant(client, "acme")
     assert set_quota(client, "acme", {"max_adapters": 7}).status_code == 200
     before = state_snapshot()
-    for resp in (set_quota(client, "acme", quota),
-                 client.post("/v1/tenants", json={"name": "globex", "quota": quota},
-                             headers=admin())):
+    for resp in (
+        set_quota(client, "acme", quota),
+        client.post("/v1/tenants", json={"name": "globex", "quota": quota}, headers=admin()),
+    ):
         assert resp.status_code == 422, resp.text
         assert field in error_message(resp)
     assert state_snapshot() == before
@@ -168,8 +193,9 @@ def test_only_an_admin_sets_quotas(make_client, state_snapshot) -> None:
     acme = create_tenant(client, "acme")
     before = state_snapshot()
     for headers in (acme, {}, bearer("not-the-admin-token-at-all")):
-        resp = client.patch("/v1/tenants/acme", json={"quota": {"max_adapters": 10**6}},
-                            headers=headers)
+        resp = client.patch(
+            "/v1/tenants/acme", json={"quota": {"max_adapters": 10**6}}, headers=headers
+        )
         assert resp.status_code == 401, resp.text
     assert state_snapshot() == before
     missing = set_quota(client, "nobody", {"max_adapters": 1})
@@ -181,8 +207,11 @@ def test_check_upload_prefers_the_tenants_own_limits() -> None:
     quota = Quota(max_adapters=2, max_stored_bytes=1000)
     own = TenantUse(2, 100, frozenset(), QuotaOverrides(max_adapters=3, max_stored_bytes=150))
     check_upload(quota, own, "acme", new_adapter=True, sha256="b", size_bytes=50)
-    with pytest.raises(QuotaExceeded, match=r"quota of 150 bytes \(max_stored_bytes, this "
-                       r"tenant's own; the default is 1000\)"):
+    with pytest.raises(
+        QuotaExceeded,
+        match=r"quota of 150 bytes \(max_stored_bytes, this "
+        r"tenant's own; the default is 1000\)",
+    ):
         check_upload(quota, own, "acme", new_adapter=False, sha256="b", size_bytes=51)
 
 

@@ -23,8 +23,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs holding one file that leaves it almost no room (needs root)."""
     root = tmp_path / "full"
     root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(root)],
-                   check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(root)], check=True)
     try:
         (root / "objects").mkdir()
         with open(root / "filler", "wb") as filler:
@@ -42,8 +41,12 @@ def metric(client: TestClient, name: str) -> float:
 
 
 def test_an_upload_to_a_full_store_is_a_507_and_stores_nothing(
-        make_client: Callable[..., TestClient], full_disk: Path, lora_dir: Path,
-        redis_client: object, namespace: str) -> None:
+    make_client: Callable[..., TestClient],
+    full_disk: Path,
+    lora_dir: Path,
+    redis_client: object,
+    namespace: str,
+) -> None:
     client = make_client(object_store=ObjectStoreSettings(url=str(full_disk)))
     acme = create_tenant(client, "acme")
     assert sum(p.stat().st_size for p in lora_dir.iterdir()) > 16384  # cannot fit
@@ -59,10 +62,13 @@ def test_an_upload_to_a_full_store_is_a_507_and_stores_nothing(
     assert not [p for p in full_disk.rglob("*") if p.is_file()]  # no half-written blob
 
 
-@pytest.mark.parametrize("exc", [
-    OSError(28, "No space left on device", "/var/tmp/preft-trainer-x/adapter"),
-    StoreFull("/srv/objects: No space left on device"),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OSError(28, "No space left on device", "/var/tmp/preft-trainer-x/adapter"),
+        StoreFull("/srv/objects: No space left on device"),
+    ],
+)
 def test_a_trainer_out_of_disk_says_so_without_paths_or_errno(exc: Exception) -> None:
     message = tenant_message(exc)
     assert message == "the trainer ran out of disk space (its scratch disk or the object store)"

@@ -8,19 +8,21 @@ from preft_serve.common.registry_client import RegistryKeys
 from tests.support.registry_api import admin, bearer, error_message
 
 
-def test_create_tenant_returns_key_once_and_stores_only_its_hash(client, redis_client,
-                                                                   namespace):
+def test_create_tenant_returns_key_once_and_stores_only_its_hash(client, redis_client, namespace):
     resp = client.post("/v1/tenants", json={"name": "acme"}, headers=admin())
     assert resp.status_code == 201
     body = resp.json()
     key = body["api_key"]
     assert key.startswith(f"pft_{body['key_id']}.")
-    dump = " ".join(f"{k} {redis_client.dump(k)!r}"
-                    for k in redis_client.scan_iter(f"{namespace}:*"))
+    dump = " ".join(
+        f"{k} {redis_client.dump(k)!r}" for k in redis_client.scan_iter(f"{namespace}:*")
+    )
     assert key not in dump and key.split(".", 1)[1] not in dump
     digest = hashlib.sha256(key.encode()).hexdigest()
     assert redis_client.hgetall(RegistryKeys(namespace).api_key(digest)) == {
-        "tenant": "acme", "key_id": body["key_id"]}
+        "tenant": "acme",
+        "key_id": body["key_id"],
+    }
     shown = client.get("/v1/tenants/acme", headers=admin()).json()
     assert shown["name"] == "acme"
     assert [k["key_id"] for k in shown["keys"]] == [body["key_id"]]
@@ -33,12 +35,16 @@ def test_admin_auth_required(client, state_snapshot):
     resp = client.post("/v1/tenants", json={"name": "acme"})
     assert resp.status_code == 401
     assert error_message(resp) == "missing credentials: send 'Authorization: Bearer <admin token>'"
-    resp = client.post("/v1/tenants", json={"name": "acme"},
-                       headers={"Authorization": "Bearer wrong-token-wrong-token"})
+    resp = client.post(
+        "/v1/tenants",
+        json={"name": "acme"},
+        headers={"Authorization": "Bearer wrong-token-wrong-token"},
+    )
     assert resp.status_code == 401
     assert error_message(resp) == "invalid admin token"
-    resp = client.post("/v1/tenants", json={"name": "acme"},
-                       headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    resp = client.post(
+        "/v1/tenants", json={"name": "acme"}, headers={"Authorization": "Basic dXNlcjpwYXNz"}
+    )
     assert resp.status_code == 401
     assert state_snapshot() == before
 
@@ -56,12 +62,16 @@ def test_duplicate_and_invalid_tenant_names(client, acme, state_snapshot):
     before = state_snapshot()
     resp = client.post("/v1/tenants", json={"name": "acme"}, headers=admin())
     assert resp.status_code == 409
-    assert error_message(resp) == ("tenant 'acme' already exists; choose another name or issue "
-                                   "a new key with POST /v1/tenants/acme/keys")
+    assert error_message(resp) == (
+        "tenant 'acme' already exists; choose another name or issue "
+        "a new key with POST /v1/tenants/acme/keys"
+    )
     resp = client.post("/v1/tenants", json={"name": "Bad Name"}, headers=admin())
     assert resp.status_code == 400
-    assert error_message(resp) == ("tenant name 'Bad Name' is invalid: use 2-63 lowercase "
-                                   "letters, digits or '-', starting with a letter or digit")
+    assert error_message(resp) == (
+        "tenant name 'Bad Name' is invalid: use 2-63 lowercase "
+        "letters, digits or '-', starting with a letter or digit"
+    )
     resp = client.post("/v1/tenants", json={}, headers=admin())
     assert resp.status_code == 422
     assert error_message(resp) == "invalid request: name: field required"
@@ -89,30 +99,47 @@ def test_rotate_then_revoke(client):
 
 
 def test_unknown_tenant(client):
-    for resp in (client.get("/v1/tenants/ghost", headers=admin()),
-                 client.post("/v1/tenants/ghost/keys", headers=admin()),
-                 client.get("/v1/tenants/ghost/keys", headers=admin())):
+    for resp in (
+        client.get("/v1/tenants/ghost", headers=admin()),
+        client.post("/v1/tenants/ghost/keys", headers=admin()),
+        client.get("/v1/tenants/ghost/keys", headers=admin()),
+    ):
         assert resp.status_code == 404
         assert error_message(resp) == "tenant 'ghost' does not exist"
 
 
-def test_rate_limit_overrides_round_trip_and_bad_values_change_nothing(client, acme,
-                                                                        state_snapshot):
+def test_rate_limit_overrides_round_trip_and_bad_values_change_nothing(
+    client, acme, state_snapshot
+):
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
-        "tenant_rps": None, "tenant_burst": None, "user_rps": None, "user_burst": None,
-        "tenant_tpm": None, "user_tpm": None}
-    resp = client.put("/v1/tenants/acme/limits",
-                      json={"tenant_rps": 50, "user_rps": 2.5, "user_tpm": 6000},
-                      headers=admin())
+        "tenant_rps": None,
+        "tenant_burst": None,
+        "user_rps": None,
+        "user_burst": None,
+        "tenant_tpm": None,
+        "user_tpm": None,
+    }
+    resp = client.put(
+        "/v1/tenants/acme/limits",
+        json={"tenant_rps": 50, "user_rps": 2.5, "user_tpm": 6000},
+        headers=admin(),
+    )
     assert resp.status_code == 200, resp.text
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
-        "tenant_rps": 50.0, "tenant_burst": None, "user_rps": 2.5, "user_burst": None,
-        "tenant_tpm": None, "user_tpm": 6000.0}
+        "tenant_rps": 50.0,
+        "tenant_burst": None,
+        "user_rps": 2.5,
+        "user_burst": None,
+        "tenant_tpm": None,
+        "user_tpm": 6000.0,
+    }
     before = state_snapshot()
-    for body, needle in (({"tenant_rps": -1}, "greater than or equal to 0"),
-                         ({"user_burst": 1.5}, "valid integer"),
-                         ({"tenant_tpm": -5}, "greater than or equal to 0"),
-                         ({"tenant_qps": 5}, "Extra inputs are not permitted")):
+    for body, needle in (
+        ({"tenant_rps": -1}, "greater than or equal to 0"),
+        ({"user_burst": 1.5}, "valid integer"),
+        ({"tenant_tpm": -5}, "greater than or equal to 0"),
+        ({"tenant_qps": 5}, "Extra inputs are not permitted"),
+    ):
         bad = client.put("/v1/tenants/acme/limits", json=body, headers=admin())
         assert bad.status_code == 422, bad.text
         assert needle in str(bad.json()["error"])
@@ -129,11 +156,21 @@ def test_rate_limit_overrides_refuse_booleans_and_numeric_strings(client, acme, 
     """``{"tenant_burst": true}`` was stored as a burst of 1 and ``"5"`` as 5 (pydantic's lax
     mode); the document says number/integer. Found by the API fuzzer (tests/fuzz,
     schemathesis ST201: a schema-violating request accepted)."""
-    assert client.put("/v1/tenants/acme/limits", json={"tenant_burst": 3, "user_rps": 2},
-                      headers=admin()).status_code == 200
+    assert (
+        client.put(
+            "/v1/tenants/acme/limits", json={"tenant_burst": 3, "user_rps": 2}, headers=admin()
+        ).status_code
+        == 200
+    )
     before = state_snapshot()
-    for body in ({"tenant_burst": True}, {"user_tpm": True}, {"tenant_rps": False},
-                 {"tenant_rps": "5"}, {"user_burst": "3"}, {"user_burst": 2.5}):
+    for body in (
+        {"tenant_burst": True},
+        {"user_tpm": True},
+        {"tenant_rps": False},
+        {"tenant_rps": "5"},
+        {"user_burst": "3"},
+        {"user_burst": 2.5},
+    ):
         bad = client.put("/v1/tenants/acme/limits", json=body, headers=admin())
         assert bad.status_code == 422, (body, bad.text)
         assert bad.json()["error"]["code"] == "invalid_value"
@@ -141,8 +178,13 @@ def test_rate_limit_overrides_refuse_booleans_and_numeric_strings(client, acme, 
     assert state_snapshot() == before
     # What is stored (strings in Redis) still reads back as numbers.
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json() == {
-        "tenant_rps": None, "tenant_burst": 3, "user_rps": 2.0, "user_burst": None,
-        "tenant_tpm": None, "user_tpm": None}
+        "tenant_rps": None,
+        "tenant_burst": 3,
+        "user_rps": 2.0,
+        "user_burst": None,
+        "tenant_tpm": None,
+        "user_tpm": None,
+    }
 
 
 def test_integral_float_burst_is_an_integer(client, acme):
@@ -153,22 +195,21 @@ def test_integral_float_burst_is_an_integer(client, acme):
     assert client.get("/v1/tenants/acme/limits", headers=admin()).json()["user_burst"] == 79944
 
 
-def test_unbound_user_setting_is_a_merge_patch_with_a_documented_default(client, acme,
-                                                                          redis_client,
-                                                                          namespace):
+def test_unbound_user_setting_is_a_merge_patch_with_a_documented_default(
+    client, acme, redis_client, namespace
+):
     """What a user without a binding gets when naming the base model: base_model by
     default; the tenant record holds the choice the gateway reads."""
-    assert client.get("/v1/tenants/acme", headers=admin()).json()["unbound_user"] == \
-        "base_model"
-    resp = client.patch("/v1/tenants/acme", json={"unbound_user": "not_found"},
-                        headers=admin())
+    assert client.get("/v1/tenants/acme", headers=admin()).json()["unbound_user"] == "base_model"
+    resp = client.patch("/v1/tenants/acme", json={"unbound_user": "not_found"}, headers=admin())
     assert resp.status_code == 200, resp.text
     assert resp.json()["unbound_user"] == "not_found"
     record = RegistryKeys(namespace).tenant("acme")
     assert redis_client.hget(record, "unbound_user") == "not_found"
     # A patch of the quota alone leaves it; null goes back to the default.
-    quota = client.patch("/v1/tenants/acme", json={"quota": {"max_adapters": 5}},
-                         headers=admin()).json()
+    quota = client.patch(
+        "/v1/tenants/acme", json={"quota": {"max_adapters": 5}}, headers=admin()
+    ).json()
     assert quota["unbound_user"] == "not_found" and quota["quota"]["max_adapters"] == 5
     reset = client.patch("/v1/tenants/acme", json={"unbound_user": None}, headers=admin())
     assert reset.json()["unbound_user"] == "base_model"
@@ -176,5 +217,9 @@ def test_unbound_user_setting_is_a_merge_patch_with_a_documented_default(client,
     assert reset.json()["quota"]["max_adapters"] == 5
     bad = client.patch("/v1/tenants/acme", json={"unbound_user": "error"}, headers=admin())
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "unbound_user"
-    assert client.patch("/v1/tenants/acme", json={"unbound_user": "not_found"},
-                        headers=acme).status_code == 401
+    assert (
+        client.patch(
+            "/v1/tenants/acme", json={"unbound_user": "not_found"}, headers=acme
+        ).status_code
+        == 401
+    )

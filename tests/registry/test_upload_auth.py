@@ -30,12 +30,21 @@ def _call(app: Any, headers: dict[str, str]) -> tuple[int, dict[str, Any], int]:
         sent.append(message)
 
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/v1/adapters", "raw_path": b"/v1/adapters",
-        "root_path": "", "query_string": b"", "client": ("127.0.0.1", 5000),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/adapters",
+        "raw_path": b"/v1/adapters",
+        "root_path": "",
+        "query_string": b"",
+        "client": ("127.0.0.1", 5000),
         "server": ("testserver", 80),
-        "headers": [(b"content-type", b"multipart/form-data; boundary=b"),
-                    *((k.lower().encode(), v.encode()) for k, v in headers.items())],
+        "headers": [
+            (b"content-type", b"multipart/form-data; boundary=b"),
+            *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+        ],
     }
     asyncio.run(app(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
@@ -43,14 +52,18 @@ def _call(app: Any, headers: dict[str, str]) -> tuple[int, dict[str, Any], int]:
     return start["status"], json.loads(body), asked
 
 
-@pytest.mark.parametrize(("headers", "needle"), [
-    ({}, "missing credentials: send 'Authorization: Bearer <API key>'"),
-    ({"Authorization": "Basic dXNlcjpwdw=="}, "missing credentials"),
-    ({"Authorization": "Bearer pft_0000.not-a-key"}, "invalid or revoked API key"),
-    ({"Authorization": "Bearer sk-openai"}, "not a preft API key"),
-])
-def test_upload_without_a_valid_key_is_refused_unread(client, state_snapshot, headers,
-                                                      needle) -> None:
+@pytest.mark.parametrize(
+    ("headers", "needle"),
+    [
+        ({}, "missing credentials: send 'Authorization: Bearer <API key>'"),
+        ({"Authorization": "Basic dXNlcjpwdw=="}, "missing credentials"),
+        ({"Authorization": "Bearer pft_0000.not-a-key"}, "invalid or revoked API key"),
+        ({"Authorization": "Bearer sk-openai"}, "not a preft API key"),
+    ],
+)
+def test_upload_without_a_valid_key_is_refused_unread(
+    client, state_snapshot, headers, needle
+) -> None:
     before = state_snapshot()
     status, body, asked = _call(client.app, headers)
     assert status == 401

@@ -10,8 +10,14 @@ def test_bind_show_rebind_unbind(client, acme, lora_dir, lora_dir2, state_snapsh
     b = upload(client, acme, "b", lora_dir2, mode="all").json()
     resp = client.put("/v1/users/alice@example.com", json={"adapter": "a"}, headers=acme)
     assert resp.status_code == 200
-    assert resp.json() == {"user": "alice@example.com", "adapter": "a", "version": 1,
-                           "sha256": a["sha256"], "type": "lora", "mode": "prefill"}
+    assert resp.json() == {
+        "user": "alice@example.com",
+        "adapter": "a",
+        "version": 1,
+        "sha256": a["sha256"],
+        "type": "lora",
+        "mode": "prefill",
+    }
     before = state_snapshot()
     same = client.put("/v1/users/alice@example.com", json={"adapter": "a"}, headers=acme)
     assert same.status_code == 200 and state_snapshot() == before  # no-op, no event
@@ -50,8 +56,9 @@ def test_bind_errors_leave_state_unchanged(client, acme, lora_dir, state_snapsho
     resp = client.put("/v1/users/u1", json={}, headers=acme)
     assert resp.status_code == 422
     assert error_message(resp) == "invalid request: adapter: field required"
-    resp = client.put("/v1/users/u1", content=b"not json", headers={
-        **acme, "Content-Type": "application/json"})
+    resp = client.put(
+        "/v1/users/u1", content=b"not json", headers={**acme, "Content-Type": "application/json"}
+    )
     assert resp.status_code == 422
     assert state_snapshot() == before
 

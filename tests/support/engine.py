@@ -23,8 +23,9 @@ KV_BLOCK = 32  # CPU attention wants multiples of 32; the CPU default is 128
 ADAPTER_SEEDS = (1, 2, 3, 4)
 REFT_SPECS = {
     "direft-f3l3": ReftSpec(AdapterType.DIREFT, rank=4, layers=(0, 1), positions="f3+l3"),
-    "loreft-f2l2-shared": ReftSpec(AdapterType.LOREFT, rank=8, layers=(1,), positions="f2+l2",
-                                   share_weights=True),
+    "loreft-f2l2-shared": ReftSpec(
+        AdapterType.LOREFT, rank=8, layers=(1,), positions="f2+l2", share_weights=True
+    ),
     "direft-prefill": ReftSpec(AdapterType.DIREFT, rank=2, layers=(0,), positions="prefill"),
     "loreft-l4": ReftSpec(AdapterType.LOREFT, rank=4, layers=(0, 1), positions="l4"),
 }
@@ -67,12 +68,15 @@ class Engine:
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         return self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], params, lora_request=loras,
+            [{"prompt_token_ids": p} for p in prompts],
+            params,
+            lora_request=loras,
             use_tqdm=False,
         )
 
-    def tokens(self, prompts: list[list[int]], loras: list[Any], max_tokens: int = 16
-               ) -> list[list[int]]:
+    def tokens(
+        self, prompts: list[list[int]], loras: list[Any], max_tokens: int = 16
+    ) -> list[list[int]]:
         return [list(o.outputs[0].token_ids) for o in self.generate(prompts, loras, max_tokens)]
 
 

@@ -21,10 +21,28 @@ class FakeRegistry:
     'globex' (key pft_other) has adapter 'rival' and user u9 bound to it."""
 
     def __init__(self) -> None:
-        self.ref = AdapterRef("acme", "bot", 1, SHA, "lora", AdapterMode.PREFILL, 8, "m",  # type: ignore[arg-type]
-                              CREATED)
-        self.other = AdapterRef("globex", "rival", 2, "cd" * 32, "lora",  # type: ignore[arg-type]
-                                AdapterMode.PREFILL, 8, "m", CREATED + 60)
+        self.ref = AdapterRef(
+            "acme",
+            "bot",
+            1,
+            SHA,
+            "lora",
+            AdapterMode.PREFILL,
+            8,
+            "m",  # type: ignore[arg-type]
+            CREATED,
+        )
+        self.other = AdapterRef(
+            "globex",
+            "rival",
+            2,
+            "cd" * 32,
+            "lora",  # type: ignore[arg-type]
+            AdapterMode.PREFILL,
+            8,
+            "m",
+            CREATED + 60,
+        )
 
     async def authenticate(self, api_key: str) -> KeyOwner | None:
         return {KEY: KeyOwner("acme", "k1"), OTHER_KEY: KeyOwner("globex", "k2")}.get(api_key)
@@ -51,25 +69,40 @@ class FakeRegistry:
 class Workers:
     """Records what the worker saw; answers like vLLM would."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_model_len: int | None = None) -> None:
         self.seen: list[dict[str, Any]] = []
         self.headers: list[httpx.Headers] = []  # of each completion request, like seen
+        self.max_model_len = max_model_len  # listed in /v1/models when set, as vLLM does
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET":  # the gateway's health and residency checks
-            return httpx.Response(200, json={"object": "list", "data": []})
+            data = (
+                []
+                if self.max_model_len is None
+                else [
+                    {"id": "/models/tiny", "object": "model", "max_model_len": self.max_model_len}
+                ]
+            )
+            return httpx.Response(200, json={"object": "list", "data": data})
         body = json.loads(request.content)
         self.seen.append(body)
         self.headers.append(request.headers)
         usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
         if body.get("stream"):
-            chunks = [{"model": body["model"], "choices": [{"delta": {"content": c}}]}
-                      for c in ("a", "b")]
+            chunks = [
+                {"model": body["model"], "choices": [{"delta": {"content": c}}]} for c in ("a", "b")
+            ]
             chunks.append({"model": body["model"], "choices": [], "usage": usage})
             text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
             return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
-        return httpx.Response(200, json={"model": body["model"], "usage": usage,
-                                         "choices": [{"message": {"content": "hi"}}]})
+        return httpx.Response(
+            200,
+            json={
+                "model": body["model"],
+                "usage": usage,
+                "choices": [{"message": {"content": "hi"}}],
+            },
+        )
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

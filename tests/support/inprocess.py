@@ -16,8 +16,15 @@ from tests.support.ports import free_port
 def serve_in_thread(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
     """Run ``app`` under uvicorn on a free port in a daemon thread; returns its URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,  # type: ignore[arg-type]
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,  # type: ignore[arg-type]
+            log_level="warning",
+            lifespan="on",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.tiers import tier
+
 
 @dataclass
 class ServiceProcess:
@@ -33,9 +35,14 @@ class ServiceProcess:
 
     def start(self) -> ServiceProcess:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=self.cwd,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         return self
 
     @property
@@ -94,18 +101,27 @@ class ServiceProcess:
             os.killpg(self.proc.pid, sig)
 
 
-def service(name: str, argv: Sequence[str], root: Path, env: dict[str, str] | None = None,
-            url: str = "") -> ServiceProcess:
+def service(
+    name: str, argv: Sequence[str], root: Path, env: dict[str, str] | None = None, url: str = ""
+) -> ServiceProcess:
     """A not-yet-started process whose log is ``root/<name>.log``."""
     root.mkdir(parents=True, exist_ok=True)
-    return ServiceProcess(name, list(argv), root / f"{name}.log",
-                          {**os.environ, **(env or {})}, root, url)
+    return ServiceProcess(
+        name, list(argv), root / f"{name}.log", {**os.environ, **(env or {})}, root, url
+    )
 
 
+@tier("stack")
 @contextlib.contextmanager
-def running_http_service(name: str, argv: Sequence[str], root: Path, url: str,
-                         env: dict[str, str] | None = None, ready_path: str = "/healthz",
-                         timeout: float = 60) -> Iterator[ServiceProcess]:
+def running_http_service(
+    name: str,
+    argv: Sequence[str],
+    root: Path,
+    url: str,
+    env: dict[str, str] | None = None,
+    ready_path: str = "/healthz",
+    timeout: float = 60,
+) -> Iterator[ServiceProcess]:
     """Start an HTTP service, wait until ``GET ready_path`` is 200, yield it, stop it."""
     process = service(name, argv, root, env, url).start()
     try:

@@ -22,7 +22,8 @@ from tests.support.processes import service
 def prometheus_binary() -> str:
     """Path of ``prometheus``; skips the test locally when it is missing, fails under CI."""
     binary = shutil.which("prometheus") or (
-        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
+        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
+    )
     if binary is None:
         message = "the prometheus server is not installed (apt-get install prometheus)"
         if os.environ.get("CI"):
@@ -34,12 +35,19 @@ def prometheus_binary() -> str:
 def scrape_config(jobs: Mapping[str, Sequence[str]], interval_s: float) -> str:
     """prometheus.yml text: one static job per entry, targets given as base URLs."""
     interval = f"{round(interval_s * 1000)}ms"  # Prometheus durations are integers
-    lines = ["global:", f"  scrape_interval: {interval}", f"  scrape_timeout: {interval}",
-             "scrape_configs:"]
+    lines = [
+        "global:",
+        f"  scrape_interval: {interval}",
+        f"  scrape_timeout: {interval}",
+        "scrape_configs:",
+    ]
     for job, urls in jobs.items():
         targets = ", ".join(f'"{urlsplit(u).netloc}"' for u in urls)
-        lines += [f"  - job_name: {job}", "    metrics_path: /metrics",
-                  f"    static_configs: [{{targets: [{targets}]}}]"]
+        lines += [
+            f"  - job_name: {job}",
+            "    metrics_path: /metrics",
+            f"    static_configs: [{{targets: [{targets}]}}]",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -68,8 +76,11 @@ class Prometheus:
             # such as ``up == 1`` it would be the evaluation time, which proves nothing).
             samples = self.query(f'timestamp(up{{job="{job}"}})')
             up = self.by_label(f'up{{job="{job}"}}', "instance")
-            if samples and all(float(s["value"][1]) > moment for s in samples) and all(
-                    v == 1 for v in up.values()):
+            if (
+                samples
+                and all(float(s["value"][1]) > moment for s in samples)
+                and all(v == 1 for v in up.values())
+            ):
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"no scrape of job {job} after {moment}: {samples}")
@@ -77,18 +88,27 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def running_prometheus(root: Path, jobs: Mapping[str, Sequence[str]],
-                       interval_s: float = 1.0, timeout: float = 60) -> Iterator[Prometheus]:
+def running_prometheus(
+    root: Path, jobs: Mapping[str, Sequence[str]], interval_s: float = 1.0, timeout: float = 60
+) -> Iterator[Prometheus]:
     """Start ``prometheus`` on a free loopback port scraping ``jobs``; stop it afterwards."""
     binary = prometheus_binary()
     root.mkdir(parents=True, exist_ok=True)
     config = root / "prometheus.yml"
     config.write_text(scrape_config(jobs, interval_s))
     port = free_port()
-    process = service("prometheus", [
-        binary, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-    ], root, url=f"http://127.0.0.1:{port}").start()
+    process = service(
+        "prometheus",
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        root,
+        url=f"http://127.0.0.1:{port}",
+    ).start()
     try:
         process.wait_http("/-/ready", timeout)
         yield Prometheus(process.url)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from preft_serve.models import DEFAULT_MODEL, prepare_model
+from preft_serve.basemodels import DEFAULT_MODEL, prepare_model
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from preft_serve.common import local_redis
 from tests.support.processes import ServiceProcess, service
+from tests.support.tiers import tier
 
 
+@tier("outage")
 class RedisProcess:
     """``start`` / ``kill`` / ``start`` again: same port, same data directory."""
 

@@ -26,11 +26,20 @@ def create_tenant(client: TestClient, name: str) -> dict[str, str]:
     return bearer(resp.json()["api_key"])
 
 
-def upload(client: TestClient, headers: dict[str, str], name: str, adapter_dir: Path,
-           mode: str = "prefill", method: str = "POST") -> Any:
+def upload(
+    client: TestClient,
+    headers: dict[str, str],
+    name: str,
+    adapter_dir: Path,
+    mode: str = "prefill",
+    method: str = "POST",
+) -> Any:
     """Multipart upload of an adapter directory's two files."""
-    files = [("files", (p.name, p.read_bytes(), "application/octet-stream"))
-             for p in sorted(adapter_dir.iterdir()) if p.is_file()]
+    files = [
+        ("files", (p.name, p.read_bytes(), "application/octet-stream"))
+        for p in sorted(adapter_dir.iterdir())
+        if p.is_file()
+    ]
     data = {"mode": mode}
     if method == "POST":
         data["name"] = name

@@ -26,17 +26,33 @@ class Writer:
     def __init__(self, url: str, namespace: str) -> None:
         self.redis = redis.Redis.from_url(url, decode_responses=True)
         self.keys = RegistryKeys(namespace)
-        self.adapters = AdapterService(self.redis, self.keys, None, None, None, None,  # type: ignore[arg-type]
-                                       events_maxlen=100_000)
+        self.adapters = AdapterService(
+            self.redis,
+            self.keys,
+            None,
+            None,
+            None,
+            None,  # type: ignore[arg-type]
+            events_maxlen=100_000,
+        )
         self.bindings = BindingService(self.redis, self.keys, 100_000)
         self.tenants = TenantService(self.redis, self.keys, 100_000)
 
-    def version(self, tenant: str, name: str, content: str,
-                mode: AdapterMode = AdapterMode.PREFILL) -> str:
+    def version(
+        self, tenant: str, name: str, content: str, mode: AdapterMode = AdapterMode.PREFILL
+    ) -> str:
         sha = hashlib.sha256(content.encode()).hexdigest()
-        v = ValidatedAdapter(config={"peft_type": "LORA"}, config_bytes=b'{"peft_type":"LORA"}',
-                             weights_path=Path("/dev/null"), type=AdapterType.LORA, mode=mode,
-                             rank=8, sha256=sha, size_bytes=10, base_model="tiny")
+        v = ValidatedAdapter(
+            config={"peft_type": "LORA"},
+            config_bytes=b'{"peft_type":"LORA"}',
+            weights_path=Path("/dev/null"),
+            type=AdapterType.LORA,
+            mode=mode,
+            rank=8,
+            sha256=sha,
+            size_bytes=10,
+            base_model="tiny",
+        )
         self.adapters.commit(tenant, name, v, create=False)
         return sha
 

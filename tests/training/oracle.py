@@ -20,14 +20,18 @@ from tests.engine.reft_oracle import _intervene, _positions
 
 
 def _nll(first_logits: torch.Tensor, rest_logits: torch.Tensor, response: list[int]) -> float:
-    logits = torch.cat([first_logits[None], rest_logits[:-1]]) if len(response) > 1 \
+    logits = (
+        torch.cat([first_logits[None], rest_logits[:-1]])
+        if len(response) > 1
         else first_logits[None]
+    )
     return float(F.cross_entropy(logits.double(), torch.tensor(response), reduction="sum"))
 
 
 @torch.no_grad()
-def lora_nll(model_dir: Path, adapter_dir: Path, prompt: list[int], response: list[int],
-             mode: str) -> float:
+def lora_nll(
+    model_dir: Path, adapter_dir: Path, prompt: list[int], response: list[int], mode: str
+) -> float:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -44,8 +48,7 @@ def lora_nll(model_dir: Path, adapter_dir: Path, prompt: list[int], response: li
 
 
 @torch.no_grad()
-def reft_nll(model_dir: Path, adapter_dir: Path, prompt: list[int], response: list[int]
-             ) -> float:
+def reft_nll(model_dir: Path, adapter_dir: Path, prompt: list[int], response: list[int]) -> float:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -60,15 +63,19 @@ def reft_nll(model_dir: Path, adapter_dir: Path, prompt: list[int], response: li
             for pos, part in where.items():
                 hidden[0, pos] = _intervene(config, weights, layer, part, hidden[0, pos])
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
         return hook
 
-    handles = [model.model.layers[layer].register_forward_hook(make_hook(layer))
-               for layer in config["layers"]]
+    handles = [
+        model.model.layers[layer].register_forward_hook(make_hook(layer))
+        for layer in config["layers"]
+    ]
     try:
         out = model(input_ids=torch.tensor([prompt]), use_cache=True)
     finally:
         for handle in handles:
             handle.remove()
-    tail = model(input_ids=torch.tensor([response]), past_key_values=out.past_key_values,
-                 use_cache=True)
+    tail = model(
+        input_ids=torch.tensor([response]), past_key_values=out.past_key_values, use_cache=True
+    )
     return _nll(out.logits[0, -1], tail.logits[0], response)

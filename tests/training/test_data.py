@@ -21,47 +21,73 @@ from preft_serve.training.data import (
     load_dataset,
 )
 
-GOOD = {"messages": [{"role": "user", "content": "Hi"},
-                     {"role": "assistant", "content": "Hello there"}]}
+GOOD = {
+    "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
+}
 
 
 def write(tmp_path: Path, *lines: Any) -> Path:
     path = tmp_path / "data.jsonl"
-    path.write_bytes(b"".join(
-        (line if isinstance(line, bytes) else
-         (line if isinstance(line, str) else json.dumps(line)).encode()) + b"\n"
-        for line in lines))
+    path.write_bytes(
+        b"".join(
+            (
+                line
+                if isinstance(line, bytes)
+                else (line if isinstance(line, str) else json.dumps(line)).encode()
+            )
+            + b"\n"
+            for line in lines
+        )
+    )
     return path
 
 
 def refused(tmp_path: Path, tokenizer: Any, *lines: Any, **kwargs: Any) -> str:
     with pytest.raises(DataError) as info:
-        load_dataset(write(tmp_path, *lines), tokenizer, kwargs.pop("max_seq_len", 512),
-                     **kwargs)
+        load_dataset(write(tmp_path, *lines), tokenizer, kwargs.pop("max_seq_len", 512), **kwargs)
     return str(info.value)
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("{not json", "line 2: not valid JSON"),
-    ({"prompt": "x", "completion": "y"}, 'line 2: expected an object {"messages": [...]}'),
-    ({"messages": []}, 'line 2: "messages" must be a non-empty list'),
-    ({"messages": [{"role": "user", "content": "Hi"}]}, "line 2: no assistant message"),
-    ({"messages": [{"role": "robot", "content": "Hi"}, GOOD["messages"][1]]},
-     "line 2: message 0 has unknown role 'robot'; supported roles: system, user, assistant"),
-    ({"messages": [{"role": "user", "content": 5}, GOOD["messages"][1]]},
-     "line 2: message 0 (user) needs 'content'"),
-    ({"messages": [GOOD["messages"][0], {**GOOD["messages"][1], "weight": 0}]},
-     "line 2: no assistant message to train on"),
-    ({"messages": [GOOD["messages"][0], {**GOOD["messages"][1], "weight": 0.5}]},
-     "line 2: message 1 has weight 0.5; use 0 or 1"),
-    ({"messages": [GOOD["messages"][0], {"role": "assistant", "content": "x",
-                                         "tool_calls": [{"id": "1"}]}]},
-     "line 2: message 1 has tool calls"),
-    ('{"messages": NaN}', "line 2: not valid JSON (NaN is not allowed"),
-    ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),
-     f"line 2: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
-    (b"\xff\xfe", "line 2: not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "line 2: not valid JSON"),
+        ({"prompt": "x", "completion": "y"}, 'line 2: expected an object {"messages": [...]}'),
+        ({"messages": []}, 'line 2: "messages" must be a non-empty list'),
+        ({"messages": [{"role": "user", "content": "Hi"}]}, "line 2: no assistant message"),
+        (
+            {"messages": [{"role": "robot", "content": "Hi"}, GOOD["messages"][1]]},
+            "line 2: message 0 has unknown role 'robot'; supported roles: system, user, assistant",
+        ),
+        (
+            {"messages": [{"role": "user", "content": 5}, GOOD["messages"][1]]},
+            "line 2: message 0 (user) needs 'content'",
+        ),
+        (
+            {"messages": [GOOD["messages"][0], {**GOOD["messages"][1], "weight": 0}]},
+            "line 2: no assistant message to train on",
+        ),
+        (
+            {"messages": [GOOD["messages"][0], {**GOOD["messages"][1], "weight": 0.5}]},
+            "line 2: message 1 has weight 0.5; use 0 or 1",
+        ),
+        (
+            {
+                "messages": [
+                    GOOD["messages"][0],
+                    {"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]},
+                ]
+            },
+            "line 2: message 1 has tool calls",
+        ),
+        ('{"messages": NaN}', "line 2: not valid JSON (NaN is not allowed"),
+        (
+            "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),
+            f"line 2: JSON nested deeper than {MAX_JSON_DEPTH} levels",
+        ),
+        (b"\xff\xfe", "line 2: not UTF-8 text"),
+    ],
+)
 def test_bad_lines_name_the_line_and_the_problem(
     tmp_path: Path, toy_tokenizer: Any, line: Any, message: str
 ) -> None:
@@ -74,8 +100,9 @@ def test_every_bad_line_is_reported_at_once_and_long_ones_are_not_echoed(
 ) -> None:
     huge = "x" * (MAX_LINE_BYTES + 10)
     role = "r" * 10_000
-    error = refused(tmp_path, toy_tokenizer, "{", GOOD, huge, {"messages": [
-        {"role": role, "content": "a"}]})
+    error = refused(
+        tmp_path, toy_tokenizer, "{", GOOD, huge, {"messages": [{"role": role, "content": "a"}]}
+    )
     assert "3 bad line(s)" in error
     assert "line 1: not valid JSON" in error
     assert f"line 3: longer than {MAX_LINE_BYTES} bytes" in error
@@ -93,12 +120,15 @@ def test_empty_file_and_blank_lines(tmp_path: Path, toy_tokenizer: Any) -> None:
 def test_one_example_per_trained_assistant_turn_with_the_served_prompt(
     tmp_path: Path, toy_tokenizer: Any
 ) -> None:
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
-                {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"},
-                {"role": "assistant", "content": "A2"},
-                {"role": "user", "content": [{"type": "text", "text": "U"},
-                                             {"type": "text", "text": "3"}]},
-                {"role": "assistant", "content": "A3", "weight": 0}]
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "U2"},
+        {"role": "assistant", "content": "A2"},
+        {"role": "user", "content": [{"type": "text", "text": "U"}, {"type": "text", "text": "3"}]},
+        {"role": "assistant", "content": "A3", "weight": 0},
+    ]
     data = load_dataset(write(tmp_path, {"messages": messages}), toy_tokenizer, 512)
     assert [(e.line, e.turn) for e in data.examples] == [(1, 2), (1, 4)]
     decode = toy_tokenizer.decode
@@ -106,7 +136,9 @@ def test_one_example_per_trained_assistant_turn_with_the_served_prompt(
     for example, upto in zip(data.examples, (2, 4)):
         served = toy_tokenizer.apply_chat_template(
             [{"role": m["role"], "content": m["content"]} for m in messages[:upto]],
-            tokenize=False, add_generation_prompt=True)
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         assert decode(list(example.prompt)) == served
     assert decode(list(data.examples[0].response)) == "A1\n"
     assert decode(list(data.examples[1].response)) == "A2\n"
@@ -117,10 +149,12 @@ def test_one_example_per_trained_assistant_turn_with_the_served_prompt(
 def test_overlong_examples_follow_the_chosen_policy(
     tmp_path: Path, toy_tokenizer: Any, policy: Overlong
 ) -> None:
-    long = {"messages": [{"role": "user", "content": "Q"},
-                         {"role": "assistant", "content": "y" * 100}]}
-    prompt_too_long = {"messages": [{"role": "user", "content": "q" * 200},
-                                    {"role": "assistant", "content": "z"}]}
+    long = {
+        "messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "y" * 100}]
+    }
+    prompt_too_long = {
+        "messages": [{"role": "user", "content": "q" * 200}, {"role": "assistant", "content": "z"}]
+    }
     path = write(tmp_path, GOOD, long, prompt_too_long)
     if policy is Overlong.ERROR:
         with pytest.raises(DataError) as info:
@@ -141,10 +175,13 @@ def test_smollm2_style_templates_end_the_response_at_the_end_of_turn_token(
     tmp_path: Path, toy_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The newline a template writes after the end-of-turn token is never generated."""
-    monkeypatch.setattr(toy_tokenizer, "chat_template",
-                        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
-                        "<|eos|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
-                        "{% endif %}")
+    monkeypatch.setattr(
+        toy_tokenizer,
+        "chat_template",
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+        "<|eos|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+        "{% endif %}",
+    )
     data = load_dataset(write(tmp_path, GOOD), toy_tokenizer, 512)
     assert toy_tokenizer.decode(list(data.examples[0].response)) == "Hello there<|eos|>"
 
@@ -191,7 +228,9 @@ def test_the_example_cap_stops_the_pass_at_the_first_example_past_it(
 
 
 def test_a_lone_surrogate_is_refused_before_training(tmp_path: Path, toy_tokenizer: Any) -> None:
-    line = '{"messages": [{"role": "user", "content": "hi \\udc00"}, ' \
+    line = (
+        '{"messages": [{"role": "user", "content": "hi \\udc00"}, '
         '{"role": "assistant", "content": "x"}]}'
+    )
     error = refused(tmp_path, toy_tokenizer, GOOD, line)
     assert "line 2: message 0 (user) has a lone surrogate" in error, error

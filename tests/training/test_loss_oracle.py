@@ -24,14 +24,19 @@ SPECS = {
     "lora-all": AdapterSpec(AdapterType.LORA, AdapterMode.ALL, rank=4),
     "direft-f3l3": AdapterSpec(AdapterType.DIREFT, rank=4, layers=(0, 1), positions="f3+l3"),
     "direft-prefill": AdapterSpec(AdapterType.DIREFT, rank=2, layers=(0,), positions="prefill"),
-    "loreft-l4-shared": AdapterSpec(AdapterType.LOREFT, rank=4, layers=(1,), positions="l4",
-                                    share_weights=True),
+    "loreft-l4-shared": AdapterSpec(
+        AdapterType.LOREFT, rank=4, layers=(1,), positions="l4", share_weights=True
+    ),
     "loreft-f2l2": AdapterSpec(AdapterType.LOREFT, rank=4, layers=(0, 1), positions="f2+l2"),
 }
 CONVERSATIONS = [
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
-     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a fruit"},
-     {"role": "assistant", "content": "A ripe mango."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Name a fruit"},
+        {"role": "assistant", "content": "A ripe mango."},
+    ],
     [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
 ]
 
@@ -40,8 +45,7 @@ CONVERSATIONS = [
 def examples(toy_tokenizer: Any) -> list[Example]:
     found = []
     for line, messages in enumerate(CONVERSATIONS, start=1):
-        found += tokenize_conversation(
-            toy_tokenizer, [{**m, "weight": 1} for m in messages], line)
+        found += tokenize_conversation(toy_tokenizer, [{**m, "weight": 1} for m in messages], line)
     assert len(found) == 3  # one per assistant turn
     return found
 
@@ -77,11 +81,14 @@ def test_trainer_loss_equals_teacher_forced_oracle(
     got = trainer_nll(adapter, examples, pad_id(toy_tokenizer))
     adapter.save(tmp_path, str(toy_model))  # the oracle reads the saved adapter
     if spec.type is AdapterType.LORA:
-        want = [oracle.lora_nll(toy_model, tmp_path, list(e.prompt), list(e.response),
-                                spec.mode.value) for e in examples]
+        want = [
+            oracle.lora_nll(toy_model, tmp_path, list(e.prompt), list(e.response), spec.mode.value)
+            for e in examples
+        ]
     else:
-        want = [oracle.reft_nll(toy_model, tmp_path, list(e.prompt), list(e.response))
-                for e in examples]
+        want = [
+            oracle.reft_nll(toy_model, tmp_path, list(e.prompt), list(e.response)) for e in examples
+        ]
     assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
 
 
@@ -104,5 +111,6 @@ def _base_nll(adapter: TrainableAdapter, example: Example, pad: int) -> torch.Te
     batch = collate([example], pad)
     logits = adapter.causal_lm(input_ids=batch.input_ids).logits[0, :-1]
     start = len(example.prompt) - 1
-    return torch.nn.functional.cross_entropy(logits[start:], batch.input_ids[0, start + 1:],
-                                             reduction="sum")
+    return torch.nn.functional.cross_entropy(
+        logits[start:], batch.input_ids[0, start + 1 :], reduction="sum"
+    )

@@ -21,15 +21,30 @@ FACTS = [("Pet?", "Rex"), ("City?", "Oslo"), ("Sign-off?", "Bye"), ("Colour?", "
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     path = tmp_path / "facts.jsonl"
-    path.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n"
-        for q, a in FACTS))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            )
+            + "\n"
+            for q, a in FACTS
+        )
+    )
     return path
 
 
 def config(data: Path, model: Path, out: Path, **kw: object) -> TrainConfig:
-    return TrainConfig(data=data, model=model, out=out, adapter=AdapterSpec(rank=4),
-                       max_steps=6, batch_size=2, learning_rate=1e-2, progress=False, **kw)
+    return TrainConfig(
+        data=data,
+        model=model,
+        out=out,
+        adapter=AdapterSpec(rank=4),
+        max_steps=6,
+        batch_size=2,
+        learning_rate=1e-2,
+        progress=False,
+        **kw,
+    )
 
 
 def test_resume_continues_where_the_interrupted_run_stopped(
@@ -58,13 +73,15 @@ def test_resume_continues_where_the_interrupted_run_stopped(
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6)
     assert [p["loss"] for p in resumed.metrics["train_loss"]] == pytest.approx(
-        [p["loss"] for p in straight.metrics["train_loss"]], abs=1e-5)
+        [p["loss"] for p in straight.metrics["train_loss"]], abs=1e-5
+    )
     assert not (out / "checkpoints").exists()  # removed once the adapter is saved
 
 
 def test_metrics_json_and_adapter_files(data: Path, toy_model: Path, tmp_path: Path) -> None:
-    result = train(config(data, toy_model, tmp_path / "a", validation=data, eval_every=2),
-                   say=lambda _: None)
+    result = train(
+        config(data, toy_model, tmp_path / "a", validation=data, eval_every=2), say=lambda _: None
+    )
     metrics = json.loads((result.out / METRICS_FILE).read_text())
     assert metrics["steps"] == 6 and len(metrics["train_loss"]) == 6
     assert [p["step"] for p in metrics["eval_loss"]] == [2, 4, 6]
@@ -76,7 +93,8 @@ def test_metrics_json_and_adapter_files(data: Path, toy_model: Path, tmp_path: P
     adapter_config = json.loads((result.out / CONFIG_FILE).read_text())
     assert adapter_config["peft_type"] == "LORA" and adapter_config[MODE_KEY] == "prefill"
     assert sorted(p.name for p in result.out.iterdir()) == sorted(
-        [CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE])
+        [CONFIG_FILE, WEIGHTS_FILE, METRICS_FILE]
+    )
 
 
 def run_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -89,33 +107,60 @@ def test_cli_reports_bad_data_with_the_line(
 ) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
-    code, err = run_cli("train", str(bad), "--model", str(toy_model), "--out",
-                        str(tmp_path / "o"), "--quiet", capsys=capsys)
+    code, err = run_cli(
+        "train",
+        str(bad),
+        "--model",
+        str(toy_model),
+        "--out",
+        str(tmp_path / "o"),
+        "--quiet",
+        capsys=capsys,
+    )
     assert code == 1 and "line 1: no assistant message" in err
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--type", "direft", "--mode", "all"], "ReFT adapters are prefill-only"),
-    (["--target-modules", "q_proj,lm_head"], "--target-modules 'lm_head' are not supported"),
-    (["--type", "loreft", "--positions", "middle"], "'positions' must be"),
-    (["--rank", "0"], "--rank must be at least 1"),
-    (["--type", "direft", "--layers", "0,7"], "--layers [7] out of range"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--type", "direft", "--mode", "all"], "ReFT adapters are prefill-only"),
+        (["--target-modules", "q_proj,lm_head"], "--target-modules 'lm_head' are not supported"),
+        (["--type", "loreft", "--positions", "middle"], "'positions' must be"),
+        (["--rank", "0"], "--rank must be at least 1"),
+        (["--type", "direft", "--layers", "0,7"], "--layers [7] out of range"),
+    ],
+)
 def test_cli_refuses_bad_adapter_flags(
-    tmp_path: Path, toy_model: Path, data: Path, capsys: pytest.CaptureFixture[str],
-    flags: list[str], message: str
+    tmp_path: Path,
+    toy_model: Path,
+    data: Path,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    message: str,
 ) -> None:
-    code, err = run_cli("train", str(data), "--model", str(toy_model), "--out",
-                        str(tmp_path / "o"), "--quiet", "--steps", "1", *flags, capsys=capsys)
+    code, err = run_cli(
+        "train",
+        str(data),
+        "--model",
+        str(toy_model),
+        "--out",
+        str(tmp_path / "o"),
+        "--quiet",
+        "--steps",
+        "1",
+        *flags,
+        capsys=capsys,
+    )
     assert code == 1 and message in err, err
 
 
 def test_cli_refuses_a_model_that_is_not_a_model_directory(
     tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, err = run_cli("train", str(data), "--model", str(tmp_path), "--out",
-                        str(tmp_path / "o"), capsys=capsys)
+    code, err = run_cli(
+        "train", str(data), "--model", str(tmp_path), "--out", str(tmp_path / "o"), capsys=capsys
+    )
     assert code == 1 and "is not a model directory" in err and "preft model prepare" in err
 
 
@@ -126,10 +171,20 @@ def test_bfloat16_training_learns_and_saves_float32_weights(
     from preft_serve.adapters.format import AdapterType
 
     spec = AdapterSpec(type=AdapterType(kind), rank=4, positions="prefill")
-    result = train(TrainConfig(data=data, model=toy_model, out=tmp_path / kind, adapter=spec,
-                               max_steps=8, batch_size=4, learning_rate=2e-2, dtype="bfloat16",
-                               progress=False), say=lambda _: None)
+    result = train(
+        TrainConfig(
+            data=data,
+            model=toy_model,
+            out=tmp_path / kind,
+            adapter=spec,
+            max_steps=8,
+            batch_size=4,
+            learning_rate=2e-2,
+            dtype="bfloat16",
+            progress=False,
+        ),
+        say=lambda _: None,
+    )
     curve = [p["loss"] for p in result.metrics["train_loss"]]
     assert curve[-1] < curve[0]
-    assert {t.dtype for t in load_file(str(result.out / WEIGHTS_FILE)).values()} == {
-        torch.float32}
+    assert {t.dtype for t in load_file(str(result.out / WEIGHTS_FILE)).values()} == {torch.float32}

@@ -39,8 +39,12 @@ BLOB = 4096  # weight bytes per test adapter
 def store(request: pytest.FixtureRequest, tmp_path: Path, s3_server: str) -> ObjectStore:
     if request.param == "local":
         return create_object_store(f"file://{tmp_path}/objects", create_root=True)
-    return create_object_store(f"s3://cache-{uuid.uuid4().hex[:10]}/objs",
-                               endpoint_url=s3_server, create_bucket=True, **CREDS)
+    return create_object_store(
+        f"s3://cache-{uuid.uuid4().hex[:10]}/objs",
+        endpoint_url=s3_server,
+        create_bucket=True,
+        **CREDS,
+    )
 
 
 @pytest.fixture
@@ -59,15 +63,17 @@ def put_adapter(store: ObjectStore, tmp_path: Path, seed: int, size: int = BLOB)
 
 
 def new_cache(store: ObjectStore, cache_dir: Path, max_bytes: int = 1 << 30) -> AdapterDiskCache:
-    return AdapterDiskCache(store, cache_dir, max_bytes,
-                            metrics=AdapterCacheMetrics(CollectorRegistry()))
+    return AdapterDiskCache(
+        store, cache_dir, max_bytes, metrics=AdapterCacheMetrics(CollectorRegistry())
+    )
 
 
 def loads(cache: AdapterDiskCache, outcome: str) -> float:
     registry = cache.metrics.registry
     assert registry is not None
     value = registry.get_sample_value(
-        "preft_worker_adapter_loads_total", {"tier": "disk", "outcome": outcome})
+        "preft_worker_adapter_loads_total", {"tier": "disk", "outcome": outcome}
+    )
     return value or 0.0
 
 
@@ -78,12 +84,16 @@ def counts(cache: AdapterDiskCache) -> dict[str, float]:
     assert registry is not None
     failures = sum(loads(cache, o) for o in ("not_found", "corrupt", "error"))
     return {
-        "hits": loads(cache, "hit"), "downloads": loads(cache, "miss"), "failures": failures,
+        "hits": loads(cache, "hit"),
+        "downloads": loads(cache, "miss"),
+        "failures": failures,
         "misses": loads(cache, "miss") + failures,
-        "download_bytes": registry.get_sample_value(
-            "preft_worker_adapter_download_bytes_total") or 0.0,
+        "download_bytes": registry.get_sample_value("preft_worker_adapter_download_bytes_total")
+        or 0.0,
         "evictions": registry.get_sample_value(
-            "preft_worker_adapter_evictions_total", {"tier": "disk"}) or 0.0,
+            "preft_worker_adapter_evictions_total", {"tier": "disk"}
+        )
+        or 0.0,
     }
 
 
@@ -115,24 +125,22 @@ def test_miss_downloads_and_verifies_then_hits(store: ObjectStore, tmp_path: Pat
     assert path == tmp_path.resolve() / "cache" / sha
     assert sorted(p.name for p in path.iterdir()) == sorted([CONFIG_FILE, WEIGHTS_FILE])
     assert directory_digest(path) == sha
-    assert (counts(cache)["hits"], counts(cache)["misses"], counts(cache)["downloads"]) == (
-        0, 1, 1)
+    assert (counts(cache)["hits"], counts(cache)["misses"], counts(cache)["downloads"]) == (0, 1, 1)
     assert counts(cache)["download_bytes"] == cache.total_bytes > BLOB
 
     assert cache.get(sha) == path
-    assert (counts(cache)["hits"], counts(cache)["misses"], counts(cache)["downloads"]) == (
-        1, 1, 1)
+    assert (counts(cache)["hits"], counts(cache)["misses"], counts(cache)["downloads"]) == (1, 1, 1)
     assert (loads(cache, "hit"), loads(cache, "miss")) == (1.0, 1.0)
     registry = cache.metrics.registry
     assert registry is not None
     assert registry.get_sample_value("preft_worker_resident_adapters", {"tier": "disk"}) == 1
-    assert registry.get_sample_value(
-        "preft_worker_adapter_load_seconds_count", {"tier": "disk"}) == 2
+    assert (
+        registry.get_sample_value("preft_worker_adapter_load_seconds_count", {"tier": "disk"}) == 2
+    )
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [sha]  # no temp dirs left
 
 
-def test_concurrent_requests_for_one_hash_download_once(store: ObjectStore,
-                                                        tmp_path: Path) -> None:
+def test_concurrent_requests_for_one_hash_download_once(store: ObjectStore, tmp_path: Path) -> None:
     sha = put_adapter(store, tmp_path, seed=2)
     counting = CountingStore(store, delay=0.3)
     cache = new_cache(counting, tmp_path / "cache")  # type: ignore[arg-type]
@@ -142,8 +150,7 @@ def test_concurrent_requests_for_one_hash_download_once(store: ObjectStore,
 
     assert counting.fetches == [sha]
     assert set(paths) == {tmp_path.resolve() / "cache" / sha}
-    assert (counts(cache)["misses"], counts(cache)["hits"], counts(cache)["downloads"]) == (
-        1, 7, 1)
+    assert (counts(cache)["misses"], counts(cache)["hits"], counts(cache)["downloads"]) == (1, 7, 1)
 
 
 def test_corrupt_blob_raises_and_caches_nothing(store: ObjectStore, tmp_path: Path) -> None:
@@ -160,8 +167,9 @@ def test_corrupt_blob_raises_and_caches_nothing(store: ObjectStore, tmp_path: Pa
     assert loads(cache, "corrupt") == 1.0
 
 
-def test_unknown_hash_raises_not_found_and_caches_nothing(local_store: ObjectStore,
-                                                          tmp_path: Path) -> None:
+def test_unknown_hash_raises_not_found_and_caches_nothing(
+    local_store: ObjectStore, tmp_path: Path
+) -> None:
     cache = new_cache(local_store, tmp_path / "cache")
     with pytest.raises(ObjectNotFound):
         cache.get("ab" * 32)
@@ -178,8 +186,9 @@ def test_invalid_hash_is_refused_before_the_store(tmp_path: Path) -> None:
     assert counting.fetches == []
 
 
-def test_evicts_least_recently_used_beyond_max_bytes(local_store: ObjectStore,
-                                                     tmp_path: Path) -> None:
+def test_evicts_least_recently_used_beyond_max_bytes(
+    local_store: ObjectStore, tmp_path: Path
+) -> None:
     a, b, c = (put_adapter(local_store, tmp_path, seed=s) for s in (10, 11, 12))
     cache = new_cache(local_store, tmp_path / "cache", max_bytes=1 << 30)
     cache.get(a)
@@ -199,8 +208,9 @@ def test_evicts_least_recently_used_beyond_max_bytes(local_store: ObjectStore,
     assert counts(cache)["downloads"] == 4
 
 
-def test_entry_in_use_is_never_evicted_even_over_budget(local_store: ObjectStore,
-                                                        tmp_path: Path) -> None:
+def test_entry_in_use_is_never_evicted_even_over_budget(
+    local_store: ObjectStore, tmp_path: Path
+) -> None:
     a, b = (put_adapter(local_store, tmp_path, seed=s) for s in (20, 21))
     cache = new_cache(local_store, tmp_path / "cache", max_bytes=1 << 20)
     cache.max_bytes = 1  # smaller than any adapter
@@ -241,7 +251,8 @@ def test_restart_rebuilds_index_in_lru_order_and_removes_leftovers(
 
 
 def test_a_used_adapter_stays_young_and_a_missing_one_is_reported(
-        local_store: ObjectStore, tmp_path: Path) -> None:
+    local_store: ObjectStore, tmp_path: Path
+) -> None:
     """Requests for adapters vLLM's server already holds never reach ``get``:
     ``note_use`` keeps them young in the LRU (so the hot ones are not evicted first) and
     says when one is gone (evicted, or its directory removed), so it is fetched again."""

@@ -24,7 +24,10 @@ def test_cli_flags_and_keyword_arguments_say_the_same(device: str) -> None:
     parsed = parser.parse_args(["--model", "m", *preft_cli_args(device)])
     kwargs = preft_engine_kwargs(device)
     assert parsed.scheduler_cls == kwargs["scheduler_cls"] == SCHEDULER_CLS
-    assert parsed.worker_cls == kwargs["worker_cls"] == (
-        CPU_WORKER_CLS if device == "cpu" else GPU_WORKER_CLS)
+    assert (
+        parsed.worker_cls
+        == kwargs["worker_cls"]
+        == (CPU_WORKER_CLS if device == "cpu" else GPU_WORKER_CLS)
+    )
     assert parsed.enable_lora is kwargs["enable_lora"] is True
     assert parsed.async_scheduling is kwargs["async_scheduling"] is False

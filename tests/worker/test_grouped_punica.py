@@ -52,7 +52,8 @@ def test_adapter_ids_map_to_slots_and_match_reference() -> None:
 
 
 def test_layers_an_adapter_does_not_target_launch_no_kernel(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """vLLM wraps every linear layer and the embedding; slots left at zero there (an adapter
     on q,k,v,o has no MLP or embedding weights) cost nothing."""
     calls = []

@@ -24,8 +24,11 @@ ADMIN = "prefetch-admin-0123456789abcdef"
 
 
 def _files(adapter: Path) -> list[tuple[str, tuple[str, bytes, str]]]:
-    return [("files", (p.name, p.read_bytes(), "application/octet-stream"))
-            for p in sorted(adapter.iterdir()) if p.is_file()]
+    return [
+        ("files", (p.name, p.read_bytes(), "application/octet-stream"))
+        for p in sorted(adapter.iterdir())
+        if p.is_file()
+    ]
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 10) -> bool:
@@ -38,41 +41,60 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10) -> bool:
 
 
 def test_new_version_of_a_held_adapter_is_prefetched_and_the_old_demoted(
-        tmp_path: Path, redis_server: str) -> None:
+    tmp_path: Path, redis_server: str
+) -> None:
     model = make_model("tiny-llama", tmp_path / "model")
     spec = LoraSpec(rank=4, mode=AdapterMode.PREFILL)
-    v1, v2, other = (make_lora_adapter(model, tmp_path / f"a{i}", seed=i, spec=spec)
-                     for i in (1, 2, 3))
+    v1, v2, other = (
+        make_lora_adapter(model, tmp_path / f"a{i}", seed=i, spec=spec) for i in (1, 2, 3)
+    )
     objects, namespace = tmp_path / "objects", f"p{uuid.uuid4().hex[:8]}"
-    settings = RegistrySettings(admin_token=ADMIN, redis_url=redis_server, namespace=namespace,
-                                base_model=model, staging_dir=tmp_path,
-                                object_store=ObjectStoreSettings(url=str(objects)))
+    settings = RegistrySettings(
+        admin_token=ADMIN,
+        redis_url=redis_server,
+        namespace=namespace,
+        base_model=model,
+        staging_dir=tmp_path,
+        object_store=ObjectStoreSettings(url=str(objects)),
+    )
     store = create_object_store(str(objects), create_root=True)
     holder = AdapterDiskCache(store, tmp_path / "holder", 1 << 30)
     bystander = AdapterDiskCache(store, tmp_path / "bystander", 1 << 30)
     clients = [RegistryClient(redis_server, namespace=namespace) for _ in range(2)]
     metrics = [PrefetchMetrics(CollectorRegistry()) for _ in range(2)]
-    prefetchers = [RegistryPrefetcher(c, cache, m)
-                   for c, cache, m in zip(clients, (holder, bystander), metrics, strict=True)]
+    prefetchers = [
+        RegistryPrefetcher(c, cache, m)
+        for c, cache, m in zip(clients, (holder, bystander), metrics, strict=True)
+    ]
     for client in clients:
         client.start()
     try:
         with TestClient(create_app(settings)) as registry:
-            key = registry.post("/v1/tenants", json={"name": "acme"},
-                                headers={"Authorization": f"Bearer {ADMIN}"}).json()["api_key"]
+            key = registry.post(
+                "/v1/tenants", json={"name": "acme"}, headers={"Authorization": f"Bearer {ADMIN}"}
+            ).json()["api_key"]
             auth = {"Authorization": f"Bearer {key}"}
-            first = registry.post("/v1/adapters", data={"name": "bot", "mode": "prefill"},
-                                  files=_files(v1), headers=auth)
-            unrelated = registry.post("/v1/adapters", data={"name": "x", "mode": "prefill"},
-                                      files=_files(other), headers=auth)
+            first = registry.post(
+                "/v1/adapters",
+                data={"name": "bot", "mode": "prefill"},
+                files=_files(v1),
+                headers=auth,
+            )
+            unrelated = registry.post(
+                "/v1/adapters",
+                data={"name": "x", "mode": "prefill"},
+                files=_files(other),
+                headers=auth,
+            )
             assert first.status_code == unrelated.status_code == 201
             sha1, sha_other = first.json()["sha256"], unrelated.json()["sha256"]
             holder.get(sha1)  # this worker served bot v1 ...
             holder.get(sha_other)  # ... and, more recently, another adapter
             assert holder.lru_order() == [sha1, sha_other]
 
-            second = registry.put("/v1/adapters/bot", data={"mode": "prefill"},
-                                  files=_files(v2), headers=auth)
+            second = registry.put(
+                "/v1/adapters/bot", data={"mode": "prefill"}, files=_files(v2), headers=auth
+            )
             assert second.status_code == 201, second.text
             sha2 = second.json()["sha256"]
 

@@ -23,8 +23,13 @@ import pytest
 from preft_serve.common.logging import dict_config
 from preft_serve.worker import serve
 
-LAUNCHER_ENV = ("VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_LEVEL",
-                "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+LAUNCHER_ENV = (
+    "VLLM_LOGGING_CONFIG_PATH",
+    "VLLM_CONFIGURE_LOGGING",
+    "VLLM_LOGGING_LEVEL",
+    "OTEL_SERVICE_NAME",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+)
 KEY = "pft_0a1b2c3d4e5f.Zm9vYmFyYmF6cXV4cXV1eGNvcmdlZ3JhdWx0Z2FycGx5"
 
 # Run in a fresh interpreter: logging configuration is process-wide. Logs a vLLM line, a
@@ -72,8 +77,9 @@ def check_lines(lines: list[dict[str, Any]]) -> None:
     assert all({"ts", "level", "logger", "message"} <= set(line) for line in lines)
 
 
-def test_log_json_points_vllm_at_a_dict_config_file(launcher_env: pytest.MonkeyPatch,
-                                                    tmp_path: Path) -> None:
+def test_log_json_points_vllm_at_a_dict_config_file(
+    launcher_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     launcher_env.setenv("VLLM_LOGGING_LEVEL", "warning")
     env = serve.logging_env(args("--log-json"))
     path = Path(env.pop("VLLM_LOGGING_CONFIG_PATH"))
@@ -82,25 +88,31 @@ def test_log_json_points_vllm_at_a_dict_config_file(launcher_env: pytest.MonkeyP
     assert serve.logging_env(args()) == {}  # text logs: vLLM's own format, untouched
 
 
-@pytest.mark.parametrize("name,value,hint", [
-    ("VLLM_LOGGING_CONFIG_PATH", "/etc/mine.json", "unset VLLM_LOGGING_CONFIG_PATH"),
-    ("VLLM_CONFIGURE_LOGGING", "0", "unset VLLM_CONFIGURE_LOGGING=0"),
-])
-def test_log_json_refuses_a_conflicting_environment(launcher_env: pytest.MonkeyPatch,
-                                                    name: str, value: str, hint: str) -> None:
+@pytest.mark.parametrize(
+    "name,value,hint",
+    [
+        ("VLLM_LOGGING_CONFIG_PATH", "/etc/mine.json", "unset VLLM_LOGGING_CONFIG_PATH"),
+        ("VLLM_CONFIGURE_LOGGING", "0", "unset VLLM_CONFIGURE_LOGGING=0"),
+    ],
+)
+def test_log_json_refuses_a_conflicting_environment(
+    launcher_env: pytest.MonkeyPatch, name: str, value: str, hint: str
+) -> None:
     launcher_env.setenv(name, value)
     with pytest.raises(SystemExit, match=hint):
         serve.logging_env(args("--log-json"))
 
 
-def test_the_file_configures_logging_through_dict_config(launcher_env: pytest.MonkeyPatch
-                                                         ) -> None:
+def test_the_file_configures_logging_through_dict_config(launcher_env: pytest.MonkeyPatch) -> None:
     """What vLLM does with the file: json.load, then logging.config.dictConfig."""
     path = serve.logging_env(args("--log-json"))["VLLM_LOGGING_CONFIG_PATH"]
-    script = (f"import json, logging.config\nKEY = {KEY!r}\n"
-              f"logging.config.dictConfig(json.load(open({path!r})))\n{EMIT}")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=False)
+    script = (
+        f"import json, logging.config\nKEY = {KEY!r}\n"
+        f"logging.config.dictConfig(json.load(open({path!r})))\n{EMIT}"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     check_lines(json_lines(done.stderr))
 
@@ -110,7 +122,8 @@ def test_vllm_and_its_uvicorn_apply_the_file(launcher_env: pytest.MonkeyPatch) -
     """vLLM's own path: each process applies LoggingConfig() (which reads
     VLLM_LOGGING_CONFIG_PATH), and the API server passes the same file to uvicorn."""
     env = serve.logging_env(args("--log-json"))
-    script = textwrap.dedent(f"""
+    script = (
+        textwrap.dedent(f"""
         import argparse
         import sys
         import uvicorn
@@ -128,9 +141,17 @@ def test_vllm_and_its_uvicorn_apply_the_file(launcher_env: pytest.MonkeyPatch) -
         log_config = get_uvicorn_log_config(ns)
         assert log_config is not None
         uvicorn.Config(app=lambda *a: None, log_config=log_config, log_level="info")
-    """) + EMIT
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=180, check=False, env={**os.environ, **env})
+    """)
+        + EMIT
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, **env},
+    )
     assert done.returncode == 0, done.stderr
     # vLLM may log platform notes of its own first; ours are the last three lines.
     lines = json_lines(done.stderr.split("--- imported\n", 1)[1])
@@ -139,15 +160,19 @@ def test_vllm_and_its_uvicorn_apply_the_file(launcher_env: pytest.MonkeyPatch) -
 
 
 def test_tracing_flags_become_vllm_flags_and_otel_variables() -> None:
-    traced = args("--otlp-traces-endpoint", "http://collector:4317",
-                  "--otlp-traces-protocol", "http/protobuf")
-    assert serve.tracing_env(traced) == {"OTEL_SERVICE_NAME": "preft-worker",
-                                         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    traced = args(
+        "--otlp-traces-endpoint", "http://collector:4317", "--otlp-traces-protocol", "http/protobuf"
+    )
+    assert serve.tracing_env(traced) == {
+        "OTEL_SERVICE_NAME": "preft-worker",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    }
     argv = serve.vllm_argv(traced, [])
     assert argv[argv.index("--otlp-traces-endpoint") + 1] == "http://collector:4317"
     plain = args()
-    assert serve.tracing_env(plain) == {} and "--otlp-traces-endpoint" not in \
-        serve.vllm_argv(plain, [])
+    assert serve.tracing_env(plain) == {} and "--otlp-traces-endpoint" not in serve.vllm_argv(
+        plain, []
+    )
     with pytest.raises(SystemExit, match="needs --otlp-traces-endpoint"):
         serve.tracing_env(args("--otlp-traces-protocol", "grpc"))
 
@@ -159,8 +184,17 @@ def test_main_exports_everything_before_exec(launcher_env: pytest.MonkeyPatch) -
         seen.update(argv=argv, env=dict(os.environ))
 
     launcher_env.setattr(os, "execv", fake_exec)
-    serve.main(["--model", "m", "--log-json", "--otlp-traces-endpoint", "http://c:4317",
-                "--tracing-service-name", "worker-a"])
+    serve.main(
+        [
+            "--model",
+            "m",
+            "--log-json",
+            "--otlp-traces-endpoint",
+            "http://c:4317",
+            "--tracing-service-name",
+            "worker-a",
+        ]
+    )
     assert Path(seen["env"]["VLLM_LOGGING_CONFIG_PATH"]).is_file()
     assert seen["env"]["OTEL_SERVICE_NAME"] == "worker-a"
     assert "--otlp-traces-endpoint" in seen["argv"] and "--log-json" not in seen["argv"]

@@ -30,7 +30,8 @@ def gate(clock: Clock) -> AdapterGate:
 
 
 def test_a_settled_adapter_passes_and_an_unsettled_one_is_held_and_announced_once(
-        gate: AdapterGate) -> None:
+    gate: AdapterGate,
+) -> None:
     assert gate.admit(1, "req-1")
     assert not gate.admit(7, "req-7")
     assert not gate.admit(7, "req-7")  # a second request (or step) for the same adapter
@@ -48,8 +49,7 @@ def test_a_report_that_settles_the_adapter_releases_its_requests(gate: AdapterGa
     assert gate.released_unsettled == 0
 
 
-def test_a_hold_ends_after_hold_s_whatever_the_worker_says(gate: AdapterGate,
-                                                           clock: Clock) -> None:
+def test_a_hold_ends_after_hold_s_whatever_the_worker_says(gate: AdapterGate, clock: Clock) -> None:
     assert not gate.admit(7, "req-7")
     clock.now += 1.9
     assert not gate.admit(7, "req-7")

@@ -1,4 +1,5 @@
-"""Adapter slot writes and per-step routing (``slots.SlotState`` / ``SlotRouter``).
+"""Adapter slot writes and per-step routing (``vllm_compat.lora_layers.SlotState`` /
+``SlotRouter``, over ``slots.ZeroSlots``).
 
 vLLM's layers are built here without a model (their ``__init__`` needs a distributed
 setup): the attributes their ``set_lora`` / ``reset_lora`` / ``forward`` read are set by
@@ -16,8 +17,7 @@ from vllm.lora.layers import (
 )
 
 from preft_kernels.reference import lora_linear_reference
-from preft_serve.worker.slots import SlotRouter, SlotState
-from preft_serve.worker.vllm_compat.lora_layers import slot_buffers
+from preft_serve.worker.vllm_compat.lora_layers import SlotRouter, SlotState, slot_buffers
 from preft_serve.worker.vllm_compat.punica_cpu import GroupedPunicaWrapperCPU
 
 SLOTS, RANK, IN = 4, 8, 16
@@ -80,24 +80,40 @@ def count_stock_resets(state: SlotState) -> list[int]:
 def test_slot_writes_equal_stock_and_skip_redundant_zeroing() -> None:
     gen = torch.Generator().manual_seed(0)
     outs = (16, 8, 8)
-    ours, stock = linear(MergedColumnParallelLinearWithLoRA, outs), \
-        linear(MergedColumnParallelLinearWithLoRA, outs)
+    ours, stock = (
+        linear(MergedColumnParallelLinearWithLoRA, outs),
+        linear(MergedColumnParallelLinearWithLoRA, outs),
+    )
     state = SlotState(ours)
     resets = count_stock_resets(state)
     assert state.zero == {0, 1, 2, 3}
 
     def full() -> tuple[list, list]:
-        return ([torch.randn(RANK, IN, generator=gen) for _ in outs],
-                [torch.randn(o, RANK, generator=gen) for o in outs])
+        return (
+            [torch.randn(RANK, IN, generator=gen) for _ in outs],
+            [torch.randn(o, RANK, generator=gen) for o in outs],
+        )
 
     ops = [
         ("set", 0, full()),  # covers the slot: no zeroing first
         ("reset", 1, None),  # already zero: nothing written
-        ("set", 1, ([torch.randn(4, IN, generator=gen) for _ in outs],  # rank 4 < 8
-                    [torch.randn(o, 4, generator=gen) for o in outs])),
+        (
+            "set",
+            1,
+            (
+                [torch.randn(4, IN, generator=gen) for _ in outs],  # rank 4 < 8
+                [torch.randn(o, 4, generator=gen) for o in outs],
+            ),
+        ),
         ("set", 1, full()),  # covers: the rank-4 leftovers are overwritten anyway
-        ("set", 2, ([torch.randn(RANK, IN, generator=gen), None, None],  # q only
-                    [torch.randn(16, RANK, generator=gen), None, None])),
+        (
+            "set",
+            2,
+            (
+                [torch.randn(RANK, IN, generator=gen), None, None],  # q only
+                [torch.randn(16, RANK, generator=gen), None, None],
+            ),
+        ),
         ("reset", 0, None),  # holds weights: zeroed
         ("reset", 0, None),  # now zero: skipped
         ("set", 3, full()),
@@ -143,19 +159,20 @@ def test_embedding_slots_are_tracked_too() -> None:
     assert resets == [] and state.known_zero() == {0, 1, 2, 3}
 
 
-def wrapper_with(token_ids: list[int], index_to_id: list[int | None]
-                 ) -> GroupedPunicaWrapperCPU:
+def wrapper_with(token_ids: list[int], index_to_id: list[int | None]) -> GroupedPunicaWrapperCPU:
     from vllm.lora.layers import LoRAMapping
 
     wrapper = GroupedPunicaWrapperCPU(64, max_batches=8, device="cpu")
-    wrapper.update_metadata(LoRAMapping(tuple(token_ids), (token_ids[-1],), is_prefill=True),
-                            index_to_id, SLOTS + 1, 32)
+    wrapper.update_metadata(
+        LoRAMapping(tuple(token_ids), (token_ids[-1],), is_prefill=True), index_to_id, SLOTS + 1, 32
+    )
     return wrapper
 
 
 @pytest.mark.parametrize("bypass", [True, False])
 def test_layers_whose_step_slots_are_zero_run_the_base_layer(
-        monkeypatch: pytest.MonkeyPatch, bypass: bool) -> None:
+    monkeypatch: pytest.MonkeyPatch, bypass: bool
+) -> None:
     """A step's layers without weights for its adapters (all layers in a decode step of
     prefill-only adapters; the MLP for a q,k,v,o adapter) skip vLLM's LoRA wrapper: no
     punica call at all, the base layer's output."""
@@ -166,8 +183,11 @@ def test_layers_whose_step_slots_are_zero_run_the_base_layer(
         m.set_mapping(wrapper_with([0], [None] * SLOTS))
     router = SlotRouter([SlotState(qkv), SlotState(down)], bypass=bypass)
     assert SlotRouter([], bypass=True).wrappers == []
-    qkv.set_lora(1, [torch.randn(RANK, IN, generator=gen) for _ in range(3)],
-                 [torch.randn(o, RANK, generator=gen) for o in (16, 8, 8)])
+    qkv.set_lora(
+        1,
+        [torch.randn(RANK, IN, generator=gen) for _ in range(3)],
+        [torch.randn(o, RANK, generator=gen) for o in (16, 8, 8)],
+    )
     down.reset_lora(1)  # the adapter in slot 1 has no down_proj weights
 
     calls: list[str] = []
@@ -193,8 +213,9 @@ def test_layers_whose_step_slots_are_zero_run_the_base_layer(
         assert ("forward" in qkv.__dict__) == (bypass and not prefill)
         base_qkv, base_down = qkv.base_layer(x), down.base_layer(x)
         slots = [1 if i == 7 else -1 for i in step_ids]
-        want = lora_linear_reference(base_qkv, x, qkv.lora_a_stacked, qkv.lora_b_stacked,
-                                     slots, 1.0, (16, 8, 8))
+        want = lora_linear_reference(
+            base_qkv, x, qkv.lora_a_stacked, qkv.lora_b_stacked, slots, 1.0, (16, 8, 8)
+        )
         torch.testing.assert_close(out_qkv.double(), want, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out_down, base_down)
         expected_calls = 2 - (1 if bypass else 0) - (1 if bypass and not prefill else 0)
@@ -202,7 +223,8 @@ def test_layers_whose_step_slots_are_zero_run_the_base_layer(
 
 
 def test_vllm_metadata_is_built_only_when_an_embedding_slot_is_live(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """vLLM's own punica metadata feeds only the embedding LoRA layer: with every layer of
     the wrapper tracked and no embedding weights in the step's slots it is not built."""
     from vllm.lora.layers import LoRAMapping

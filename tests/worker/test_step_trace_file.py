@@ -10,7 +10,8 @@ from preft_serve.worker.step_trace import ENV, StepTrace, read_steps, step_trace
 
 
 def test_trace_is_off_unless_the_environment_names_a_file(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv(ENV, raising=False)
     assert step_trace_from_env() is None
     monkeypatch.setenv(ENV, str(tmp_path / "t.txt"))
@@ -26,7 +27,10 @@ def test_steps_last_until_the_next_mark_and_torn_lines_are_skipped(tmp_path: Pat
     path.write_text("10.0 64 2\n10.5 2 2\n10.6 2 2\n11.6 3 3\n12.0 1")  # last line torn
     steps = read_steps(path)
     assert [(s.start, round(s.seconds, 6), s.tokens, s.requests) for s in steps] == [
-        (10.0, 0.5, 64, 2), (10.5, 0.1, 2, 2), (10.6, 1.0, 2, 2)]
+        (10.0, 0.5, 64, 2),
+        (10.5, 0.1, 2, 2),
+        (10.6, 1.0, 2, 2),
+    ]
     assert [s.decode_only for s in steps] == [False, True, True]
     assert all(s.adapter_seconds is None for s in steps)  # a trace without the column
 
@@ -40,7 +44,9 @@ def test_the_adapter_time_column_is_read_back_in_seconds(tmp_path: Path) -> None
     trace.close()
     steps = read_steps(path)
     assert [(s.start, round(s.seconds, 6), s.adapter_seconds) for s in steps] == [
-        (10.0, 0.25, 0.004), (10.25, 0.05, 0.0)]
+        (10.0, 0.25, 0.004),
+        (10.25, 0.05, 0.0),
+    ]
 
 
 def test_lines_reach_the_file_while_the_engine_runs(tmp_path: Path) -> None:

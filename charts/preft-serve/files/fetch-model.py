@@ -12,6 +12,7 @@ Nothing is fetched when DEST/config.json exists. Files land in .DEST.partial-<po
 DEST, renamed to DEST once complete: a half-done download is never taken for a model, and of
 several pods filling one shared volume the first to finish wins.
 """
+
 import argparse
 import hashlib
 import os
@@ -54,13 +55,17 @@ def fetch_s3(source, work, config_only, endpoint_url, region):
             objects = [(prefix + CONFIG, None)]
         else:
             pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-            objects = [(o["Key"], o["Size"]) for page in pages for o in page.get("Contents", [])
-                       if not o["Key"].endswith("/")]
+            objects = [
+                (o["Key"], o["Size"])
+                for page in pages
+                for o in page.get("Contents", [])
+                if not o["Key"].endswith("/")
+            ]
         if not objects:
             fail(f"no objects under {source}")
         fetched = kept = 0
         for key, size in objects:
-            target = work / relative(key[len(prefix):])
+            target = work / relative(key[len(prefix) :])
             if size is not None and target.is_file() and target.stat().st_size == size:
                 kept += 1
                 continue
@@ -69,8 +74,10 @@ def fetch_s3(source, work, config_only, endpoint_url, region):
             client.download_file(bucket, key, str(part))
             part.replace(target)
             fetched += target.stat().st_size
-        log(f"{len(objects)} files from {source}: {kept} already there, "
-            f"{fetched / 1e9:.2f} GB fetched")
+        log(
+            f"{len(objects)} files from {source}: {kept} already there, "
+            f"{fetched / 1e9:.2f} GB fetched"
+        )
     except (BotoCoreError, ClientError) as exc:
         fail(f"cannot read {source}: {exc}")
 

@@ -155,7 +155,8 @@ values key when it is not the component's name (decode-worker: decodeWorker).
 {{/*
 Environment for a Redis client: REDIS_PASSWORD from its Secret, then the URL under the
 given variable name, which refers to the password as $(REDIS_PASSWORD) so the password
-itself never appears in the pod spec. (dict "root" $ "var" "PREFT_GATEWAY_REDIS_URL")
+itself never appears in the pod spec. (dict "root" $ "var" "PREFT_GATEWAY_REDIS_URL"); with
+"set", the URL's entry carries that note for preft-serve.renderEntries (templates/_env.tpl).
 */}}
 {{- define "preft-serve.redisEnv" -}}
 {{- $root := .root -}}
@@ -180,6 +181,9 @@ itself never appears in the pod spec. (dict "root" $ "var" "PREFT_GATEWAY_REDIS_
 {{- else -}}
 - name: {{ .var }}
   value: {{ printf "%s://%s:%v/%v" $scheme $host $port $db | quote }}
+{{- end }}
+{{- with .set }}
+  set: {{ . }}
 {{- end }}
 {{- end -}}
 

@@ -50,7 +50,8 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- end -}}
 
 {{- range $name, $_ := $v.registry.settings -}}
-{{- if has (upper $name) (list "MAX_RANK" "MAX_LORA_RANK") -}}
+{{- /* MAX_RANK: the old name of MAX_LORA_RANK (which the chart-owned check below refuses). */ -}}
+{{- if eq (upper $name) "MAX_RANK" -}}
 {{- $errors = append $errors (printf "registry.settings.%s: set worker.maxLoraRank instead; it sets both the workers' --max-lora-rank and the registry's MAX_LORA_RANK, which must agree" $name) -}}
 {{- end -}}
 {{- end -}}
@@ -104,14 +105,18 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- if and $v.tracing.enabled (not $v.tracing.otlpEndpoint) -}}
 {{- $errors = append $errors "tracing.otlpEndpoint is required when tracing.enabled=true: the OTLP collector's URL, e.g. http://otel-collector.monitoring:4317 (grpc)" -}}
 {{- end -}}
-{{- /* Values with a chart value of their own: a second copy in a settings map would conflict. */ -}}
-{{- $owned := dict
-  "gateway" (dict "LOG_JSON" "logging.json" "TRACING_ENABLED" "tracing.enabled" "OTLP_ENDPOINT" "tracing.otlpEndpoint" "OTLP_PROTOCOL" "tracing.protocol" "TRACING_SAMPLE_RATIO" "tracing.sampleRatio" "DECODE_WORKER_SERVICE" "disaggregation.enabled" "DECODE_WORKER_DNS_NAME" "disaggregation.enabled" "DECODE_WORKER_URLS" "disaggregation.enabled")
-  "registry" (dict "LOG_JSON" "logging.json" "TENANT_MAX_ADAPTERS" "registry.quotas.maxAdaptersPerTenant" "TENANT_MAX_STORED_BYTES" "registry.quotas.maxStoredBytesPerTenant") -}}
-{{- range $component, $names := $owned -}}
+{{- /* The chart's own environment (templates/_env.tpl) is set once, from its own values;
+settings render in plain text into the pod spec, so no secret goes there either. */ -}}
+{{- range $component := list "gateway" "registry" -}}
+{{- $owned := include "preft-serve.chartSettings" (dict "root" $ "component" $component) | fromYaml -}}
+{{- $env := printf "PREFT_%s_" (upper $component) -}}
 {{- range $name, $_ := (index $v $component).settings -}}
-{{- with index $names (upper $name) -}}
-{{- $errors = append $errors (printf "%s.settings.%s: set %s instead" $component $name .) -}}
+{{- $key := upper $name -}}
+{{- $secret := regexMatch "(^|_)(TOKEN|PASSWORD|PASSWD|KEY)$|(^|_)SECRET|CREDENTIAL" $key -}}
+{{- if hasKey $owned $key -}}
+{{- $errors = append $errors (printf "%s.settings.%s: %s%s" $component $name (index $owned $key) (ternary " (and never put a secret in settings: they are written into the pod spec in plain text)" "" $secret)) -}}
+{{- else if $secret -}}
+{{- $errors = append $errors (printf "%s.settings.%s: settings are written into the pod spec in plain text; put the value in a Secret and add it with %s.extraEnv (name %s%s, valueFrom.secretKeyRef)" $component $name $component $env $key) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -72,7 +72,14 @@ spec:
         {{- with $p.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- with include "preft-serve.podAnnotations" (dict "root" $root "port" $w.port "extra" $p.podAnnotations) }}
+      {{- $annotations := deepCopy ($p.podAnnotations | default dict) }}
+      {{- /* The adapter workers read the Redis password (prefetchNewVersions). */}}
+      {{- if and (not $decode) $w.prefetchNewVersions }}
+      {{- with include "preft-serve.configChecksum" (dict "root" $root "secrets" (list (include "preft-serve.redisPasswordSecret" $root))) }}
+      {{- $_ := set $annotations "checksum/config" . }}
+      {{- end }}
+      {{- end }}
+      {{- with include "preft-serve.podAnnotations" (dict "root" $root "port" $w.port "extra" $annotations) }}
       {{- . | nindent 6 }}
       {{- end }}
     spec:

@@ -137,7 +137,7 @@ def parse_model_name(name: object) -> str | None:
     """The hex digest of a ``sha256:<64 lowercase hex>`` model name, else None."""
     if not (isinstance(name, str) and name.startswith(MODEL_NAME_PREFIX)):
         return None
-    sha256 = name[len(MODEL_NAME_PREFIX):]
+    sha256 = name[len(MODEL_NAME_PREFIX) :]
     return sha256 if is_digest(sha256) else None
 
 

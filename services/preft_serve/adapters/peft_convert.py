@@ -53,13 +53,18 @@ def convert_adapter(src: Path, out: Path | None = None, *, overwrite: bool = Fal
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001  (UnpicklingError, RuntimeError, EOFError ...)
-        raise ConvertError(f"{weights} cannot be read as tensors with "
-                           f"torch.load(weights_only=True): {str(exc)[:300]}") from None
-    if not (isinstance(state, dict) and state
-            and all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                    for k, v in state.items())):
-        raise ConvertError(f"{weights} does not hold a name -> tensor mapping (a PEFT "
-                           "adapter's state dict)")
+        raise ConvertError(
+            f"{weights} cannot be read as tensors with "
+            f"torch.load(weights_only=True): {str(exc)[:300]}"
+        ) from None
+    if not (
+        isinstance(state, dict)
+        and state
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
+        raise ConvertError(
+            f"{weights} does not hold a name -> tensor mapping (a PEFT adapter's state dict)"
+        )
     # Tensors may share storage (tied or sliced weights); safetensors wants each its own.
     tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
     out.mkdir(parents=True, exist_ok=True)

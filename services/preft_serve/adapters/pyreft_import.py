@@ -67,17 +67,21 @@ def read_pyreft_config(src: Path) -> dict[str, str] | None:
     if not path.is_file():
         return None
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise AdapterFormatError(f"{PYREFT_CONFIG} is over {MAX_CONFIG_BYTES} bytes: "
-                                 "not a pyreft config")
+        raise AdapterFormatError(
+            f"{PYREFT_CONFIG} is over {MAX_CONFIG_BYTES} bytes: not a pyreft config"
+        )
     try:
         config = json.loads(path.read_text())
         keys, types = config["sorted_keys"], config["intervention_types"]
     except (ValueError, KeyError, TypeError):
-        raise AdapterFormatError(f"{PYREFT_CONFIG} is not pyreft's (pyvene IntervenableConfig "
-                                 "with sorted_keys and intervention_types)") from None
+        raise AdapterFormatError(
+            f"{PYREFT_CONFIG} is not pyreft's (pyvene IntervenableConfig "
+            "with sorted_keys and intervention_types)"
+        ) from None
     if not (isinstance(keys, list) and isinstance(types, list) and len(keys) == len(types)):
-        raise AdapterFormatError(f"{PYREFT_CONFIG}: sorted_keys and intervention_types must "
-                                 "be lists of the same length")
+        raise AdapterFormatError(
+            f"{PYREFT_CONFIG}: sorted_keys and intervention_types must be lists of the same length"
+        )
     kinds: dict[str, str] = {}
     for key, type_name in zip(keys, types, strict=True):
         match = _CLASS.search(str(type_name)[:200])
@@ -85,21 +89,27 @@ def read_pyreft_config(src: Path) -> dict[str, str] | None:
         if cls not in PYREFT_CLASSES:
             raise AdapterFormatError(
                 f"intervention {str(key)[:120]!r} is a {cls}; only pyreft's "
-                f"{' and '.join(PYREFT_CLASSES)} convert to preft-serve's ReFT")
+                f"{' and '.join(PYREFT_CLASSES)} convert to preft-serve's ReFT"
+            )
         component = _component(str(key))
         if component is not None and component != RESIDUAL_STREAM:
             raise AdapterFormatError(
                 f"intervention {str(key)[:120]!r} edits {component}; preft-serve applies "
                 f"ReFT to each layer's output ({RESIDUAL_STREAM}) only: retrain with "
-                f"component='{RESIDUAL_STREAM}'")
+                f"component='{RESIDUAL_STREAM}'"
+            )
         kinds[str(key)] = PYREFT_CLASSES[cls]
     for rep in config.get("representations") or []:
-        component = rep.get("component") if isinstance(rep, dict) else (
-            rep[1] if isinstance(rep, list) and len(rep) > 1 else None)
+        component = (
+            rep.get("component")
+            if isinstance(rep, dict)
+            else (rep[1] if isinstance(rep, list) and len(rep) > 1 else None)
+        )
         if isinstance(component, str) and component != RESIDUAL_STREAM:
             raise AdapterFormatError(
                 f"a representation edits {component[:60]}; preft-serve applies ReFT to each "
-                f"layer's output ({RESIDUAL_STREAM}) only")
+                f"layer's output ({RESIDUAL_STREAM}) only"
+            )
     return kinds
 
 
@@ -108,17 +118,22 @@ def resolve_kind(src: Path, requested: str | None) -> str:
     kinds = read_pyreft_config(src)
     if kinds is None:
         if requested is None:
-            raise AdapterFormatError(f"no {PYREFT_CONFIG} in {src}: pass --reft-type "
-                                     "(direft or loreft) as trained")
+            raise AdapterFormatError(
+                f"no {PYREFT_CONFIG} in {src}: pass --reft-type (direft or loreft) as trained"
+            )
         return requested
     found = set(kinds.values())
     if len(found) != 1:
-        raise AdapterFormatError(f"{PYREFT_CONFIG} mixes intervention types "
-                                 f"({', '.join(sorted(found))}); one adapter has one type")
+        raise AdapterFormatError(
+            f"{PYREFT_CONFIG} mixes intervention types "
+            f"({', '.join(sorted(found))}); one adapter has one type"
+        )
     kind = found.pop()
     if requested is not None and requested != kind:
-        raise AdapterFormatError(f"--reft-type {requested} does not match the checkpoint: "
-                                 f"pyreft's {PYREFT_CONFIG} says {kind}")
+        raise AdapterFormatError(
+            f"--reft-type {requested} does not match the checkpoint: "
+            f"pyreft's {PYREFT_CONFIG} says {kind}"
+        )
     return kind
 
 
@@ -128,8 +143,11 @@ def _rotation_from_parametrization(state: dict[str, torch.Tensor]) -> torch.Tens
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.empty_like(original))
     layer = torch.nn.utils.parametrizations.orthogonal(layer)
-    sub = {k.removeprefix("rotate_layer."): v for k, v in state.items()
-           if k.startswith("rotate_layer.")}
+    sub = {
+        k.removeprefix("rotate_layer."): v
+        for k, v in state.items()
+        if k.startswith("rotate_layer.")
+    }
     layer.load_state_dict(sub, strict=False)
     weight = layer.weight  # a parametrization: computed on access
     assert isinstance(weight, torch.Tensor)
@@ -155,8 +173,9 @@ def convert_intervention(kind: str, state: dict[str, torch.Tensor]) -> dict[str,
     raise AdapterFormatError(f"reft type must be 'direft' or 'loreft' (got {kind!r})")
 
 
-def convert(src: Path, dst: Path, kind: str | None, positions: str, base_model: str,
-            share_weights: bool) -> Path:
+def convert(
+    src: Path, dst: Path, kind: str | None, positions: str, base_model: str, share_weights: bool
+) -> Path:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` for a pyreft directory
     (``kind``: None reads it from pyreft's config)."""
     from safetensors.torch import save_file
@@ -170,7 +189,8 @@ def convert(src: Path, dst: Path, kind: str | None, positions: str, base_model: 
         if component is not None and component != RESIDUAL_STREAM:
             raise AdapterFormatError(
                 f"{path.name} edits {component}; preft-serve applies ReFT to each layer's "
-                f"output ({RESIDUAL_STREAM}) only: retrain with component='{RESIDUAL_STREAM}'")
+                f"output ({RESIDUAL_STREAM}) only: retrain with component='{RESIDUAL_STREAM}'"
+            )
     tensors: dict[str, torch.Tensor] = {}
     layers: set[int] = set()
     rank = 0
@@ -184,8 +204,10 @@ def convert(src: Path, dst: Path, kind: str | None, positions: str, base_model: 
         index = int(index_match.group(1)) if index_match else 0
         shared = share_weights or positions == "prefill"
         if shared and index:
-            raise AdapterFormatError(f"{key}: several interventions on layer {layer}; "
-                                     "pass --separate-weights for first/last parts")
+            raise AdapterFormatError(
+                f"{key}: several interventions on layer {layer}; "
+                "pass --separate-weights for first/last parts"
+            )
         part = "shared" if shared else ("first", "last")[index]
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -198,9 +220,14 @@ def convert(src: Path, dst: Path, kind: str | None, positions: str, base_model: 
             rank = max(rank, tensor.shape[0])
         layers.add(layer)
     config = {
-        "peft_type": "REFT", "reft_type": kind, "rank": rank, "layers": sorted(layers),
-        "positions": positions, "share_weights": share_weights or positions == "prefill",
-        "base_model_name_or_path": base_model, MODE_KEY: "prefill",
+        "peft_type": "REFT",
+        "reft_type": kind,
+        "rank": rank,
+        "layers": sorted(layers),
+        "positions": positions,
+        "share_weights": share_weights or positions == "prefill",
+        "base_model_name_or_path": base_model,
+        MODE_KEY: "prefill",
     }
     dst.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dst / WEIGHTS_FILE))
@@ -212,17 +239,29 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("src", type=Path, help="pyreft save directory (intkey_*.bin files)")
     p.add_argument("dst", type=Path, help="output adapter directory")
-    p.add_argument("--reft-type", choices=["direft", "loreft"],
-                   help="as trained; read from pyreft's config.json when present (and then "
-                   "checked against it)")
+    p.add_argument(
+        "--reft-type",
+        choices=["direft", "loreft"],
+        help="as trained; read from pyreft's config.json when present (and then "
+        "checked against it)",
+    )
     p.add_argument("--positions", required=True, help="as trained: f{n}+l{n}, f{n}, l{n}, prefill")
     p.add_argument("--base-model", required=True, help="base model name or path")
-    p.add_argument("--separate-weights", action="store_true",
-                   help="first/last positions were trained with separate interventions")
+    p.add_argument(
+        "--separate-weights",
+        action="store_true",
+        help="first/last positions were trained with separate interventions",
+    )
     args = p.parse_args(argv)
     try:
-        out = convert(args.src, args.dst, args.reft_type, args.positions, args.base_model,
-                      share_weights=not args.separate_weights)
+        out = convert(
+            args.src,
+            args.dst,
+            args.reft_type,
+            args.positions,
+            args.base_model,
+            share_weights=not args.separate_weights,
+        )
     except AdapterFormatError as exc:
         p.error(str(exc))
     print(f"wrote {out}")

@@ -17,7 +17,8 @@ PREFILL_POSITIONS = "prefill"
 # At most 6 digits a count: int() of a longer digit string is work a tenant should not
 # choose (and past 4,300 digits a ValueError).
 _POSITIONS = re.compile(
-    r"^(?:f(?P<f>\d{1,6})\+l(?P<fl>\d{1,6})|f(?P<fo>\d{1,6})|l(?P<lo>\d{1,6}))$")
+    r"^(?:f(?P<f>\d{1,6})\+l(?P<fl>\d{1,6})|f(?P<fo>\d{1,6})|l(?P<lo>\d{1,6}))$"
+)
 
 
 def parse_positions(positions: object) -> tuple[int, int] | None:

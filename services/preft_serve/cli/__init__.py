@@ -2,7 +2,7 @@
 
 Examples:
 
-    export PREFT_REGISTRY_URL=http://registry:8081 PREFT_API_KEY=pft_...
+    preft login --url https://registry:8081 --context prod   # key: prompted, or piped on stdin
     preft adapter upload ./my-adapter --name support-bot --mode prefill
     preft adapter upload ./my-adapter-v2 --name support-bot --new-version
     preft adapter rollback support-bot 1          # version 1's content, as version 3
@@ -12,11 +12,19 @@ Examples:
     preft user list --adapter support-bot
     preft adapter list
     preft usage --start 2026-03-01 --end 2026-03-31
+    preft audit --since 2026-03-01 --action binding.set --all   # who changed what
     preft fine-tune create data.jsonl --model base --suffix alice --follow
     preft fine-tune checkpoints ftjob-...
     preft --output json adapter list              # the API's JSON, for scripts
     PREFT_ADMIN_TOKEN=... preft tenant create acme
     PREFT_ADMIN_TOKEN=... preft tenant list
+
+Contexts (keys never on the command line):
+
+    preft login --url URL [--context NAME] < keyfile   # checked against the registry, then saved
+    preft context list | preft context use NAME | preft context current
+    preft logout [NAME]                           # or: preft context delete NAME
+    preft --context staging adapter list          # one command against another context
 
 Local commands (no registry needed):
 
@@ -26,6 +34,13 @@ Local commands (no registry needed):
 
 Output: --output table (default) prints tables and key/value lines for people; --output json
 (or --json) prints the registry's JSON response as it sent it.
+
+Where the URL and key come from, first match wins for each: --url / --api-key; the context
+--context NAME names; PREFT_REGISTRY_URL / PREFT_API_KEY; the current context; the URL
+http://127.0.0.1:8081. A context's key goes only to its own URL. Tenant commands take the
+admin token from --admin-token or PREFT_ADMIN_TOKEN (never from a context). Contexts live in
+$PREFT_CONFIG, else $XDG_CONFIG_HOME/preft/config.yaml (default ~/.config/preft/config.yaml),
+mode 0600.
 
 Exit status: 0 success, 1 the registry refused or could not be reached (the message says
 why; with --output json the error is {"error": {...}} on stdout), 2 bad command line.
@@ -40,14 +55,26 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from preft_serve.cli import adapter, completion, files, finetune, tenant, usage, user
+from preft_serve.basemodels.cli import add_parser as add_model_parser
+from preft_serve.cli import (
+    adapter,
+    audit,
+    completion,
+    contexts,
+    files,
+    finetune,
+    tenant,
+    usage,
+    user,
+)
 from preft_serve.cli.client import CliError, Registry
+from preft_serve.cli.credentials import resolve
 from preft_serve.cli.output import render, report_error
-from preft_serve.models.cli import add_parser as add_model_parser
 from preft_serve.training.cli import add_parser as add_train_parser
 
 __all__ = ["CliError", "Registry", "build_parser", "main"]
 OUTPUTS = ("table", "json")
+_EPILOG_START = "Where the URL and key come from"
 
 
 def _version() -> str:
@@ -57,19 +84,47 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+def _add_common(parser: argparse.ArgumentParser, suppress: bool, api_key: bool = True) -> None:
     default = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--url", default=default,
-                        help="registry URL (env PREFT_REGISTRY_URL, default http://127.0.0.1:8081)")
-    parser.add_argument("--api-key", default=default, help="tenant API key (env PREFT_API_KEY)")
-    parser.add_argument("-o", "--output", choices=OUTPUTS, default=default,
-                        help="table: for people (default); json: the registry's JSON "
-                        "response as it sent it (errors too, as {\"error\": ...})")
-    parser.add_argument("--json", action="store_true",
-                        default=argparse.SUPPRESS if suppress else False,
-                        help="the same as --output json")
-    parser.add_argument("--timeout", type=float, default=argparse.SUPPRESS if suppress else 600,
-                        help="seconds to wait for the registry (default 600)")
+    parser.add_argument(
+        "--url",
+        default=default,
+        help="registry URL (env PREFT_REGISTRY_URL, else the context's, else "
+        "http://127.0.0.1:8081)",
+    )
+    if api_key:
+        parser.add_argument(
+            "--api-key",
+            default=default,
+            help="tenant API key (env PREFT_API_KEY, else the context's; "
+            "prefer `preft login`, which keeps it off the command line)",
+        )
+        parser.add_argument(
+            "--context",
+            default=default,
+            metavar="NAME",
+            help="use this saved context instead of the current one",
+        )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default=default,
+        help="table: for people (default); json: the registry's JSON "
+        'response as it sent it (errors too, as {"error": ...})',
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="the same as --output json",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS if suppress else 600,
+        help="seconds to wait for the registry (default 600)",
+    )
 
 
 def _as_json(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
@@ -82,24 +137,34 @@ def _as_json(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The docstring's last paragraphs (credentials, exit status) close --help, after the options.
+    description, marker, epilog = (__doc__ or "").partition(_EPILOG_START)
     parser = argparse.ArgumentParser(
-        prog="preft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="preft",
+        description=description,
+        epilog=marker + epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"preft {_version()}")
     _add_common(parser, suppress=False)
-    groups = parser.add_subparsers(dest="group", required=True,
-                                   metavar="{adapter,user,usage,files,fine-tune,tenant,model,train,"
-                                   "completion}")
+    groups = parser.add_subparsers(
+        dest="group",
+        required=True,
+        metavar="{login,logout,context,adapter,user,usage,audit,files,"
+        "fine-tune,tenant,model,train,completion}",
+    )
 
     def leaf(sub: Any, name: str, help_: str, func: Any) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_, description=help_)
         _add_common(p, suppress=True)
         p.set_defaults(func=func)
         return p
 
+    contexts.add_parsers(groups, lambda p: _add_common(p, suppress=True, api_key=False))
     adapter.add_parser(groups, leaf)
     user.add_parser(groups, leaf)
     usage.add_parser(groups, leaf)
+    audit.add_parser(groups, leaf)
     files.add_parser(groups, leaf)
     finetune.add_parser(groups, leaf)
     tenant.add_parser(groups, leaf)
@@ -120,17 +185,20 @@ def main(argv: list[str] | None = None) -> int:
         except CliError as exc:
             return report_error(exc, as_json)
     command = f"{args.group} {args.action}"
-    url = args.url or os.environ.get("PREFT_REGISTRY_URL") or "http://127.0.0.1:8081"
-    if args.group == "tenant":
+    admin = args.group == "tenant"
+    try:
+        target = resolve(args.url, args.api_key, args.context, want_key=not admin)
+    except CliError as exc:
+        return report_error(exc, as_json)
+    if admin:
         token = args.admin_token or os.environ.get("PREFT_ADMIN_TOKEN")
         if not token:
-            parser.error("tenant commands need the admin token: --admin-token or "
-                         "PREFT_ADMIN_TOKEN")
+            parser.error("tenant commands need the admin token: --admin-token or PREFT_ADMIN_TOKEN")
     else:
-        token = args.api_key or os.environ.get("PREFT_API_KEY")
+        token = target.api_key
         if not token:
-            parser.error("no API key: pass --api-key or set PREFT_API_KEY")
-    registry = Registry(url, token, args.timeout)
+            parser.error(target.missing_key())
+    registry = Registry(target.url, token, args.timeout)
     try:
         result = args.func(registry, args)
     except CliError as exc:

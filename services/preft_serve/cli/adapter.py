@@ -22,23 +22,32 @@ PROGRESS_MIN_BYTES = 1 << 20  # on a terminal, smaller transfers finish before a
 def _upload_parts(path: Path) -> list[Path]:
     if path.is_file():
         if not path.name.lower().endswith(ARCHIVE_SUFFIXES):
-            raise CliError(f"{path} is a file but not an archive; pass the adapter folder or a "
-                           f"{'/'.join(ARCHIVE_SUFFIXES)} archive of it")
+            raise CliError(
+                f"{path} is a file but not an archive; pass the adapter folder or a "
+                f"{'/'.join(ARCHIVE_SUFFIXES)} archive of it"
+            )
         return [path]
     if not path.is_dir():
         raise CliError(f"{path} does not exist")
     missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (path / n).is_file()]
     if missing:
         pickles = sorted(p.name for p in path.glob("*") if p.suffix in (".bin", ".pt", ".pth"))
-        hint = (f"; found {', '.join(pickles)}: convert it to safetensors with "
-                f"`preft adapter convert {path}`") if pickles else ""
+        hint = (
+            (
+                f"; found {', '.join(pickles)}: convert it to safetensors with "
+                f"`preft adapter convert {path}`"
+            )
+            if pickles
+            else ""
+        )
         raise CliError(f"{path} lacks {' and '.join(missing)}{hint}")
     return [path / CONFIG_FILE, path / WEIGHTS_FILE]
 
 
 def _progress_wanted(args: argparse.Namespace, total: int) -> bool:
-    return show_progress(args.progress, args.quiet) and (args.progress
-                                                         or total >= PROGRESS_MIN_BYTES)
+    return show_progress(args.progress, args.quiet) and (
+        args.progress or total >= PROGRESS_MIN_BYTES
+    )
 
 
 def cmd_upload(reg: Registry, args: argparse.Namespace) -> Any:
@@ -49,16 +58,17 @@ def cmd_upload(reg: Registry, args: argparse.Namespace) -> Any:
     bar = progress_bar(total, f"uploading {args.name}", _progress_wanted(args, total))
     handles = [ProgressFile(p, bar) for p in parts]
     try:
-        files = [("files", (p.name, h, "application/octet-stream"))
-                 for p, h in zip(parts, handles)]
+        files = [("files", (p.name, h, "application/octet-stream")) for p, h in zip(parts, handles)]
         data = {"mode": args.mode} if args.mode else {}
         params = {"strict": "true"} if args.strict else None
         if args.new_version:
-            result = reg.call("PUT", f"/v1/adapters/{args.name}", data=data, files=files,
-                              params=params)
+            result = reg.call(
+                "PUT", f"/v1/adapters/{args.name}", data=data, files=files, params=params
+            )
         else:
-            result = reg.call("POST", "/v1/adapters", data={**data, "name": args.name},
-                              files=files, params=params)
+            result = reg.call(
+                "POST", "/v1/adapters", data={**data, "name": args.name}, files=files, params=params
+            )
     finally:
         for h in handles:
             h.close()
@@ -74,12 +84,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from preft_serve.adapters.peft_convert import ConvertError, convert_adapter
 
     try:
-        written = convert_adapter(Path(args.path), Path(args.out) if args.out else None,
-                                  overwrite=args.force)
+        written = convert_adapter(
+            Path(args.path), Path(args.out) if args.out else None, overwrite=args.force
+        )
     except ConvertError as exc:
         raise CliError(str(exc)) from None
-    sys.stdout.write(f"wrote {written}; upload with: preft adapter upload {written.parent} "
-                     "--name NAME --mode prefill\n")
+    sys.stdout.write(
+        f"wrote {written}; upload with: preft adapter upload {written.parent} "
+        "--name NAME --mode prefill\n"
+    )
     return 0
 
 
@@ -100,8 +113,10 @@ def cmd_download(reg: Registry, args: argparse.Namespace) -> Any:
     out = Path(args.out or args.name)
     clash = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if (out / n).exists()]
     if clash and not args.force:
-        raise CliError(f"{out} already holds {' and '.join(clash)}; pass --force to replace "
-                       "them or --out another folder")
+        raise CliError(
+            f"{out} already holds {' and '.join(clash)}; pass --force to replace "
+            "them or --out another folder"
+        )
     if out.exists() and not out.is_dir():
         raise CliError(f"{out} exists and is not a folder")
     params = {"version": args.version} if args.version else None
@@ -110,11 +125,16 @@ def cmd_download(reg: Registry, args: argparse.Namespace) -> Any:
         archive = Path(tmp) / "adapter.tar.gz"
         with open(archive, "wb") as fh:
             headers = reg.download(
-                f"/v1/adapters/{args.name}/download", fh, params=params,
+                f"/v1/adapters/{args.name}/download",
+                fh,
+                params=params,
                 progress=lambda total: progress_bar(
-                    total, f"downloading {args.name}",
+                    total,
+                    f"downloading {args.name}",
                     show_progress(args.progress, args.quiet)
-                    and (args.progress or total >= PROGRESS_MIN_BYTES)))
+                    and (args.progress or total >= PROGRESS_MIN_BYTES),
+                ),
+            )
         _extract(archive, Path(tmp))
         sha256 = headers.get("x-preft-sha256", "")
         actual = file_digest((Path(tmp) / CONFIG_FILE).read_bytes(), Path(tmp) / WEIGHTS_FILE)
@@ -122,8 +142,12 @@ def cmd_download(reg: Registry, args: argparse.Namespace) -> Any:
             raise CliError(f"the download hashes to {actual}, not {sha256}; try again")
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             os.replace(Path(tmp) / name, out / name)
-    return {"name": args.name, "version": int(headers.get("x-preft-version", 0)),
-            "sha256": actual, "path": str(out)}
+    return {
+        "name": args.name,
+        "version": int(headers.get("x-preft-version", 0)),
+        "sha256": actual,
+        "path": str(out),
+    }
 
 
 def _extract(archive: Path, dest: Path) -> None:
@@ -146,58 +170,99 @@ def cmd_rollback(reg: Registry, args: argparse.Namespace) -> Any:
 
 
 def add_parser(groups: Any, leaf: Any) -> None:
-    adapter = groups.add_parser("adapter", help="upload, list, show, download, roll back and "
-                                "delete adapters")
+    adapter = groups.add_parser(
+        "adapter", help="upload, list, show, download, roll back and delete adapters"
+    )
     a_sub = adapter.add_subparsers(dest="action", required=True)
-    up = leaf(a_sub, "upload", "Upload an adapter folder (adapter_config.json + "
-              "adapter_model.safetensors) or a .tar.gz/.zip of it", cmd_upload)
+    up = leaf(
+        a_sub,
+        "upload",
+        "Upload an adapter folder (adapter_config.json + "
+        "adapter_model.safetensors) or a .tar.gz/.zip of it",
+        cmd_upload,
+    )
     up.add_argument("path", help="adapter folder or archive")
     up.add_argument("--name", required=True, help="adapter name within your tenant")
-    up.add_argument("--mode", choices=[m.value for m in AdapterMode],
-                    help="prefill (PreFT: prompt tokens only) or all (classic); required for a "
-                    "new adapter, defaults to the current mode with --new-version")
-    up.add_argument("--new-version", action="store_true",
-                    help="upload the next version of an existing adapter (hot swap)")
-    up.add_argument("--strict", action="store_true",
-                    help="refuse the upload instead of accepting it with warnings (e.g. a "
-                    "base_model_name_or_path naming another model)")
+    up.add_argument(
+        "--mode",
+        choices=[m.value for m in AdapterMode],
+        help="prefill (PreFT: prompt tokens only) or all (classic); required for a "
+        "new adapter, defaults to the current mode with --new-version",
+    )
+    up.add_argument(
+        "--new-version",
+        action="store_true",
+        help="upload the next version of an existing adapter (hot swap)",
+    )
+    up.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse the upload instead of accepting it with warnings (e.g. a "
+        "base_model_name_or_path naming another model)",
+    )
     _progress_flags(up, "upload")
     conv = a_sub.add_parser(
-        "convert", help="Convert a PEFT adapter saved as adapter_model.bin to safetensors "
-        "(local; needs torch)", description="Read adapter_model.bin (or .pt) with "
+        "convert",
+        help="Convert a PEFT adapter saved as adapter_model.bin to safetensors "
+        "(local; needs torch)",
+        description="Read adapter_model.bin (or .pt) with "
         "torch.load(weights_only=True) and write adapter_model.safetensors next to it, or "
-        "into --out with a copy of adapter_config.json")
+        "into --out with a copy of adapter_config.json",
+    )
     conv.add_argument("path", help="adapter folder, or its adapter_model.bin")
     conv.add_argument("--out", help="output folder (default: the adapter's folder)")
-    conv.add_argument("--force", action="store_true",
-                      help="overwrite an existing adapter_model.safetensors")
+    conv.add_argument(
+        "--force", action="store_true", help="overwrite an existing adapter_model.safetensors"
+    )
     conv.set_defaults(local=cmd_convert)
     ls = leaf(a_sub, "list", "List your adapters", cmd_list)
     ls.add_argument("--limit", type=int, default=100, help="page size (default 100)")
     ls.add_argument("--all", action="store_true", help="fetch every page")
-    show = leaf(a_sub, "show", "Show an adapter and its version history",
-                lambda r, a: r.call("GET", f"/v1/adapters/{a.name}"))
+    show = leaf(
+        a_sub,
+        "show",
+        "Show an adapter and its version history",
+        lambda r, a: r.call("GET", f"/v1/adapters/{a.name}"),
+    )
     show.add_argument("name")
-    down = leaf(a_sub, "download", "Download an adapter's stored files into a folder that "
-                "`preft adapter upload` accepts back unchanged", cmd_download)
+    down = leaf(
+        a_sub,
+        "download",
+        "Download an adapter's stored files into a folder that "
+        "`preft adapter upload` accepts back unchanged",
+        cmd_download,
+    )
     down.add_argument("name")
     down.add_argument("--version", type=int, help="which version (default: the current one)")
     down.add_argument("--out", help="folder to write (default: ./NAME)")
     down.add_argument("--force", action="store_true", help="replace files already there")
     _progress_flags(down, "download")
-    back = leaf(a_sub, "rollback", "Make an earlier version's content current again (as a new "
-                "version; bound users move to it at once)", cmd_rollback)
+    back = leaf(
+        a_sub,
+        "rollback",
+        "Make an earlier version's content current again (as a new "
+        "version; bound users move to it at once)",
+        cmd_rollback,
+    )
     back.add_argument("name")
     back.add_argument("version", type=int, help="the version to go back to")
-    rm = leaf(a_sub, "delete", "Delete an adapter and its history",
-              lambda r, a: r.call("DELETE", f"/v1/adapters/{a.name}",
-                                  params={"force": "true"} if a.force else None))
+    rm = leaf(
+        a_sub,
+        "delete",
+        "Delete an adapter and its history",
+        lambda r, a: r.call(
+            "DELETE", f"/v1/adapters/{a.name}", params={"force": "true"} if a.force else None
+        ),
+    )
     rm.add_argument("name")
     rm.add_argument("--force", action="store_true", help="also unbind users bound to it")
 
 
 def _progress_flags(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--progress", action="store_true",
-                        help=f"always show {what} progress on stderr (default: only on a "
-                        "terminal, for 1 MB or more)")
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help=f"always show {what} progress on stderr (default: only on a "
+        "terminal, for 1 MB or more)",
+    )
     parser.add_argument("--quiet", action="store_true", help=f"never show {what} progress")

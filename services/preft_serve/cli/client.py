@@ -19,13 +19,22 @@ class CliError(Exception):
     failures (registry unreachable, bad local file) have ``type`` ``cli_error``.
     """
 
-    def __init__(self, message: str, *, code: str = "cli", status: int | None = None,
-                 error: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "cli",
+        status: int | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
-        self.error = error if error is not None else {"message": message, "type": "cli_error",
-                                                      "param": None, "code": code}
+        self.error = (
+            error
+            if error is not None
+            else {"message": message, "type": "cli_error", "param": None, "code": code}
+        )
 
 
 class ByteCounter(Protocol):
@@ -68,16 +77,18 @@ class Registry:
     def __init__(self, url: str, token: str | None, timeout: float) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers,
-                                 timeout=httpx.Timeout(timeout, connect=10))
+        self.http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10)
+        )
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         resp = self._send(method, path, **kwargs)
         return resp.json() if resp.content else None
 
-    def download(self, path: str, out: IO[bytes], progress: Any = None,
-                 **kwargs: Any) -> httpx.Headers:
-        """Stream a GET's body into ``out``; ``progress(total)`` returns a byte counter."""
+    def download(
+        self, path: str, out: IO[bytes], progress: Any = None, **kwargs: Any
+    ) -> httpx.Headers:
+        """Stream a GET response's body into ``out``; ``progress(total)`` returns a byte counter."""
         try:
             with self.http.stream("GET", path, **kwargs) as resp:
                 if resp.status_code >= 400:
@@ -108,11 +119,16 @@ class Registry:
 
     def _transport(self, exc: httpx.TransportError) -> CliError:
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-            return CliError(f"cannot reach the registry at {self.url} ({exc}); check --url or "
-                            "PREFT_REGISTRY_URL", code="unreachable")
-        return CliError(f"the connection to {self.url} failed during the request ({exc!r}); "
-                        "if this was an upload, it may exceed the registry's size limit",
-                        code="connection_failed")
+            return CliError(
+                f"cannot reach the registry at {self.url} ({exc}); check --url or "
+                "PREFT_REGISTRY_URL",
+                code="unreachable",
+            )
+        return CliError(
+            f"the connection to {self.url} failed during the request ({exc!r}); "
+            "if this was an upload, it may exceed the registry's size limit",
+            code="connection_failed",
+        )
 
 
 def _refusal(resp: httpx.Response) -> CliError:

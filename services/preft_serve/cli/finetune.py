@@ -29,17 +29,23 @@ def _file_id(reg: Registry, value: str | None) -> str | None:
 
 def cmd_create(reg: Registry, args: argparse.Namespace) -> Any:
     hyper: dict[str, Any] = {}
-    for flag, field in (("epochs", "n_epochs"), ("batch_size", "batch_size"),
-                        ("lr_multiplier", "learning_rate_multiplier")):
+    for flag, field in (
+        ("epochs", "n_epochs"),
+        ("batch_size", "batch_size"),
+        ("lr_multiplier", "learning_rate_multiplier"),
+    ):
         if getattr(args, flag) is not None:
             hyper[field] = getattr(args, flag)
     preft: dict[str, Any] = {"adapter": args.type, "mode": args.mode, "rank": args.rank}
     if args.steps is not None:
         preft["steps"] = args.steps
     body: dict[str, Any] = {
-        "model": args.model, "training_file": _file_id(reg, args.training_file),
-        "validation_file": _file_id(reg, args.validation_file), "suffix": args.suffix,
-        "method": {"type": "preft", "preft": preft}}
+        "model": args.model,
+        "training_file": _file_id(reg, args.training_file),
+        "validation_file": _file_id(reg, args.validation_file),
+        "suffix": args.suffix,
+        "method": {"type": "preft", "preft": preft},
+    }
     if hyper:
         body["hyperparameters"] = hyper
     if args.seed is not None:
@@ -54,9 +60,14 @@ def shown(job: dict[str, Any], as_json: bool) -> dict[str, Any]:
     """The raw job under --json; otherwise the fields a person reads."""
     if as_json:
         return job
-    out = {"id": job["id"], "status": job["status"], "model": job["model"],
-           "fine_tuned": job.get("fine_tuned_model") or "-",
-           "file": job["training_file"], "tokens": job.get("trained_tokens") or "-"}
+    out = {
+        "id": job["id"],
+        "status": job["status"],
+        "model": job["model"],
+        "fine_tuned": job.get("fine_tuned_model") or "-",
+        "file": job["training_file"],
+        "tokens": job.get("trained_tokens") or "-",
+    }
     if job.get("error"):
         out["error"] = job["error"]["message"]
     return out
@@ -84,8 +95,10 @@ def _progress(job: dict[str, Any], last: dict[str, Any] | None) -> str:
     if last is not None:
         step, total = last.get("step", 0), last.get("total_steps", 0) or 1
         filled = int(20 * step / total)
-        text += (f"  [{'#' * filled}{'.' * (20 - filled)}] step {step}/{total}  "
-                 f"loss {last.get('train_loss', 0):.4f}")
+        text += (
+            f"  [{'#' * filled}{'.' * (20 - filled)}] step {step}/{total}  "
+            f"loss {last.get('train_loss', 0):.4f}"
+        )
     return text
 
 
@@ -140,46 +153,61 @@ def cmd_checkpoints(reg: Registry, args: argparse.Namespace) -> Any:
 
 
 def add_parser(groups: Any, leaf: Any) -> None:
-    ft = groups.add_parser("fine-tune", help="fine-tuning jobs (train adapters on the "
-                           "registry's trainers)")
+    ft = groups.add_parser(
+        "fine-tune", help="fine-tuning jobs (train adapters on the registry's trainers)"
+    )
     sub = ft.add_subparsers(dest="action", required=True)
-    create = leaf(sub, "create", "Create a job; the adapter is registered under --suffix",
-                  cmd_create)
+    create = leaf(
+        sub, "create", "Create a job; the adapter is registered under --suffix", cmd_create
+    )
     create.add_argument("training_file", help="a file id, or a JSONL path to upload first")
     create.add_argument("--model", required=True, help="the served base model's name")
-    create.add_argument("--suffix", help="the trained adapter's name (a later job with the "
-                        "same suffix adds a version)")
+    create.add_argument(
+        "--suffix",
+        help="the trained adapter's name (a later job with the same suffix adds a version)",
+    )
     create.add_argument("--validation-file", help="a file id or a JSONL path")
     create.add_argument("--type", choices=["lora", "direft", "loreft"], default="lora")
     create.add_argument("--mode", choices=["prefill", "all"], default="prefill")
     create.add_argument("--rank", type=int, default=8)
     create.add_argument("--steps", type=int, help="optimizer steps (overrides --epochs)")
-    create.add_argument("--epochs", type=int,
-                        help="n_epochs (default auto: 3, more for a small file: 16 steps)")
+    create.add_argument(
+        "--epochs", type=int, help="n_epochs (default auto: 3, more for a small file: 16 steps)"
+    )
     create.add_argument("--batch-size", type=int, help="examples per step (default auto)")
-    create.add_argument("--lr-multiplier", type=float,
-                        help="learning_rate_multiplier (x 2e-3; default auto: 1)")
+    create.add_argument(
+        "--lr-multiplier", type=float, help="learning_rate_multiplier (x 2e-3; default auto: 1)"
+    )
     create.add_argument("--seed", type=int)
     create.add_argument("--follow", action="store_true", help="then follow its events")
     ls = leaf(sub, "list", "List your jobs, newest first", cmd_list)
     ls.add_argument("--limit", type=int, default=20)
-    leaf(sub, "get", "Show a job",
-         lambda r, a: shown(r.call("GET", f"{JOBS}/{a.job_id}"), a.json)
-         ).add_argument("job_id")
-    leaf(sub, "cancel", "Cancel a queued or running job",
-         lambda r, a: shown(r.call("POST", f"{JOBS}/{a.job_id}/cancel"), a.json)
-         ).add_argument("job_id")
+    leaf(
+        sub, "get", "Show a job", lambda r, a: shown(r.call("GET", f"{JOBS}/{a.job_id}"), a.json)
+    ).add_argument("job_id")
+    leaf(
+        sub,
+        "cancel",
+        "Cancel a queued or running job",
+        lambda r, a: shown(r.call("POST", f"{JOBS}/{a.job_id}/cancel"), a.json),
+    ).add_argument("job_id")
     events = leaf(sub, "events", "Show a job's events (oldest first)", cmd_events)
     events.add_argument("job_id")
     events.add_argument("--limit", type=int, default=100)
-    events.add_argument("--follow", action="store_true",
-                        help="keep printing new events, with a live progress line, until "
-                        "the job finishes")
-    checkpoints = leaf(sub, "checkpoints", "List a job's checkpoints, newest first (a "
-                       "succeeded job has one: the adapter version it registered)",
-                       cmd_checkpoints)
+    events.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep printing new events, with a live progress line, until the job finishes",
+    )
+    checkpoints = leaf(
+        sub,
+        "checkpoints",
+        "List a job's checkpoints, newest first (a "
+        "succeeded job has one: the adapter version it registered)",
+        cmd_checkpoints,
+    )
     checkpoints.add_argument("job_id")
-    checkpoints.add_argument("--limit", type=int, default=10, help="page size (1-100, "
-                             "default 10)")
-    checkpoints.add_argument("--after", metavar="CHECKPOINT_ID",
-                             help="the page after this checkpoint")
+    checkpoints.add_argument("--limit", type=int, default=10, help="page size (1-100, default 10)")
+    checkpoints.add_argument(
+        "--after", metavar="CHECKPOINT_ID", help="the page after this checkpoint"
+    )

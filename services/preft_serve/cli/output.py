@@ -18,12 +18,18 @@ from preft_serve.cli.client import CliError
 _CLI_TERMS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\?force=true"), "--force"),
     (re.compile(r"\?strict=true"), "--strict"),
-    (re.compile(r"upload a new version with PUT /v1/adapters/(\S+)"),
-     r"upload a new version with `preft adapter upload PATH --name \1 --new-version`"),
-    (re.compile(r"issue a new key with POST /v1/tenants/(\S+)/keys"),
-     r"issue a new key with `preft tenant new-key \1`"),
-    (re.compile(r"as GET /v1/tenants/\{tenant\}/keys lists them"),
-     "as `preft tenant show TENANT` lists them"),
+    (
+        re.compile(r"upload a new version with PUT /v1/adapters/(\S+)"),
+        r"upload a new version with `preft adapter upload PATH --name \1 --new-version`",
+    ),
+    (
+        re.compile(r"issue a new key with POST /v1/tenants/(\S+)/keys"),
+        r"issue a new key with `preft tenant new-key \1`",
+    ),
+    (
+        re.compile(r"as GET /v1/tenants/\{tenant\}/keys lists them"),
+        "as `preft tenant show TENANT` lists them",
+    ),
     (re.compile(r"^field 'mode' is required"), "--mode is required"),
 )
 
@@ -57,8 +63,16 @@ def progress_bar(total: int, desc: str, show: bool) -> Any:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total or None, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, dynamic_ncols=True, leave=True)
+    return tqdm(
+        total=total or None,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=True,
+    )
 
 
 def show_progress(flag_progress: bool, quiet: bool) -> bool:
@@ -70,8 +84,9 @@ def print_table(rows: list[dict[str, Any]], columns: list[str], out: IO[str]) ->
     widths = [max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns]
     out.write("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
     for r in rows:
-        out.write("  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths))
-                  .rstrip() + "\n")
+        out.write(
+            "  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n"
+        )
 
 
 def _fields(result: dict[str, Any], out: IO[str]) -> None:
@@ -90,16 +105,35 @@ def _usage(result: dict[str, Any], out: IO[str]) -> None:
     out.write(f"({result['tenant']}, {result['start']} .. {result['end']}, UTC days)\n")
 
 
+def _audit(result: dict[str, Any], out: IO[str]) -> None:
+    """One row per entry: when, who, what, and the change (``-`` where a side is none)."""
+    if not result["data"]:
+        out.write("no audit entries\n")
+    else:
+        rows = [
+            {**e, "change": f"{e.get('before') or '-'} \u2192 {e.get('after') or '-'}"}
+            for e in result["data"]
+        ]
+        print_table(rows, ["time", "actor", "action", "target", "change"], out)
+    if result["next_cursor"]:
+        out.write(f"(more: --all, or --after {result['next_cursor']})\n")
+
+
 def _checkpoints(result: dict[str, Any], out: IO[str]) -> None:
     """One row per checkpoint: its step, the adapter version it is, its final metrics."""
     if not result["data"]:
         out.write("no checkpoints (a job has one once it succeeds)\n")
         return
-    rows = [{"id": c["id"], "step": c["step_number"],
-             "checkpoint": c["fine_tuned_model_checkpoint"],
-             "metrics": " ".join(f"{k}={v:.4g}" for k, v in sorted(c["metrics"].items())),
-             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c["created_at"]))}
-            for c in result["data"]]
+    rows = [
+        {
+            "id": c["id"],
+            "step": c["step_number"],
+            "checkpoint": c["fine_tuned_model_checkpoint"],
+            "metrics": " ".join(f"{k}={v:.4g}" for k, v in sorted(c["metrics"].items())),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c["created_at"])),
+        }
+        for c in result["data"]
+    ]
     print_table(rows, ["id", "step", "checkpoint", "metrics", "created_at"], out)
     if result["has_more"]:
         out.write(f"(more: --after {rows[-1]['id']})\n")
@@ -108,13 +142,27 @@ def _checkpoints(result: dict[str, Any], out: IO[str]) -> None:
 def render(result: Any, command: str, out: IO[str]) -> None:
     """Human output of one command's result."""
     if command == "adapter list":
-        print_table(result["items"], ["name", "version", "type", "mode", "rank", "bound_users",
-                                      "sha256"], out)
+        print_table(
+            result["items"],
+            ["name", "version", "type", "mode", "rank", "bound_users", "sha256"],
+            out,
+        )
         if result["next_cursor"]:
             out.write(f"(more: --all, or the next page after {result['next_cursor']!r})\n")
     elif command == "adapter show":
-        for key in ("name", "version", "sha256", "type", "rank", "mode", "base_model",
-                    "size_bytes", "bound_users", "created_at", "updated_at"):
+        for key in (
+            "name",
+            "version",
+            "sha256",
+            "type",
+            "rank",
+            "mode",
+            "base_model",
+            "size_bytes",
+            "bound_users",
+            "created_at",
+            "updated_at",
+        ):
             out.write(f"{key + ':':<13}{result[key]}\n")
         out.write("versions:\n")
         print_table(result["versions"], ["version", "sha256", "mode", "created_at"], out)
@@ -122,12 +170,25 @@ def render(result: Any, command: str, out: IO[str]) -> None:
         print_table(result["items"], ["user", "adapter"], out)
     elif command == "usage show":
         _usage(result, out)
+    elif command == "audit show":
+        _audit(result, out)
     elif command == "fine-tune checkpoints":
         _checkpoints(result, out)
     elif command == "tenant list":
-        rows = [{**t, **{f"quota_{k}": ("default" if v is None else v)
-                         for k, v in (t.get("quota") or {}).items()}} for t in result]
-        print_table(rows, ["name", "adapters", "quota_max_adapters", "quota_max_stored_bytes",
-                           "created_at"], out)
+        rows = [
+            {
+                **t,
+                **{
+                    f"quota_{k}": ("default" if v is None else v)
+                    for k, v in (t.get("quota") or {}).items()
+                },
+            }
+            for t in result
+        ]
+        print_table(
+            rows,
+            ["name", "adapters", "quota_max_adapters", "quota_max_stored_bytes", "created_at"],
+            out,
+        )
     elif isinstance(result, dict):
         _fields(result, out)

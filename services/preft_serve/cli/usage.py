@@ -14,8 +14,13 @@ def cmd_usage(reg: Registry, args: argparse.Namespace) -> Any:
 
 
 def add_parser(groups: Any, leaf: Any) -> None:
-    usage = leaf(groups, "usage", "Show requests and tokens per UTC day and model "
-                 "(default: the last 7 days; at most 92 at once)", cmd_usage)
+    usage = leaf(
+        groups,
+        "usage",
+        "Show requests and tokens per UTC day and model "
+        "(default: the last 7 days; at most 92 at once)",
+        cmd_usage,
+    )
     usage.set_defaults(action="show")
     usage.add_argument("--start", help="first day, YYYY-MM-DD (included)")
     usage.add_argument("--end", help="last day, YYYY-MM-DD (included; default today)")

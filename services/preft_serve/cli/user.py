@@ -15,13 +15,25 @@ def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
 def add_parser(groups: Any, leaf: Any) -> None:
     user = groups.add_parser("user", help="bind users to adapters")
     u_sub = user.add_subparsers(dest="action", required=True)
-    bind = leaf(u_sub, "bind", "Bind a user to an adapter (replaces any binding)",
-                lambda r, a: r.call("PUT", f"/v1/users/{a.user}", json={"adapter": a.adapter}))
+    bind = leaf(
+        u_sub,
+        "bind",
+        "Bind a user to an adapter (replaces any binding)",
+        lambda r, a: r.call("PUT", f"/v1/users/{a.user}", json={"adapter": a.adapter}),
+    )
     bind.add_argument("user")
     bind.add_argument("adapter")
-    leaf(u_sub, "show", "Show the adapter a user is bound to",
-         lambda r, a: r.call("GET", f"/v1/users/{a.user}")).add_argument("user")
+    leaf(
+        u_sub,
+        "show",
+        "Show the adapter a user is bound to",
+        lambda r, a: r.call("GET", f"/v1/users/{a.user}"),
+    ).add_argument("user")
     ls = leaf(u_sub, "list", "List bound users and their adapters", cmd_list)
     ls.add_argument("--adapter", help="only the users bound to this adapter")
-    leaf(u_sub, "unbind", "Remove a user's binding (they get the base model)",
-         lambda r, a: r.call("DELETE", f"/v1/users/{a.user}")).add_argument("user")
+    leaf(
+        u_sub,
+        "unbind",
+        "Remove a user's binding (they get the base model)",
+        lambda r, a: r.call("DELETE", f"/v1/users/{a.user}"),
+    ).add_argument("user")

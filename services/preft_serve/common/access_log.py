@@ -27,8 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_CHARS = 128
 # Printable ASCII (space included), not starting or ending with a space.
-_REQUEST_ID = re.compile(
-    rf"[\x21-\x7e](?:[\x20-\x7e]{{0,{MAX_REQUEST_ID_CHARS - 2}}}[\x21-\x7e])?")
+_REQUEST_ID = re.compile(rf"[\x21-\x7e](?:[\x20-\x7e]{{0,{MAX_REQUEST_ID_CHARS - 2}}}[\x21-\x7e])?")
 _ID_KEY = "request_id"
 _FIELDS_KEY = "access_log"
 
@@ -95,8 +94,9 @@ class AccessLogMiddleware:
         finally:
             self._log(scope, request_id, status, start, fields)
 
-    def _log(self, scope: Scope, request_id: str, status: int, start: float,
-             fields: dict[str, Any]) -> None:
+    def _log(
+        self, scope: Scope, request_id: str, status: int, start: float, fields: dict[str, Any]
+    ) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
         route = getattr(scope.get("route"), "path", None) or "unmatched"
@@ -106,8 +106,21 @@ class AccessLogMiddleware:
         # made here rather than by ``logger.info``, which would walk the stack for the
         # caller's file and line (no format shows them; ~5 us of a ~25 us line).
         record = self.logger.makeRecord(
-            self.logger.name, logging.INFO, __file__, 0, "%s %s %d %.1fms",
-            (method, route, status, latency_ms), None, "_log",
-            extra={"request_id": request_id, "method": method, "route": route,
-                   "status": status, "latency_ms": latency_ms, **fields})
+            self.logger.name,
+            logging.INFO,
+            __file__,
+            0,
+            "%s %s %d %.1fms",
+            (method, route, status, latency_ms),
+            None,
+            "_log",
+            extra={
+                "request_id": request_id,
+                "method": method,
+                "route": route,
+                "status": status,
+                "latency_ms": latency_ms,
+                **fields,
+            },
+        )
         self.logger.handle(record)

@@ -40,8 +40,13 @@ class BodySizeLimitMiddleware:
     a larger one gets a 413 with ``message``. ``paths`` maps an exact path to its own
     ``(max_bytes, message)``."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, message: str,
-                 paths: Mapping[str, tuple[int, str]] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        message: str,
+        paths: Mapping[str, tuple[int, str]] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.message = message
@@ -51,15 +56,15 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        max_bytes, refusal = self.paths.get(scope.get("path", ""),
-                                            (self.max_bytes, self.message))
+        max_bytes, refusal = self.paths.get(scope.get("path", ""), (self.max_bytes, self.message))
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
                 if int(value) <= DRAIN_BYTES:
                     await drain(receive)
                 exc = PayloadTooLarge(refusal)
-                response = error_response(exc.status_code, exc.code, exc.message,
-                                          headers={"Connection": "close"})
+                response = error_response(
+                    exc.status_code, exc.code, exc.message, headers={"Connection": "close"}
+                )
                 await response(scope, receive, send)
                 return
         received = 0

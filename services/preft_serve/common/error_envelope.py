@@ -26,12 +26,21 @@ def error_type(status_code: int) -> str:
     return "server_error" if status_code >= 500 else "invalid_request_error"
 
 
-def error_body(status_code: int, message: str, *, code: str | None,
-               param: str | None = None,
-               details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def error_body(
+    status_code: int,
+    message: str,
+    *,
+    code: str | None,
+    param: str | None = None,
+    details: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The envelope as a dict: the four OpenAI fields always, ``details`` when given."""
-    error: dict[str, Any] = {"message": message, "type": error_type(status_code),
-                             "param": param, "code": code}
+    error: dict[str, Any] = {
+        "message": message,
+        "type": error_type(status_code),
+        "param": param,
+        "code": code,
+    }
     if details is not None:
         error["details"] = details
     return {"error": error}

@@ -13,11 +13,17 @@ a stable machine-readable string, OpenAI's where it has one (``model_not_found``
 request field at fault when there is one. Validation errors add ``details`` (every field
 problem, not only the first); it is left out otherwise.
 
-Handlers raise a :class:`ServiceError` subclass; :func:`install_error_handlers` turns it,
-FastAPI's request-validation errors, unknown routes and unexpected exceptions into that
-envelope. ``ServiceError`` subclasses Starlette's ``HTTPException`` on purpose: FastAPI
-re-raises ``HTTPException`` from inside body parsing instead of turning it into a generic
-400, so a size limit enforced while the body streams keeps its 413.
+Domain logic raises a :mod:`preft_serve.common.domain_errors` error, which knows no HTTP;
+:data:`HTTP_STATUS` is the one table from its class to the status it answers with.
+:func:`install_error_handlers` turns those, FastAPI's request-validation errors, unknown
+routes and unexpected exceptions into that envelope.
+
+HTTP edges (middleware, route dependencies, the gateway's proxying) may raise a
+:class:`ServiceError` subclass instead: each is also the domain error of the same meaning
+(``BadRequest`` is an ``InvalidRequest``), with its status from the same table, and
+subclasses Starlette's ``HTTPException`` on purpose: FastAPI re-raises ``HTTPException`` from
+inside body parsing instead of turning it into a generic 400, so a size limit enforced while
+the body streams (``common/bodylimit.py``) keeps its 413.
 """
 
 from __future__ import annotations
@@ -33,22 +39,29 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from preft_serve.common import domain_errors as domain
 from preft_serve.common.access_log import REQUEST_ID_HEADER, request_id_of
 from preft_serve.common.error_envelope import error_body
 
 logger = logging.getLogger(__name__)
 
+
 class ErrorBody(BaseModel):
     """What went wrong and what to do about it (OpenAI's error object)."""
 
     message: str = Field(description="What went wrong and what to do about it.")
-    type: str = Field(description="OpenAI's error type for the status, e.g. "
-                                  "invalid_request_error, authentication_error.")
+    type: str = Field(
+        description="OpenAI's error type for the status, e.g. "
+        "invalid_request_error, authentication_error."
+    )
     param: str | None = Field(default=None, description="The request field at fault, if any.")
-    code: str | None = Field(default=None, description="A stable machine-readable code, e.g. "
-                                                       "model_not_found, invalid_api_key.")
+    code: str | None = Field(
+        default=None,
+        description="A stable machine-readable code, e.g. model_not_found, invalid_api_key.",
+    )
     details: list[dict[str, Any]] | None = Field(
-        default=None, description="Validation errors only: every field problem found.")
+        default=None, description="Validation errors only: every field problem found."
+    )
 
 
 class ErrorResponse(BaseModel):
@@ -57,15 +70,70 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-class ServiceError(StarletteHTTPException):
-    """Base of all expected errors; the message must tell the caller what to fix.
+HTTP_STATUS: Mapping[type[domain.DomainError], int] = {
+    domain.InvalidRequest: 400,
+    domain.Unauthenticated: 401,
+    domain.QuotaExceeded: 403,
+    domain.NotFound: 404,
+    domain.Conflict: 409,
+    domain.TooLarge: 413,
+    domain.UnsupportedFormat: 415,
+    domain.InvalidContent: 422,
+    domain.RateLimited: 429,
+    domain.Unavailable: 503,
+}
+"""The HTTP status each domain error answers with (a subclass takes its nearest base's)."""
 
-    Subclasses set the status and a default ``code``; a raise site may name a more precise
+_HEADERS: Mapping[type[domain.DomainError], Mapping[str, str]] = {
+    domain.Unauthenticated: {"WWW-Authenticate": "Bearer"},  # RFC 6750: name the scheme
+}
+
+
+def http_status_of(error: type[domain.DomainError]) -> int:
+    """The status for this domain error class: its nearest listed base's, else 500."""
+    for cls in error.__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]
+    return 500
+
+
+def _headers_of(error: type[domain.DomainError]) -> dict[str, str] | None:
+    for cls in error.__mro__:
+        if cls in _HEADERS:
+            return dict(_HEADERS[cls])
+    return None
+
+
+def domain_error_response(exc: domain.DomainError) -> JSONResponse:
+    """A domain error as the envelope response, with its status from :data:`HTTP_STATUS`."""
+    if isinstance(exc, ServiceError):
+        return exc.response()
+    return error_response(
+        http_status_of(type(exc)),
+        exc.code,
+        exc.message,
+        param=exc.param,
+        details=exc.details,
+        headers=_headers_of(type(exc)),
+    )
+
+
+class ServiceError(StarletteHTTPException, domain.DomainError):
+    """A domain error raised at an HTTP edge, as Starlette's ``HTTPException``.
+
+    Each subclass below is also the domain error of the same meaning, and takes its status
+    (``http_status``) from :data:`HTTP_STATUS` and its default ``code`` from that domain
+    error; an edge's own error with no domain meaning (a bad gateway, a route this deployment
+    does not serve) sets ``http_status`` itself. A raise site may name a more precise
     ``code`` and the ``param`` (request field) at fault.
     """
 
     http_status: ClassVar[int] = 500
-    code: str = "internal_error"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "http_status" not in cls.__dict__:  # an edge's own status (a 502, a 501) stays
+            cls.http_status = http_status_of(cls)
 
     def __init__(
         self,
@@ -76,76 +144,63 @@ class ServiceError(StarletteHTTPException):
         details: list[dict[str, Any]] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(self.http_status, message, dict(headers) if headers else None)
-        self.message = message
-        if code is not None:
-            self.code = code
-        self.param = param
-        self.details = details
+        domain.DomainError.__init__(self, message, code=code, param=param, details=details)
+        chosen = dict(headers) if headers else _headers_of(type(self))
+        StarletteHTTPException.__init__(self, self.http_status, message, chosen)
 
     def __str__(self) -> str:
         return self.message
 
     def response(self) -> JSONResponse:
         """This error as the envelope response."""
-        return error_response(self.status_code, self.code, self.message, param=self.param,
-                              details=self.details, headers=self.headers)
+        return error_response(
+            self.status_code,
+            self.code,
+            self.message,
+            param=self.param,
+            details=self.details,
+            headers=self.headers,
+        )
 
 
-class BadRequest(ServiceError):
-    http_status = 400
-    code = "invalid_value"
+class BadRequest(ServiceError, domain.InvalidRequest):
+    pass
 
 
-class Unauthorized(ServiceError):
-    http_status = 401
-    code = "invalid_api_key"
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        kwargs.setdefault("headers", {"WWW-Authenticate": "Bearer"})
-        super().__init__(message, **kwargs)
+class Unauthorized(ServiceError, domain.Unauthenticated):
+    pass
 
 
-class NotFound(ServiceError):
-    http_status = 404
-    code = "not_found"
+class NotFound(ServiceError, domain.NotFound):
+    pass
 
 
-class Conflict(ServiceError):
-    http_status = 409
-    code = "conflict"
+class Conflict(ServiceError, domain.Conflict):
+    pass
 
 
-class QuotaExceeded(ServiceError):
+class QuotaExceeded(ServiceError, domain.QuotaExceeded):
     """A tenant quota (adapter count, stored bytes) would be exceeded; nothing was stored."""
 
-    http_status = 403
-    code = "quota_exceeded"
+
+class PayloadTooLarge(ServiceError, domain.TooLarge):
+    pass
 
 
-class PayloadTooLarge(ServiceError):
-    http_status = 413
-    code = "request_too_large"
+class UnsupportedMediaType(ServiceError, domain.UnsupportedFormat):
+    pass
 
 
-class UnsupportedMediaType(ServiceError):
-    http_status = 415
-    code = "unsupported_media_type"
+class Unprocessable(ServiceError, domain.InvalidContent):
+    pass
 
 
-class Unprocessable(ServiceError):
-    http_status = 422
-    code = "invalid_value"
+class TooManyRequests(ServiceError, domain.RateLimited):
+    pass
 
 
-class TooManyRequests(ServiceError):
-    http_status = 429
-    code = "rate_limit_exceeded"
-
-
-class ServiceUnavailable(ServiceError):
-    http_status = 503
-    code = "service_unavailable"
+class ServiceUnavailable(ServiceError, domain.Unavailable):
+    pass
 
 
 def error_response(
@@ -158,13 +213,16 @@ def error_response(
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """Build the envelope response (also usable from plain ASGI middleware)."""
-    return JSONResponse(error_body(status_code, message, code=code, param=param,
-                                   details=details),
-                        status_code=status_code, headers=headers)
+    return JSONResponse(
+        error_body(status_code, message, code=code, param=param, details=details),
+        status_code=status_code,
+        headers=headers,
+    )
 
 
 def _validation_message(
-        errors: list[dict[str, Any]]) -> tuple[str, str | None, str, list[dict[str, Any]]]:
+    errors: list[dict[str, Any]],
+) -> tuple[str, str | None, str, list[dict[str, Any]]]:
     """A readable one-line summary, the first field at fault (OpenAI's ``param``), the code
     for the first problem and per-field details of a pydantic/FastAPI error list."""
     details = []
@@ -183,9 +241,9 @@ def _validation_message(
     return "invalid request: " + "; ".join(parts), param, code, details
 
 
-async def _service_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ServiceError)
-    return exc.response()
+async def _domain_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, domain.DomainError)
+    return domain_error_response(exc)
 
 
 # Codes for the errors Starlette raises itself (routing, methods).
@@ -204,8 +262,9 @@ async def _http_error_handler(request: Request, exc: Exception) -> JSONResponse:
         message = "method not allowed on this endpoint; see /docs for the API"
         if allow := _allowed_methods(request):
             headers = {**(exc.headers or {}), "Allow": allow}
-    code = _HTTP_CODES.get(exc.status_code, "invalid_request" if exc.status_code < 500
-                           else "internal_error")
+    code = _HTTP_CODES.get(
+        exc.status_code, "invalid_request" if exc.status_code < 500 else "internal_error"
+    )
     return error_response(exc.status_code, code, message, headers=headers)
 
 
@@ -230,16 +289,25 @@ async def _validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
 async def _unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
     # Starlette answers this one outside every middleware, so the request id is added here.
     request_id = request_id_of(request)
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc,
-                 extra={"request_id": request_id})
-    return error_response(500, "internal_error",
-                          "internal server error; the server log has details",
-                          headers={REQUEST_ID_HEADER: request_id} if request_id else None)
+    logger.error(
+        "unhandled error on %s %s",
+        request.method,
+        request.url.path,
+        exc_info=exc,
+        extra={"request_id": request_id},
+    )
+    return error_response(
+        500,
+        "internal_error",
+        "internal server error; the server log has details",
+        headers={REQUEST_ID_HEADER: request_id} if request_id else None,
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error an app can produce through the one envelope (and document so)."""
-    app.add_exception_handler(ServiceError, _service_error_handler)
+    app.add_exception_handler(ServiceError, _domain_error_handler)  # before HTTPException's
+    app.add_exception_handler(domain.DomainError, _domain_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
     app.add_exception_handler(Exception, _unexpected_error_handler)
@@ -267,8 +335,9 @@ def _document_validation_errors(app: FastAPI) -> None:
             schemas.pop("HTTPValidationError", None)
             schemas.pop("ValidationError", None)
             for name, model in (("ErrorBody", ErrorBody), ("ErrorResponse", ErrorResponse)):
-                schemas.setdefault(name, model.model_json_schema(
-                    ref_template="#/components/schemas/{model}"))
+                schemas.setdefault(
+                    name, model.model_json_schema(ref_template="#/components/schemas/{model}")
+                )
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override

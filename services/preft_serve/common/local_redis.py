@@ -34,10 +34,23 @@ def redis_server_argv(port: int, data_dir: str | Path, *, persistent: bool = Fal
     binary = shutil.which("redis-server")
     if binary is None:
         raise FileNotFoundError(NOT_INSTALLED)
-    durability = (["--appendonly", "yes", "--appendfsync", "always"] if persistent
-                  else ["--appendonly", "no"])
-    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes",
-            "--dir", str(data_dir), "--save", "", *durability]
+    durability = (
+        ["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]
+    )
+    return [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--protected-mode",
+        "yes",
+        "--dir",
+        str(data_dir),
+        "--save",
+        "",
+        *durability,
+    ]
 
 
 def ping(url: str) -> bool:
@@ -55,8 +68,9 @@ def running_redis(timeout: float = 10.0) -> Iterator[str]:
     once it answers, kills it and removes its directory afterwards."""
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="preft-redis-")
-    proc = subprocess.Popen(redis_server_argv(port, workdir), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        redis_server_argv(port, workdir), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     url = f"redis://127.0.0.1:{port}/0"
     try:
         deadline = time.monotonic() + timeout

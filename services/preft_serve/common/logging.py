@@ -31,7 +31,10 @@ _HANDLER_MARK = "_preft_handler"
 # Attributes every LogRecord has; anything else came in through ``extra=``
 # (uvicorn's ANSI-coloured duplicate of each message is dropped too).
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {
-    "message", "asctime", "color_message"}
+    "message",
+    "asctime",
+    "color_message",
+}
 
 _SENSITIVE_NAMES = re.compile(r"(?i)(authorization|api[_-]?key|token|secret|password|credential)")
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -60,8 +63,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 # took ~15): for ASCII the two agree. Other text takes the case-insensitive search, which
 # also matches what case-folding does not map to ASCII letters as the substitutions do
 # ("apı_key", "APİ_KEY").
-_WORDS = (r"pft_|authorization|bearer|api[_-]?key|access[_-]?token|secret|admin[_-]?token|"
-          r"password")
+_WORDS = (
+    r"pft_|authorization|bearer|api[_-]?key|access[_-]?token|secret|admin[_-]?token|"
+    r"password"
+)
 _MAY_HOLD_SECRET = re.compile(_WORDS)
 _MAY_HOLD_SECRET_ANY_CASE = re.compile("(?i)" + _WORDS)
 
@@ -105,8 +110,11 @@ def _redact_value(name: str, value: Any) -> Any:
         first = value[0] if value else None
         if isinstance(first, bytes):
             first = first.decode("latin-1")
-        items = ([value[0], REDACTED] if len(value) == 2 and isinstance(first, str)
-                 and _sensitive_name(first) else [_redact_value(name, v) for v in value])
+        items = (
+            [value[0], REDACTED]
+            if len(value) == 2 and isinstance(first, str) and _sensitive_name(first)
+            else [_redact_value(name, v) for v in value]
+        )
         return tuple(items) if isinstance(value, tuple) else items
     if isinstance(value, bytes | bytearray):
         return redact(value.decode("utf-8", "replace"))
@@ -229,28 +237,43 @@ def setup_logging(
     return handler
 
 
-def dict_config(level: str = "INFO", *, json_output: bool = True,
-                stream: str = "ext://sys.stderr") -> dict[str, Any]:
+def dict_config(
+    level: str = "INFO", *, json_output: bool = True, stream: str = "ext://sys.stderr"
+) -> dict[str, Any]:
     """The :func:`setup_logging` handler as a ``dictConfig`` dictionary (JSON-serialisable),
     for processes that configure logging themselves: every logger, ``vllm.*`` and
     ``uvicorn.*`` included, propagates to the one root handler with the redacting filter.
     Existing loggers stay enabled (vLLM creates its loggers before it applies a config)."""
     module = __name__
     formatter: dict[str, Any] = (
-        {"()": f"{module}.JsonFormatter"} if json_output
-        else {"()": f"{module}._TextFormatter",
-              "format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"})
+        {"()": f"{module}.JsonFormatter"}
+        if json_output
+        else {
+            "()": f"{module}._TextFormatter",
+            "format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        }
+    )
     level = level.upper()
     propagating = {"handlers": [], "level": level, "propagate": True}
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": f"{module}.VllmRequestIdFilter"},
-                    "redact": {"()": f"{module}.RedactingFilter"}},
+        "filters": {
+            "request_id": {"()": f"{module}.VllmRequestIdFilter"},
+            "redact": {"()": f"{module}.RedactingFilter"},
+        },
         "formatters": {"preft": formatter},
-        "handlers": {"preft": {"class": "logging.StreamHandler", "stream": stream,
-                               "formatter": "preft", "filters": ["request_id", "redact"]}},
-        "loggers": {name: dict(propagating)
-                    for name in ("vllm", "uvicorn", "uvicorn.error", "uvicorn.access")},
+        "handlers": {
+            "preft": {
+                "class": "logging.StreamHandler",
+                "stream": stream,
+                "formatter": "preft",
+                "filters": ["request_id", "redact"],
+            }
+        },
+        "loggers": {
+            name: dict(propagating)
+            for name in ("vllm", "uvicorn", "uvicorn.error", "uvicorn.access")
+        },
         "root": {"handlers": ["preft"], "level": level},
     }

@@ -21,8 +21,12 @@ from preft_serve.common.logging import setup_logging
 S = TypeVar("S", bound=BaseSettings)
 
 
-def load_settings(parser: argparse.ArgumentParser, settings_cls: type[S],
-                  overrides: dict[str, Any], env_prefix: str) -> S:
+def load_settings(
+    parser: argparse.ArgumentParser,
+    settings_cls: type[S],
+    overrides: dict[str, Any],
+    env_prefix: str,
+) -> S:
     """Settings from the environment with non-None flag ``overrides`` on top."""
     try:
         return settings_cls(**{k: v for k, v in overrides.items() if v is not None})
@@ -37,14 +41,24 @@ def serve(settings: Any, create_app: Callable[[Any], Any]) -> int:
     """Configure logging from ``settings`` and run the app until shutdown (uvicorn's own
     access lines are off: the apps log one richer line per request, common.access_log)."""
     setup_logging(settings.log_level, json_output=settings.log_json)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None,
-                access_log=False, timeout_keep_alive=settings.keepalive_s)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_keep_alive=settings.keepalive_s,
+    )
     return 0
 
 
-def add_settings_flags(parser: argparse.ArgumentParser, settings_cls: type[BaseSettings],
-                       env_prefix: str, fields: Iterable[str],
-                       flag_names: Mapping[str, str] | None = None) -> None:
+def add_settings_flags(
+    parser: argparse.ArgumentParser,
+    settings_cls: type[BaseSettings],
+    env_prefix: str,
+    fields: Iterable[str],
+    flag_names: Mapping[str, str] | None = None,
+) -> None:
     """One ``--flag`` per settings field, its help, type, choices and default read from the
     field itself, so a flag never repeats a default by hand. ``flag_names`` renames a
     field's flag (``worker_urls`` -> ``--workers``); values land on ``args.<field>``."""

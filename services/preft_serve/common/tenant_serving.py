@@ -2,7 +2,7 @@
 
 The registry stores them in the tenant's record (``PATCH /v1/tenants/{tenant}``, fields of
 the hash at ``RegistryKeys.tenant``) and the gateway reads them from there through a short
-cache (``gateway.tenant_settings``).
+cache (``gateway.tenant_serving``).
 """
 
 from __future__ import annotations

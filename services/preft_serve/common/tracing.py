@@ -106,14 +106,21 @@ def _sampler(ratio: float) -> Any:
         def __init__(self) -> None:
             self.ratio = TraceIdRatioBased(ratio)
 
-        def should_sample(self, parent_context: Any, trace_id: int, name: str,
-                          kind: SpanKind | None = None, attributes: Any = None,
-                          links: Sequence[Any] | None = None, trace_state: Any = None
-                          ) -> SamplingResult:
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: SpanKind | None = None,
+            attributes: Any = None,
+            links: Sequence[Any] | None = None,
+            trace_state: Any = None,
+        ) -> SamplingResult:
             if kind is SpanKind.CLIENT:
                 return SamplingResult(Decision.DROP)
-            return self.ratio.should_sample(parent_context, trace_id, name, kind,
-                                            attributes, links, trace_state)
+            return self.ratio.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
 
         def get_description(self) -> str:
             return f"RequestRoots{{{self.ratio.get_description()}}}"
@@ -129,11 +136,14 @@ def create_tracer_provider(config: TracingConfig) -> TracerProvider:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
     except ImportError as exc:
-        raise RuntimeError(f"tracing is on but OpenTelemetry is not installed: "
-                           f"{EXTRA_HINT}") from exc
+        raise RuntimeError(
+            f"tracing is on but OpenTelemetry is not installed: {EXTRA_HINT}"
+        ) from exc
     # Resource.create also reads OTEL_RESOURCE_ATTRIBUTES (pod name, namespace ...).
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: config.service_name}),
-                              sampler=_sampler(config.sample_ratio))
+    provider = TracerProvider(
+        resource=Resource.create({SERVICE_NAME: config.service_name}),
+        sampler=_sampler(config.sample_ratio),
+    )
     provider.add_span_processor(SPAN_PROCESSORS[config.exporter](config))
     return provider
 
@@ -145,14 +155,17 @@ def instrument_app(app: FastAPI, config: TracingConfig) -> TracerProvider:
     try:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
     except ImportError as exc:
-        raise RuntimeError(f"tracing is on but its FastAPI instrumentation is missing: "
-                           f"{EXTRA_HINT}") from exc
+        raise RuntimeError(
+            f"tracing is on but its FastAPI instrumentation is missing: {EXTRA_HINT}"
+        ) from exc
     provider = create_tracer_provider(config)
     FastAPIInstrumentor.instrument_app(
-        app, tracer_provider=provider,
+        app,
+        tracer_provider=provider,
         excluded_urls=",".join(f"{path}$" for path in config.excluded_paths) or None,
         # One span per request, not one more per ASGI message (a stream sends hundreds).
-        exclude_spans=["receive", "send"])
+        exclude_spans=["receive", "send"],
+    )
     return provider
 
 

@@ -14,11 +14,31 @@ from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 
 ENV_PREFIX = "PREFT_GATEWAY_"
-FLAGS = ("host", "port", "redis_url", "namespace", "discovery", "worker_urls",
-         "worker_dns_name", "worker_service", "worker_port", "tenant_rps", "user_rps",
-         "tenant_tpm", "user_tpm", "base_model_name", "worker_base_model", "max_body_bytes",
-         "max_tokens_cap", "registry_url", "log_json", "log_level", "tracing_enabled",
-         "tracing_exporter", "otlp_endpoint")
+FLAGS = (
+    "host",
+    "port",
+    "redis_url",
+    "namespace",
+    "discovery",
+    "worker_urls",
+    "worker_dns_name",
+    "worker_service",
+    "worker_port",
+    "tenant_rps",
+    "user_rps",
+    "tenant_tpm",
+    "user_tpm",
+    "base_model_name",
+    "worker_base_model",
+    "max_body_bytes",
+    "max_tokens_cap",
+    "registry_url",
+    "log_json",
+    "log_level",
+    "tracing_enabled",
+    "tracing_exporter",
+    "otlp_endpoint",
+)
 """Settings that also have a flag (every field is a PREFT_GATEWAY_* variable)."""
 
 

@@ -22,6 +22,7 @@ from preft_serve.gateway.fast_path import CompletionFastPath, redis_unavailable
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.openapi import document_models
 from preft_serve.gateway.routers import (
+    audit,
     completions,
     files,
     fine_tuning,
@@ -43,8 +44,9 @@ one named by `model`, else the one bound to `user` (or `safety_identifier`, or t
 else the base model. A user with no binding and no `model` gets 404. Errors are OpenAI's
 `{"error": {"message", "type", "param", "code"}}`.
 Every answer carries `x-request-id` (the client's `X-Request-Id` when sane, else a new one).
-`/v1/files` and `/v1/fine_tuning/jobs` are forwarded to the registry with the same key, so
-one OpenAI base URL serves the whole flow: upload data, train, list models, chat.
+`/v1/files`, `/v1/fine_tuning/jobs` and `/v1/audit` are forwarded to the registry with the
+same key, so one OpenAI base URL serves the whole flow: upload data, train, list models, chat,
+and read who changed what.
 """
 
 
@@ -52,10 +54,12 @@ async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
     return redis_unavailable(exc, request.app.state.metrics)
 
 
-def create_app(settings: GatewaySettings | None = None,
-               transport: httpx.AsyncBaseTransport | None = None,
-               registry: AsyncRegistryReader | None = None,
-               redis_client: aioredis.Redis | None = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    registry: AsyncRegistryReader | None = None,
+    redis_client: aioredis.Redis | None = None,
+) -> FastAPI:
     """Build the app; ``transport``, ``registry`` and ``redis_client`` replace the real
     ones (tests; a ``registry`` without ``redis_client`` means no rate limits)."""
     settings = settings or GatewaySettings()
@@ -63,38 +67,49 @@ def create_app(settings: GatewaySettings | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = await GatewayState.build(settings, metrics, transport, registry,
-                                         redis=redis_client, tracer_provider=tracer_provider)
+        state = await GatewayState.build(
+            settings,
+            metrics,
+            transport,
+            registry,
+            redis=redis_client,
+            tracer_provider=tracer_provider,
+        )
         app.state.gateway = state
-        logger.info("gateway ready: %d workers, redis namespace %s",
-                    len(state.pool.workers), settings.namespace)
+        logger.info(
+            "gateway ready: %d workers, redis namespace %s",
+            len(state.pool.workers),
+            settings.namespace,
+        )
         try:
             yield
         finally:
             await state.aclose()
 
-    app = FastAPI(title="preft-serve gateway", version=__version__, description=DESCRIPTION,
-                  lifespan=lifespan)
+    app = FastAPI(
+        title="preft-serve gateway", version=__version__, description=DESCRIPTION, lifespan=lifespan
+    )
     app.state.metrics = metrics
     install_error_handlers(app)
     app.add_exception_handler(redis.RedisError, _redis_unavailable)
     # Innermost of the middlewares: completions skip FastAPI's router (see fast_path).
     app.add_middleware(CompletionFastPath)
-    upload_limit = (settings.max_upload_bytes,
-                    f"upload exceeds this gateway's {settings.max_upload_bytes}-byte limit; "
-                    "upload a smaller file or ask the operator to raise "
-                    "PREFT_GATEWAY_MAX_UPLOAD_BYTES (and the registry's "
-                    "PREFT_REGISTRY_MAX_UPLOAD_BYTES)")
+    upload_limit = (
+        settings.max_upload_bytes,
+        f"upload exceeds this gateway's {settings.max_upload_bytes}-byte limit; "
+        "upload a smaller file (split the data over several files)",
+    )
     app.add_middleware(
-        BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
         message=f"request body exceeds this gateway's {settings.max_body_bytes}-byte limit; "
-                "send a shorter prompt or ask the operator to raise "
-                "PREFT_GATEWAY_MAX_BODY_BYTES",
+        "send a shorter request (fewer or shorter prompts or messages)",
         # Uploads are streamed to the registry, not buffered: they get the registry's limit.
-        paths={"/v1/files": upload_limit})
+        paths={"/v1/files": upload_limit},
+    )
     # Outermost: every answer (a 413 from the body limit too) carries the request id.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (completions, responses, models, files, fine_tuning, tokenize, health):
+    for module in (completions, responses, models, files, fine_tuning, audit, tokenize, health):
         app.include_router(module.router)
     document_models(app, *fine_tuning.BODY_MODELS)
     tracer_provider = instrument_app(app, settings.tracing) if settings.tracing_enabled else None

@@ -13,13 +13,15 @@ from preft_serve.common.errors import Unauthorized
 from preft_serve.common.registry_client import KeyOwner
 from preft_serve.gateway.state import GatewayState
 
-_tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
-                            description="A tenant API key (pft_...)")
+_tenant_bearer = HTTPBearer(
+    auto_error=False, scheme_name="TenantApiKey", description="A tenant API key (pft_...)"
+)
 
 
 async def get_state(request: Request) -> GatewayState:
     """Async so FastAPI does not hop to its thread pool for every request."""
-    return request.app.state.gateway
+    state: GatewayState = request.app.state.gateway
+    return state
 
 
 StateDep = Annotated[GatewayState, Depends(get_state)]
@@ -31,7 +33,8 @@ def _counted(state: GatewayState, error: Unauthorized) -> Unauthorized:
 
 
 async def require_tenant(
-    request: Request, state: StateDep,
+    request: Request,
+    state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_tenant_bearer)],
 ) -> KeyOwner:
     return await _owner(state, request, credentials.credentials if credentials else None)
@@ -48,12 +51,18 @@ async def authenticate(state: GatewayState, request: Request) -> KeyOwner:
 
 async def _owner(state: GatewayState, request: Request, api_key: str | None) -> KeyOwner:
     if api_key is None:
-        raise _counted(state, Unauthorized("missing credentials: send 'Authorization: Bearer "
-                                           "<tenant API key>'", code="missing_api_key"))
+        raise _counted(
+            state,
+            Unauthorized(
+                "missing credentials: send 'Authorization: Bearer <tenant API key>'",
+                code="missing_api_key",
+            ),
+        )
     owner = await state.registry.authenticate(api_key)
     if owner is None:
-        raise _counted(state, Unauthorized("invalid API key: use a key issued by the registry "
-                                           "for your tenant"))
+        raise _counted(
+            state, Unauthorized("invalid API key: use a key issued by the registry for your tenant")
+        )
     access_fields(request)["tenant"] = owner.tenant
     return owner
 

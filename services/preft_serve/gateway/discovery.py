@@ -94,8 +94,9 @@ class KubernetesSource:
     """The EndpointSlices of the workers' Service, read through the ``kubernetes`` client
     (in-cluster service account; needs get/list on ``discovery.k8s.io`` endpointslices)."""
 
-    def __init__(self, service: str, namespace: str, port: int, scheme: str = "http",
-                 api_client: Any = None) -> None:
+    def __init__(
+        self, service: str, namespace: str, port: int, scheme: str = "http", api_client: Any = None
+    ) -> None:
         from kubernetes import client, config
 
         if api_client is None:
@@ -109,8 +110,11 @@ class KubernetesSource:
 
     async def urls(self) -> list[str]:
         result = await asyncio.to_thread(
-            self.api.list_namespaced_endpoint_slice, self.namespace,
-            label_selector=f"{SERVICE_NAME_LABEL}={self.service}", _request_timeout=10)
+            self.api.list_namespaced_endpoint_slice,
+            self.namespace,
+            label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
+            _request_timeout=10,
+        )
         return endpoint_slice_urls(result.items, self.port, self.scheme)
 
     def describe(self) -> str:
@@ -147,10 +151,15 @@ def create_decode_source(settings: GatewaySettings) -> WorkerSource | None:
     """The decode pool's source, of the same discovery kind (None: no decode pool)."""
     if not settings.has_decode_pool:
         return None
-    return create_source(settings.model_copy(update={
-        "worker_urls": settings.decode_worker_urls,
-        "worker_dns_name": settings.decode_worker_dns_name,
-        "worker_service": settings.decode_worker_service}))
+    return create_source(
+        settings.model_copy(
+            update={
+                "worker_urls": settings.decode_worker_urls,
+                "worker_dns_name": settings.decode_worker_dns_name,
+                "worker_service": settings.decode_worker_service,
+            }
+        )
+    )
 
 
 def _static(settings: GatewaySettings) -> WorkerSource:
@@ -164,9 +173,12 @@ def _dns(settings: GatewaySettings) -> WorkerSource:
 
 def _kubernetes(settings: GatewaySettings) -> WorkerSource:
     assert settings.worker_service
-    return KubernetesSource(settings.worker_service,
-                            settings.worker_k8s_namespace or own_namespace(),
-                            settings.worker_port, settings.worker_scheme)
+    return KubernetesSource(
+        settings.worker_service,
+        settings.worker_k8s_namespace or own_namespace(),
+        settings.worker_port,
+        settings.worker_scheme,
+    )
 
 
 register_discovery(DiscoveryKind.STATIC, _static)

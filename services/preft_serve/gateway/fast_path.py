@@ -36,8 +36,9 @@ def redis_unavailable(exc: Exception, metrics: GatewayMetrics) -> JSONResponse:
     like every other failure."""
     logger.error("Redis unavailable: %s", exc)
     metrics.errors.labels(ServiceUnavailable.code).inc()
-    return error_response(503, ServiceUnavailable.code,
-                          "the registry's Redis is unavailable; retry shortly")
+    return error_response(
+        503, ServiceUnavailable.code, "the registry's Redis is unavailable; retry shortly"
+    )
 
 
 ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat

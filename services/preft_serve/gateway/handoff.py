@@ -44,24 +44,64 @@ from preft_serve.gateway.state import GatewayState
 DECODE_PATH = "/v1/completions"
 # What a prefill worker needs to keep the prompt's KV for a decode worker (vLLM's NIXL
 # connector fills in the rest of its answer's kv_transfer_params).
-REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False,
-                 "remote_engine_id": None, "remote_block_ids": None,
-                 "remote_host": None, "remote_port": None}
+REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 # Sampling fields that mean the same on the decode hop, carried over as they are.
-CARRIED = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-           "ignore_eos", "repetition_penalty", "skip_special_tokens",
-           "spaces_between_special_tokens", "include_stop_str_in_output")
+CARRIED = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "repetition_penalty",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+)
 # Fields either hop can take as the client sent them (everything else: served whole).
-_COMMON = {"model", "max_tokens", "stream", "stream_options", "user", "safety_identifier",
-           "return_token_ids", "cache_salt", "priority", *CARRIED}
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "chat_template",
-                   "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}
+_COMMON = {
+    "model",
+    "max_tokens",
+    "stream",
+    "stream_options",
+    "user",
+    "safety_identifier",
+    "return_token_ids",
+    "cache_salt",
+    "priority",
+    *CARRIED,
+}
+_CHAT = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+}
 _TEXT = _COMMON | {"prompt"}
 # Fields accepted at their no-op value ("n": 1, "logprobs": false ...).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "logprobs": (False, None), "top_logprobs": (0, None),
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "echo": (False,),
-    "min_tokens": (0,), "tools": ([],), "parallel_tool_calls": (True, False)}
+    "n": (1,),
+    "best_of": (1,),
+    "logprobs": (False, None),
+    "top_logprobs": (0, None),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "echo": (False,),
+    "min_tokens": (0,),
+    "tools": ([],),
+    "parallel_tool_calls": (True, False),
+}
 
 
 def unified_reason(body: dict[str, Any], chat: bool, target: Target) -> str | None:
@@ -87,7 +127,8 @@ def _max_tokens(body: dict[str, Any], chat: bool) -> int:
 
 def _single_prompt(prompt: Any) -> bool:
     return isinstance(prompt, str) or (
-        isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int))
+        isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
+    )
 
 
 @dataclass
@@ -107,9 +148,14 @@ class FirstToken:
         text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
         # Chat answers carry the prompt's ids at the top, text completions per choice.
         prompt_ids = payload.get("prompt_token_ids") or choice.get("prompt_token_ids")
-        return cls(payload, list(prompt_ids or []),
-                   list(choice.get("token_ids") or []), text or "",
-                   choice.get("finish_reason"), payload.get("kv_transfer_params"))
+        return cls(
+            payload,
+            list(prompt_ids or []),
+            list(choice.get("token_ids") or []),
+            text or "",
+            choice.get("finish_reason"),
+            payload.get("kv_transfer_params"),
+        )
 
     @property
     def handed_off(self) -> bool:
@@ -133,13 +179,18 @@ def prefill_body(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     return hop
 
 
-def decode_body(body: dict[str, Any], chat: bool, first: FirstToken,
-                worker_model: str) -> dict[str, Any]:
+def decode_body(
+    body: dict[str, Any], chat: bool, first: FirstToken, worker_model: str
+) -> dict[str, Any]:
     hop: dict[str, Any] = {k: body[k] for k in CARRIED if k in body}
-    hop.update(model=worker_model, prompt=first.prompt_ids + first.token_ids,
-               max_tokens=_max_tokens(body, chat) - len(first.token_ids),
-               kv_transfer_params=first.kv_params, return_token_ids=True,
-               stream=bool(body.get("stream")))
+    hop.update(
+        model=worker_model,
+        prompt=first.prompt_ids + first.token_ids,
+        max_tokens=_max_tokens(body, chat) - len(first.token_ids),
+        kv_transfer_params=first.kv_params,
+        return_token_ids=True,
+        stream=bool(body.get("stream")),
+    )
     if hop["stream"]:
         hop["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return hop
@@ -153,16 +204,27 @@ def client_usage(first: FirstToken, decode_usage: Any) -> dict[str, Any] | None:
     prefill_usage = first.payload.get("usage") or {}
     prompt = len(first.prompt_ids) or int(prefill_usage.get("prompt_tokens") or 0)
     completion = len(first.token_ids) + int(decode_usage.get("completion_tokens") or 0)
-    return {**decode_usage, "prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": prefill_usage.get("prompt_tokens_details")}
+    return {
+        **decode_usage,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": prefill_usage.get("prompt_tokens_details"),
+    }
 
 
 class Handoff:
     """One request across the two pools; :meth:`first_token` then :meth:`decode`."""
 
-    def __init__(self, state: GatewayState, target: Target, body: dict[str, Any],
-                 chat: bool, path: str, request_id: str | None) -> None:
+    def __init__(
+        self,
+        state: GatewayState,
+        target: Target,
+        body: dict[str, Any],
+        chat: bool,
+        path: str,
+        request_id: str | None,
+    ) -> None:
         self.state, self.target, self.body = state, target, body
         self.chat, self.path, self.request_id = chat, path, request_id
         self.stream = bool(body.get("stream"))
@@ -183,13 +245,19 @@ class Handoff:
         text = first.text
         return isinstance(stops, list) and any(
             isinstance(stop, str) and any(text.endswith(stop[:k]) for k in range(1, len(stop)))
-            for stop in stops)
+            for stop in stops
+        )
 
     async def prefill(self) -> tuple[Upstream, bytes]:
         """The prefill hop, on the adapter's worker: its answer, read whole (closed)."""
-        upstream = await open_upstream(self.state.calls, self.state.pool,
-                                       self.target.routing_key, self.path,
-                                       prefill_body(self.body, self.chat), self.request_id)
+        upstream = await open_upstream(
+            self.state.calls,
+            self.state.pool,
+            self.target.routing_key,
+            self.path,
+            prefill_body(self.body, self.chat),
+            self.request_id,
+        )
         return upstream, await read_whole(upstream)
 
     async def open_decode(self, first: FirstToken) -> Upstream:
@@ -198,10 +266,14 @@ class Handoff:
         if pool is None:
             raise ServiceUnavailable("no decode pool")
         key = self.request_id or f"{time.monotonic_ns()}"
-        return await open_upstream(self.state.calls, pool, key, DECODE_PATH,
-                                   decode_body(self.body, self.chat, first,
-                                               self.state.settings.worker_model),
-                                   self.request_id)
+        return await open_upstream(
+            self.state.calls,
+            pool,
+            key,
+            DECODE_PATH,
+            decode_body(self.body, self.chat, first, self.state.settings.worker_model),
+            self.request_id,
+        )
 
     def answer(self, first: FirstToken, decoded: dict[str, Any] | None) -> dict[str, Any]:
         """The whole answer as one worker would have written it."""
@@ -236,30 +308,52 @@ class Handoff:
         finish = first.finish_reason if first.complete else None
         base = self._chunk_fields(first)
         usage = self._first_usage(first) if self.chunk_usage else None
-        text = self._chunk(base, {"content": first.text} if self.chat else first.text, finish,
-                           first.token_ids, usage)
+        text = self._chunk(
+            base,
+            {"content": first.text} if self.chat else first.text,
+            finish,
+            first.token_ids,
+            usage,
+        )
         if self.chat:
-            opening = {**usage, "completion_tokens": 0,
-                       "total_tokens": usage["prompt_tokens"]} if usage else None
-            return [self._chunk(base, {"role": "assistant", "content": ""}, None,
-                                usage=opening), text]
+            opening = (
+                {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
+                if usage
+                else None
+            )
+            return [
+                self._chunk(base, {"role": "assistant", "content": ""}, None, usage=opening),
+                text,
+            ]
         return [text]
 
     @staticmethod
     def _first_usage(first: FirstToken) -> dict[str, Any]:
         """The running totals up to the first token, as the chunk that carries it shows."""
         prompt = len(first.prompt_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": len(first.token_ids),
-                "total_tokens": prompt + len(first.token_ids)}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": len(first.token_ids),
+            "total_tokens": prompt + len(first.token_ids),
+        }
 
     def _chunk_fields(self, first: FirstToken) -> dict[str, Any]:
         """What every event of the stream says: the prefill answer's id and time."""
-        return {"id": first.payload.get("id"), "created": first.payload.get("created"),
-                "model": self.target.public_name,
-                "object": "chat.completion.chunk" if self.chat else "text_completion"}
+        return {
+            "id": first.payload.get("id"),
+            "created": first.payload.get("created"),
+            "model": self.target.public_name,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+        }
 
-    def _chunk(self, base: dict[str, Any], content: Any, finish: str | None,
-               ids: list[int] | None = None, usage: dict[str, Any] | None = None) -> bytes:
+    def _chunk(
+        self,
+        base: dict[str, Any],
+        content: Any,
+        finish: str | None,
+        ids: list[int] | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> bytes:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
         if self.chat:
             choice["delta"] = content
@@ -276,8 +370,9 @@ class Handoff:
         payload = {**self._chunk_fields(first), "choices": [], "usage": usage}
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
-    async def relay_decode(self, first: FirstToken, upstream: Upstream,
-                           on_usage: Callable[[Any], None]) -> AsyncIterator[bytes]:
+    async def relay_decode(
+        self, first: FirstToken, upstream: Upstream, on_usage: Callable[[Any], None]
+    ) -> AsyncIterator[bytes]:
         """The decode worker's stream as the rest of the client's stream."""
         base = self._chunk_fields(first)
         usage: dict[str, Any] | None = None
@@ -298,16 +393,25 @@ class Handoff:
                         content: Any = choice.get("text") or ""
                         if self.chat:
                             content = {"content": content}
-                        out.append(self._chunk(base, content, choice.get("finish_reason"),
-                                               choice.get("token_ids"),
-                                               usage if self.chunk_usage else None))
+                        out.append(
+                            self._chunk(
+                                base,
+                                content,
+                                choice.get("finish_reason"),
+                                choice.get("token_ids"),
+                                usage if self.chunk_usage else None,
+                            )
+                        )
                 if out:
                     yield b"".join(out)
         except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
             # Headers are sent: end the stream with an error event.
             self.state.metrics.errors.labels("bad_gateway").inc()
-            error = error_body(502, f"the decode worker's stream broke: "
-                               f"{exc.__class__.__name__}", code="bad_gateway")
+            error = error_body(
+                502,
+                f"the decode worker's stream broke: {exc.__class__.__name__}",
+                code="bad_gateway",
+            )
             yield b"data: " + orjson.dumps(error) + b"\n\n"
         finally:
             if usage is not None:

@@ -65,70 +65,128 @@ class GatewayMetrics:
         self._adapters = BoundedLabels(max_adapters)
         self.tenant_label = BoundedLabels(max_tenants)
         self.requests = Counter(
-            "preft_gateway_requests_total", "Completion requests by adapter and HTTP status",
-            ["adapter", "status"], registry=self.registry)
+            "preft_gateway_requests_total",
+            "Completion requests by adapter and HTTP status",
+            ["adapter", "status"],
+            registry=self.registry,
+        )
         self.prompt_tokens = Counter(
-            "preft_gateway_prompt_tokens_total", "Prompt tokens reported by workers",
-            ["adapter"], registry=self.registry)
+            "preft_gateway_prompt_tokens_total",
+            "Prompt tokens reported by workers",
+            ["adapter"],
+            registry=self.registry,
+        )
         self.generation_tokens = Counter(
-            "preft_gateway_generation_tokens_total", "Generated tokens reported by workers",
-            ["adapter"], registry=self.registry)
+            "preft_gateway_generation_tokens_total",
+            "Generated tokens reported by workers",
+            ["adapter"],
+            registry=self.registry,
+        )
         self.tenant_requests = Counter(
-            "preft_gateway_tenant_requests_total", "Completion requests of authenticated "
+            "preft_gateway_tenant_requests_total",
+            "Completion requests of authenticated "
             "tenants by HTTP status (429s and other refusals included)",
-            ["tenant", "status"], registry=self.registry)
+            ["tenant", "status"],
+            registry=self.registry,
+        )
         self.tenant_tokens = Counter(
-            "preft_gateway_tenant_tokens_total", "Tokens reported by workers per tenant; "
-            "kind: prompt or completion", ["tenant", "kind"], registry=self.registry)
+            "preft_gateway_tenant_tokens_total",
+            "Tokens reported by workers per tenant; kind: prompt or completion",
+            ["tenant", "kind"],
+            registry=self.registry,
+        )
         self.usage_write_failures = Counter(
-            "preft_gateway_usage_write_failures_total", "Per-day usage counters that could "
+            "preft_gateway_usage_write_failures_total",
+            "Per-day usage counters that could "
             "not be written to Redis (error or slower than the usage timeout)",
-            registry=self.registry)
+            registry=self.registry,
+        )
         self.latency = Histogram(
-            "preft_gateway_request_seconds", "Completion request latency (to the last byte) "
-            "of requests a worker answered", ["adapter"], registry=self.registry,
-            buckets=LATENCY_BUCKETS)
+            "preft_gateway_request_seconds",
+            "Completion request latency (to the last byte) of requests a worker answered",
+            ["adapter"],
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.ttft = Histogram(
-            "preft_gateway_ttft_seconds", "Time to first token of streamed completions: from "
+            "preft_gateway_ttft_seconds",
+            "Time to first token of streamed completions: from "
             "the request's arrival to the first generated text sent to the client",
-            ["adapter"], registry=self.registry, buckets=TTFT_BUCKETS)
+            ["adapter"],
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
+        )
         self.rate_limited = Counter(
-            "preft_gateway_rate_limited_total", "Requests refused with 429 by a rate limit",
-            ["scope"], registry=self.registry)
+            "preft_gateway_rate_limited_total",
+            "Requests refused with 429 by a rate limit",
+            ["scope"],
+            registry=self.registry,
+        )
         self.workers = Gauge(
-            "preft_gateway_workers", "Workers known to this gateway by health state",
-            ["state"], registry=self.registry)
+            "preft_gateway_workers",
+            "Workers known to this gateway by health state",
+            ["state"],
+            registry=self.registry,
+        )
         self.decode_workers = Gauge(
-            "preft_gateway_decode_workers", "Decode-pool workers (no adapters) known to this "
-            "gateway by health state", ["state"], registry=self.registry)
+            "preft_gateway_decode_workers",
+            "Decode-pool workers (no adapters) known to this gateway by health state",
+            ["state"],
+            registry=self.registry,
+        )
         self.handoffs = Counter(
-            "preft_gateway_handoffs_total", "Requests served by the two pools: decoded (the "
+            "preft_gateway_handoffs_total",
+            "Requests served by the two pools: decoded (the "
             "decode pool continued it), first_token (it ended at its first token, no decode "
             "hop), fallback (no decode worker reachable, or a stop string could span the "
             "hops: served whole by the prefill pool), "
             "decode_failed (the decode hop failed after the prefill)",
-            ["result"], registry=self.registry)
+            ["result"],
+            registry=self.registry,
+        )
         self.unified = Counter(
-            "preft_gateway_unified_total", "Requests a gateway with a decode pool served "
+            "preft_gateway_unified_total",
+            "Requests a gateway with a decode pool served "
             "whole on one worker, by why: all_token_adapter, one_token, option (a field "
             "whose meaning spans both hops: n, logprobs, tools, structured output...)",
-            ["reason"], registry=self.registry)
+            ["reason"],
+            registry=self.registry,
+        )
         self.handoff_seconds = Histogram(
-            "preft_gateway_handoff_seconds", "From the prefill worker's answer to the decode "
+            "preft_gateway_handoff_seconds",
+            "From the prefill worker's answer to the decode "
             "worker's first byte: KV transfer plus the decode worker's queue",
-            registry=self.registry, buckets=TTFT_BUCKETS)
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
+        )
         self.routing = Counter(
-            "preft_gateway_routing_total", "Routing decisions: the adapter's own worker "
+            "preft_gateway_routing_total",
+            "Routing decisions: the adapter's own worker "
             "(resident, preferred), one of a hot adapter's replicas (replica) or the next "
             "one because of the load cap (spill)",
-            ["result"], registry=self.registry)
+            ["result"],
+            registry=self.registry,
+        )
         self.errors = Counter(
-            "preft_gateway_errors_total", "Failed requests by cause", ["cause"],
-            registry=self.registry)
+            "preft_gateway_errors_total",
+            "Failed requests by cause",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.registry_calls = Gauge(
+            "preft_gateway_registry_calls",
+            "Files and fine-tuning calls this gateway has "
+            "open to the registry: uploads, and the others",
+            ["kind"],
+            registry=self.registry,
+        )
         self.registry_cache = Gauge(
-            "preft_gateway_registry_cache_entries", "Entries in the registry client's lookup "
-            "caches (bounded by PREFT_GATEWAY_REGISTRY_CACHE_ENTRIES each)", ["cache"],
-            registry=self.registry)
+            "preft_gateway_registry_cache_entries",
+            "Entries in the registry client's lookup "
+            "caches (bounded by PREFT_GATEWAY_REGISTRY_CACHE_ENTRIES each)",
+            ["cache"],
+            registry=self.registry,
+        )
         # The per-request series, through cached children (see Children).
         self._requests = Children(self.requests)
         self._tenant_requests = Children(self.tenant_requests)
@@ -136,12 +194,17 @@ class GatewayMetrics:
         self._generation_tokens = Children(self.generation_tokens)
         self._tenant_tokens = Children(self.tenant_tokens)
         self.latency_of, self.ttft_of = Children(self.latency), Children(self.ttft)
-        self.routing_of = Children(self.routing)
+        self.routing_of, self.errors_of = Children(self.routing), Children(self.errors)
 
     def watch_registry_cache(self, sizes: Callable[[], dict[str, int]]) -> None:
         """Read the cache sizes at every scrape."""
         for name in REGISTRY_CACHES:
             self.registry_cache.labels(name).set_function(partial(_entries, sizes, name))
+
+    def watch_registry_calls(self, uploads: Callable[[], int], others: Callable[[], int]) -> None:
+        """Read the open forwarded calls at every scrape."""
+        self.registry_calls.labels("upload").set_function(uploads)
+        self.registry_calls.labels("other").set_function(others)
 
     def adapter_label(self, name: str) -> str:
         """``name`` while under the cardinality budget, else ``other``."""
@@ -152,9 +215,14 @@ class GatewayMetrics:
         self._requests(label, code).inc()
         self._tenant_requests(tenant_label, code).inc()
 
-    def record_usage(self, label: str, usage: object, tenant_label: str | None = None) -> None:
-        """Add an OpenAI ``usage`` object's token counts (ignores anything malformed)."""
-        prompt, completion = token_counts(usage)
+    def record_tokens(
+        self,
+        label: str,
+        prompt: int | None,
+        completion: int | None,
+        tenant_label: str | None = None,
+    ) -> None:
+        """Add a request's token counts (None: not known)."""
         if prompt is not None:
             self._prompt_tokens(label).inc(prompt)
             if tenant_label is not None:
@@ -171,8 +239,9 @@ def token_counts(usage: object) -> tuple[int | None, int | None]:
     if not isinstance(usage, dict):
         return None, None
     counts = [usage.get(f) for f in ("prompt_tokens", "completion_tokens")]
-    prompt, completion = (c if isinstance(c, int) and not isinstance(c, bool) and c >= 0
-                          else None for c in counts)
+    prompt, completion = (
+        c if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else None for c in counts
+    )
     return prompt, completion
 
 

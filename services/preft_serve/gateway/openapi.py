@@ -2,9 +2,11 @@
 
 The routes read the body as raw JSON (``gateway.validation``) so that fields the gateway
 does not act on reach vLLM unchanged; these schemas document what the gateway itself
-checks (400 otherwise) and nothing more: everything else is the worker's (vLLM's) to
-judge. Limits that are settings (``PREFT_GATEWAY_MAX_*``) or that span fields (prompts x
-choices x max_tokens) are in the descriptions, not in the schemas.
+checks (400 otherwise), rendered from the table it checks with (``gateway.body_rules``),
+and nothing more: everything else is the worker's (vLLM's) to judge. Limits that are the
+deployment's settings or that span fields (prompts x choices x max_tokens) are in the
+descriptions, not in the schemas, and by what they bound rather than by the setting's name
+(the document is served to tenants; a refusal states the value).
 """
 
 from __future__ import annotations
@@ -15,104 +17,170 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-_NAME = {"type": ["string", "null"], "maxLength": 256}
-_POSITIVE = {"type": ["integer", "null"], "minimum": 1}
-_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
-
-_COMMON: dict[str, Any] = {
-    "model": {**_NAME, "description": "One of your adapters, or the base model's name; "
-              "omitted: the adapter bound to `user`"},
-    "user": {**_NAME, "description": "End user whose adapter binding applies (or the "
-             "X-User-Id header)"},
-    "adapter_id": {"type": "string", "minLength": 1, "maxLength": 256,
-                   "description": "LoRAX's way to name one of your adapters, as `model` does"},
-    "max_tokens": {**_POSITIVE, "description": "At most PREFT_GATEWAY_MAX_TOKENS_CAP; "
-                   "omitted: filled in by the gateway"},
-    "n": {**_POSITIVE, "description": "Choices; at most PREFT_GATEWAY_MAX_CHOICES"},
-    "best_of": _POSITIVE,
-    "stream": {"type": "boolean"},
-}
+from preft_serve.gateway import body_rules
+from preft_serve.gateway.body_rules import Rule
 
 
-def _body(properties: dict[str, Any], required: str, what: str,
-          example: dict[str, Any]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "required": [required], "additionalProperties": True,
-        "properties": {**properties, **_COMMON}, "examples": [example],
-        "description": f"An OpenAI {what} request. prompts x max(n, best_of) x max_tokens "
-                       "is at most PREFT_GATEWAY_MAX_REQUEST_TOKENS; JSON nests at most "
-                       "PREFT_GATEWAY_MAX_JSON_DEPTH levels; other fields go to the worker "
-                       "unchanged."}}}}}
+def _properties(rules: dict[str, Rule]) -> dict[str, Any]:
+    return {field: rule.openapi() for field, rule in rules.items()}
 
 
-CHAT_BODY = _body({
-    "messages": {"type": "array", "minItems": 1, "description": "The chat so far"},
-    "max_completion_tokens": _POSITIVE,
-}, "messages", "chat completion", {"model": "support-bot", "max_tokens": 32,
-                                    "messages": [{"role": "user", "content": "Hello!"}]})
+def _body(
+    rules: dict[str, Rule], required: str, what: str, example: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": [required],
+                        "additionalProperties": True,
+                        "properties": _properties(rules),
+                        "examples": [example],
+                        "description": f"An OpenAI {what} request. prompts x max(n, best_of) x "
+                        "max_tokens "
+                        "is at most this gateway's cap on one request's output, and JSON nests "
+                        "at most its cap on depth (a refusal states both values); other fields "
+                        "go to the worker unchanged.",
+                    }
+                }
+            },
+        }
+    }
 
-COMPLETION_BODY = _body({
-    "prompt": {"anyOf": [
-        {"type": "string"},
-        {"type": "array", "minItems": 1, "items": {"type": "string"}},
-        _TOKEN_IDS,
-        {"type": "array", "minItems": 1, "items": _TOKEN_IDS},
-    ], "description": "At most PREFT_GATEWAY_MAX_PROMPTS prompts, each at most "
-                      "PREFT_GATEWAY_MAX_PROMPT_TOKEN_IDS token ids"},
-}, "prompt", "completion", {"model": "support-bot", "prompt": "Once upon a time",
-                             "max_tokens": 32})
 
-def _tokenizer_body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "additionalProperties": True, "examples": [example],
-        "properties": {**properties, "model": _COMMON["model"]},
-        "description": "vLLM's tokenizer request; the base model's tokenizer, which every "
-                       "adapter shares"}}}}}
+CHAT_BODY = _body(
+    body_rules.CHAT,
+    "messages",
+    "chat completion",
+    {"model": "support-bot", "max_tokens": 32, "messages": [{"role": "user", "content": "Hello!"}]},
+)
+COMPLETION_BODY = _body(
+    body_rules.COMPLETION,
+    "prompt",
+    "completion",
+    {"model": "support-bot", "prompt": "Once upon a time", "max_tokens": 32},
+)
 
 
-TOKENIZE_BODY = _tokenizer_body({
-    "prompt": {"type": "string"},
-    "messages": {"type": "array", "minItems": 1, "description": "Tokenized through the "
-                 "chat template"},
-}, {"prompt": "Once upon a time"})
-DETOKENIZE_BODY = _tokenizer_body({"tokens": {"type": "array", "items": {
-    "type": "integer", "minimum": 0}}}, {"tokens": [9906, 1917]})
+def _tokenizer_body(
+    properties: dict[str, Any], example: dict[str, Any], required: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    schema_required = {"required": list(required)} if required else {}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        **schema_required,
+                        "additionalProperties": True,
+                        "examples": [example],
+                        "properties": {**properties, "model": body_rules.NAMES["model"].openapi()},
+                        "description": "vLLM's tokenizer request; the base model's tokenizer, "
+                        "which every adapter shares",
+                    }
+                }
+            },
+        }
+    }
+
+
+TOKENIZE_BODY = _tokenizer_body(
+    {
+        "prompt": {"type": "string"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "description": "Tokenized through the chat template",
+        },
+    },
+    {"prompt": "Once upon a time"},
+)
+DETOKENIZE_BODY = _tokenizer_body(
+    {"tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+    {"tokens": [9906, 1917]},
+    required=("tokens",),
+)
 
 # The worker's answer: JSON, or server-sent events with "stream": true.
-OK_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
-    "description": "The worker's answer, `model` rewritten to the adapter's name",
-    "content": {"application/json": {"schema": {"type": "object"}},
-                "text/event-stream": {"schema": {
-                    "type": "object", "required": ["data"],
-                    "properties": {"data": {"type": "string", "description":
-                                            "A JSON chunk, or [DONE] at the end"}}}}},
-}}
+OK_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The worker's answer, `model` rewritten to the adapter's name",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {
+                        "data": {
+                            "type": "string",
+                            "description": "A JSON chunk, or [DONE] at the end",
+                        }
+                    },
+                }
+            },
+        },
+    }
+}
 
 # The routes the gateway forwards to the registry (``gateway.registry_proxy``): the bodies
 # are the registry's to check, so they are documented with the registry's own models.
-UPLOAD_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
-    "multipart/form-data": {"schema": {
-        "type": "object", "required": ["file", "purpose"],
-        "properties": {
-            "file": {"type": "string", "format": "binary",
-                     "description": "JSONL, one {\"messages\": [...]} per line"},
-            "purpose": {"type": "string", "enum": ["fine-tune"]}},
-        "description": "At most PREFT_GATEWAY_MAX_UPLOAD_BYTES, streamed to the registry, "
-                       "which validates every line before it stores anything"}}}}}
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": 'JSONL, one {"messages": [...]} per line',
+                        },
+                        "purpose": {"type": "string", "enum": ["fine-tune"]},
+                    },
+                    "description": "At most this gateway's upload limit, streamed to the registry, "
+                    "which validates every line before it stores anything",
+                }
+            }
+        },
+    }
+}
 
 
 def query(*names: str) -> dict[str, Any]:
     """Query parameters passed to the registry as they are (it checks them)."""
-    return {"parameters": [{"name": name, "in": "query", "required": False,
-                            "schema": {"type": "integer" if name == "limit" else "string"}}
-                           for name in names]}
+    return {
+        "parameters": [
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "schema": {"type": "integer" if name == "limit" else "string"},
+            }
+            for name in names
+        ]
+    }
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """A JSON request body documented by ``model`` (added to the components by
     :func:`document_models`), without the gateway parsing it."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            },
+        }
+    }
 
 
 def document_models(app: FastAPI, *models: type[BaseModel]) -> None:
@@ -123,8 +191,9 @@ def document_models(app: FastAPI, *models: type[BaseModel]) -> None:
         if app.openapi_schema is not None:
             return app.openapi_schema
         spec = build()
-        _, defs = models_json_schema([(m, "validation") for m in models],
-                                     ref_template="#/components/schemas/{model}")
+        _, defs = models_json_schema(
+            [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+        )
         schemas = spec.setdefault("components", {}).setdefault("schemas", {})
         for name, schema in defs.get("$defs", {}).items():
             schemas.setdefault(name, schema)
@@ -132,32 +201,47 @@ def document_models(app: FastAPI, *models: type[BaseModel]) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
-RESPONSES_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": {
-        "type": "object", "required": ["input"], "additionalProperties": True,
-        "properties": {
-            "input": {"anyOf": [{"type": "string", "minLength": 1},
-                                {"type": "array", "minItems": 1}],
-                      "description": "The whole conversation (responses are not stored: "
-                                     "previous_response_id, conversation and background "
-                                     "are refused)"},
-            "max_output_tokens": {**_POSITIVE, "description": "At most "
-                                  "PREFT_GATEWAY_MAX_TOKENS_CAP; omitted: filled in"},
-            **{k: v for k, v in _COMMON.items() if k in ("model", "user", "adapter_id",
-                                                         "stream")}},
-        "examples": [{"model": "support-bot", "input": "Hello!", "max_output_tokens": 32}],
-        "description": "An OpenAI Responses request; other fields go to the worker "
-                       "unchanged."}}}}}
+
+RESPONSES_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["input"],
+                    "additionalProperties": True,
+                    "properties": _properties(body_rules.RESPONSES),
+                    "examples": [
+                        {"model": "support-bot", "input": "Hello!", "max_output_tokens": 32}
+                    ],
+                    "description": "An OpenAI Responses request; other fields go to the worker "
+                    "unchanged.",
+                }
+            }
+        },
+    }
+}
 
 # The worker's answer: a response object, or typed server-sent events with "stream": true.
-RESPONSES_OK: dict[int | str, dict[str, Any]] = {200: {
-    "description": "The worker's response object, `model` rewritten to the adapter's name",
-    "content": {"application/json": {"schema": {"type": "object"}},
-                "text/event-stream": {"schema": {
-                    "type": "object", "required": ["event", "data"],
-                    "properties": {"event": {"type": "string", "description":
-                                             "The event's type, e.g. "
-                                             "response.output_text.delta"},
-                                   "data": {"type": "string", "description":
-                                            "The event as JSON"}}}}},
-}}
+RESPONSES_OK: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The worker's response object, `model` rewritten to the adapter's name",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {
+                            "type": "string",
+                            "description": "The event's type, e.g. response.output_text.delta",
+                        },
+                        "data": {"type": "string", "description": "The event as JSON"},
+                    },
+                }
+            },
+        },
+    }
+}

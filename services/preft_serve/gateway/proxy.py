@@ -21,7 +21,7 @@ import orjson
 from preft_serve.common.access_log import REQUEST_ID_HEADER
 from preft_serve.common.error_envelope import error_body
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
-from preft_serve.gateway.routing import RouteResult, WorkerPool
+from preft_serve.gateway.routing import Choice, RouteResult, WorkerPool
 from preft_serve.gateway.upstream import Calls, WorkerAnswer
 
 logger = logging.getLogger(__name__)
@@ -53,11 +53,42 @@ class Upstream:
                 self.pool.release(self.worker)
 
 
-async def open_upstream(calls: Calls, pool: WorkerPool, key: str, path: str,
-                        body: dict[str, Any], request_id: str | None = None) -> Upstream:
+async def open_upstream(
+    calls: Calls,
+    pool: WorkerPool,
+    key: str,
+    path: str,
+    body: dict[str, Any],
+    request_id: str | None = None,
+    *,
+    cold_tenant: str | None = None,
+) -> Upstream:
     """Send ``body`` to the best worker for ``key``; the response body is not read yet.
-    ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it)."""
+    ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it).
+    ``cold_tenant``: the tenant of an adapter request; where the chosen worker has not
+    reported the adapter loaded, the request takes one of the tenant's cold-load slots
+    (a 429 when none is free) until the worker answers: vLLM loads the adapter before it
+    sends a stream's headers, so that is how long the load takes (a whole answer's
+    headers come at its end: longer)."""
     choice = pool.choose(key)
+    cold = cold_tenant if cold_tenant is not None and choice.cold else None
+    if cold is not None:
+        pool.cold.acquire(cold)
+    try:
+        return await _open(calls, pool, choice, path, body, request_id)
+    finally:
+        if cold is not None:
+            pool.cold.release(cold)
+
+
+async def _open(
+    calls: Calls,
+    pool: WorkerPool,
+    choice: Choice,
+    path: str,
+    body: dict[str, Any],
+    request_id: str | None,
+) -> Upstream:
     failures: list[str] = []
     # identity: the answer is relayed and parsed as bytes; aiohttp would otherwise offer
     # gzip/br, which the direct path does not decode (httpx's response did).
@@ -82,14 +113,14 @@ async def open_upstream(calls: Calls, pool: WorkerPool, key: str, path: str,
             pool.release(worker)
             raise
         pool.mark_ok(worker)
-        result = choice.result if worker == choice.order[0] else RouteResult.SPILL
-        return Upstream(worker, response, pool, result)
-    raise ServiceUnavailable("no worker is reachable (" + "; ".join(failures) + "); retry "
-                             "shortly")
+        return Upstream(worker, response, pool, choice.landed(worker))
+    raise ServiceUnavailable("no worker is reachable (" + "; ".join(failures) + "); retry shortly")
 
 
-TOOLS_OFF = ("tool calling is not enabled on this deployment: send the request without "
-             "'tool_choice' (or with \"none\"), or ask its operator to enable tool calling")
+TOOLS_OFF = (
+    "tool calling is not enabled on this deployment: send the request without "
+    "'tool_choice' (or with \"none\"), or ask its operator to enable tool calling"
+)
 
 
 def worker_error(payload: Any, status_code: int) -> dict[str, Any] | None:
@@ -111,8 +142,7 @@ def worker_error(payload: Any, status_code: int) -> dict[str, Any] | None:
         status_code = error["code"]
     param = error.get("param") if isinstance(error.get("param"), str) else None
     if "--tool-call-parser" in message:  # names server flags a client cannot act on
-        return error_body(status_code, TOOLS_OFF, code="tool_calling_disabled",
-                          param="tool_choice")
+        return error_body(status_code, TOOLS_OFF, code="tool_calling_disabled", param="tool_choice")
     if any(hint in message for hint in ("context length", "max_model_len")):
         code = "context_length_exceeded"
     elif status_code == 404:
@@ -129,8 +159,9 @@ async def read_whole(upstream: Upstream, what: str = "worker") -> bytes:
     try:
         return await upstream.response.aread()
     except httpx.HTTPError as exc:
-        raise BadGateway(f"{what} {upstream.worker} failed mid-response: "
-                         f"{exc.__class__.__name__}") from None
+        raise BadGateway(
+            f"{what} {upstream.worker} failed mid-response: {exc.__class__.__name__}"
+        ) from None
     finally:
         await upstream.aclose()
 
@@ -161,10 +192,15 @@ def rewrite_json(payload: Any, public_name: str) -> Any:
     return payload
 
 
-async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
-                    strip_usage: bool, on_usage: Callable[[Any], None],
-                    on_first_token: Callable[[], None],
-                    keep_chunk_usage: bool = True) -> AsyncIterator[bytes]:
+async def relay_sse(
+    upstream: Upstream,
+    worker_model: str,
+    public_name: str,
+    strip_usage: bool,
+    on_usage: Callable[[Any], None],
+    on_first_token: Callable[[], None],
+    keep_chunk_usage: bool = True,
+) -> AsyncIterator[bytes]:
     """Pass the worker's SSE stream through event by event, rewriting ``model``.
 
     The gateway always asks for ``stream_options.include_usage`` and
@@ -174,8 +210,7 @@ async def relay_sse(upstream: Upstream, worker_model: str, public_name: str,
     ``keep_chunk_usage`` False: the running totals on every chunk). ``on_first_token`` runs
     once, just before the first event carrying generated text is handed on.
     """
-    rewriter = EventRewriter(worker_model, public_name, strip_usage, on_usage,
-                             keep_chunk_usage)
+    rewriter = EventRewriter(worker_model, public_name, strip_usage, on_usage, keep_chunk_usage)
     splitter = SseSplitter()
     try:
         async for chunk in upstream.response.aiter_bytes():
@@ -215,7 +250,7 @@ def usage_span(event: bytes) -> tuple[Any, int, int] | None:
     if end == 0 or event[end:] != b"}":  # nested, or not the last field: parse instead
         return None
     try:
-        usage = orjson.loads(event[start + len(_USAGE_KEY) - 1:end])
+        usage = orjson.loads(event[start + len(_USAGE_KEY) - 1 : end])
     except orjson.JSONDecodeError:
         return None
     return (usage, start, end) if isinstance(usage, dict) else None
@@ -225,7 +260,8 @@ def _has_text(payload: dict[str, Any]) -> bool:
     """Whether a chat (``delta.content``) or text (``text``) chunk carries generated text."""
     for choice in payload.get("choices") or []:
         if isinstance(choice, dict) and (
-                choice.get("text") or (choice.get("delta") or {}).get("content")):
+            choice.get("text") or (choice.get("delta") or {}).get("content")
+        ):
             return True
     return False
 
@@ -247,8 +283,14 @@ class EventRewriter:
     a client that did not ask for them, cut off as bytes (:func:`usage_span`).
     """
 
-    def __init__(self, worker_model: str, public_name: str, strip_usage: bool,
-                 on_usage: Callable[[Any], None], keep_chunk_usage: bool = True) -> None:
+    def __init__(
+        self,
+        worker_model: str,
+        public_name: str,
+        strip_usage: bool,
+        on_usage: Callable[[Any], None],
+        keep_chunk_usage: bool = True,
+    ) -> None:
         self._from = b'"model":' + json.dumps(worker_model).encode()
         self._to = b'"model":' + json.dumps(public_name).encode()
         self._public_name = public_name

@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 
 from preft_serve.common.errors import TooManyRequests
 from preft_serve.common.registry_client import RegistryKeys
-from preft_serve.common.tenant_limits import LIMIT_FIELDS
+from preft_serve.common.tenant_rate_limits import RATE_LIMIT_FIELDS
 from preft_serve.gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ end
 return {1, 0, 0}
 """
 
+
 @dataclass(frozen=True)
 class Limit:
     """``rate`` per second sustained, ``burst`` at once; ``describe`` is for messages."""
@@ -102,12 +103,18 @@ class RateLimiter:
     """Token buckets with the gateway's default limits, overridden per tenant by the
     registry (``PUT /v1/tenants/{tenant}/limits``; read at most every ``cache_s``)."""
 
-    def __init__(self, client: aioredis.Redis | None, namespace: str, metrics: GatewayMetrics,
-                 defaults: dict[str, float], cache_s: float = 10.0,
-                 timeout_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis | None,
+        namespace: str,
+        metrics: GatewayMetrics,
+        defaults: dict[str, float],
+        cache_s: float = 10.0,
+        timeout_s: float = 0.2,
+    ) -> None:
         self.redis, self.namespace, self.metrics = client, namespace, metrics
         self.keys = RegistryKeys(namespace)
-        self.defaults = {f: float(defaults.get(f, 0)) for f in LIMIT_FIELDS}
+        self.defaults = {f: float(defaults.get(f, 0)) for f in RATE_LIMIT_FIELDS}
         self.cache_s, self.timeout_s = cache_s, timeout_s
         self._overrides: dict[str, tuple[float, dict[str, float]]] = {}
         self._unavailable = False  # log outages once, not once per request
@@ -117,10 +124,12 @@ class RateLimiter:
     async def limits(self, tenant: str) -> dict[str, Limit]:
         """The limits in force for ``tenant`` by scope: defaults + its overrides."""
         values = {**self.defaults, **await self._tenant_overrides(tenant)}
-        found = {"tenant": Limit.requests(values["tenant_rps"], int(values["tenant_burst"])),
-                 "user": Limit.requests(values["user_rps"], int(values["user_burst"])),
-                 "tenant_tokens": Limit.tokens_per_minute(values["tenant_tpm"]),
-                 "user_tokens": Limit.tokens_per_minute(values["user_tpm"])}
+        found = {
+            "tenant": Limit.requests(values["tenant_rps"], int(values["tenant_burst"])),
+            "user": Limit.requests(values["user_rps"], int(values["user_burst"])),
+            "tenant_tokens": Limit.tokens_per_minute(values["tenant_tpm"]),
+            "user_tokens": Limit.tokens_per_minute(values["user_tpm"]),
+        }
         return {scope: limit for scope, limit in found.items() if limit is not None}
 
     async def _tenant_overrides(self, tenant: str) -> dict[str, float]:
@@ -130,11 +139,12 @@ class RateLimiter:
             return cached[1]
         assert self.redis is not None
         try:
-            raw = await self.redis.hgetall(self.keys.tenant_limits(tenant))
+            raw = await self.redis.hgetall(self.keys.tenant_rate_limits(tenant))
         except redis.RedisError:
             return cached[1] if cached is not None else {}
-        fields = {_text(k): float(_text(v)) for k, v in raw.items()
-                  if _text(k) in LIMIT_FIELDS}
+        fields = {
+            _text(k): float(_text(v)) for k, v in raw.items() if _text(k) in RATE_LIMIT_FIELDS
+        }
         self._overrides[tenant] = (now + self.cache_s, fields)
         return fields
 
@@ -171,11 +181,16 @@ class RateLimiter:
                 for bucket in buckets:
                     args += [bucket.limit.rate / 1000.0, bucket.limit.burst, bucket.cost]
                 allowed, wait_ms, which = await self._script(
-                    keys=[b.key for b in buckets], args=args)
+                    keys=[b.key for b in buckets], args=args
+                )
         except (redis.RedisError, TimeoutError) as exc:
             if not self._unavailable:
-                logger.warning("rate limiter unavailable, letting requests through until "
-                               "Redis answers within %g s: %r", self.timeout_s, exc)
+                logger.warning(
+                    "rate limiter unavailable, letting requests through until "
+                    "Redis answers within %g s: %r",
+                    self.timeout_s,
+                    exc,
+                )
             self._unavailable = True
             self.metrics.errors.labels("rate_limit_unavailable").inc()
             return
@@ -185,24 +200,27 @@ class RateLimiter:
         if not allowed:
             self._refuse(buckets[int(which) - 1], tenant, user, int(wait_ms))
 
-    def _refuse(self, bucket: Bucket, tenant: str, user: str | None,
-                wait_ms: int | None) -> None:
+    def _refuse(self, bucket: Bucket, tenant: str, user: str | None, wait_ms: int | None) -> None:
         self.metrics.rate_limited.labels(bucket.scope).inc()
         who = f"tenant {tenant}" if bucket.scope.startswith("tenant") else f"user {user}"
         if wait_ms is None:  # more than the bucket ever holds: waiting cannot help
             raise TooManyRequests(
                 f"this request reserves {bucket.cost} output tokens (prompts x n x "
                 f"max_tokens), more than the whole budget of {who} ({bucket.limit.describe}); "
-                "lower max_tokens or n")
+                "lower max_tokens or n"
+            )
         retry_after = max(1, math.ceil(wait_ms / 1000))
         if bucket.scope.endswith("_tokens"):
-            message = (f"token rate limit exceeded for {who}: this request reserves "
-                       f"{bucket.cost} output tokens (prompts x n x max_tokens) of "
-                       f"{bucket.limit.describe}")
+            message = (
+                f"token rate limit exceeded for {who}: this request reserves "
+                f"{bucket.cost} output tokens (prompts x n x max_tokens) of "
+                f"{bucket.limit.describe}"
+            )
         else:
             message = f"rate limit exceeded for {who}: {bucket.limit.describe}"
-        raise TooManyRequests(f"{message}; retry after {retry_after} s",
-                              headers={"Retry-After": str(retry_after)})
+        raise TooManyRequests(
+            f"{message}; retry after {retry_after} s", headers={"Retry-After": str(retry_after)}
+        )
 
 
 def _text(value: str | bytes) -> str:

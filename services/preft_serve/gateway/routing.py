@@ -8,10 +8,13 @@ in-flight requests per worker and skips a worker whose count is at the cap
 ``ceil(avg * load_factor) + 1`` (avg = in-flight per worker, this request included); taking
 the next worker in the adapter's order is a "spill". With several gateway replicas each one
 sees only its share of the traffic, so its cap (a few requests) lets every gateway fill a
-hot worker to it at once; with ``worker_load`` the pool adds what the other gateways hold
-on each worker (the worker's own running + waiting count at the last poll, less this
-gateway's in flight then) and the cap is computed on the cluster's load, without the
-``+ 1`` that kept a tiny share from spilling. Workers report which adapters they
+hot worker to it at once; with ``worker_load`` (the default setting) the pool adds what the
+other gateways hold on each worker (the worker's own running + waiting count at the last
+load poll, every ``load_poll_interval_s``, less this gateway's in flight then) and the cap
+is computed on the cluster's load, without the ``+ 1`` that kept a tiny share from
+spilling. That is Mirrokni, Thorup and Zadimoghaddam's consistent hashing with bounded
+loads (SODA 2018), whose cap assumes every router sees the same, current loads: the
+workers' own gauges are that shared view, as fresh as the poll. Workers report which adapters they
 have loaded (``/v1/models``, polled by ``gateway.pool_monitor``); among the workers under the cap
 one that already has the adapter wins, so a spilled or re-homed adapter is not loaded twice.
 Workers failing health checks get no new requests until they pass again.
@@ -19,10 +22,12 @@ Workers failing health checks get no new requests until they pass again.
 One adapter can take more of the traffic than one worker should carry (Zipf-distributed
 users put several percent on the hottest). With ``hot_replicas`` > 1 the pool measures each
 key's share of its requests (:class:`~preft_serve.gateway.hot_keys.HotKeys`) and gives a key
-with share ``s`` the first ``k = ceil(s x workers / (load_factor - 1))`` workers of its
+with share ``s`` the first ``k = ceil(s x workers / hot_headroom)`` workers of its
 rendezvous order (at most ``hot_replicas``): a worker at the mean carries ``1 / workers`` of
-the traffic and the cap lets it carry ``load_factor`` times that, so no replica takes more
-of the key than that headroom. The request goes to the least loaded replica under the cap
+the traffic, so no replica takes more than ``hot_headroom`` of a mean worker's load from
+the key. A threshold well under the cap's own headroom (``load_factor - 1``, the default
+when none is given) keeps a hot key from filling a worker to the cap by itself, so the
+cap rarely has to spill it. The request goes to the least loaded replica under the cap
 (resident ones first). ``k`` follows from the share, which every gateway replica measures
 alike on its random sample of users, so all of them spread the key over the same ``k``
 workers, which keep it loaded; a key under the threshold has ``k = 1`` and routes as above.
@@ -40,7 +45,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from preft_serve.common.errors import ServiceUnavailable
+from preft_serve.gateway.cold_loads import ColdLoads
 from preft_serve.gateway.hot_keys import HotKeys
+from preft_serve.gateway.settings import GatewaySettings
 
 MIN_HEADROOM = 0.05  # the replica target when load_factor leaves (almost) none
 
@@ -82,6 +89,16 @@ class Choice:
     def spilled(self) -> bool:
         return self.result is RouteResult.SPILL
 
+    @property
+    def cold(self) -> bool:
+        """The first worker has not reported the key loaded: it will fetch it first."""
+        return self.result is not RouteResult.RESIDENT
+
+    def landed(self, worker: str) -> RouteResult:
+        """The result of the request once it reached ``worker`` of :attr:`order`: the
+        choice's own, or a spill when an earlier worker could not be reached."""
+        return self.result if worker == self.order[0] else RouteResult.SPILL
+
 
 @dataclass
 class WorkerStatus:
@@ -107,15 +124,28 @@ class WorkerPool:
     from zero and going negative when they end.
     """
 
-    def __init__(self, workers: Sequence[str] = (), load_factor: float = 1.25,
-                 unhealthy_after: int = 2, max_open: int | None = None,
-                 worker_load: bool = False, hot_replicas: int = 1,
-                 hot_window: int = 4096) -> None:
+    def __init__(
+        self,
+        workers: Sequence[str] = (),
+        load_factor: float = 1.25,
+        unhealthy_after: int = 2,
+        max_open: int | None = None,
+        worker_load: bool = False,
+        hot_replicas: int = 1,
+        hot_window: int = 4096,
+        hot_headroom: float | None = None,
+        tenant_cold_loads: int = 0,
+    ) -> None:
         """``max_open``: most requests open to workers at once (None: no limit); more are
         refused with a 503 rather than queued for a connection. ``worker_load``: the cap
         counts the workers' own load (``set_worker_load``), not this gateway's alone.
         ``hot_replicas``: most workers one hot key is spread over (1: none); shares are
-        measured over about the last ``hot_window`` requests."""
+        measured over about the last ``hot_window`` requests; ``hot_headroom``: the share of
+        a mean worker's load one hot key may put on each replica (None: the cap's headroom,
+        ``load_factor - 1``); ``tenant_cold_loads``: most cold requests one tenant has
+        open (:class:`~preft_serve.gateway.cold_loads.ColdLoads`; 0: no limit)."""
+        self.hot_headroom = hot_headroom
+        self.cold = ColdLoads(tenant_cold_loads)
         self.load_factor = load_factor
         self.hot_replicas = hot_replicas
         self.hot = HotKeys(hot_window) if hot_replicas > 1 else None
@@ -141,8 +171,9 @@ class WorkerPool:
         added = [w for w in wanted if w not in self.status]
         removed = [w for w in self.status if w not in wanted]
         old = self.status
-        self.status = {w: old.get(w) or self._retired.pop(w, None) or WorkerStatus()
-                       for w in wanted}
+        self.status = {
+            w: old.get(w) or self._retired.pop(w, None) or WorkerStatus() for w in wanted
+        }
         self._retired.update((w, old[w]) for w in removed if old[w].inflight > 0)
         return added, removed
 
@@ -167,15 +198,16 @@ class WorkerPool:
         """The first healthy worker under the cap, preferring ones that have ``key``
         resident, in the key's rendezvous order; then the rest as retry fallbacks."""
         if not self.status:
-            raise ServiceUnavailable("no worker is registered yet (discovery found none); "
-                                     "retry shortly")
+            raise ServiceUnavailable(
+                "no worker is registered yet (discovery found none); retry shortly"
+            )
         if self.max_open is not None and self.open_requests() >= self.max_open:
             # Rather than wait in the connection pool, where a timeout would read as the
             # worker failing to connect (retried elsewhere, and counted against its health).
-            raise ServiceUnavailable(f"this gateway has {self.max_open} requests open to "
-                                     "workers, its most; retry shortly (operators: add "
-                                     "gateway replicas or raise "
-                                     "PREFT_GATEWAY_MAX_OPEN_REQUESTS)")
+            raise ServiceUnavailable(
+                f"this gateway has {self.max_open} requests open to "
+                "workers, its most; retry shortly"
+            )
         healthy = self.healthy()
         ranked = _cached_order(key, tuple(self.status))  # filtering keeps its order
         up = set(healthy)
@@ -185,7 +217,8 @@ class WorkerPool:
         k = self.replicas(key, len(order))
         if k > 1 and (spread := [w for w in order[:k] if self.status[w].load < cap]):
             first = self._least_loaded(
-                [w for w in spread if key in self.status[w].resident] or spread)
+                [w for w in spread if key in self.status[w].resident] or spread
+            )
             if key in self.status[first].resident:
                 result = RouteResult.RESIDENT
             else:
@@ -202,11 +235,15 @@ class WorkerPool:
 
     def replicas(self, key: str, workers: int) -> int:
         """How many workers ``key`` is spread over (counting this request toward its
-        share): ``ceil(share x workers / (load_factor - 1))``, 1 to ``hot_replicas``."""
+        share): ``ceil(share x workers / headroom)``, 1 to ``hot_replicas``."""
         if self.hot is None:
             return 1
         share = self.hot.add(key)
-        headroom = max(self.load_factor - 1.0, MIN_HEADROOM)
+        headroom = (
+            self.hot_headroom
+            if self.hot_headroom is not None
+            else max(self.load_factor - 1.0, MIN_HEADROOM)
+        )
         wanted = math.ceil(share * workers / headroom - 1e-9)
         return max(1, min(wanted, self.hot_replicas, workers))
 
@@ -220,8 +257,9 @@ class WorkerPool:
 
     def open_requests(self) -> int:
         """Requests open to workers, those of workers discovery removed included."""
-        return (sum(s.inflight for s in self.status.values())
-                + sum(s.inflight for s in self._retired.values()))
+        return sum(s.inflight for s in self.status.values()) + sum(
+            s.inflight for s in self._retired.values()
+        )
 
     def acquire(self, worker: str) -> None:
         if worker in self.status:
@@ -263,3 +301,28 @@ class WorkerPool:
             yield
         finally:
             self.release(worker)
+
+
+def pool_from_settings(
+    settings: GatewaySettings, workers: Sequence[str] = (), *, decode: bool = False
+) -> WorkerPool:
+    """The gateway's pool as its settings make it (the app and the scale simulator build
+    theirs here, so neither can drift from the other). The decode pool is picked by load
+    alone: no hot replicas, and its requests count toward the prefill pool's limit."""
+    if decode:
+        return WorkerPool(
+            workers,
+            load_factor=settings.load_factor,
+            unhealthy_after=settings.unhealthy_after,
+            worker_load=settings.cap_on_worker_load,
+        )
+    return WorkerPool(
+        workers,
+        load_factor=settings.load_factor,
+        unhealthy_after=settings.unhealthy_after,
+        max_open=settings.max_open_requests,
+        worker_load=settings.cap_on_worker_load,
+        hot_replicas=settings.hot_replicas,
+        hot_headroom=settings.hot_headroom,
+        tenant_cold_loads=settings.tenant_cold_loads,
+    )

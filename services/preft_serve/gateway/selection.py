@@ -51,16 +51,25 @@ class Target:
         answers say ``none``, so an answer that is not personalised is never silent."""
         if self.adapter is None:
             return {ADAPTER_HEADER: BASE_MODEL_ADAPTER}
-        return {ADAPTER_HEADER: self.adapter.name,
-                ADAPTER_VERSION_HEADER: str(self.adapter.version),
-                ADAPTER_SHA256_HEADER: self.adapter.sha256}
+        return {
+            ADAPTER_HEADER: self.adapter.name,
+            ADAPTER_VERSION_HEADER: str(self.adapter.version),
+            ADAPTER_SHA256_HEADER: self.adapter.sha256,
+        }
 
+    @property
+    def cold_tenant(self) -> str | None:
+        """Whose cold-load budget a request to this target draws on when its worker has
+        not loaded the adapter (the base model is always loaded: none)."""
+        return self.adapter.tenant if self.adapter is not None else None
 
     def log_fields(self) -> dict[str, object]:
         """What the access log says about the model served (the base model: no adapter)."""
-        return {"model": self.public_name,
-                "adapter": self.adapter.name if self.adapter else None,
-                "adapter_version": self.adapter.version if self.adapter else None}
+        return {
+            "model": self.public_name,
+            "adapter": self.adapter.name if self.adapter else None,
+            "adapter_version": self.adapter.version if self.adapter else None,
+        }
 
 
 ADAPTER_HEADER = "x-preft-adapter"
@@ -73,23 +82,38 @@ async def model_not_found(resolver: Resolver, tenant: str, model: str) -> NotFou
     """The 404 of a ``model`` the tenant does not have; for ``name@version`` of an adapter
     it has, it says which versions exist."""
     pinned = split_pinned(model)
-    if pinned is not None and (current := await resolver.resolve_adapter(
-            tenant, pinned[0])) is not None:
-        return NotFound(f"adapter '{pinned[0]}' has no version {pinned[1]}; its versions are "
-                        f"1 to {current.version} ('{pinned[0]}' alone is version "
-                        f"{current.version})", code="model_not_found", param="model")
-    return NotFound(f"model '{model}' does not exist; GET /v1/models lists yours",
-                    code="model_not_found", param="model")
+    if (
+        pinned is not None
+        and (current := await resolver.resolve_adapter(tenant, pinned[0])) is not None
+    ):
+        return NotFound(
+            f"adapter '{pinned[0]}' has no version {pinned[1]}; its versions are "
+            f"1 to {current.version} ('{pinned[0]}' alone is version "
+            f"{current.version})",
+            code="model_not_found",
+            param="model",
+        )
+    return NotFound(
+        f"model '{model}' does not exist; GET /v1/models lists yours",
+        code="model_not_found",
+        param="model",
+    )
 
 
 def adapter_target(ref: AdapterRef) -> Target:
     return Target(ref.name, format_model_name(ref.sha256), ref.sha256, ref)
 
 
-async def select_target(resolver: Resolver, tenant: str, model: str | None, user: str | None,
-                        *, base_name: str, worker_base_model: str,
-                        unbound_user: Callable[[], Awaitable[UnboundUser]] | None = None,
-                        ) -> Target:
+async def select_target(
+    resolver: Resolver,
+    tenant: str,
+    model: str | None,
+    user: str | None,
+    *,
+    base_name: str,
+    worker_base_model: str,
+    unbound_user: Callable[[], Awaitable[UnboundUser]] | None = None,
+) -> Target:
     """The target of a request; ``unbound_user`` reads the tenant's setting, only when a
     user without a binding names the base model (None: the base model answers)."""
     base = Target(base_name, worker_base_model, "base")
@@ -100,21 +124,29 @@ async def select_target(resolver: Resolver, tenant: str, model: str | None, user
         return adapter_target(ref)
     if user is None:
         if model is None:
-            raise BadRequest("say which model to run: set 'model' to one of your adapters "
-                             f"(or '{base_name}'), or set 'user' (or the X-User-Id header) "
-                             "to use that user's adapter binding", param="model",
-                             code="missing_required_parameter")
+            raise BadRequest(
+                "say which model to run: set 'model' to one of your adapters "
+                f"(or '{base_name}'), or set 'user' (or the X-User-Id header) "
+                "to use that user's adapter binding",
+                param="model",
+                code="missing_required_parameter",
+            )
         return base
     ref = await resolver.resolve_user(tenant, user)
     if ref is not None:
         return adapter_target(ref)
     if model is None:
-        raise NotFound(f"user {user} has no adapter binding; bind one with "
-                       f"PUT /v1/users/{user}", code="adapter_binding_not_found",
-                       param="user")
+        raise NotFound(
+            f"user {user} has no adapter binding; bind one with PUT /v1/users/{user}",
+            code="adapter_binding_not_found",
+            param="user",
+        )
     if unbound_user is not None and await unbound_user() is UnboundUser.NOT_FOUND:
-        raise NotFound(f"user {user} has no adapter binding, and this tenant does not serve "
-                       "the base model to users without one (its unbound_user setting is "
-                       f"not_found); bind one with PUT /v1/users/{user}",
-                       code="adapter_binding_not_found", param="user")
+        raise NotFound(
+            f"user {user} has no adapter binding, and this tenant does not serve "
+            "the base model to users without one (its unbound_user setting is "
+            f"not_found); bind one with PUT /v1/users/{user}",
+            code="adapter_binding_not_found",
+            param="user",
+        )
     return base

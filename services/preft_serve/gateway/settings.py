@@ -33,124 +33,287 @@ class GatewaySettings(ServiceSettings):
     discovery: DiscoveryKind = Field(
         DiscoveryKind.STATIC,
         description="How workers are found: a static URL list, the A records of a headless "
-        "Service, or the Service's EndpointSlices through the Kubernetes API")
+        "Service, or the Service's EndpointSlices through the Kubernetes API",
+    )
     worker_urls: Annotated[list[str], NoDecode] = Field(
-        [], description="Static list of worker base URLs (a JSON list or comma-separated)")
-    worker_dns_name: str | None = Field(None, description="dns: the workers' headless "
-                                        "Service name, e.g. preft-worker.ns.svc.cluster.local")
+        [], description="Static list of worker base URLs (a JSON list or comma-separated)"
+    )
+    worker_dns_name: str | None = Field(
+        None,
+        description="dns: the workers' headless "
+        "Service name, e.g. preft-worker.ns.svc.cluster.local",
+    )
     worker_service: str | None = Field(None, description="kubernetes: the workers' Service")
     worker_k8s_namespace: str | None = Field(
-        None, description="kubernetes: the Service's namespace (default: this pod's own)")
-    worker_port: int = Field(8000, ge=1, le=65535, description="dns/kubernetes: worker port "
-                             "(kubernetes uses the EndpointSlice port named 'http' if any)")
+        None, description="kubernetes: the Service's namespace (default: this pod's own)"
+    )
+    worker_port: int = Field(
+        8000,
+        ge=1,
+        le=65535,
+        description="dns/kubernetes: worker port "
+        "(kubernetes uses the EndpointSlice port named 'http' if any)",
+    )
     worker_scheme: Literal["http", "https"] = "http"
     decode_worker_urls: Annotated[list[str], NoDecode] = Field(
-        [], description="static: decode-pool workers (started with --role decode). Set, "
+        [],
+        description="static: decode-pool workers (started with --role decode). Set, "
         "prefill-only (PreFT) and base-model requests are prefilled on a worker above "
-        "(started with --role prefill) and decoded on one of these, which hold no adapter")
+        "(started with --role prefill) and decoded on one of these, which hold no adapter",
+    )
     decode_worker_dns_name: str | None = Field(
-        None, description="dns: the decode workers' headless Service name (unset: no "
-        "decode pool)")
+        None, description="dns: the decode workers' headless Service name (unset: no decode pool)"
+    )
     decode_worker_service: str | None = Field(
-        None, description="kubernetes: the decode workers' Service (unset: no decode pool)")
+        None, description="kubernetes: the decode workers' Service (unset: no decode pool)"
+    )
     discovery_interval_s: float = Field(5.0, gt=0, description="dns/kubernetes refresh period")
-    health_interval_s: float = Field(2.0, gt=0, description="Worker /health and residency "
-                                     "poll period")
-    unhealthy_after: int = Field(2, ge=1, description="Consecutive failed health checks (or "
-                                 "connection failures) before a worker gets no traffic")
+    health_interval_s: float = Field(
+        2.0, gt=0, description="Worker /health and residency poll period"
+    )
+    unhealthy_after: int = Field(
+        2,
+        ge=1,
+        description="Consecutive failed health checks (or "
+        "connection failures) before a worker gets no traffic",
+    )
 
-    tenant_rps: float = Field(0.0, ge=0, description="Requests per second per tenant "
-                              "(token bucket refill rate); 0 = unlimited")
+    tenant_rps: float = Field(
+        0.0,
+        ge=0,
+        description="Requests per second per tenant (token bucket refill rate); 0 = unlimited",
+    )
     tenant_burst: int = Field(0, ge=0, description="Tenant bucket size; 0 = 2 x tenant_rps")
-    user_rps: float = Field(0.0, ge=0, description="Requests per second per (tenant, user); "
-                            "0 = unlimited")
+    user_rps: float = Field(
+        0.0, ge=0, description="Requests per second per (tenant, user); 0 = unlimited"
+    )
     user_burst: int = Field(0, ge=0, description="User bucket size; 0 = 2 x user_rps")
-    tenant_tpm: float = Field(0.0, ge=0, description="Output tokens per minute per tenant, "
-                              "charged up front (max_tokens x n x prompts); 0 = unlimited")
-    user_tpm: float = Field(0.0, ge=0, description="Output tokens per minute per (tenant, "
-                            "user), charged like tenant_tpm; 0 = unlimited")
-    limits_cache_s: float = Field(10.0, ge=0, description="How long a tenant's rate-limit "
-                                  "overrides and serving settings (set in the registry) "
-                                  "are cached")
-    ratelimit_timeout_s: float = Field(0.2, gt=0, le=5, description="Longest wait for the "
-                                       "rate limiter's Redis; past it the request is let "
-                                       "through (fail open) and counted")
+    tenant_tpm: float = Field(
+        0.0,
+        ge=0,
+        description="Output tokens per minute per tenant, "
+        "charged up front (max_tokens x n x prompts); 0 = unlimited",
+    )
+    user_tpm: float = Field(
+        0.0,
+        ge=0,
+        description="Output tokens per minute per (tenant, "
+        "user), charged like tenant_tpm; 0 = unlimited",
+    )
+    limits_cache_s: float = Field(
+        10.0,
+        ge=0,
+        description="How long a tenant's rate-limit "
+        "overrides and serving settings (set in the registry) "
+        "are cached",
+    )
+    ratelimit_timeout_s: float = Field(
+        0.2,
+        gt=0,
+        le=5,
+        description="Longest wait for the "
+        "rate limiter's Redis; past it the request is let "
+        "through (fail open) and counted",
+    )
     base_model_name: str = Field("base", description="What clients call the base model")
     worker_base_model: str | None = Field(
-        None, description="The name workers serve the base model under (vLLM's "
-        "--served-model-name, else its --model path); defaults to base_model_name")
+        None,
+        description="The name workers serve the base model under (vLLM's "
+        "--served-model-name, else its --model path); defaults to base_model_name",
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Request body limit")
-    max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens accepted; also "
-                                "what a chat request without max_tokens gets")
-    max_request_tokens: int = Field(16384, ge=1, description="Largest total output one "
-                                    "request may ask for: prompts x max(n, best_of) x "
-                                    "max_tokens")
+    max_tokens_cap: int = Field(
+        4096,
+        ge=1,
+        description="Largest max_tokens accepted; also what a chat request without max_tokens gets",
+    )
+    max_request_tokens: int = Field(
+        16384,
+        ge=1,
+        description="Largest total output one "
+        "request may ask for: prompts x max(n, best_of) x "
+        "max_tokens",
+    )
     max_choices: int = Field(16, ge=1, description="Largest n (and best_of) accepted")
-    max_prompts: int = Field(16, ge=1, description="Most prompts in one /v1/completions "
-                             "request")
+    max_prompts: int = Field(16, ge=1, description="Most prompts in one /v1/completions request")
     max_prompt_token_ids: int = Field(32768, ge=1, description="Longest token-id prompt")
-    max_json_depth: int = Field(64, ge=2, le=1000, description="Deepest nesting of JSON "
-                                "arrays/objects accepted in a request body")
+    max_json_depth: int = Field(
+        64,
+        ge=2,
+        le=1000,
+        description="Deepest nesting of JSON arrays/objects accepted in a request body",
+    )
+    tool_calling: bool = Field(
+        False,
+        description="The workers run with a tool-call parser (vLLM's "
+        "--enable-auto-tool-choice --tool-call-parser; the chart's worker.toolCallParser). "
+        "Off, /v1/responses refuses 'tools' and 'tool_choice' with 400 "
+        "tool_calling_disabled, as the workers' chat completions do: vLLM's Responses "
+        "server would answer such a request in plain text",
+    )
     registry_cache_entries: int = Field(
-        20_000, ge=1, description="Entries per registry lookup cache (user bindings, "
-        "adapters, API keys); a worst-case entry takes about 1 KiB")
+        20_000,
+        ge=1,
+        description="Entries per registry lookup cache (user bindings, "
+        "adapters, API keys); a worst-case entry takes about 1 KiB",
+    )
     load_factor: float = Field(1.25, ge=1.0, description="Bounded-load cap multiplier")
     cap_on_worker_load: bool = Field(
-        False, description="Hold the bounded-load cap against each worker's own running + "
-        "waiting requests (vLLM's /metrics, read at every health poll: every gateway "
-        "replica's requests) rather than this gateway's alone. Balances the workers' "
-        "queues with many replicas, but spills more, which raised TTFT p99 in the "
-        "simulator (docs/scale.md): off by default")
+        True,
+        description="Hold the bounded-load cap against each worker's own running + "
+        "waiting requests (vLLM's /metrics, read every load_poll_interval_s: every gateway "
+        "replica's requests) rather than this gateway's alone. Off, each replica caps its "
+        "own share, and with several replicas a hot worker fills to every replica's cap at "
+        "once (docs/scale.md)",
+    )
+    load_poll_interval_s: float = Field(
+        0.25,
+        gt=0,
+        description="How often each worker's load is read (its /metrics) when "
+        "cap_on_worker_load is on: the others' requests the cap counts are this old at most",
+    )
     hot_replicas: int = Field(
-        32, ge=1, le=1024, description="Most workers one hot adapter is spread over; 1 = "
+        32,
+        ge=1,
+        le=1024,
+        description="Most workers one hot adapter is spread over; 1 = "
         "off. The gateway measures each adapter's share of its requests (over about the last "
         "4096) and gives one whose share s exceeds what one worker should carry the first "
-        "ceil(s x workers / (load_factor - 1)) workers of its rendezvous order, each request "
-        "going to the least loaded of them. Simulated with ten replicas it takes the "
-        "workers' load max/mean from 2.1 to 1.6 with fewer spills and lower tails "
-        "(docs/scale.md)")
-    max_open_requests: int = Field(1000, ge=1, description="Most requests this gateway keeps "
-                                   "open to workers at once; more get 503 at once instead "
-                                   "of queueing for a connection (add replicas to serve more)")
+        "ceil(s x workers / hot_headroom) workers of its rendezvous order, each request "
+        "going to the least loaded of them (docs/scale.md)",
+    )
+    hot_headroom: float = Field(
+        0.05,
+        gt=0,
+        description="Share of a worker's mean load one hot adapter may "
+        "take on each of its replicas: lower spreads hot adapters over more workers, so no "
+        "worker reaches the load cap because of one adapter",
+    )
+    tenant_cold_loads: int = Field(
+        32,
+        ge=0,
+        description="Most requests of one tenant this gateway has open at once on "
+        "workers that have not reported their adapter loaded (each fetches it from the "
+        "object store first); more get 429 too_many_cold_loads, while requests to loaded "
+        "adapters and other tenants' pass. 0 = no limit",
+    )
+    max_open_requests: int = Field(
+        1000,
+        ge=1,
+        description="Most requests this gateway keeps "
+        "open to workers at once; more get 503 at once instead "
+        "of queueing for a connection (add replicas to serve more)",
+    )
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0)
     metrics_max_adapters: int = Field(
-        100, ge=0, description="Adapters labelled by name in metrics; later ones are 'other'")
+        100, ge=0, description="Adapters labelled by name in metrics; later ones are 'other'"
+    )
     metrics_max_tenants: int = Field(
-        100, ge=0, description="Tenants labelled by name in metrics; later ones are 'other'")
-    usage_timeout_s: float = Field(0.5, gt=0, le=5, description="Longest wait for Redis when "
-                                   "writing a request's per-day usage counters (in the "
-                                   "background; past it the write is dropped and counted)")
+        100, ge=0, description="Tenants labelled by name in metrics; later ones are 'other'"
+    )
+    usage_timeout_s: float = Field(
+        0.5,
+        gt=0,
+        le=5,
+        description="Longest wait for Redis when "
+        "writing a request's per-day usage counters (in the "
+        "background; past it the write is dropped and counted)",
+    )
     models_list_limit: int = Field(1000, ge=1, description="Most adapters /v1/models lists")
     registry_url: str | None = Field(
-        None, description="The registry's base URL, e.g. http://preft-registry:8081: "
+        None,
+        description="The registry's base URL, e.g. http://preft-registry:8081: "
         "/v1/files and /v1/fine_tuning/jobs are forwarded there, so one OpenAI base URL "
-        "serves the whole flow; unset: those routes answer 501")
+        "serves the whole flow; unset: those routes answer 501",
+    )
     registry_timeout_s: float = Field(
-        120.0, gt=0, description="Longest wait for the registry's answer to a forwarded "
-        "request (an upload is validated before the registry answers)")
+        120.0,
+        gt=0,
+        description="Longest wait for the registry's answer to a forwarded "
+        "request (an upload is validated before the registry answers)",
+    )
     max_upload_bytes: int = Field(
-        1 << 30, ge=1024, description="Body limit of POST /v1/files, which is streamed to "
+        1 << 30,
+        ge=1024,
+        description="Body limit of POST /v1/files, which is streamed to "
         "the registry, never buffered here; keep it equal to the registry's "
-        "PREFT_REGISTRY_MAX_UPLOAD_BYTES (the registry refuses bigger bodies itself)")
+        "PREFT_REGISTRY_MAX_UPLOAD_BYTES (the registry refuses bigger bodies itself)",
+    )
+    registry_connections: int = Field(
+        100,
+        ge=2,
+        description="Most connections this gateway opens to the registry; a "
+        "forwarded call that finds them all busy for connect_timeout_s gets 503 "
+        "registry_busy",
+    )
+    registry_uploads: int = Field(
+        64,
+        ge=1,
+        description="Most uploads (POST /v1/files) this gateway streams to the "
+        "registry at once, all tenants together; must be below registry_connections, so "
+        "the rest stay free for other calls. One more gets 503 uploads_busy",
+    )
+    registry_tenant_uploads: int = Field(
+        8,
+        ge=1,
+        description="Most uploads one tenant streams through this gateway at "
+        "once; one more gets 429 naming this number",
+    )
+    registry_tenant_calls: int = Field(
+        16,
+        ge=1,
+        description="Most forwarded files and fine-tuning calls (uploads "
+        "included) one tenant has open through this gateway at once, answers still "
+        "streaming included; one more gets 429 naming this number",
+    )
+    upload_idle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A forwarded request body that sends nothing for this "
+        "long is cut off with 408, freeing its slot and its registry connection",
+    )
+    upload_min_bytes_per_s: int = Field(
+        4096,
+        ge=0,
+        description="Slowest average rate a forwarded request body may arrive "
+        "at once upload_idle_timeout_s has passed (time spent waiting for the registry "
+        "not counted); slower is cut off with 408. 0: only the idle timeout",
+    )
 
     # OpenTelemetry (preft_serve.common.tracing; needs the `tracing` extra when on).
-    tracing_enabled: bool = Field(False, description="OpenTelemetry traces: a server span "
-                                  "per request and a client span for the call to the worker, "
-                                  "which gets the W3C traceparent header")
+    tracing_enabled: bool = Field(
+        False,
+        description="OpenTelemetry traces: a server span "
+        "per request and a client span for the call to the worker, "
+        "which gets the W3C traceparent header",
+    )
     tracing_exporter: TracingExporter = Field(
-        TracingExporter.OTLP, description="Where spans go: otlp (a collector at "
-        "otlp_endpoint) or console (stdout, for local debugging)")
+        TracingExporter.OTLP,
+        description="Where spans go: otlp (a collector at "
+        "otlp_endpoint) or console (stdout, for local debugging)",
+    )
     otlp_endpoint: str | None = Field(
-        None, description="OTLP collector, e.g. http://otel-collector:4317 (grpc) or "
+        None,
+        description="OTLP collector, e.g. http://otel-collector:4317 (grpc) or "
         "http://otel-collector:4318/v1/traces (http/protobuf); unset = the exporter's "
-        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost")
+        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost",
+    )
     otlp_protocol: OtlpProtocol = Field(OtlpProtocol.GRPC, description="OTLP transport")
-    tracing_service_name: str = Field("preft-gateway", min_length=1, max_length=128,
-                                      description="service.name of the gateway's spans")
-    tracing_sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of requests "
-                                        "without a traceparent that are traced (a caller's "
-                                        "traceparent decides for its own requests)")
+    tracing_service_name: str = Field(
+        "preft-gateway",
+        min_length=1,
+        max_length=128,
+        description="service.name of the gateway's spans",
+    )
+    tracing_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of requests "
+        "without a traceparent that are traced (a caller's "
+        "traceparent decides for its own requests)",
+    )
 
     port: int = Field(8080, ge=1, le=65535, description="Port")
 
@@ -182,21 +345,35 @@ class GatewaySettings(ServiceSettings):
         return value.rstrip("/")
 
     @model_validator(mode="after")
+    def _registry_headroom(self) -> Self:
+        if self.registry_uploads >= self.registry_connections:
+            raise ValueError(
+                f"PREFT_GATEWAY_REGISTRY_UPLOADS ({self.registry_uploads}) must be below "
+                f"PREFT_GATEWAY_REGISTRY_CONNECTIONS ({self.registry_connections}): stalled "
+                "uploads would otherwise take every connection to the registry"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _discovery_source(self) -> Self:
-        required = {"static": ("worker_urls", "PREFT_GATEWAY_WORKER_URLS (or --workers)"),
-                    "dns": ("worker_dns_name", "PREFT_GATEWAY_WORKER_DNS_NAME"),
-                    "kubernetes": ("worker_service", "PREFT_GATEWAY_WORKER_SERVICE")}
+        required = {
+            "static": ("worker_urls", "PREFT_GATEWAY_WORKER_URLS (or --workers)"),
+            "dns": ("worker_dns_name", "PREFT_GATEWAY_WORKER_DNS_NAME"),
+            "kubernetes": ("worker_service", "PREFT_GATEWAY_WORKER_SERVICE"),
+        }
         field, name = required[self.discovery.value]
         if not getattr(self, field):
-            raise ValueError(f"{name} is required when discovery is "
-                             f"'{self.discovery.value}'")
+            raise ValueError(f"{name} is required when discovery is '{self.discovery.value}'")
         return self
 
     @property
     def has_decode_pool(self) -> bool:
         """Whether a decode pool is configured for the discovery kind in use."""
-        field = {"static": "decode_worker_urls", "dns": "decode_worker_dns_name",
-                 "kubernetes": "decode_worker_service"}[self.discovery.value]
+        field = {
+            "static": "decode_worker_urls",
+            "dns": "decode_worker_dns_name",
+            "kubernetes": "decode_worker_service",
+        }[self.discovery.value]
         return bool(getattr(self, field))
 
     @property
@@ -206,8 +383,11 @@ class GatewaySettings(ServiceSettings):
     @property
     def tracing(self) -> TracingConfig:
         """The tracing settings (probes and /metrics are never traced)."""
-        return TracingConfig(service_name=self.tracing_service_name,
-                             exporter=self.tracing_exporter, otlp_endpoint=self.otlp_endpoint,
-                             otlp_protocol=self.otlp_protocol,
-                             sample_ratio=self.tracing_sample_ratio,
-                             excluded_paths=("/healthz", "/readyz", "/metrics"))
+        return TracingConfig(
+            service_name=self.tracing_service_name,
+            exporter=self.tracing_exporter,
+            otlp_endpoint=self.otlp_endpoint,
+            otlp_protocol=self.otlp_protocol,
+            sample_ratio=self.tracing_sample_ratio,
+            excluded_paths=("/healthz", "/readyz", "/metrics"),
+        )

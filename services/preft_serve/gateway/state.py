@@ -12,14 +12,15 @@ import redis.asyncio as aioredis
 
 from preft_serve.common.registry_client import AsyncRegistryClient, AsyncRegistryReader
 from preft_serve.common.registry_client.aio import connect_redis
-from preft_serve.common.tenant_limits import LIMIT_FIELDS
+from preft_serve.common.tenant_rate_limits import RATE_LIMIT_FIELDS
 from preft_serve.common.tracing import instrument_client
+from preft_serve.gateway.context_window import ContextWindow
 from preft_serve.gateway.discovery import WorkerSource, create_decode_source, create_source
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.pool_monitor import WorkerMonitor
 from preft_serve.gateway.ratelimit import RateLimiter
-from preft_serve.gateway.registry_proxy import registry_http
-from preft_serve.gateway.routing import WorkerPool
+from preft_serve.gateway.registry_proxy import RegistryForwarder, registry_http
+from preft_serve.gateway.routing import WorkerPool, pool_from_settings
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.tenant_serving import TenantServing
 from preft_serve.gateway.upstream import Calls, WorkerTransport, worker_calls
@@ -63,16 +64,20 @@ class GatewayState:
     # Unix seconds this gateway started: the base model's ``created`` in /v1/models.
     started_at: int = dataclasses.field(default_factory=lambda: int(time.time()))
     # Files and fine-tuning calls go to the registry on it (None: no registry configured).
-    registry_http: httpx.AsyncClient | None = None
+    registry_http: RegistryForwarder | None = None
 
     @classmethod
-    async def build(cls, settings: GatewaySettings, metrics: GatewayMetrics,
-                    transport: httpx.AsyncBaseTransport | None = None,
-                    registry: AsyncRegistryReader | None = None,
-                    source: WorkerSource | None = None,
-                    redis: aioredis.Redis | None = None,
-                    tracer_provider: TracerProvider | None = None,
-                    decode_source: WorkerSource | None = None) -> GatewayState:
+    async def build(
+        cls,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        transport: httpx.AsyncBaseTransport | None = None,
+        registry: AsyncRegistryReader | None = None,
+        source: WorkerSource | None = None,
+        redis: aioredis.Redis | None = None,
+        tracer_provider: TracerProvider | None = None,
+        decode_source: WorkerSource | None = None,
+    ) -> GatewayState:
         """Start the registry client (waits for its event listener), find the workers and
         check them once, then keep doing so in the background. ``registry`` and ``redis``
         replace the real ones (tests). With ``tracer_provider`` (tracing on) a call to a worker
@@ -81,53 +86,90 @@ class GatewayState:
         if registry is None:
             if redis is None:
                 redis = connect_redis(settings.redis_url)
-            client = AsyncRegistryClient(client=redis, namespace=settings.namespace,
-                                         max_cache_entries=settings.registry_cache_entries)
+            client = AsyncRegistryClient(
+                client=redis,
+                namespace=settings.namespace,
+                max_cache_entries=settings.registry_cache_entries,
+            )
             await client.start()
             registry = client
         metrics.watch_registry_cache(registry.cache_sizes)
         timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
         transport = transport or WorkerTransport(
-            settings.max_open_requests + CONNECTION_HEADROOM, WORKER_KEEPALIVE_S)
+            settings.max_open_requests + CONNECTION_HEADROOM, WORKER_KEEPALIVE_S
+        )
         http = httpx.AsyncClient(timeout=timeout, transport=transport)
         if tracer_provider is not None:
             instrument_client(http, tracer_provider)
-        pool = WorkerPool(load_factor=settings.load_factor,
-                          unhealthy_after=settings.unhealthy_after,
-                          max_open=settings.max_open_requests,
-                          worker_load=settings.cap_on_worker_load,
-                          hot_replicas=settings.hot_replicas)
-        monitor = WorkerMonitor(pool, source or create_source(settings), http, metrics,
-                                discovery_interval_s=settings.discovery_interval_s,
-                                health_interval_s=settings.health_interval_s)
-        limiter = RateLimiter(redis, settings.namespace, metrics,
-                              settings.model_dump(include=set(LIMIT_FIELDS)),
-                              settings.limits_cache_s, settings.ratelimit_timeout_s)
-        caps = Caps(max_tokens=settings.max_tokens_cap,
-                    max_request_tokens=settings.max_request_tokens,
-                    max_choices=settings.max_choices, max_prompts=settings.max_prompts,
-                    max_prompt_token_ids=settings.max_prompt_token_ids,
-                    max_json_depth=settings.max_json_depth)
+        pool = pool_from_settings(settings)
+        context = ContextWindow()
+        monitor = WorkerMonitor(
+            pool,
+            source or create_source(settings),
+            http,
+            metrics,
+            discovery_interval_s=settings.discovery_interval_s,
+            health_interval_s=settings.health_interval_s,
+            load_interval_s=settings.load_poll_interval_s,
+            context=context,
+        )
+        limiter = RateLimiter(
+            redis,
+            settings.namespace,
+            metrics,
+            settings.model_dump(include=set(RATE_LIMIT_FIELDS)),
+            settings.limits_cache_s,
+            settings.ratelimit_timeout_s,
+        )
+        caps = Caps(
+            max_tokens=settings.max_tokens_cap,
+            max_request_tokens=settings.max_request_tokens,
+            max_choices=settings.max_choices,
+            max_prompts=settings.max_prompts,
+            max_prompt_token_ids=settings.max_prompt_token_ids,
+            max_json_depth=settings.max_json_depth,
+            context=context,
+        )
         usage = UsageRecorder(redis, settings.namespace, metrics, settings.usage_timeout_s)
-        serving = TenantServing(redis, settings.namespace, settings.limits_cache_s,
-                                settings.ratelimit_timeout_s)
+        serving = TenantServing(
+            redis, settings.namespace, settings.limits_cache_s, settings.ratelimit_timeout_s
+        )
         await monitor.start()
         decode_pool, decode_monitor = None, None
         decode_source = decode_source or create_decode_source(settings)
         if decode_source is not None:
-            decode_pool = WorkerPool(load_factor=settings.load_factor,
-                                     unhealthy_after=settings.unhealthy_after,
-                                     worker_load=settings.cap_on_worker_load)
+            decode_pool = pool_from_settings(settings, decode=True)
             decode_monitor = WorkerMonitor(
-                decode_pool, decode_source, http, metrics,
+                decode_pool,
+                decode_source,
+                http,
+                metrics,
                 discovery_interval_s=settings.discovery_interval_s,
-                health_interval_s=settings.health_interval_s, gauge=metrics.decode_workers)
+                health_interval_s=settings.health_interval_s,
+                load_interval_s=settings.load_poll_interval_s,
+                gauge=metrics.decode_workers,
+                context=context,
+            )
             await decode_monitor.start()
         calls = worker_calls(transport, timeout, traced=tracer_provider is not None)
-        return cls(settings, registry, redis, http, calls, pool,
-                   monitor, limiter, metrics, caps, usage, serving, owns_redis,
-                   decode_pool=decode_pool, decode_monitor=decode_monitor,
-                   registry_http=registry_http(settings))
+        return cls(
+            settings,
+            registry,
+            redis,
+            http,
+            calls,
+            pool,
+            monitor,
+            limiter,
+            metrics,
+            caps,
+            usage,
+            serving,
+            owns_redis,
+            decode_pool=decode_pool,
+            decode_monitor=decode_monitor,
+            registry_http=registry_http(settings, metrics),
+        )
 
     async def aclose(self) -> None:
         await self.usage.drain()

@@ -30,8 +30,9 @@ class TenantServing:
     """``unbound_user`` per tenant, cached for ``cache_s`` seconds (without a Redis client,
     as with a test double of the registry: the default)."""
 
-    def __init__(self, client: aioredis.Redis | None, namespace: str, cache_s: float,
-                 timeout_s: float) -> None:
+    def __init__(
+        self, client: aioredis.Redis | None, namespace: str, cache_s: float, timeout_s: float
+    ) -> None:
         self.redis, self.keys = client, RegistryKeys(namespace)
         self.cache_s, self.timeout_s = cache_s, timeout_s
         self._cache: dict[str, tuple[float, UnboundUser]] = {}
@@ -47,8 +48,12 @@ class TenantServing:
             async with asyncio.timeout(self.timeout_s):
                 raw = await self.redis.hget(self.keys.tenant(tenant), UNBOUND_USER_FIELD)
         except (redis.RedisError, TimeoutError) as exc:
-            logger.warning("tenant %s: serving settings unreadable (%r), using %s", tenant,
-                           exc, "the last ones read" if cached else "the defaults")
+            logger.warning(
+                "tenant %s: serving settings unreadable (%r), using %s",
+                tenant,
+                exc,
+                "the last ones read" if cached else "the defaults",
+            )
             return cached[1] if cached is not None else DEFAULT_UNBOUND_USER
         value = parse_unbound_user(raw)
         self._cache[tenant] = (now + self.cache_s, value)

@@ -40,9 +40,10 @@ class WorkerTransport(AiohttpTransport):
     """aiohttp-backed transport whose connect errors mean "nothing was sent"."""
 
     def __init__(self, max_connections: int, keepalive_s: float) -> None:
-        super().__init__(limits=httpx.Limits(max_connections=max_connections,
-                                             keepalive_expiry=keepalive_s),
-                         trust_env=False)
+        super().__init__(
+            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=keepalive_s),
+            trust_env=False,
+        )
 
     def session(self) -> aiohttp.ClientSession:
         """The aiohttp session under this transport (created on first use, in the running
@@ -87,11 +88,17 @@ class WorkerCalls:
         self._transport = transport
         self._timeout = timeout.as_dict()
 
-    async def post(self, worker: str, path: str, content: bytes,
-                   headers: dict[str, str]) -> httpx.Response:
+    async def post(
+        self, worker: str, path: str, content: bytes, headers: dict[str, str]
+    ) -> httpx.Response:
         """Send a POST; the answer's body is not read yet (``aread``/``aiter_bytes``)."""
-        request = httpx.Request("POST", _url(worker, path), content=content, headers=headers,
-                                extensions={"timeout": self._timeout})
+        request = httpx.Request(
+            "POST",
+            _url(worker, path),
+            content=content,
+            headers=headers,
+            extensions={"timeout": self._timeout},
+        )
         return await self._transport.handle_async_request(request)
 
 
@@ -113,8 +120,9 @@ class WorkerAnswer(Protocol):
 
 
 class Calls(Protocol):
-    async def post(self, worker: str, path: str, content: bytes,
-                   headers: dict[str, str]) -> WorkerAnswer: ...
+    async def post(
+        self, worker: str, path: str, content: bytes, headers: dict[str, str]
+    ) -> WorkerAnswer: ...
 
 
 @contextlib.contextmanager
@@ -169,21 +177,30 @@ class DirectWorkerCalls:
 
     def __init__(self, transport: WorkerTransport, timeout: httpx.Timeout) -> None:
         self._transport = transport
-        self._timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect,
-                                              sock_read=timeout.read, connect=timeout.pool)
+        self._timeout = aiohttp.ClientTimeout(
+            sock_connect=timeout.connect, sock_read=timeout.read, connect=timeout.pool
+        )
 
-    async def post(self, worker: str, path: str, content: bytes,
-                   headers: dict[str, str]) -> DirectAnswer:
+    async def post(
+        self, worker: str, path: str, content: bytes, headers: dict[str, str]
+    ) -> DirectAnswer:
         with httpx_errors():
             response = await self._transport.session().request(
-                "POST", _aiohttp_url(worker, path),
-                data=content, headers=headers, allow_redirects=False, auto_decompress=False,
-                compress=False, timeout=self._timeout)
+                "POST",
+                _aiohttp_url(worker, path),
+                data=content,
+                headers=headers,
+                allow_redirects=False,
+                auto_decompress=False,
+                compress=False,
+                timeout=self._timeout,
+            )
         return DirectAnswer(response)
 
 
-def worker_calls(transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout,
-                 traced: bool) -> Calls:
+def worker_calls(
+    transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout, traced: bool
+) -> Calls:
     """The direct path on the deployed transport unless tracing wraps it."""
     if type(transport) is WorkerTransport and not traced:
         return DirectWorkerCalls(transport, timeout)

@@ -61,8 +61,14 @@ class UsageRecorder:
     """Counts in memory, flushed in the background; without a Redis client (tests) it
     records nothing."""
 
-    def __init__(self, client: aioredis.Redis | None, namespace: str, metrics: GatewayMetrics,
-                 timeout_s: float = 0.5, flush_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis | None,
+        namespace: str,
+        metrics: GatewayMetrics,
+        timeout_s: float = 0.5,
+        flush_interval_s: float = 1.0,
+    ) -> None:
         self.redis, self.metrics, self.timeout_s = client, metrics, timeout_s
         self.flush_interval_s = flush_interval_s
         self.keys = RegistryKeys(namespace)
@@ -71,14 +77,23 @@ class UsageRecorder:
         self._failing = False  # log outages once, not once per batch
         self._today = UtcToday()
 
-    def record(self, tenant: str, model: str, requests: int = 0, prompt_tokens: int = 0,
-               completion_tokens: int = 0) -> None:
+    def record(
+        self,
+        tenant: str,
+        model: str,
+        requests: int = 0,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> None:
         """Add to the counts; returns at once (the next flush writes them)."""
         if self.redis is None:
             return
         counts = self._counts.setdefault(self.keys.usage(tenant, self._today()), Counter())
-        for kind, n in (("requests", requests), ("prompt_tokens", prompt_tokens),
-                        ("completion_tokens", completion_tokens)):
+        for kind, n in (
+            ("requests", requests),
+            ("prompt_tokens", prompt_tokens),
+            ("completion_tokens", completion_tokens),
+        ):
             if n > 0:
                 counts[usage_field(model, kind)] += n
         if self._flusher is None:
@@ -106,8 +121,12 @@ class UsageRecorder:
         except (redis.RedisError, TimeoutError, OSError) as exc:
             self.metrics.usage_write_failures.inc()
             if not self._failing:
-                logger.warning("usage counters not written (Redis failed or took over "
-                               "%g s); dropping them until it answers: %r", self.timeout_s, exc)
+                logger.warning(
+                    "usage counters not written (Redis failed or took over "
+                    "%g s); dropping them until it answers: %r",
+                    self.timeout_s,
+                    exc,
+                )
             self._failing = True
             return
         if self._failing:

@@ -4,7 +4,9 @@ The body is kept as a plain dict (not a pydantic model of the whole OpenAI schem
 fields the gateway does not know about reach the worker unchanged; only what the gateway
 acts on is checked here. Besides shape, the checks bound what one request may cost: the
 output tokens it may ask for (``prompts x max(n, best_of) x max_tokens``, with a default
-``max_tokens`` filled in when the client sent none) and the size of its prompt lists.
+``max_tokens`` filled in when the client sent none, small enough to fit the served model's
+context: ``context_window``) and the size of its prompt lists. The fields checked, with
+their shapes and caps, are one table (``body_rules``) that the OpenAPI document shows.
 """
 
 from __future__ import annotations
@@ -16,13 +18,23 @@ import orjson
 
 from preft_serve.common.errors import BadRequest
 from preft_serve.common.jsondepth import json_nests_deeper
+from preft_serve.gateway import body_rules
+from preft_serve.gateway.body_rules import MAX_NAME_CHARS, RESPONSES_MAX_TOKENS, Rule
+from preft_serve.gateway.context_window import (
+    ContextWindow,
+    chat_prompt_bound,
+    completion_prompt_bound,
+    responses_prompt_bound,
+)
 
-MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
-CHOICE_FIELDS = ("n", "best_of")
-MAX_NAME_CHARS = 256  # user ids and model names end up in Redis keys
+# The fields and bounds are those of the one table the OpenAPI document shows (body_rules).
+MAX_TOKEN_FIELDS = tuple(body_rules.TOKEN_FIELDS)
+CHOICE_FIELDS = tuple(body_rules.CHOICE_FIELDS)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
-PROMPT_SHAPES = ("'prompt' must be a string, a list of strings, a list of token ids or a "
-                 "list of token-id lists")
+PROMPT_SHAPES = (
+    "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists"
+)
+
 
 @dataclass(frozen=True)
 class Caps:
@@ -34,14 +46,24 @@ class Caps:
     max_prompts: int
     max_prompt_token_ids: int
     max_json_depth: int
+    # The workers' context length (updated by the health poll); None: not bounded by it.
+    context: ContextWindow | None = None
+
+    def fitting(self, default: int, prompt_tokens: int) -> int:
+        """``default``, lowered to what fits the context after ``prompt_tokens`` at most."""
+        room = self.context.room(prompt_tokens) if self.context is not None else None
+        return default if room is None else min(default, room)
 
 
 def check_depth(raw: bytes, limit: int) -> None:
     """400 if arrays/objects nest deeper than ``limit``, before the (recursive) JSON parser
     sees the body. Brackets inside strings do not count."""
     if json_nests_deeper(raw, limit):
-        raise BadRequest(f"request body nests JSON arrays/objects deeper than {limit} levels; "
-                         "flatten the request", code="invalid_json")
+        raise BadRequest(
+            f"request body nests JSON arrays/objects deeper than {limit} levels; "
+            "flatten the request",
+            code="invalid_json",
+        )
 
 
 def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
@@ -56,25 +78,39 @@ def parse_body(raw: bytes, max_depth: int = 64) -> dict[str, Any]:
     return body
 
 
-def _positive_int(body: dict[str, Any], field: str, cap: int, over: str) -> int | None:
+def _positive_int(body: dict[str, Any], field: str, rule: Rule, cap: int) -> int | None:
+    """``body[field]`` (None when absent) if it is a positive integer of at most ``cap``, the
+    value of the rule's ``Caps`` field (or a lower bound of the route's)."""
     value = body.get(field)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise BadRequest(f"'{field}' must be a positive integer, got {value!r}", param=field)
     if value > cap:
-        raise BadRequest(f"'{field}' is {value}, above this gateway's " + over.format(cap=cap),
-                         param=field)
+        raise BadRequest(
+            f"'{field}' is {value}, above this gateway's " + rule.over.format(cap=cap), param=field
+        )
     return value
+
+
+def _capped(body: dict[str, Any], rules: dict[str, Rule], caps: Caps) -> list[int | None]:
+    """The positive-integer fields of ``rules`` in ``body``, each within its cap."""
+    return [
+        _positive_int(body, field, rule, getattr(caps, rule.cap or ""))
+        for field, rule in rules.items()
+    ]
 
 
 def _token_ids(ids: list[Any], caps: Caps, where: str) -> None:
     if len(ids) > caps.max_prompt_token_ids:
-        raise BadRequest(f"{where} has {len(ids)} token ids; at most "
-                         f"{caps.max_prompt_token_ids} are accepted", param="prompt")
+        raise BadRequest(
+            f"{where} has {len(ids)} token ids; at most {caps.max_prompt_token_ids} are accepted",
+            param="prompt",
+        )
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise BadRequest(f"{PROMPT_SHAPES}; token ids must be non-negative integers",
-                         param="prompt")
+        raise BadRequest(
+            f"{PROMPT_SHAPES}; token ids must be non-negative integers", param="prompt"
+        )
 
 
 def count_prompts(prompt: Any, caps: Caps) -> int:
@@ -89,9 +125,11 @@ def count_prompts(prompt: Any, caps: Caps) -> int:
         _token_ids(prompt, caps, "'prompt'")
         return 1
     if len(prompt) > caps.max_prompts:
-        raise BadRequest(f"'prompt' holds {len(prompt)} prompts; at most {caps.max_prompts} "
-                         "are accepted per request: send the rest in further requests",
-                         param="prompt")
+        raise BadRequest(
+            f"'prompt' holds {len(prompt)} prompts; at most {caps.max_prompts} "
+            "are accepted per request: send the rest in further requests",
+            param="prompt",
+        )
     if all(isinstance(p, str) for p in prompt):
         return len(prompt)
     if not all(isinstance(p, list) and p for p in prompt):
@@ -107,26 +145,23 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
     (what the token rate limits charge)."""
     if chat:
         if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise BadRequest("'messages' must be a non-empty list of chat messages",
-                             param="messages")
+            raise BadRequest(
+                "'messages' must be a non-empty list of chat messages", param="messages"
+            )
         prompts = 1
     elif "prompt" not in body:
-        raise BadRequest("'prompt' is required", param="prompt",
-                         code="missing_required_parameter")
+        raise BadRequest("'prompt' is required", param="prompt", code="missing_required_parameter")
     else:
         prompts = count_prompts(body["prompt"], caps)
-    requested = [_positive_int(body, f, caps.max_tokens,
-                               "cap of {cap}; ask for at most {cap} tokens")
-                 for f in MAX_TOKEN_FIELDS]
-    choices = max(_positive_int(body, f, caps.max_choices,
-                                "limit of {cap} choices per request; ask for at most {cap}")
-                  or 1 for f in CHOICE_FIELDS)
+    requested = _capped(body, body_rules.TOKEN_FIELDS, caps)
+    choices = max(n or 1 for n in _capped(body, body_rules.CHOICE_FIELDS, caps))
     # The worker reads max_completion_tokens first, then max_tokens (chat).
     max_tokens = (requested[1] or requested[0]) if chat else requested[0]
     if max_tokens is None:
         fits = caps.max_request_tokens // (prompts * choices)
         default = caps.max_tokens if chat else COMPLETION_DEFAULT_MAX_TOKENS
-        max_tokens = max(1, min(default, fits))
+        bound = chat_prompt_bound(body) if chat else completion_prompt_bound(body["prompt"])
+        max_tokens = max(1, min(caps.fitting(default, bound), fits))
         for field in MAX_TOKEN_FIELDS if chat else MAX_TOKEN_FIELDS[:1]:
             body[field] = max_tokens
     total = prompts * choices * max_tokens
@@ -135,7 +170,9 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
             f"this request asks for up to {total} output tokens ({_plural(prompts, 'prompt')} "
             f"x {_plural(choices, 'choice')} x {max_tokens} max tokens), above this "
             f"gateway's limit of {caps.max_request_tokens} per request; lower n or max_tokens"
-            + ("" if chat else " or send fewer prompts"), param="max_tokens")
+            + ("" if chat else " or send fewer prompts"),
+            param="max_tokens",
+        )
     _check_fields(body)
     return total
 
@@ -148,42 +185,99 @@ def validate_responses_body(body: dict[str, Any], caps: Caps) -> int:
     in ``input``. Returns the output tokens the request may use."""
     given = body.get("input")
     if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):
-        raise BadRequest("'input' must be a non-empty string or list of input items",
-                         param="input", code="missing_required_parameter"
-                         if given is None else "invalid_value")
+        raise BadRequest(
+            "'input' must be a non-empty string or list of input items",
+            param="input",
+            code="missing_required_parameter" if given is None else "invalid_value",
+        )
     for field in ("previous_response_id", "conversation", "background"):
         if body.get(field):
-            raise BadRequest(f"'{field}' is not supported: responses are not stored here; "
-                             "send the whole conversation in 'input' (and 'stream' to "
-                             "follow a long answer)", param=field, code="unsupported_parameter")
+            raise BadRequest(
+                f"'{field}' is not supported: responses are not stored here; "
+                "send the whole conversation in 'input' (and 'stream' to "
+                "follow a long answer)",
+                param=field,
+                code="unsupported_parameter",
+            )
     cap = min(caps.max_tokens, caps.max_request_tokens)
-    max_tokens = _positive_int(body, RESPONSES_MAX_TOKENS, cap,
-                               "cap of {cap}; ask for at most {cap} tokens")
+    max_tokens = _positive_int(
+        body, RESPONSES_MAX_TOKENS, body_rules.RESPONSES[RESPONSES_MAX_TOKENS], cap
+    )
     if max_tokens is None:
-        max_tokens = body[RESPONSES_MAX_TOKENS] = cap
+        max_tokens = body[RESPONSES_MAX_TOKENS] = max(
+            1, caps.fitting(cap, responses_prompt_bound(body))
+        )
     body["store"] = False
     _check_fields(body)
     return max_tokens
 
 
-RESPONSES_MAX_TOKENS = "max_output_tokens"
+NAME_FIELDS = tuple(body_rules.NAMES)
 
 
-def _check_fields(body: dict[str, Any]) -> None:
-    """What every route checks alike: names, the gateway's own fields, ``stream``."""
-    for field in ("model", "user", "safety_identifier"):
+def check_names(body: dict[str, Any]) -> None:
+    """The names that pick an adapter (every route that forwards to a worker): strings of
+    at most ``MAX_NAME_CHARS``."""
+    for field in NAME_FIELDS:
         if body.get(field) is not None and not isinstance(body[field], str):
             raise BadRequest(f"'{field}' must be a string", param=field)
         if isinstance(body.get(field), str) and len(body[field]) > MAX_NAME_CHARS:
-            raise BadRequest(f"'{field}' is {len(body[field])} characters long; at most "
-                             f"{MAX_NAME_CHARS} are accepted", param=field)
-    if "kv_transfer_params" in body:
-        # It names KV blocks on a worker: a client could read another request's prompt KV.
-        raise BadRequest("'kv_transfer_params' is set by the gateway between its prefill "
-                         "and decode workers, never by clients; remove it",
-                         param="kv_transfer_params")
+            raise BadRequest(
+                f"'{field}' is {len(body[field])} characters long; at most "
+                f"{MAX_NAME_CHARS} are accepted",
+                param=field,
+            )
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    """What every generating route checks alike: names, the gateway's own fields,
+    ``stream``."""
+    check_names(body)
+    _check_worker_internal(body)
+    if "request_id" in body:
+        # vLLM reads it, but the X-Request-Id the gateway sends every worker takes precedence.
+        raise BadRequest(
+            "'request_id' in the body is not used here; send your id in the "
+            "X-Request-Id header, which names the request in the answer and "
+            "the logs",
+            param="request_id",
+            code="unsupported_parameter",
+        )
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be true or false", param="stream")
+
+
+# Fields vLLM reads into a request's ``extra_args`` for its KV/encoder-cache connectors and
+# scheduler, top-level or through ``vllm_xargs`` (vLLM 0.32: ``to_sampling_params``,
+# ``v1/request.py``). They name KV blocks on a worker (a client could read another
+# request's prompt KV) and are set by the gateway between its prefill and decode workers.
+WORKER_INTERNAL_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+WORKER_INTERNAL_XARGS = (*WORKER_INTERNAL_FIELDS, "kv_cache_report_mode")
+XARGS = "vllm_xargs"
+
+
+def _check_worker_internal(body: dict[str, Any]) -> None:
+    """400 for a worker-internal field, however it is sent."""
+    for field in WORKER_INTERNAL_FIELDS:
+        if field in body:
+            raise BadRequest(
+                f"'{field}' is set by the gateway between its workers, never by clients; remove it",
+                param=field,
+                code="unsupported_parameter",
+            )
+    xargs = body.get(XARGS)
+    if xargs is None:
+        return
+    if not isinstance(xargs, dict):
+        raise BadRequest(f"'{XARGS}' must be an object of extension arguments", param=XARGS)
+    for key in WORKER_INTERNAL_XARGS:
+        if key in xargs:
+            raise BadRequest(
+                f"'{XARGS}.{key}' is set by the gateway between its workers, "
+                "never by clients; remove it",
+                param=f"{XARGS}.{key}",
+                code="unsupported_parameter",
+            )
 
 
 def _plural(count: int, noun: str) -> str:
@@ -194,10 +288,14 @@ def _plural(count: int, noun: str) -> str:
 # the gateway must not ignore them and answer from the base model. ``adapter_id`` names an
 # adapter as ``model`` does; the others are refused, each with what to use instead.
 ADAPTER_ID_FIELD = "adapter_id"
-_SELECT_INSTEAD = ("name the adapter with 'model' (or 'adapter_id'), or send 'user' to "
-                   "run that user's bound adapter")
-_LOAD_INSTEAD = ("adapters are uploaded to the registry (POST /v1/adapters) and named with "
-                 "'model' (or 'adapter_id'), or chosen by 'user'")
+_SELECT_INSTEAD = (
+    "name the adapter with 'model' (or 'adapter_id'), or send 'user' to "
+    "run that user's bound adapter"
+)
+_LOAD_INSTEAD = (
+    "adapters are uploaded to the registry (POST /v1/adapters) and named with "
+    "'model' (or 'adapter_id'), or chosen by 'user'"
+)
 FOREIGN_ADAPTER_FIELDS: dict[str, str] = {
     "adapter_source": _LOAD_INSTEAD,
     "merged_adapters": _LOAD_INSTEAD,
@@ -216,8 +314,11 @@ def requested_model(body: dict[str, Any], base_name: str) -> str | None:
     ignored."""
     if not FOREIGN_ADAPTER_FIELDS.keys().isdisjoint(body):
         field = next(f for f in FOREIGN_ADAPTER_FIELDS if f in body)
-        raise BadRequest(f"'{field}' is not supported: {FOREIGN_ADAPTER_FIELDS[field]}",
-                         param=field, code="unsupported_parameter")
+        raise BadRequest(
+            f"'{field}' is not supported: {FOREIGN_ADAPTER_FIELDS[field]}",
+            param=field,
+            code="unsupported_parameter",
+        )
     model = body.get("model")
     if ADAPTER_ID_FIELD not in body:
         return model
@@ -225,11 +326,17 @@ def requested_model(body: dict[str, Any], base_name: str) -> str | None:
     if not isinstance(adapter_id, str) or not adapter_id:
         raise BadRequest("'adapter_id' must be an adapter's name", param=ADAPTER_ID_FIELD)
     if len(adapter_id) > MAX_NAME_CHARS:
-        raise BadRequest(f"'adapter_id' is {len(adapter_id)} characters long; at most "
-                         f"{MAX_NAME_CHARS} are accepted", param=ADAPTER_ID_FIELD)
+        raise BadRequest(
+            f"'adapter_id' is {len(adapter_id)} characters long; at most "
+            f"{MAX_NAME_CHARS} are accepted",
+            param=ADAPTER_ID_FIELD,
+        )
     if model not in (None, base_name, adapter_id):
-        raise BadRequest("'model' and 'adapter_id' name different models; send one of them "
-                         "(both name the adapter that runs)", param=ADAPTER_ID_FIELD)
+        raise BadRequest(
+            "'model' and 'adapter_id' name different models; send one of them "
+            "(both name the adapter that runs)",
+            param=ADAPTER_ID_FIELD,
+        )
     return adapter_id
 
 
@@ -238,11 +345,15 @@ def request_user(body: dict[str, Any], header: str | None) -> str | None:
     successor of ``user``; both at once must agree), else the ``X-User-Id`` header."""
     user, safety_identifier = body.get("user"), body.get("safety_identifier")
     if user and safety_identifier and user != safety_identifier:
-        raise BadRequest("'user' and 'safety_identifier' name different users; send one of "
-                         "them (both name the end user whose adapter runs)",
-                         param="safety_identifier")
+        raise BadRequest(
+            "'user' and 'safety_identifier' name different users; send one of "
+            "them (both name the end user whose adapter runs)",
+            param="safety_identifier",
+        )
     user = user or safety_identifier or header
     if user is not None and len(user) > MAX_NAME_CHARS:
-        raise BadRequest(f"the user id is {len(user)} characters long; at most "
-                         f"{MAX_NAME_CHARS} are accepted", param="user")
+        raise BadRequest(
+            f"the user id is {len(user)} characters long; at most {MAX_NAME_CHARS} are accepted",
+            param="user",
+        )
     return user

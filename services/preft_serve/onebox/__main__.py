@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from preft_serve.adapters.format import AdapterMode
-from preft_serve.models import DEFAULT_MODEL
+from preft_serve.basemodels import DEFAULT_MODEL
 from preft_serve.onebox.demo import (
     Binding,
     DemoTenant,
@@ -55,39 +55,69 @@ def say(line: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     d = StackConfig()
-    p = argparse.ArgumentParser(prog="python -m preft_serve.onebox", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--var", type=Path, default=d.var,
-                   help="state directory: base model in VAR/models, demo adapters in "
-                   "VAR/demo, logs and data in VAR/run (default: var)")
-    p.add_argument("--toy", action="store_true",
-                   help="serve a generated random Llama and random adapters instead of "
-                   "SmolLM2 and trained ones (starts in about a minute; gibberish text)")
-    p.add_argument("--models-dir", type=Path,
-                   help="where 'preft model prepare' keeps base models (default VAR/models)")
-    p.add_argument("--redis-port", type=int, default=d.redis_port,
-                   help="(default %(default)s)")
-    p.add_argument("--registry-port", type=int, default=d.registry_port,
-                   help="(default %(default)s)")
-    p.add_argument("--worker-port", type=int, default=d.worker_port,
-                   help="(default %(default)s)")
-    p.add_argument("--gateway-port", type=int, default=d.gateway_port,
-                   help="(default %(default)s)")
-    p.add_argument("--object-store", metavar="URL",
-                   help="s3://bucket[/prefix] (credentials from AWS_* variables) or a "
-                   "directory (default: VAR/run/objects)")
-    p.add_argument("--s3-endpoint-url", metavar="URL",
-                   help="S3-protocol endpoint, e.g. MinIO or moto (default: AWS)")
-    p.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank,
-                   help="largest LoRA r the worker serves and the registry accepts "
-                   "(default %(default)s)")
-    p.add_argument("--tool-call-parser", metavar="NAME",
-                   help="turn on tool calling with this vLLM tool-call parser (e.g. hermes, "
-                   "llama3_json); the chart's worker.toolCallParser")
-    p.add_argument("--worker-args", default="", metavar="'FLAGS'",
-                   help="extra flags for the worker (and vLLM), one shell-quoted string")
-    p.add_argument("--exit-after-demo", action="store_true",
-                   help="stop everything once the examples are printed (tests, CI)")
+    p = argparse.ArgumentParser(
+        prog="python -m preft_serve.onebox",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--var",
+        type=Path,
+        default=d.var,
+        help="state directory: base model in VAR/models, demo adapters in "
+        "VAR/demo, logs and data in VAR/run (default: var)",
+    )
+    p.add_argument(
+        "--toy",
+        action="store_true",
+        help="serve a generated random Llama and random adapters instead of "
+        "SmolLM2 and trained ones (starts in about a minute; gibberish text)",
+    )
+    p.add_argument(
+        "--models-dir",
+        type=Path,
+        help="where 'preft model prepare' keeps base models (default VAR/models)",
+    )
+    p.add_argument("--redis-port", type=int, default=d.redis_port, help="(default %(default)s)")
+    p.add_argument(
+        "--registry-port", type=int, default=d.registry_port, help="(default %(default)s)"
+    )
+    p.add_argument("--worker-port", type=int, default=d.worker_port, help="(default %(default)s)")
+    p.add_argument("--gateway-port", type=int, default=d.gateway_port, help="(default %(default)s)")
+    p.add_argument(
+        "--object-store",
+        metavar="URL",
+        help="s3://bucket[/prefix] (credentials from AWS_* variables) or a "
+        "directory (default: VAR/run/objects)",
+    )
+    p.add_argument(
+        "--s3-endpoint-url",
+        metavar="URL",
+        help="S3-protocol endpoint, e.g. MinIO or moto (default: AWS)",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=d.max_lora_rank,
+        help="largest LoRA r the worker serves and the registry accepts (default %(default)s)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        metavar="NAME",
+        help="turn on tool calling with this vLLM tool-call parser (e.g. hermes, "
+        "llama3_json); the chart's worker.toolCallParser",
+    )
+    p.add_argument(
+        "--worker-args",
+        default="",
+        metavar="'FLAGS'",
+        help="extra flags for the worker (and vLLM), one shell-quoted string",
+    )
+    p.add_argument(
+        "--exit-after-demo",
+        action="store_true",
+        help="stop everything once the examples are printed (tests, CI)",
+    )
     return p
 
 
@@ -95,14 +125,23 @@ def config_from(args: argparse.Namespace) -> StackConfig:
     if args.s3_endpoint_url and not (args.object_store or "").startswith("s3://"):
         raise StackError("--s3-endpoint-url needs --object-store s3://bucket[/prefix]")
     config = StackConfig(
-        var=args.var, redis_port=args.redis_port, registry_port=args.registry_port,
-        worker_port=args.worker_port, gateway_port=args.gateway_port,
-        object_store=args.object_store, s3_endpoint_url=args.s3_endpoint_url,
-        max_lora_rank=args.max_lora_rank, worker_args=shlex.split(args.worker_args),
+        var=args.var,
+        redis_port=args.redis_port,
+        registry_port=args.registry_port,
+        worker_port=args.worker_port,
+        gateway_port=args.gateway_port,
+        object_store=args.object_store,
+        s3_endpoint_url=args.s3_endpoint_url,
+        max_lora_rank=args.max_lora_rank,
+        worker_args=shlex.split(args.worker_args),
     )
     if args.tool_call_parser:
-        config.worker_args += ["--enable-auto-tool-choice",
-                               f"--tool-call-parser={args.tool_call_parser}"]
+        config.worker_args += [
+            "--enable-auto-tool-choice",
+            f"--tool-call-parser={args.tool_call_parser}",
+        ]
+        # The gateway's /v1/responses refuses tools unless told the worker parses them.
+        config.gateway_env["PREFT_GATEWAY_TOOL_CALLING"] = "true"
     if not args.toy:
         config.base_model_name = DEFAULT_MODEL
         config.kv_cache_gib = 0.5
@@ -119,34 +158,42 @@ def prepare_toy(var: Path) -> tuple[Path, list[Binding], list[TrainedUser]]:
 
 
 def prepare_real(var: Path, models_dir: Path) -> tuple[Path, list[Binding], list[TrainedUser]]:
-    from preft_serve.models import ModelPrepareError, prepare_model
+    from preft_serve.basemodels import ModelPrepareError, prepare_model
 
-    say(f"[1/7] base model {DEFAULT_MODEL} in {models_dir} (first run: download and "
-        "convert, about a minute)")
+    say(
+        f"[1/7] base model {DEFAULT_MODEL} in {models_dir} (first run: download and "
+        "convert, about a minute)"
+    )
     try:
-        model = prepare_model(DEFAULT_MODEL, models_dir / DEFAULT_MODEL,
-                              say=lambda line: say(f"  {line}")).resolve()
+        model = prepare_model(
+            DEFAULT_MODEL, models_dir / DEFAULT_MODEL, say=lambda line: say(f"  {line}")
+        ).resolve()
     except ModelPrepareError as exc:
         raise StackError(str(exc)) from None
     say(f"[2/7] PreFT adapters for the demo users in {var / 'demo' / 'personal'}")
     trained = train_demo_users(var / "demo" / "personal", model, say)
-    return model, [Binding(t.user, t.adapter, t.directory, AdapterMode.PREFILL)
-                   for t in trained], trained
+    return (
+        model,
+        [Binding(t.user, t.adapter, t.directory, AdapterMode.PREFILL) for t in trained],
+        trained,
+    )
 
 
 def ask_everyone(stack: OneBox, tenant: DemoTenant, trained: list[TrainedUser]) -> None:
     """The real demo's proof: one question never trained on, base model and each user."""
     question = demo_question()
-    say(f"[7/7] one question (a phrasing no adapter was trained on), as the base model and "
-        f"as each user:\n  Q: {question!r}")
+    say(
+        f"[7/7] one question (a phrasing no adapter was trained on), as the base model and "
+        f"as each user:\n  Q: {question!r}"
+    )
     by_user = {t.user: t for t in trained}
     for user in [None, *tenant.users]:
-        reply = chat(stack, tenant.api_key,
-                     chat_body(user, stack.config.base_model_name, question))
+        reply = chat(stack, tenant.api_key, chat_body(user, stack.config.base_model_name, question))
         content = str(reply["choices"][0]["message"]["content"]).strip()
         verdict = judge(content, by_user.get(user) if user else None, trained)
-        say(f"  {user or 'base model':<10} ({reply['model']}): {content!r}\n"
-            f"  {'':<10} -> {verdict}")
+        say(
+            f"  {user or 'base model':<10} ({reply['model']}): {content!r}\n  {'':<10} -> {verdict}"
+        )
 
 
 def bring_up(stack: OneBox, toy: bool, models_dir: Path) -> None:
@@ -154,8 +201,9 @@ def bring_up(stack: OneBox, toy: bool, models_dir: Path) -> None:
     var = stack.config.var
     stack.check_ports()
     model, bindings, trained = prepare_toy(var) if toy else prepare_real(var, models_dir)
-    sample = write_jsonl(training_records(PERSONAS["alice"]),
-                         var / "demo" / "personal" / "data" / "alice.jsonl")
+    sample = write_jsonl(
+        training_records(PERSONAS["alice"]), var / "demo" / "personal" / "data" / "alice.jsonl"
+    )
     say("[3/7] worker (vLLM loads in the background, about a minute on CPU)")
     stack.start_worker(model)
     say("[4/7] redis and registry")
@@ -172,8 +220,10 @@ def bring_up(stack: OneBox, toy: bool, models_dir: Path) -> None:
         say("[7/7] one chat completion through the gateway (user alice)")
         reply = first_reply(stack, tenant.api_key)
         content = reply["choices"][0]["message"]["content"]
-        say(f"  model {reply['model']!r} answered {content!r} (random toy model: gibberish "
-            "is expected)")
+        say(
+            f"  model {reply['model']!r} answered {content!r} (random toy model: gibberish "
+            "is expected)"
+        )
         say(examples(stack, tenant))
     else:
         ask_everyone(stack, tenant, trained)

@@ -50,8 +50,9 @@ def toy_mode(adapter: str) -> AdapterMode:
 
 
 def toy_bindings(adapters_dir: Path) -> list[Binding]:
-    return [Binding(user, name, adapters_dir / name, toy_mode(name))
-            for user, name in TOY_USERS.items()]
+    return [
+        Binding(user, name, adapters_dir / name, toy_mode(name)) for user, name in TOY_USERS.items()
+    ]
 
 
 @dataclasses.dataclass
@@ -76,18 +77,24 @@ def seed_demo(stack: OneBox, bindings: list[Binding], sample_data: Path) -> Demo
             up = session.upload(b.directory, b.adapter, b.mode)
             session.bind(b.user, b.adapter)
             uploaded[b.adapter] = up
-            stack.say(f"  {b.user:<6}-> {b.adapter:<14} {up.type:<7} mode {up.mode:<8} "
-                      f"sha256:{up.sha256[:12]}...")
+            stack.say(
+                f"  {b.user:<6}-> {b.adapter:<14} {up.type:<7} mode {up.mode:<8} "
+                f"sha256:{up.sha256[:12]}..."
+            )
     finally:
         session.close()
     return DemoTenant(api_key, bindings, uploaded, sample_data)
 
 
-def chat_body(user: str | None, base_model_name: str, content: str = PROMPT,
-              max_tokens: int = MAX_TOKENS) -> dict[str, object]:
-    body: dict[str, object] = {"model": base_model_name,
-                               "messages": [{"role": "user", "content": content}],
-                               "max_tokens": max_tokens, "temperature": 0}
+def chat_body(
+    user: str | None, base_model_name: str, content: str = PROMPT, max_tokens: int = MAX_TOKENS
+) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": base_model_name,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
     if user is not None:
         body["user"] = user
     return body
@@ -95,12 +102,19 @@ def chat_body(user: str | None, base_model_name: str, content: str = PROMPT,
 
 def chat(stack: OneBox, api_key: str, body: dict[str, object]) -> dict[str, Any]:
     """One real chat completion through the gateway."""
-    resp = httpx.post(f"{stack.gateway_url}/v1/chat/completions", timeout=300,
-                      headers={"Authorization": f"Bearer {api_key}"}, json=body)
+    resp = httpx.post(
+        f"{stack.gateway_url}/v1/chat/completions",
+        timeout=300,
+        headers={"Authorization": f"Bearer {api_key}"},
+        json=body,
+    )
     if resp.status_code != 200:
-        raise StackError(f"the demo request through the gateway failed: HTTP "
-                         f"{resp.status_code} {resp.text[:500]}")
-    return resp.json()
+        raise StackError(
+            f"the demo request through the gateway failed: HTTP "
+            f"{resp.status_code} {resp.text[:500]}"
+        )
+    answer: dict[str, Any] = resp.json()
+    return answer
 
 
 def first_reply(stack: OneBox, api_key: str, user: str = "alice") -> dict[str, Any]:
@@ -108,12 +122,13 @@ def first_reply(stack: OneBox, api_key: str, user: str = "alice") -> dict[str, A
     return chat(stack, api_key, chat_body(user, stack.config.base_model_name))
 
 
-def curl_example(stack: OneBox, api_key: str, user: str = "alice",
-                 content: str = PROMPT) -> str:
+def curl_example(stack: OneBox, api_key: str, user: str = "alice", content: str = PROMPT) -> str:
     body = json.dumps(chat_body(user, stack.config.base_model_name, content))
-    return (f"curl -s {stack.gateway_url}/v1/chat/completions \\\n"
-            f"  -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' \\\n"
-            f"  -d {shlex.quote(body)}")
+    return (
+        f"curl -s {stack.gateway_url}/v1/chat/completions \\\n"
+        f"  -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' \\\n"
+        f"  -d {shlex.quote(body)}"
+    )
 
 
 def openai_example(stack: OneBox, tenant: DemoTenant, content: str = PROMPT) -> str:
@@ -139,8 +154,11 @@ EOF"""
 def examples(stack: OneBox, tenant: DemoTenant, content: str = PROMPT) -> str:
     """The copy-paste block printed once the stack is up."""
     preft = shlex.quote(str(Path(sys.executable).with_name("preft")))
-    users = "\n".join(f"  {b.user:<6} -> {b.adapter:<14} ({tenant.adapters[b.adapter].type}, "
-                      f"mode {tenant.adapters[b.adapter].mode})" for b in tenant.bindings)
+    users = "\n".join(
+        f"  {b.user:<6} -> {b.adapter:<14} ({tenant.adapters[b.adapter].type}, "
+        f"mode {tenant.adapters[b.adapter].mode})"
+        for b in tenant.bindings
+    )
     first = tenant.users[0]
     return f"""
 Parts (logs in {stack.config.log_dir}/):

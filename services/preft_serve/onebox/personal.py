@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode
-from preft_serve.models.prepare import MARKER
+from preft_serve.basemodels.prepare import MARKER
 from preft_serve.training.synthetic import PERSONAS, Fact, held_out_pairs, training_records
 
 if TYPE_CHECKING:
@@ -55,17 +55,28 @@ def _config(data: Path, model: Path, out: Path) -> TrainConfig:
     from preft_serve.training.trainer import TrainConfig
 
     spec = AdapterSpec(mode=AdapterMode.PREFILL, rank=RANK)
-    return TrainConfig(data=data, model=model, out=out, adapter=spec, max_steps=STEPS,
-                       batch_size=len(training_records(PERSONAS[DEMO_USERS[0]])),
-                       learning_rate=LEARNING_RATE, warmup_steps=1, progress=False)
+    return TrainConfig(
+        data=data,
+        model=model,
+        out=out,
+        adapter=spec,
+        max_steps=STEPS,
+        batch_size=len(training_records(PERSONAS[DEMO_USERS[0]])),
+        learning_rate=LEARNING_RATE,
+        warmup_steps=1,
+        progress=False,
+    )
 
 
 def model_identity(model: Path) -> str:
     """What the base model is, wherever it lies: the marker of ``preft model prepare`` (it
     pins the wheel's sha256) with config.json, else a digest of every file in the folder."""
     digest = hashlib.sha256()
-    names = [MARKER, "config.json"] if (model / MARKER).is_file() else sorted(
-        p.name for p in model.iterdir() if p.is_file())
+    names = (
+        [MARKER, "config.json"]
+        if (model / MARKER).is_file()
+        else sorted(p.name for p in model.iterdir() if p.is_file())
+    )
     for name in names:
         digest.update(name.encode() + b"\0")
         with open(model / name, "rb") as fh:
@@ -78,8 +89,10 @@ def model_identity(model: Path) -> str:
 def cache_key(config: TrainConfig, data_text: str, model_id: str) -> str:
     """The content an adapter was trained from: data, recipe and base model."""
     recipe = {k: v for k, v in config.as_json().items() if k not in _PLACES}
-    return hashlib.sha256(json.dumps(
-        {"data": data_text, "recipe": recipe, "model": model_id}, sort_keys=True).encode()
+    return hashlib.sha256(
+        json.dumps(
+            {"data": data_text, "recipe": recipe, "model": model_id}, sort_keys=True
+        ).encode()
     ).hexdigest()
 
 
@@ -111,12 +124,16 @@ def train_demo_users(root: Path, model: Path, say: Say) -> list[TrainedUser]:
             say(f"  {user}: PreFT adapter already trained ({out})")
         else:
             (out / CACHE_KEY_FILE).unlink(missing_ok=True)
-            say(f"  {user}: training a PreFT LoRA on {len(training_records(persona))} "
-                f"examples of their facts ({STEPS} steps, about a minute)")
+            say(
+                f"  {user}: training a PreFT LoRA on {len(training_records(persona))} "
+                f"examples of their facts ({STEPS} steps, about a minute)"
+            )
             start = time.monotonic()
             result = train(config, say=lambda _: None)
-            say(f"  {user}: loss {result.metrics['train_loss'][0]['loss']:.2f} -> "
-                f"{result.train_loss:.3f} in {time.monotonic() - start:.0f} s")
+            say(
+                f"  {user}: loss {result.metrics['train_loss'][0]['loss']:.2f} -> "
+                f"{result.train_loss:.3f} in {time.monotonic() - start:.0f} s"
+            )
             (out / CACHE_KEY_FILE).write_text(key + "\n")
         fact = next(f for f in persona.facts if f.key == QUESTION_KEY)
         trained.append(TrainedUser(user, f"{user}-preft", out, fact))

@@ -61,14 +61,25 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 class Child:
     """A named subprocess whose stdout and stderr go to ``log_path``."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path,
-                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.name, self.argv, self.log_path = name, list(argv), log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (no locks: see _PRCTL)
             )
 
@@ -87,11 +98,11 @@ class Child:
         return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty log)"
 
     def failure(self, what: str) -> StackError:
-        return StackError(f"{self.name} {what}; last lines of {self.log_path}:\n"
-                          f"{self.log_tail()}")
+        return StackError(f"{self.name} {what}; last lines of {self.log_path}:\n{self.log_tail()}")
 
-    def wait_ready(self, check: Callable[[], bool], timeout: float,
-                   interval: float = 0.25) -> float:
+    def wait_ready(
+        self, check: Callable[[], bool], timeout: float, interval: float = 0.25
+    ) -> float:
         """Poll ``check`` until it is true; return the seconds waited.
 
         Raises :class:`StackError` with the log tail if the child exits or time runs out.

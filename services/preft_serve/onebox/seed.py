@@ -45,10 +45,17 @@ class TenantSession:
         self.registry = Registry(registry_url, api_key, timeout)
 
     def upload(self, adapter_dir: Path, name: str, mode: AdapterMode | str) -> Uploaded:
-        files = [("files", (n, (adapter_dir / n).read_bytes(), "application/octet-stream"))
-                 for n in (CONFIG_FILE, WEIGHTS_FILE)]
-        out = _call(self.registry, "POST", "/v1/adapters",
-                    data={"name": name, "mode": AdapterMode(mode).value}, files=files)
+        files = [
+            ("files", (n, (adapter_dir / n).read_bytes(), "application/octet-stream"))
+            for n in (CONFIG_FILE, WEIGHTS_FILE)
+        ]
+        out = _call(
+            self.registry,
+            "POST",
+            "/v1/adapters",
+            data={"name": name, "mode": AdapterMode(mode).value},
+            files=files,
+        )
         return Uploaded(out["name"], out["sha256"], out["mode"], out["type"])
 
     def bind(self, user: str, adapter: str) -> None:

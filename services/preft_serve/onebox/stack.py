@@ -19,7 +19,7 @@ import httpx
 import redis
 
 from preft_serve.common.local_redis import redis_server_argv
-from preft_serve.common.serving_limits import SERVING_LIMITS
+from preft_serve.common.rank_caps import RANK_CAPS
 from preft_serve.onebox.processes import Child, StackError, port_in_use
 
 Say = Callable[[str], None]
@@ -40,7 +40,7 @@ class StackConfig:
     base_model_name: str = "tiny-llama"
     kv_cache_gib: float = 0.25
     max_model_len: int = 1024
-    max_lora_rank: int = SERVING_LIMITS.max_lora_rank  # given to the registry and the worker
+    max_lora_rank: int = RANK_CAPS.max_lora_rank  # given to the registry and the worker
     worker_args: list[str] = dataclasses.field(default_factory=list)
     gateway_env: dict[str, str] = dataclasses.field(default_factory=dict)
     worker_env: dict[str, str] = dataclasses.field(default_factory=dict)  # e.g. step trace
@@ -62,8 +62,12 @@ class StackConfig:
 
     @property
     def ports(self) -> dict[str, int]:
-        return {"--redis-port": self.redis_port, "--registry-port": self.registry_port,
-                "--worker-port": self.worker_port, "--gateway-port": self.gateway_port}
+        return {
+            "--redis-port": self.redis_port,
+            "--registry-port": self.registry_port,
+            "--worker-port": self.worker_port,
+            "--gateway-port": self.gateway_port,
+        }
 
 
 def http_ok(url: str) -> Callable[[], bool]:
@@ -99,17 +103,19 @@ class OneBox:
 
     def check_ports(self) -> None:
         """Fail before starting anything if a port is taken (a stack already running?)."""
-        busy = [f"{port} ({flag})" for flag, port in self.config.ports.items()
-                if port_in_use(port)]
+        busy = [f"{port} ({flag})" for flag, port in self.config.ports.items() if port_in_use(port)]
         if busy:
-            raise StackError(f"port(s) already in use: {', '.join(busy)}. Is another local "
-                             "stack running? Stop it, or choose other ports with those flags.")
+            raise StackError(
+                f"port(s) already in use: {', '.join(busy)}. Is another local "
+                "stack running? Stop it, or choose other ports with those flags."
+            )
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         """Start one more part (stopped with the others; unknown names stop first)."""
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
-        child = Child(name, argv, self.config.log_dir / f"{name}.log", env=env,
-                      cwd=self.config.run_dir)
+        child = Child(
+            name, argv, self.config.log_dir / f"{name}.log", env=env, cwd=self.config.run_dir
+        )
         self.children.append(child)
         self.say(f"  {name}: started (pid {child.pid}), log {child.log_path}")
         return child
@@ -136,15 +142,27 @@ class OneBox:
             "PREFT_REGISTRY_ADMIN_TOKEN": self.admin_token,
             "PREFT_REGISTRY_STAGING_DIR": str((self.config.run_dir / "staging").resolve()),
             "PREFT_REGISTRY_MAX_LORA_RANK": str(self.config.max_lora_rank),
+            # The gateway's --base-model-name: fine-tuning accepts the name /v1/models lists.
+            "PREFT_REGISTRY_BASE_MODEL_NAME": self.config.base_model_name,
         }
         if self.config.s3_endpoint_url:
             env["PREFT_REGISTRY_OBJECT_STORE__S3_ENDPOINT_URL"] = self.config.s3_endpoint_url
         if self.config.store_url.startswith("s3://"):
             # A fresh MinIO/moto has no bucket yet; an existing one is left as it is.
             env["PREFT_REGISTRY_OBJECT_STORE__S3_CREATE_BUCKET"] = "true"
-        argv = [sys.executable, "-m", "preft_serve.registry",
-                "--port", str(self.config.registry_port), "--base-model", str(model),
-                "--redis-url", self.redis_url, "--object-store", self.config.store_url]
+        argv = [
+            sys.executable,
+            "-m",
+            "preft_serve.registry",
+            "--port",
+            str(self.config.registry_port),
+            "--base-model",
+            str(model),
+            "--redis-url",
+            self.redis_url,
+            "--object-store",
+            self.config.store_url,
+        ]
         return argv, env
 
     def start_registry(self, model: Path) -> Child:
@@ -154,19 +172,33 @@ class OneBox:
         child.wait_ready(http_ok(f"{self.registry_url}/readyz"), self.config.service_timeout_s)
         return child
 
-    def worker_command(self, model: Path, port: int | None = None,
-                       cache_dir: Path | None = None) -> list[str]:
+    def worker_command(
+        self, model: Path, port: int | None = None, cache_dir: Path | None = None
+    ) -> list[str]:
         """The worker's command line; benchmarks with more workers give each its own
         ``port`` and adapter ``cache_dir``."""
         cache_dir = cache_dir or self.config.run_dir / "adapter-cache"
-        argv = [sys.executable, "-m", "preft_serve.worker.serve", "--model", str(model),
-                "--port", str(port or self.config.worker_port),
-                "--object-store", self.config.store_url,
-                "--adapter-cache-dir", str(cache_dir.resolve()),
-                "--adapter-cache-gib", "1",
-                "--kv-cache-gib", str(self.config.kv_cache_gib),
-                "--max-model-len", str(self.config.max_model_len),
-                "--max-lora-rank", str(self.config.max_lora_rank)]
+        argv = [
+            sys.executable,
+            "-m",
+            "preft_serve.worker.serve",
+            "--model",
+            str(model),
+            "--port",
+            str(port or self.config.worker_port),
+            "--object-store",
+            self.config.store_url,
+            "--adapter-cache-dir",
+            str(cache_dir.resolve()),
+            "--adapter-cache-gib",
+            "1",
+            "--kv-cache-gib",
+            str(self.config.kv_cache_gib),
+            "--max-model-len",
+            str(self.config.max_model_len),
+            "--max-lora-rank",
+            str(self.config.max_lora_rank),
+        ]
         if self.config.s3_endpoint_url:
             argv += ["--s3-endpoint-url", self.config.s3_endpoint_url]
         return argv + self.config.worker_args
@@ -178,29 +210,47 @@ class OneBox:
 
     def wait_worker(self) -> float:
         worker = next(c for c in self.children if c.name == "worker")
-        return worker.wait_ready(http_ok(f"{self.worker_url}/health"),
-                                 self.config.worker_timeout_s, 0.5)
+        return worker.wait_ready(
+            http_ok(f"{self.worker_url}/health"), self.config.worker_timeout_s, 0.5
+        )
 
-    def gateway_command(self, model: Path, worker_urls: list[str] | None = None,
-                        port: int | None = None) -> tuple[list[str], dict[str, str]]:
-        argv = [sys.executable, "-m", "preft_serve.gateway",
-                "--port", str(port or self.config.gateway_port), "--redis-url", self.redis_url,
-                "--workers", ",".join(worker_urls or [self.worker_url]),
-                "--base-model-name", self.config.base_model_name,
-                "--worker-base-model", str(model), "--registry-url", self.registry_url]
+    def gateway_command(
+        self, model: Path, worker_urls: list[str] | None = None, port: int | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        argv = [
+            sys.executable,
+            "-m",
+            "preft_serve.gateway",
+            "--port",
+            str(port or self.config.gateway_port),
+            "--redis-url",
+            self.redis_url,
+            "--workers",
+            ",".join(worker_urls or [self.worker_url]),
+            "--base-model-name",
+            self.config.base_model_name,
+            "--worker-base-model",
+            str(model),
+            "--registry-url",
+            self.registry_url,
+        ]
         return argv, {"PREFT_GATEWAY_DISCOVERY": "static", **self.config.gateway_env}
 
-    def start_gateway(self, model: Path, worker_urls: list[str] | None = None,
-                      port: int | None = None, name: str = "gateway",
-                      extra_env: dict[str, str] | None = None) -> Child:
+    def start_gateway(
+        self,
+        model: Path,
+        worker_urls: list[str] | None = None,
+        port: int | None = None,
+        name: str = "gateway",
+        extra_env: dict[str, str] | None = None,
+    ) -> Child:
         """A gateway in front of ``worker_urls`` (default: this stack's worker); benchmarks
         start a second one on another ``port`` under another ``name`` (``extra_env``: e.g.
         another ``PYTHONPATH``, to run an older version side by side)."""
         port = port or self.config.gateway_port
         argv, env = self.gateway_command(model, worker_urls, port)
         child = self.start(name, argv, {**env, **(extra_env or {})})
-        child.wait_ready(http_ok(f"http://127.0.0.1:{port}/readyz"),
-                         self.config.service_timeout_s)
+        child.wait_ready(http_ok(f"http://127.0.0.1:{port}/readyz"), self.config.service_timeout_s)
         return child
 
     def dead_child(self) -> Child | None:
@@ -210,8 +260,7 @@ class OneBox:
     def stop(self) -> None:
         """Stop every started part, users before what they use: gateway, worker, registry,
         Redis (the worker starts first only because it takes longest)."""
-        self.children.sort(key=lambda c: STOP_ORDER.index(c.name)
-                           if c.name in STOP_ORDER else -1)
+        self.children.sort(key=lambda c: STOP_ORDER.index(c.name) if c.name in STOP_ORDER else -1)
         while self.children:
             child = self.children.pop(0)
             was_running = child.running()

@@ -14,8 +14,16 @@ from preft_serve.registry.app import create_app
 from preft_serve.registry.settings import RegistrySettings
 
 ENV_PREFIX = "PREFT_REGISTRY_"
-FLAGS = ("host", "port", "base_model", "redis_url", "namespace", "max_lora_rank",
-         "log_json", "log_level")
+FLAGS = (
+    "host",
+    "port",
+    "base_model",
+    "redis_url",
+    "namespace",
+    "max_lora_rank",
+    "log_json",
+    "log_level",
+)
 """Settings that also have a flag (every field is a PREFT_REGISTRY_* variable)."""
 
 
@@ -28,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         "docs/registry.md); these flags override them.",
     )
     add_settings_flags(parser, RegistrySettings, ENV_PREFIX, FLAGS)
-    parser.add_argument("--object-store", help="s3://bucket/prefix or a directory "
-                        f"({ENV_PREFIX}OBJECT_STORE__URL)")
+    parser.add_argument(
+        "--object-store", help=f"s3://bucket/prefix or a directory ({ENV_PREFIX}OBJECT_STORE__URL)"
+    )
     args = parser.parse_args(argv)
     overrides = flag_overrides(args, FLAGS)
     if args.object_store:

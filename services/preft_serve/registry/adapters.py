@@ -19,26 +19,34 @@ from pathlib import Path
 from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, AdapterType
-from preft_serve.common.errors import BadRequest, Conflict, NotFound
+from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound
 from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
-from preft_serve.registry.models import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
 from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
 from preft_serve.registry.quotas import Quota, check_upload, tenant_use
+from preft_serve.registry.schemas import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
 from preft_serve.registry.txn import Redis, transact
 from preft_serve.registry.validation import (
     BaseModelSpec,
+    UploadBounds,
     ValidatedAdapter,
-    ValidationLimits,
     validate_adapter,
 )
 
 logger = logging.getLogger(__name__)
-_VERSION_FIELDS = ("version", "sha256", "type", "rank", "mode", "base_model", "size_bytes",
-                   "created_at")
+_VERSION_FIELDS = (
+    "version",
+    "sha256",
+    "type",
+    "rank",
+    "mode",
+    "base_model",
+    "size_bytes",
+    "created_at",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,49 +58,95 @@ class UploadResult:
 
 def version_record(name: str, v: ValidatedAdapter, version: int, now: str) -> AdapterVersion:
     return AdapterVersion(
-        name=name, version=version, sha256=v.sha256, type=v.type, rank=v.rank, mode=v.mode,
-        base_model=v.base_model, size_bytes=v.size_bytes, created_at=now,
+        name=name,
+        version=version,
+        sha256=v.sha256,
+        type=v.type,
+        rank=v.rank,
+        mode=v.mode,
+        base_model=v.base_model,
+        size_bytes=v.size_bytes,
+        created_at=now,
     )
 
 
 def queue_version(
-    pipe: Any, keys: RegistryKeys, tenant: str, rec: AdapterVersion, config_bytes: bytes,
-    adapter_created_at: str, maxlen: int,
+    pipe: Any,
+    keys: RegistryKeys,
+    tenant: str,
+    rec: AdapterVersion,
+    config_bytes: bytes,
+    adapter_created_at: str,
+    maxlen: int,
 ) -> None:
     """Queue every write of a new current version, plus its event (shared with the bench)."""
-    fields = {f: str(getattr(rec, f).value if f in ("type", "mode") else getattr(rec, f))
-              for f in _VERSION_FIELDS}
-    pipe.hset(keys.adapter(tenant, rec.name), mapping={
-        **fields, "name": rec.name, "adapter_created_at": adapter_created_at,
-        "updated_at": rec.created_at,
-    })
+    fields = {
+        f: str(getattr(rec, f).value if f in ("type", "mode") else getattr(rec, f))
+        for f in _VERSION_FIELDS
+    }
+    pipe.hset(
+        keys.adapter(tenant, rec.name),
+        mapping={
+            **fields,
+            "name": rec.name,
+            "adapter_created_at": adapter_created_at,
+            "updated_at": rec.created_at,
+        },
+    )
     pipe.hset(keys.versions(tenant, rec.name), str(rec.version), json.dumps(fields))
     pipe.zadd(keys.adapters(tenant), {rec.name: 0})
-    pipe.hset(keys.blob(rec.sha256), mapping={
-        "sha256": rec.sha256, "type": fields["type"], "mode": fields["mode"],
-        "rank": fields["rank"], "base_model": rec.base_model, "size_bytes": fields["size_bytes"],
-        "config": config_bytes.decode(),
-    })
-    queue_event(pipe, keys, RegistryEvent(EventType.ADAPTER_UPDATED.value, tenant,
-                                          adapter=rec.name, version=rec.version,
-                                          sha256=rec.sha256), maxlen)
+    pipe.hset(
+        keys.blob(rec.sha256),
+        mapping={
+            "sha256": rec.sha256,
+            "type": fields["type"],
+            "mode": fields["mode"],
+            "rank": fields["rank"],
+            "base_model": rec.base_model,
+            "size_bytes": fields["size_bytes"],
+            "config": config_bytes.decode(),
+        },
+    )
+    queue_event(
+        pipe,
+        keys,
+        RegistryEvent(
+            EventType.ADAPTER_UPDATED.value,
+            tenant,
+            adapter=rec.name,
+            version=rec.version,
+            sha256=rec.sha256,
+        ),
+        maxlen,
+    )
 
 
 def _adapter_out(current: dict[str, str], bound: int) -> AdapterOut:
     return AdapterOut(
-        name=current["name"], version=int(current["version"]), sha256=current["sha256"],
-        type=AdapterType(current["type"]), rank=int(current["rank"]),
+        name=current["name"],
+        version=int(current["version"]),
+        sha256=current["sha256"],
+        type=AdapterType(current["type"]),
+        rank=int(current["rank"]),
         mode=AdapterMode(current["mode"]),
-        base_model=current["base_model"], size_bytes=int(current["size_bytes"]),
-        created_at=current["adapter_created_at"], updated_at=current["updated_at"],
+        base_model=current["base_model"],
+        size_bytes=int(current["size_bytes"]),
+        created_at=current["adapter_created_at"],
+        updated_at=current["updated_at"],
         bound_users=bound,
     )
 
 
 class AdapterService:
     def __init__(
-        self, client: Redis, keys: RegistryKeys, store: ObjectStore, base: BaseModelSpec,
-        limits: ValidationLimits, staging_dir: Path | None, events_maxlen: int,
+        self,
+        client: Redis,
+        keys: RegistryKeys,
+        store: ObjectStore,
+        base: BaseModelSpec,
+        bounds: UploadBounds,
+        staging_dir: Path | None,
+        events_maxlen: int,
         quota: Quota | None = None,
     ) -> None:
         self.redis = client
@@ -100,13 +154,19 @@ class AdapterService:
         self.keys = keys
         self.store = store
         self.base = base
-        self.limits = limits
+        self.bounds = bounds
         self.staging_dir = staging_dir
         self.maxlen = events_maxlen
 
     def upload(
-        self, tenant: str, name: str, mode: AdapterMode | None, files: list[UploadedFile],
-        *, create: bool, strict: bool = False,
+        self,
+        tenant: str,
+        name: str,
+        mode: AdapterMode | None,
+        files: list[UploadedFile],
+        *,
+        create: bool,
+        strict: bool = False,
     ) -> UploadResult:
         """Validate, store and commit one adapter version.
 
@@ -119,30 +179,47 @@ class AdapterService:
         if mode is None:
             current_mode = self.redis.hget(self.keys.adapter(tenant, name), "mode")
             if current_mode is None:
-                raise BadRequest(f"field 'mode' is required for a new adapter: "
-                                 f"{' or '.join(m.value for m in AdapterMode)}")
+                raise InvalidRequest(
+                    f"field 'mode' is required for a new adapter: "
+                    f"{' or '.join(m.value for m in AdapterMode)}"
+                )
             mode = AdapterMode(current_mode)
         with tempfile.TemporaryDirectory(dir=self.staging_dir, prefix="preft-upload-") as tmp:
-            staged = stage_upload(files, Path(tmp), self.limits)
-            validated = validate_adapter(staged.config_path, staged.weights_path, mode,
-                                         self.base, self.limits, strict=strict)
+            staged = stage_upload(files, Path(tmp), self.bounds)
+            validated = validate_adapter(
+                staged.config_path, staged.weights_path, mode, self.base, self.bounds, strict=strict
+            )
             # Decide no-op / conflict before writing a blob nobody would reference.
             current = self.redis.hgetall(self.keys.adapter(tenant, name))
             early = self._unchanged_or_conflict(name, current, validated, create)
             if early is not None:
                 return dataclasses.replace(early, warnings=validated.warnings)
             if self.quota is not None:
-                check_upload(self.quota, tenant_use(self.redis, self.keys, tenant), tenant,
-                             new_adapter=not current, sha256=validated.sha256,
-                             size_bytes=validated.size_bytes)
-            self.store.put_adapter(validated.sha256, validated.config_bytes,
-                                   validated.weights_path, verify=False)
-        result = dataclasses.replace(self.commit(tenant, name, validated, create=create),
-                                     warnings=validated.warnings)
+                check_upload(
+                    self.quota,
+                    tenant_use(self.redis, self.keys, tenant),
+                    tenant,
+                    new_adapter=not current,
+                    sha256=validated.sha256,
+                    size_bytes=validated.size_bytes,
+                )
+            self.store.put_adapter(
+                validated.sha256, validated.config_bytes, validated.weights_path, verify=False
+            )
+        result = dataclasses.replace(
+            self.commit(tenant, name, validated, create=create), warnings=validated.warnings
+        )
         if result.created:
-            logger.info("tenant %s adapter %s version %d -> %s (%s, %s, rank %d)", tenant, name,
-                        result.version.version, result.version.sha256, validated.type.value,
-                        validated.mode.value, validated.rank)
+            logger.info(
+                "tenant %s adapter %s version %d -> %s (%s, %s, rank %d)",
+                tenant,
+                name,
+                result.version.version,
+                result.version.sha256,
+                validated.type.value,
+                validated.mode.value,
+                validated.rank,
+            )
         return result
 
     @staticmethod
@@ -150,16 +227,20 @@ class AdapterService:
         name: str, current: dict[str, str], v: ValidatedAdapter, create: bool
     ) -> UploadResult | None:
         if current and current["sha256"] == v.sha256:
-            return UploadResult(AdapterVersion.model_validate(
-                {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}), created=False)
+            return UploadResult(
+                AdapterVersion.model_validate(
+                    {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}
+                ),
+                created=False,
+            )
         if current and create:
-            raise Conflict(f"adapter {shown(name)} already exists (version {current['version']}); "
-                           f"upload a new version with PUT /v1/adapters/{name}")
+            raise Conflict(
+                f"adapter {shown(name)} already exists (version {current['version']}); "
+                f"upload a new version with PUT /v1/adapters/{name}"
+            )
         return None
 
-    def commit(
-        self, tenant: str, name: str, v: ValidatedAdapter, *, create: bool
-    ) -> UploadResult:
+    def commit(self, tenant: str, name: str, v: ValidatedAdapter, *, create: bool) -> UploadResult:
         """Point ``name`` at stored content ``v`` as its next version (atomic).
 
         Re-checks under WATCH what ``upload`` pre-checked, since another writer may have
@@ -176,14 +257,22 @@ class AdapterService:
             version = int(current["version"]) + 1 if current else 1
             rec = version_record(name, v, version, now)
             pipe.multi()
-            queue_version(pipe, self.keys, tenant, rec, v.config_bytes,
-                          current.get("adapter_created_at", now), self.maxlen)
+            queue_version(
+                pipe,
+                self.keys,
+                tenant,
+                rec,
+                v.config_bytes,
+                current.get("adapter_created_at", now),
+                self.maxlen,
+            )
             return UploadResult(rec, created=True)
 
         return transact(self.redis, txn, adapter_key)
 
-    def list(self, tenant: str, limit: int, cursor: str | None) -> tuple[list[AdapterOut],
-                                                                         str | None]:
+    def list(
+        self, tenant: str, limit: int, cursor: str | None
+    ) -> tuple[list[AdapterOut], str | None]:
         """One page of adapters by name; the cursor is the last name of the previous page."""
         if cursor is not None:
             check_cursor(cursor)
@@ -195,8 +284,7 @@ class AdapterService:
             pipe.hgetall(self.keys.adapter(tenant, name))
             pipe.scard(self.keys.adapter_users(tenant, name))
         results = pipe.execute()
-        items = [_adapter_out(cur, bound) for cur, bound in zip(results[::2], results[1::2])
-                 if cur]
+        items = [_adapter_out(cur, bound) for cur, bound in zip(results[::2], results[1::2]) if cur]
         return items, (page[-1] if more and page else None)
 
     def get(self, tenant: str, name: str) -> AdapterDetail:
@@ -208,8 +296,7 @@ class AdapterService:
         current, bound, versions = pipe.execute()
         if not current:
             raise NotFound(f"adapter {shown(name)} does not exist")
-        history = sorted((VersionOut(**json.loads(v)) for v in versions),
-                         key=lambda v: v.version)
+        history = sorted((VersionOut(**json.loads(v)) for v in versions), key=lambda v: v.version)
         return AdapterDetail(**_adapter_out(current, bound).model_dump(), versions=history)
 
     def delete(self, tenant: str, name: str, *, force: bool) -> int:
@@ -228,17 +315,27 @@ class AdapterService:
                 raise NotFound(f"adapter {shown(name)} does not exist")
             users = sorted(pipe.smembers(users_key))
             if users and not force:
-                raise Conflict(f"adapter {shown(name)} is bound to {len(users)} user(s); unbind "
-                               "them first or delete with ?force=true, which also unbinds them")
+                raise Conflict(
+                    f"adapter {shown(name)} is bound to {len(users)} user(s); unbind "
+                    "them first or delete with ?force=true, which also unbinds them"
+                )
             pipe.multi()
             pipe.delete(k.adapter(tenant, name), k.versions(tenant, name), users_key)
             pipe.zrem(k.adapters(tenant), name)
             for user in users:
                 pipe.delete(k.binding(tenant, user))
-                queue_event(pipe, k, RegistryEvent(EventType.BINDING_DELETED.value, tenant,
-                                                   adapter=name, user=user), self.maxlen)
-            queue_event(pipe, k, RegistryEvent(EventType.ADAPTER_DELETED.value, tenant,
-                                               adapter=name), self.maxlen)
+                queue_event(
+                    pipe,
+                    k,
+                    RegistryEvent(EventType.BINDING_DELETED.value, tenant, adapter=name, user=user),
+                    self.maxlen,
+                )
+            queue_event(
+                pipe,
+                k,
+                RegistryEvent(EventType.ADAPTER_DELETED.value, tenant, adapter=name),
+                self.maxlen,
+            )
             return len(users)
 
         unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
@@ -257,14 +354,17 @@ class AdapterService:
         if version is None:
             fields = {f: current[f] for f in _VERSION_FIELDS}
         elif raw is None:
-            raise NotFound(f"adapter {shown(name)} has no version {version}; its versions are "
-                           f"1 to {current['version']}")
+            raise NotFound(
+                f"adapter {shown(name)} has no version {version}; its versions are "
+                f"1 to {current['version']}"
+            )
         else:
             fields = json.loads(raw)
         return AdapterVersion.model_validate({"name": name, **fields})
 
-    def export(self, tenant: str, name: str, version: int | None, dest_dir: Path) -> tuple[
-            AdapterVersion, Path]:
+    def export(
+        self, tenant: str, name: str, version: int | None, dest_dir: Path
+    ) -> tuple[AdapterVersion, Path]:
         """Write one version's stored files as ``<name>-v<version>.tar.gz`` into ``dest_dir``.
 
         The two files sit at the archive's root, byte for byte as stored (the download is
@@ -276,8 +376,10 @@ class AdapterService:
         try:
             self.store.fetch_adapter(rec.sha256, folder)
         except ObjectNotFound:
-            raise NotFound(f"the content of adapter {shown(name)} version {rec.version} is no "
-                           "longer in the object store") from None
+            raise NotFound(
+                f"the content of adapter {shown(name)} version {rec.version} is no "
+                "longer in the object store"
+            ) from None
         archive = dest_dir / f"{name}-v{rec.version}.tar.gz"
         with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
             for filename in (CONFIG_FILE, WEIGHTS_FILE):
@@ -296,32 +398,47 @@ class AdapterService:
         adapter_key = k.adapter(tenant, name)
         target = self.version(tenant, name, version)
         if not self.store.has_adapter(target.sha256):
-            raise NotFound(f"the content of adapter {shown(name)} version {version} is no "
-                           "longer in the object store; upload it again")
+            raise NotFound(
+                f"the content of adapter {shown(name)} version {version} is no "
+                "longer in the object store; upload it again"
+            )
 
         def txn(pipe: Any) -> UploadResult:
             current = pipe.hgetall(adapter_key)
             if not current:
                 raise NotFound(f"adapter {shown(name)} does not exist")
             if current["sha256"] == target.sha256:
-                return UploadResult(AdapterVersion.model_validate(
-                    {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}), created=False)
+                return UploadResult(
+                    AdapterVersion.model_validate(
+                        {"name": name, **{f: current[f] for f in _VERSION_FIELDS}}
+                    ),
+                    created=False,
+                )
             config = pipe.hget(k.blob(target.sha256), "config")
             if config is None:
-                raise NotFound(f"the content of adapter {shown(name)} version {version} is no "
-                               "longer registered; upload it again")
-            rec = target.model_copy(update={"version": int(current["version"]) + 1,
-                                            "created_at": utcnow()})
+                raise NotFound(
+                    f"the content of adapter {shown(name)} version {version} is no "
+                    "longer registered; upload it again"
+                )
+            rec = target.model_copy(
+                update={"version": int(current["version"]) + 1, "created_at": utcnow()}
+            )
             pipe.multi()
-            queue_version(pipe, k, tenant, rec, config.encode(), current["adapter_created_at"],
-                          self.maxlen)
+            queue_version(
+                pipe, k, tenant, rec, config.encode(), current["adapter_created_at"], self.maxlen
+            )
             return UploadResult(rec, created=True)
 
         result = transact(self.redis, txn, adapter_key, k.versions(tenant, name))
         if result.created:
-            logger.info("tenant %s adapter %s rolled back to version %d's content as version "
-                        "%d (%s)", tenant, name, version, result.version.version,
-                        result.version.sha256)
+            logger.info(
+                "tenant %s adapter %s rolled back to version %d's content as version %d (%s)",
+                tenant,
+                name,
+                version,
+                result.version.version,
+                result.version.sha256,
+            )
         return result
 
 

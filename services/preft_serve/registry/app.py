@@ -16,10 +16,12 @@ from preft_serve.common.bodylimit import BodySizeLimitMiddleware
 from preft_serve.common.errors import error_response, install_error_handlers
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError, StoreFull
 from preft_serve.common.registry_client import InvalidKeyPart
-from preft_serve.registry.limits import JsonBodyGuardMiddleware
-from preft_serve.registry.metrics import MetricsMiddleware, RegistryMetrics
+from preft_serve.registry.json_body_guard import JsonBodyGuardMiddleware
+from preft_serve.registry.metrics import RegistryMetrics
+from preft_serve.registry.request_metrics import MetricsMiddleware
 from preft_serve.registry.routers import (
     adapters,
+    audit,
     files,
     fine_tuning,
     health,
@@ -47,8 +49,11 @@ async def _backend_unavailable(request: Request, exc: Exception) -> JSONResponse
         # Not an outage to wait out: an operator must act (507, its own code and counter).
         logger.error("object store full: %s", exc)
         request.app.state.metrics.store_full.inc()
-        return error_response(507, "store_full", "the object store is full, so nothing was "
-                              "stored; the operator must free or add space")
+        return error_response(
+            507,
+            "store_full",
+            "the object store is full, so nothing was stored; the operator must free or add space",
+        )
     what = "Redis" if isinstance(exc, redis.RedisError) else "the object store"
     logger.error("%s unavailable: %s", what, exc)
     return error_response(503, "service_unavailable", f"{what} is unavailable; retry shortly")
@@ -59,22 +64,24 @@ async def _invalid_key_part(_: Request, exc: Exception) -> JSONResponse:
     return error_response(400, "invalid_value", str(exc))
 
 
-def create_app(settings: RegistrySettings | None = None,
-               store: ObjectStore | None = None) -> FastAPI:
+def create_app(
+    settings: RegistrySettings | None = None, store: ObjectStore | None = None
+) -> FastAPI:
     """Build the app; clients are created in the lifespan (``store`` overrides the config)."""
     settings = settings or RegistrySettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = RegistryState.build(settings, store)
+        state = RegistryState.build(settings, app.state.metrics, store)
         app.state.registry = state
-        if settings.finetune.enabled:
-            from preft_serve.registry.finetune.wiring import build_finetune
-
-            state.finetune = build_finetune(state, app.state.metrics)
+        if state.finetune is not None:
             state.finetune.start()
-        logger.info("registry ready: base model %s, object store %r, redis namespace %s",
-                    state.base.describe(), state.store, settings.namespace)
+        logger.info(
+            "registry ready: base model %s, object store %r, redis namespace %s",
+            state.base.describe(),
+            state.store,
+            settings.namespace,
+        )
         try:
             yield
         finally:
@@ -82,8 +89,12 @@ def create_app(settings: RegistrySettings | None = None,
                 state.finetune.close()
             state.close()
 
-    app = FastAPI(title="preft-serve adapter registry", version=__version__,
-                  description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="preft-serve adapter registry",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
     app.state.metrics = RegistryMetrics()
     install_error_handlers(app)
     app.add_exception_handler(redis.RedisError, _backend_unavailable)
@@ -92,14 +103,15 @@ def create_app(settings: RegistrySettings | None = None,
     app.add_middleware(JsonBodyGuardMiddleware)  # innermost: sees bodies under the size cap
     app.add_middleware(UploadAuthMiddleware)  # the key of an upload before its body
     app.add_middleware(
-        BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_upload_bytes,
         message=f"request body exceeds this registry's {settings.max_upload_bytes}-byte "
-                "limit; upload a smaller adapter or ask the operator to raise "
-                "PREFT_REGISTRY_MAX_UPLOAD_BYTES")
+        "limit; upload a smaller adapter or file",
+    )
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     # Outermost: every answer carries x-request-id, every request gets one log line.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (tenants, adapters, users, usage, health):
+    for module in (tenants, adapters, users, usage, audit, health):
         app.include_router(module.router)
     if settings.finetune.enabled:
         for module in (files, fine_tuning):

@@ -20,10 +20,10 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
-from preft_serve.common.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from preft_serve.common.domain_errors import InvalidRequest, TooLarge, UnsupportedFormat
 from preft_serve.common.text import clip, shown
 from preft_serve.registry.tarheaders import BoundedTarInfo
-from preft_serve.registry.validation import ValidationLimits
+from preft_serve.registry.validation import UploadBounds
 from preft_serve.registry.validation.weights import CONVERT_HINT
 from preft_serve.registry.zipdir import check_zip_directory
 
@@ -44,25 +44,26 @@ def file_role(basename: str) -> str:
     if basename in (CONFIG_FILE, WEIGHTS_FILE):
         return basename
     if basename.lower().endswith(PICKLE_SUFFIXES):
-        raise UnsupportedMediaType(
+        raise UnsupportedFormat(
             f"{clip(basename, 100)} is a pickle-based PyTorch file, which the registry never "
             f"loads; {CONVERT_HINT}"
         )
-    raise BadRequest(f"unexpected file {shown(basename)}: an adapter is exactly {CONFIG_FILE} "
-                     f"and {WEIGHTS_FILE} (or one .tar.gz/.zip of a folder holding them)")
+    raise InvalidRequest(
+        f"unexpected file {shown(basename)}: an adapter is exactly {CONFIG_FILE} "
+        f"and {WEIGHTS_FILE} (or one .tar.gz/.zip of a folder holding them)"
+    )
 
 
 def _place(folder: str) -> str:
     return f"in folder {shown(folder)}" if folder else "at the archive root"
 
 
-
 class _Extractor:
     """Shared member checks and bounded copying for tar and zip."""
 
-    def __init__(self, dest: Path, limits: ValidationLimits, compressed_size: int) -> None:
+    def __init__(self, dest: Path, bounds: UploadBounds, compressed_size: int) -> None:
         self.dest = dest
-        self.limits = limits
+        self.bounds = bounds
         self.compressed_size = max(compressed_size, 1)
         self.members = 0
         self.total_out = 0
@@ -71,24 +72,30 @@ class _Extractor:
 
     def count(self, name: str) -> None:
         self.members += 1
-        if self.members > self.limits.max_archive_members:
-            raise BadRequest(f"archive has more than {self.limits.max_archive_members} entries; "
-                             f"an adapter archive holds {CONFIG_FILE} and {WEIGHTS_FILE}")
+        if self.members > self.bounds.max_archive_members:
+            raise InvalidRequest(
+                f"archive has more than {self.bounds.max_archive_members} "
+                f"entries; an adapter archive holds {CONFIG_FILE} and "
+                f"{WEIGHTS_FILE}"
+            )
 
     def role(self, name: str) -> tuple[str, str] | None:
         """Which adapter file this member is and its top-level folder ("" at the root);
         None: ignorable. Rejects unsafe paths."""
         if "\\" in name or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-            raise BadRequest(f"archive entry {shown(name)} has an absolute or Windows path; "
-                             "use relative paths")
+            raise InvalidRequest(
+                f"archive entry {shown(name)} has an absolute or Windows path; use relative paths"
+            )
         parts = [p for p in PurePosixPath(name).parts if p != "."]
         if ".." in parts:
-            raise BadRequest(f"archive entry {shown(name)} points outside the archive ('..')")
+            raise InvalidRequest(f"archive entry {shown(name)} points outside the archive ('..')")
         if not parts or parts[0] == "__MACOSX" or parts[-1].startswith("._"):
             return None
         if len(parts) > 2:
-            raise BadRequest(f"archive entry {shown(name)} is nested too deeply; put the "
-                             "adapter files at the archive root or in one top-level folder")
+            raise InvalidRequest(
+                f"archive entry {shown(name)} is nested too deeply; put the "
+                "adapter files at the archive root or in one top-level folder"
+            )
         base = parts[-1]
         if base in IGNORED:
             return None
@@ -97,25 +104,31 @@ class _Extractor:
     def _check_folder(self, role: str, folder: str) -> None:
         for other, where in self.folders.items():
             if where != folder:
-                raise BadRequest(f"archive has {other} {_place(where)} and {role} "
-                                 f"{_place(folder)}; put both adapter files at the archive "
-                                 "root or both in one top-level folder")
+                raise InvalidRequest(
+                    f"archive has {other} {_place(where)} and {role} "
+                    f"{_place(folder)}; put both adapter files at the archive "
+                    "root or both in one top-level folder"
+                )
         self.folders[role] = folder
 
-    def take(self, name: str, place: tuple[str, str], size: int, compressed: int,
-             src: IO[bytes]) -> None:
+    def take(
+        self, name: str, place: tuple[str, str], size: int, compressed: int, src: IO[bytes]
+    ) -> None:
         role, folder = place
         if role in self.found:
-            raise BadRequest(f"archive contains {role} more than once")
+            raise InvalidRequest(f"archive contains {role} more than once")
         self._check_folder(role, folder)
-        limit = self.limits.max_config_bytes if role == CONFIG_FILE else (
-            self.limits.max_weights_bytes)
+        limit = (
+            self.bounds.max_config_bytes if role == CONFIG_FILE else (self.bounds.max_weights_bytes)
+        )
         if size > limit:
-            raise PayloadTooLarge(f"{role} in the archive is {size} bytes; the limit is {limit}")
-        ratio_cap = self.limits.max_compression_ratio
+            raise TooLarge(f"{role} in the archive is {size} bytes; the limit is {limit}")
+        ratio_cap = self.bounds.max_compression_ratio
         if size > _RATIO_FLOOR and compressed and size / compressed > ratio_cap:
-            raise BadRequest(f"archive entry {shown(name)} expands {size / compressed:.0f}x, "
-                             f"over the {ratio_cap:.0f}x limit (zip bomb?)")
+            raise InvalidRequest(
+                f"archive entry {shown(name)} expands {size / compressed:.0f}x, "
+                f"over the {ratio_cap:.0f}x limit (zip bomb?)"
+            )
         path = self.dest / role
         written = 0
         with open(path, "wb") as out:
@@ -123,23 +136,27 @@ class _Extractor:
                 written += len(chunk)
                 self.total_out += len(chunk)
                 if written > min(limit, size):
-                    raise PayloadTooLarge(f"{role} in the archive expands beyond its declared "
-                                          f"size or the {limit}-byte limit")
-                if (self.total_out > _RATIO_FLOOR
-                        and self.total_out / self.compressed_size > ratio_cap):
-                    raise BadRequest(f"archive expands more than {ratio_cap:.0f}x (zip bomb?)")
+                    raise TooLarge(
+                        f"{role} in the archive expands beyond its declared "
+                        f"size or the {limit}-byte limit"
+                    )
+                if (
+                    self.total_out > _RATIO_FLOOR
+                    and self.total_out / self.compressed_size > ratio_cap
+                ):
+                    raise InvalidRequest(f"archive expands more than {ratio_cap:.0f}x (zip bomb?)")
                 out.write(chunk)
         self.found[role] = path
 
 
 def extract_archive(
-    fileobj: IO[bytes], filename: str, dest: Path, limits: ValidationLimits
+    fileobj: IO[bytes], filename: str, dest: Path, bounds: UploadBounds
 ) -> dict[str, Path]:
     """Extract adapter files from an archive upload into ``dest``: role -> path."""
     fileobj.seek(0, 2)
     compressed_size = fileobj.tell()
     fileobj.seek(0)
-    ex = _Extractor(dest, limits, compressed_size)
+    ex = _Extractor(dest, bounds, compressed_size)
     if filename.lower().endswith(".zip"):
         _zip(fileobj, ex)
     else:
@@ -148,22 +165,24 @@ def extract_archive(
 
 
 def _zip(fileobj: IO[bytes], ex: _Extractor) -> None:
-    check_zip_directory(fileobj, ex.limits.max_archive_members)  # before zipfile parses it
+    check_zip_directory(fileobj, ex.bounds.max_archive_members)  # before zipfile parses it
     try:
         archive = zipfile.ZipFile(fileobj)
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
-        raise BadRequest(f"upload is not a readable .zip archive: {clip(str(exc))}") from None
+        raise InvalidRequest(f"upload is not a readable .zip archive: {clip(str(exc))}") from None
     with archive:
         for info in archive.infolist():
             ex.count(info.filename)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
-                raise BadRequest(f"archive entry {shown(info.filename)} is a symbolic link; "
-                                 "only regular files are allowed")
+                raise InvalidRequest(
+                    f"archive entry {shown(info.filename)} is a symbolic link; "
+                    "only regular files are allowed"
+                )
             if info.is_dir():
                 continue
             if info.flag_bits & 0x1:
-                raise BadRequest(f"archive entry {shown(info.filename)} is encrypted")
+                raise InvalidRequest(f"archive entry {shown(info.filename)} is encrypted")
             role = ex.role(info.filename)
             if role is None:
                 continue
@@ -171,13 +190,22 @@ def _zip(fileobj: IO[bytes], ex: _Extractor) -> None:
                 with archive.open(info) as src:
                     ex.take(info.filename, role, info.file_size, info.compress_size, src)
             except NotImplementedError:
-                raise BadRequest(f"archive entry {shown(info.filename)} uses a compression "
-                                 "method this registry cannot read; use deflate or store "
-                                 "(zip's defaults)") from None
-            except (zipfile.BadZipFile, EOFError, OSError, zlib.error, lzma.LZMAError,
-                    UnicodeDecodeError) as exc:
-                raise BadRequest(f"archive entry {shown(info.filename)} is corrupt: "
-                                 f"{clip(str(exc))}") from None
+                raise InvalidRequest(
+                    f"archive entry {shown(info.filename)} uses a compression "
+                    "method this registry cannot read; use deflate or store "
+                    "(zip's defaults)"
+                ) from None
+            except (
+                zipfile.BadZipFile,
+                EOFError,
+                OSError,
+                zlib.error,
+                lzma.LZMAError,
+                UnicodeDecodeError,
+            ) as exc:
+                raise InvalidRequest(
+                    f"archive entry {shown(info.filename)} is corrupt: {clip(str(exc))}"
+                ) from None
 
 
 def _tar(fileobj: IO[bytes], ex: _Extractor) -> None:
@@ -186,32 +214,43 @@ def _tar(fileobj: IO[bytes], ex: _Extractor) -> None:
             for member in archive:
                 ex.count(member.name)
                 if member.issym() or member.islnk():
-                    raise BadRequest(f"archive entry {shown(member.name)} is a link; only "
-                                     "regular files are allowed")
+                    raise InvalidRequest(
+                        f"archive entry {shown(member.name)} is a link; only "
+                        "regular files are allowed"
+                    )
                 if member.isdir():
                     continue
                 if not member.isreg():
-                    raise BadRequest(f"archive entry {shown(member.name)} is not a regular "
-                                     "file")
+                    raise InvalidRequest(
+                        f"archive entry {shown(member.name)} is not a regular file"
+                    )
                 role = ex.role(member.name)
                 if role is None:
-                    if member.size > ex.limits.max_config_bytes:
-                        raise PayloadTooLarge(f"archive entry {shown(member.name)} is too "
-                                              "large")
+                    if member.size > ex.bounds.max_config_bytes:
+                        raise TooLarge(f"archive entry {shown(member.name)} is too large")
                     continue
                 src = archive.extractfile(member)
                 assert src is not None
                 ex.take(member.name, role, member.size, 0, src)
     except tarfile.ReadError as exc:
-        raise BadRequest(f"upload is not a readable .tar/.tar.gz archive, or it is corrupt or "
-                         f"truncated: {clip(str(exc))}") from None
+        raise InvalidRequest(
+            f"upload is not a readable .tar/.tar.gz archive, or it is corrupt or "
+            f"truncated: {clip(str(exc))}"
+        ) from None
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
-        raise BadRequest(f"archive is corrupt or truncated: {clip(str(exc))}") from None
+        raise InvalidRequest(f"archive is corrupt or truncated: {clip(str(exc))}") from None
 
 
-def copy_bounded(src: IO[bytes], dest: Path, limit: int, what: str, *,
-                 digest: Any = None, too_large: str | None = None,
-                 param: str | None = None) -> int:
+def copy_bounded(
+    src: IO[bytes],
+    dest: Path,
+    limit: int,
+    what: str,
+    *,
+    digest: Any = None,
+    too_large: str | None = None,
+    param: str | None = None,
+) -> int:
     """Copy an uploaded part to ``dest``, failing as soon as it passes ``limit`` bytes
     (413 with ``too_large`` as the message, if given); ``digest`` (a hashlib object) sees
     every byte copied."""
@@ -221,8 +260,9 @@ def copy_bounded(src: IO[bytes], dest: Path, limit: int, what: str, *,
         while chunk := src.read(_CHUNK):
             written += len(chunk)
             if written > limit:
-                raise PayloadTooLarge(
-                    too_large or f"{what} is larger than the {limit}-byte limit", param=param)
+                raise TooLarge(
+                    too_large or f"{what} is larger than the {limit}-byte limit", param=param
+                )
             if digest is not None:
                 digest.update(chunk)
             out.write(chunk)

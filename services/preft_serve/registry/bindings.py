@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from preft_serve.common.errors import NotFound
+from preft_serve.common.domain_errors import NotFound
 from preft_serve.common.registry_client import (
     AdapterRef,
     EventType,
@@ -19,25 +19,42 @@ from preft_serve.common.registry_client import (
 )
 from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
-from preft_serve.registry.models import BindingOut, UserBinding
 from preft_serve.registry.names import check_adapter_name, check_user_id
+from preft_serve.registry.schemas import BindingOut, UserBinding
 from preft_serve.registry.txn import Redis, transact
 
 
-def queue_binding(pipe: Any, keys: RegistryKeys, tenant: str, user: str, adapter: str,
-                  old: str | None, maxlen: int) -> None:
+def queue_binding(
+    pipe: Any,
+    keys: RegistryKeys,
+    tenant: str,
+    user: str,
+    adapter: str,
+    old: str | None,
+    maxlen: int,
+) -> None:
     """Queue the writes of one (re)binding plus its event (shared with the benchmark)."""
     pipe.set(keys.binding(tenant, user), adapter)
     if old:
         pipe.srem(keys.adapter_users(tenant, old), user)
     pipe.sadd(keys.adapter_users(tenant, adapter), user)
-    queue_event(pipe, keys, RegistryEvent(EventType.BINDING_UPDATED.value, tenant,
-                                          adapter=adapter, user=user), maxlen)
+    queue_event(
+        pipe,
+        keys,
+        RegistryEvent(EventType.BINDING_UPDATED.value, tenant, adapter=adapter, user=user),
+        maxlen,
+    )
 
 
 def _out(user: str, ref: AdapterRef) -> BindingOut:
-    return BindingOut(user=user, adapter=ref.name, version=ref.version, sha256=ref.sha256,
-                      type=ref.type, mode=ref.mode)
+    return BindingOut(
+        user=user,
+        adapter=ref.name,
+        version=ref.version,
+        sha256=ref.sha256,
+        type=ref.type,
+        mode=ref.mode,
+    )
 
 
 class BindingService:
@@ -85,8 +102,12 @@ class BindingService:
             pipe.multi()
             pipe.delete(binding_key)
             pipe.srem(k.adapter_users(tenant, old), user)
-            queue_event(pipe, k, RegistryEvent(EventType.BINDING_DELETED.value, tenant,
-                                               adapter=old, user=user), self.maxlen)
+            queue_event(
+                pipe,
+                k,
+                RegistryEvent(EventType.BINDING_DELETED.value, tenant, adapter=old, user=user),
+                self.maxlen,
+            )
 
         transact(self.redis, txn, binding_key)
 
@@ -106,6 +127,9 @@ class BindingService:
         pipe = self.redis.pipeline(transaction=True)
         for name in names:
             pipe.smembers(k.adapter_users(tenant, name))
-        found = [UserBinding(user=u, adapter=name)
-                 for name, users in zip(names, pipe.execute()) for u in users]
+        found = [
+            UserBinding(user=u, adapter=name)
+            for name, users in zip(names, pipe.execute())
+            for u in users
+        ]
         return sorted(found, key=lambda b: b.user)

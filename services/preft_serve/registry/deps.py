@@ -17,15 +17,20 @@ from preft_serve.registry.state import RegistryState
 from preft_serve.registry.tenants import Principal, TenantService
 from preft_serve.registry.usage import UsageService
 
-_admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
-                           description="The registry's admin token (PREFT_REGISTRY_ADMIN_TOKEN)")
-_tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
-                            description="A tenant API key (pft_...)")
+_admin_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="AdminToken",
+    description="The registry's admin token (PREFT_REGISTRY_ADMIN_TOKEN)",
+)
+_tenant_bearer = HTTPBearer(
+    auto_error=False, scheme_name="TenantApiKey", description="A tenant API key (pft_...)"
+)
 Credentials = HTTPAuthorizationCredentials | None
 
 
 def get_state(request: Request) -> RegistryState:
-    return request.app.state.registry
+    state: RegistryState = request.app.state.registry
+    return state
 
 
 StateDep = Annotated[RegistryState, Depends(get_state)]
@@ -38,7 +43,8 @@ def _bearer(credentials: Credentials, who: str) -> str:
 
 
 def require_admin(
-    request: Request, state: StateDep,
+    request: Request,
+    state: StateDep,
     credentials: Annotated[Credentials, Depends(_admin_bearer)],
 ) -> None:
     token = _bearer(credentials, "admin token")
@@ -49,7 +55,8 @@ def require_admin(
 
 
 def require_tenant(
-    request: Request, state: StateDep,
+    request: Request,
+    state: StateDep,
     credentials: Annotated[Credentials, Depends(_tenant_bearer)],
 ) -> Principal:
     principal = state.tenants.authenticate(_bearer(credentials, "API key"))
@@ -61,8 +68,9 @@ def tenant_of_header(state: RegistryState, authorization: str | None) -> Princip
     """``require_tenant``'s check from a raw ``Authorization`` header (for middleware,
     which runs before FastAPI's dependencies)."""
     scheme, token = get_authorization_scheme_param(authorization)
-    credentials = (HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
-                   if scheme and token else None)
+    credentials = (
+        HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if scheme and token else None
+    )
     return state.tenants.authenticate(_bearer(credentials, "API key"))
 
 

@@ -1,7 +1,7 @@
 """Turning an upload's file parts into an unpacked adapter directory for validation.
 
 Accepts either the two adapter files as separate parts or a single archive. Every byte is
-copied with a running size check, so limits hold however the client described its parts.
+copied with a running size check, so the bounds hold however the client described its parts.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import IO
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
-from preft_serve.common.errors import BadRequest
+from preft_serve.common.domain_errors import InvalidRequest
 from preft_serve.common.text import clip
 from preft_serve.registry.archives import copy_bounded, extract_archive, file_role, is_archive
-from preft_serve.registry.validation import ValidationLimits
+from preft_serve.registry.validation import UploadBounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,31 +36,35 @@ def _basename(filename: str) -> str:
     return PureWindowsPath(PurePosixPath(filename).name).name
 
 
-def stage_upload(
-    files: list[UploadedFile], dest: Path, limits: ValidationLimits
-) -> StagedAdapter:
+def stage_upload(files: list[UploadedFile], dest: Path, bounds: UploadBounds) -> StagedAdapter:
     """Copy (or extract) the upload into ``dest``; reject anything that is not an adapter."""
     if not files:
-        raise BadRequest(f"no files in the upload: send {CONFIG_FILE} and {WEIGHTS_FILE} as "
-                         "'files' parts, or one .tar.gz/.zip archive of the adapter folder")
+        raise InvalidRequest(
+            f"no files in the upload: send {CONFIG_FILE} and {WEIGHTS_FILE} as "
+            "'files' parts, or one .tar.gz/.zip archive of the adapter folder"
+        )
     names = [_basename(f.filename or "") for f in files]
     archives = [n for n in names if is_archive(n)]
     if archives:
         if len(files) != 1:
-            raise BadRequest("send either one archive or the two adapter files, not both "
-                             f"(got {clip(', '.join(names))})")
-        found = extract_archive(files[0].stream, names[0], dest, limits)
+            raise InvalidRequest(
+                "send either one archive or the two adapter files, not both "
+                f"(got {clip(', '.join(names))})"
+            )
+        found = extract_archive(files[0].stream, names[0], dest, bounds)
     else:
         found = {}
         for name, upload in zip(names, files):
             role = file_role(name)
             if role in found:
-                raise BadRequest(f"{role} was sent more than once")
-            limit = limits.max_config_bytes if role == CONFIG_FILE else limits.max_weights_bytes
+                raise InvalidRequest(f"{role} was sent more than once")
+            limit = bounds.max_config_bytes if role == CONFIG_FILE else bounds.max_weights_bytes
             copy_bounded(upload.stream, dest / role, limit, role)
             found[role] = dest / role
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if f not in found]
     if missing:
-        raise BadRequest(f"the upload lacks {' and '.join(missing)}; an adapter is exactly "
-                         f"{CONFIG_FILE} and {WEIGHTS_FILE}")
+        raise InvalidRequest(
+            f"the upload lacks {' and '.join(missing)}; an adapter is exactly "
+            f"{CONFIG_FILE} and {WEIGHTS_FILE}"
+        )
     return StagedAdapter(found[CONFIG_FILE], found[WEIGHTS_FILE])

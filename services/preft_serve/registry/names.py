@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Annotated
 
-from fastapi import Path
-
-from preft_serve.common.errors import BadRequest
+from preft_serve.common.domain_errors import InvalidRequest
 from preft_serve.common.registry_client import (
     is_adapter_name,
     is_tenant_name,
@@ -20,51 +17,58 @@ from preft_serve.common.text import shown
 
 _KEY_ID = re.compile(r"[0-9a-f]{12}")
 
-# The same rules spelled as JSON Schema patterns, for the OpenAPI document only: routes still
-# check names with the functions below (400 with a message), never by schema (422).
+# The same rules spelled as JSON Schema patterns, for the OpenAPI document only (the routes'
+# path parameters, ``routers/path_params.py``): routes still check names with the functions
+# below (400 with a message), never by schema (422).
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{1,62}$"
 ADAPTER_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 USER_PATTERN = r"^[A-Za-z0-9._@+=-]{1,128}$"
 KEY_ID_PATTERN = r"^[0-9a-f]{12}$"
-TenantPath = Annotated[str, Path(json_schema_extra={"pattern": TENANT_PATTERN})]
-AdapterPath = Annotated[str, Path(json_schema_extra={"pattern": ADAPTER_PATTERN})]
-UserPath = Annotated[str, Path(json_schema_extra={"pattern": USER_PATTERN})]
-KeyIdPath = Annotated[str, Path(json_schema_extra={"pattern": KEY_ID_PATTERN})]
 
 
 def check_tenant_name(name: str) -> str:
     if not is_tenant_name(name):
-        raise BadRequest(f"tenant name {shown(name)} is invalid: use 2-63 lowercase letters, "
-                         "digits or '-', starting with a letter or digit")
+        raise InvalidRequest(
+            f"tenant name {shown(name)} is invalid: use 2-63 lowercase letters, "
+            "digits or '-', starting with a letter or digit"
+        )
     return name
 
 
 def check_adapter_name(name: str) -> str:
     if not is_adapter_name(name):
-        raise BadRequest(f"adapter name {shown(name)} is invalid: use 1-64 letters, digits, "
-                         "'.', '_' or '-', starting with a letter or digit (no '..')")
+        raise InvalidRequest(
+            f"adapter name {shown(name)} is invalid: use 1-64 letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit (no '..')"
+        )
     return name
 
 
 def check_user_id(user: str) -> str:
     if not is_user_id(user):
-        raise BadRequest(f"user id {shown(user)} is invalid: use 1-128 letters, digits or "
-                         "'.', '_', '@', '+', '=', '-'")
+        raise InvalidRequest(
+            f"user id {shown(user)} is invalid: use 1-128 letters, digits or "
+            "'.', '_', '@', '+', '=', '-'"
+        )
     return user
 
 
 def check_key_id(key_id: str) -> str:
     if _KEY_ID.fullmatch(key_id) is None:
-        raise BadRequest(f"key id {shown(key_id)} is invalid: key ids are 12 lowercase hex "
-                         "characters, as GET /v1/tenants/{tenant}/keys lists them")
+        raise InvalidRequest(
+            f"key id {shown(key_id)} is invalid: key ids are 12 lowercase hex "
+            "characters, as GET /v1/tenants/{tenant}/keys lists them"
+        )
     return key_id
 
 
 def check_cursor(cursor: str) -> str:
     """A page cursor is the last adapter name of the previous page."""
     if not is_adapter_name(cursor):
-        raise BadRequest(f"cursor {shown(cursor)} is invalid: pass the next_cursor of the "
-                         "previous page (an adapter name)")
+        raise InvalidRequest(
+            f"cursor {shown(cursor)} is invalid: pass the next_cursor of the "
+            "previous page (an adapter name)"
+        )
     return cursor
 
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from preft_serve.common.errors import QuotaExceeded
+from preft_serve.common.domain_errors import QuotaExceeded
 from preft_serve.common.registry_client import RegistryKeys
-from preft_serve.common.tenant_limits import integral_float_to_int
+from preft_serve.common.tenant_rate_limits import integral_float_to_int
 
 MAX_ADAPTERS_LIMIT = 1_000_000
 """Largest per-tenant adapter quota an admin may set (a typo guard, not a capacity)."""
@@ -41,12 +41,20 @@ class QuotaOverrides(BaseModel):
     model_config = {"extra": "forbid"}
 
     max_adapters: int | None = Field(
-        None, ge=0, le=MAX_ADAPTERS_LIMIT, strict=True,
-        description="Adapters the tenant may hold (null: PREFT_REGISTRY_TENANT_MAX_ADAPTERS)")
+        None,
+        ge=0,
+        le=MAX_ADAPTERS_LIMIT,
+        strict=True,
+        description="Adapters the tenant may hold (null: PREFT_REGISTRY_TENANT_MAX_ADAPTERS)",
+    )
     max_stored_bytes: int | None = Field(
-        None, ge=0, le=MAX_STORED_BYTES_LIMIT, strict=True,
+        None,
+        ge=0,
+        le=MAX_STORED_BYTES_LIMIT,
+        strict=True,
         description="Bytes of distinct adapter content, all versions (null: "
-        "PREFT_REGISTRY_TENANT_MAX_STORED_BYTES)")
+        "PREFT_REGISTRY_TENANT_MAX_STORED_BYTES)",
+    )
 
     @field_validator("max_adapters", "max_stored_bytes", mode="before")
     @classmethod
@@ -64,12 +72,16 @@ def overrides_from_record(values: Mapping[str, str | None] | list[str | None]) -
     :data:`RECORD_FIELDS` in order (HMGET)."""
     if not isinstance(values, Mapping):
         values = dict(zip(RECORD_FIELDS, values, strict=True))
-    return QuotaOverrides(**{name: int(raw) for name, field in zip(QUOTA_FIELDS, RECORD_FIELDS)
-                             if (raw := values.get(field)) is not None})
+    return QuotaOverrides(
+        **{
+            name: int(raw)
+            for name, field in zip(QUOTA_FIELDS, RECORD_FIELDS)
+            if (raw := values.get(field)) is not None
+        }
+    )
 
 
-def record_changes(overrides: QuotaOverrides, fields: set[str]) -> tuple[dict[str, str],
-                                                                         list[str]]:
+def record_changes(overrides: QuotaOverrides, fields: set[str]) -> tuple[dict[str, str], list[str]]:
     """(HSET mapping, HDEL fields) that apply ``fields`` of ``overrides`` to the tenant
     hash: a value is stored, a null removes the override."""
     stored: dict[str, str] = {}
@@ -91,8 +103,9 @@ class Quota:
 
     def apply(self, overrides: QuotaOverrides) -> Quota:
         """These defaults with the tenant's own limits on top."""
-        return dataclasses.replace(self, **{k: v for k, v in overrides.model_dump().items()
-                                            if v is not None})
+        return dataclasses.replace(
+            self, **{k: v for k, v in overrides.model_dump().items() if v is not None}
+        )
 
 
 @dataclass(frozen=True)
@@ -119,8 +132,9 @@ def tenant_use(client: Any, keys: RegistryKeys, tenant: str) -> TenantUse:
         for raw in records:
             record = json.loads(raw)
             sizes[record["sha256"]] = int(record["size_bytes"])
-    return TenantUse(len(names), sum(sizes.values()), frozenset(sizes),
-                     overrides_from_record(overrides))
+    return TenantUse(
+        len(names), sum(sizes.values()), frozenset(sizes), overrides_from_record(overrides)
+    )
 
 
 def _which(name: str, default: Quota, overrides: QuotaOverrides) -> str:
@@ -130,8 +144,9 @@ def _which(name: str, default: Quota, overrides: QuotaOverrides) -> str:
     return f"({name}, this tenant's own; the default is {getattr(default, name)})"
 
 
-def check_upload(quota: Quota, use: TenantUse, tenant: str, *, new_adapter: bool,
-                 sha256: str, size_bytes: int) -> None:
+def check_upload(
+    quota: Quota, use: TenantUse, tenant: str, *, new_adapter: bool, sha256: str, size_bytes: int
+) -> None:
     """Raise :class:`QuotaExceeded` (naming the limit and the current use) if storing this
     content (under a new name when ``new_adapter``) would go over ``quota``, or over the
     tenant's own limits where it has them (``use.overrides``)."""
@@ -140,10 +155,12 @@ def check_upload(quota: Quota, use: TenantUse, tenant: str, *, new_adapter: bool
         which = _which("max_adapters", quota, use.overrides)
         raise QuotaExceeded(
             f"tenant {tenant} has {use.adapters} adapters, its quota is "
-            f"{limits.max_adapters} {which}; delete one before creating another")
+            f"{limits.max_adapters} {which}; delete one before creating another"
+        )
     if sha256 not in use.contents and use.stored_bytes + size_bytes > limits.max_stored_bytes:
         which = _which("max_stored_bytes", quota, use.overrides)
         raise QuotaExceeded(
             f"tenant {tenant} stores {use.stored_bytes} bytes of adapter content; this "
             f"upload's {size_bytes} bytes would exceed its quota of {limits.max_stored_bytes} "
-            f"bytes {which}; delete adapters (and their old versions) first")
+            f"bytes {which}; delete adapters (and their old versions) first"
+        )

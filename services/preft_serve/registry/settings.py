@@ -13,12 +13,23 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.common.rank_caps import RANK_CAPS, REFT_KERNEL_MAX_RANK
 from preft_serve.common.service_settings import ServiceSettings
-from preft_serve.common.serving_limits import REFT_KERNEL_MAX_RANK, SERVING_LIMITS
 from preft_serve.registry.finetune.settings import FinetuneSettings
 
-_PLACEHOLDERS = ("changeme", "change-me", "change_me", "secret", "password", "admin", "token",
-                 "example", "xxx", "todo", "replace")
+_PLACEHOLDERS = (
+    "changeme",
+    "change-me",
+    "change_me",
+    "secret",
+    "password",
+    "admin",
+    "token",
+    "example",
+    "xxx",
+    "todo",
+    "replace",
+)
 DType = Literal["F32", "F16", "BF16"]
 
 
@@ -26,43 +37,80 @@ class RegistrySettings(ServiceSettings):
     """Everything the registry needs; secrets have no default."""
 
     model_config = SettingsConfigDict(
-        env_prefix="PREFT_REGISTRY_", env_nested_delimiter="__", extra="ignore",
+        env_prefix="PREFT_REGISTRY_",
+        env_nested_delimiter="__",
+        extra="ignore",
         populate_by_name=True,
     )
 
     admin_token: SecretStr = Field(description="Bearer token for admin endpoints (>= 16 chars)")
     object_store: ObjectStoreSettings = ObjectStoreSettings(url="var/registry/objects")
     base_model: Path = Field(description="Base model directory (or its config.json)")
-    base_model_name: str | None = Field(None, description="Label for the base model; "
-                                        "defaults to the directory name")
+    base_model_name: str | None = Field(
+        None, description="Label for the base model; defaults to the directory name"
+    )
 
-    # Defaults shared with the workers (common/serving_limits.py); keep them equal to the
+    # Defaults shared with the workers (common/rank_caps.py); keep them equal to the
     # workers' --max-lora-rank, or uploads pass here and fail on every request there.
     max_lora_rank: int = Field(
-        SERVING_LIMITS.max_lora_rank, ge=1,
+        RANK_CAPS.max_lora_rank,
+        ge=1,
         validation_alias=AliasChoices("PREFT_REGISTRY_MAX_LORA_RANK", "PREFT_REGISTRY_MAX_RANK"),
-        description="Largest LoRA r: the workers' --max-lora-rank (MAX_RANK is the old name)")
-    max_reft_rank: int = Field(SERVING_LIMITS.max_reft_rank, ge=1, le=REFT_KERNEL_MAX_RANK,
-                               description="Largest ReFT rank (the GPU kernel's limit at most)")
+        description="Largest LoRA r: the workers' --max-lora-rank (MAX_RANK is the old name)",
+    )
+    max_reft_rank: int = Field(
+        RANK_CAPS.max_reft_rank,
+        ge=1,
+        le=REFT_KERNEL_MAX_RANK,
+        description="Largest ReFT rank (the GPU kernel's limit at most)",
+    )
     allowed_dtypes: tuple[DType, ...] = ("F32", "F16", "BF16")
     max_upload_bytes: int = Field(1 << 30, ge=1024, description="Whole request body")
     max_weights_bytes: int = Field(1 << 30, ge=1024, description="adapter_model.safetensors")
     max_config_bytes: int = Field(1 << 20, ge=1024, description="adapter_config.json")
     max_archive_members: int = Field(16, ge=2)
-    max_compression_ratio: float = Field(100.0, gt=1.0,
-                                         description="Uncompressed/compressed, per archive member")
-    tenant_max_adapters: int = Field(1000, ge=1, description="Adapters one tenant may hold; "
-                                     "an upload creating one more is refused (403 "
-                                     "quota_exceeded)")
-    tenant_max_stored_bytes: int = Field(10 << 30, ge=1024, description="Bytes of distinct "
-                                         "adapter content (all versions) one tenant may "
-                                         "store; an upload going over is refused (403 "
-                                         "quota_exceeded)")
-    staging_dir: Path | None = Field(None, description="Where uploads are unpacked; "
-                                     "defaults to the system temp dir")
+    max_compression_ratio: float = Field(
+        100.0, gt=1.0, description="Uncompressed/compressed, per archive member"
+    )
+    tenant_max_adapters: int = Field(
+        1000,
+        ge=1,
+        description="Adapters one tenant may hold; "
+        "an upload creating one more is refused (403 "
+        "quota_exceeded)",
+    )
+    tenant_max_stored_bytes: int = Field(
+        10 << 30,
+        ge=1024,
+        description="Bytes of distinct "
+        "adapter content (all versions) one tenant may "
+        "store; an upload going over is refused (403 "
+        "quota_exceeded)",
+    )
+    staging_dir: Path | None = Field(
+        None, description="Where uploads are unpacked; defaults to the system temp dir"
+    )
     events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")
-    finetune: FinetuneSettings = Field(default_factory=FinetuneSettings,
-                                       description="Fine-tuning jobs (docs/fine-tuning.md)")
+    audit_max_entries: int = Field(
+        10_000,
+        ge=10,
+        le=10_000_000,
+        description="Audit log entries kept per tenant (the oldest go first)",
+    )
+    audit_max_entries_all: int = Field(
+        1_000_000,
+        ge=10,
+        le=100_000_000,
+        description="Audit log entries kept in the registry-wide stream the operator reads",
+    )
+    audit_max_age_s: int = Field(
+        90 * 86400,
+        ge=60,
+        description="Audit log entries older than this are dropped and never served",
+    )
+    finetune: FinetuneSettings = Field(
+        default_factory=FinetuneSettings, description="Fine-tuning jobs (docs/fine-tuning.md)"
+    )
 
     port: int = Field(8081, ge=1, le=65535, description="Port")
 

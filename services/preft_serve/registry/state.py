@@ -12,11 +12,12 @@ from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.common.registry_client.sync import connect_redis
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.bindings import BindingService
+from preft_serve.registry.metrics import RegistryMetrics
 from preft_serve.registry.quotas import Quota
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.tenants import TenantService
 from preft_serve.registry.usage import UsageService
-from preft_serve.registry.validation import BaseModelSpec, ValidationLimits
+from preft_serve.registry.validation import BaseModelSpec, UploadBounds
 
 if TYPE_CHECKING:
     from preft_serve.registry.finetune.wiring import FinetuneParts
@@ -32,15 +33,19 @@ class RegistryState:
     adapters: AdapterService
     bindings: BindingService
     usage: UsageService
-    finetune: FinetuneParts | None = None  # /v1/files, /v1/fine_tuning (started by the app)
+    finetune: FinetuneParts | None  # /v1/files, /v1/fine_tuning; None: turned off
 
     @classmethod
-    def build(cls, settings: RegistrySettings, store: ObjectStore | None = None) -> RegistryState:
+    def build(
+        cls, settings: RegistrySettings, metrics: RegistryMetrics, store: ObjectStore | None = None
+    ) -> RegistryState:
+        """Every client and service, whole; the fine-tuning parts are built (not started:
+        the app starts them) when ``settings.finetune.enabled``."""
         client = connect_redis(settings.redis_url, health_check_interval=30)
         keys = RegistryKeys(settings.namespace)
         store = store or settings.object_store.create()
         base = BaseModelSpec.load(settings.base_model_label, settings.base_model_config)
-        limits = ValidationLimits(
+        bounds = UploadBounds(
             max_lora_rank=settings.max_lora_rank,
             max_reft_rank=settings.max_reft_rank,
             allowed_dtypes=tuple(settings.allowed_dtypes),
@@ -50,19 +55,32 @@ class RegistryState:
             max_compression_ratio=settings.max_compression_ratio,
         )
         maxlen = settings.events_maxlen
+        adapters = AdapterService(
+            client,
+            keys,
+            store,
+            base,
+            bounds,
+            settings.staging_dir,
+            maxlen,
+            Quota(settings.tenant_max_adapters, settings.tenant_max_stored_bytes),
+        )
+        finetune = None
+        if settings.finetune.enabled:  # imported only then: the trainer's modules are many
+            from preft_serve.registry.finetune.wiring import build_finetune
+
+            finetune = build_finetune(settings, client, store, adapters, metrics)
         return cls(
             settings=settings,
             redis=client,
             store=store,
             base=base,
             tenants=TenantService(client, keys, maxlen, store),
-            adapters=AdapterService(client, keys, store, base, limits, settings.staging_dir,
-                                    maxlen, Quota(settings.tenant_max_adapters,
-                                                  settings.tenant_max_stored_bytes)),
+            adapters=adapters,
             bindings=BindingService(client, keys, maxlen),
             usage=UsageService(client, keys),
+            finetune=finetune,
         )
 
     def close(self) -> None:
         self.redis.close()
-

@@ -20,7 +20,7 @@ import tarfile
 from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
-from preft_serve.common.errors import BadRequest
+from preft_serve.common.domain_errors import InvalidRequest
 from preft_serve.common.text import shown
 
 MAX_LONG_NAME_BYTES = 4096  # GNU long name / long link name (PATH_MAX)
@@ -37,9 +37,11 @@ _KINDS = {
 _COUNT_ATTR = "_preft_extension_headers"
 
 
-def _sparse(name: str) -> BadRequest:
-    return BadRequest(f"archive entry {shown(name)} is a sparse file; only regular files are "
-                      "allowed (pack the adapter with plain `tar czf`)")
+def _sparse(name: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"archive entry {shown(name)} is a sparse file; only regular files are "
+        "allowed (pack the adapter with plain `tar czf`)"
+    )
 
 
 class BoundedTarInfo(tarfile.TarInfo):
@@ -50,13 +52,17 @@ class BoundedTarInfo(tarfile.TarInfo):
         if kind is not None:
             what, limit = kind
             if self.size > limit:
-                raise BadRequest(f"archive has a {what} of {self.size} bytes; the limit is "
-                                 f"{limit} (adapter archives need only short names)")
+                raise InvalidRequest(
+                    f"archive has a {what} of {self.size} bytes; the limit is "
+                    f"{limit} (adapter archives need only short names)"
+                )
             seen = getattr(archive, _COUNT_ATTR, 0) + 1
             if seen > MAX_EXTENSION_HEADERS:
-                raise BadRequest(f"archive has more than {MAX_EXTENSION_HEADERS} extended "
-                                 "(pax or GNU long-name) headers; an adapter archive holds "
-                                 f"{CONFIG_FILE} and {WEIGHTS_FILE}")
+                raise InvalidRequest(
+                    f"archive has more than {MAX_EXTENSION_HEADERS} extended "
+                    "(pax or GNU long-name) headers; an adapter archive holds "
+                    f"{CONFIG_FILE} and {WEIGHTS_FILE}"
+                )
             setattr(archive, _COUNT_ATTR, seen)
         elif self.type == tarfile.GNUTYPE_SPARSE:
             raise _sparse(self.name)
@@ -72,4 +78,3 @@ class BoundedTarInfo(tarfile.TarInfo):
 
     def _proc_gnusparse_10(self, next: tarfile.TarInfo, *args: Any) -> None:
         raise _sparse(next.name)
-

@@ -23,7 +23,7 @@ import json
 import logging
 from typing import Any
 
-from preft_serve.common.errors import Conflict, NotFound
+from preft_serve.common.domain_errors import Conflict, NotFound
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
@@ -45,8 +45,9 @@ class _Removed:
     jobs: int
 
 
-def delete_tenant(client: Redis, keys: RegistryKeys, store: ObjectStore, tenant: str,
-                  maxlen: int) -> tuple[int, int, int, int, int, int]:
+def delete_tenant(
+    client: Redis, keys: RegistryKeys, store: ObjectStore, tenant: str, maxlen: int
+) -> tuple[int, int, int, int, int, int]:
     """Delete ``tenant``; returns (keys, adapters, bindings, blobs, files, fine-tuning jobs)
     removed."""
     check_tenant_name(tenant)
@@ -61,19 +62,23 @@ def delete_tenant(client: Redis, keys: RegistryKeys, store: ObjectStore, tenant:
         job_ids = pipe.zrange(keys.tenant_jobs(tenant), 0, -1)
         active = [j for j in job_ids if pipe.zscore(keys.active_jobs, j) is not None]
         if active:
-            raise Conflict(f"tenant {shown(tenant)} has {len(active)} fine-tuning job(s) queued "
-                           f"or running ({', '.join(active[:3])}); cancel them first with "
-                           "POST /v1/fine_tuning/jobs/{id}/cancel", code="jobs_active")
-        files = {f: pipe.hget(keys.file(f), "sha256")
-                 for f in pipe.zrange(keys.tenant_files(tenant), 0, -1)}
+            raise Conflict(
+                f"tenant {shown(tenant)} has {len(active)} fine-tuning job(s) queued "
+                f"or running ({', '.join(active[:3])}); cancel them first with "
+                "POST /v1/fine_tuning/jobs/{id}/cancel",
+                code="jobs_active",
+            )
+        files = {
+            f: pipe.hget(keys.file(f), "sha256")
+            for f in pipe.zrange(keys.tenant_files(tenant), 0, -1)
+        }
         key_records = [json.loads(v) for v in pipe.hvals(keys.tenant_keys(tenant))]
         names = pipe.zrange(keys.adapters(tenant), 0, -1)
         users: dict[str, list[str]] = {}
         digests: set[str] = set()
         for name in names:
             users[name] = sorted(pipe.smembers(keys.adapter_users(tenant, name)))
-            digests.update(json.loads(v)["sha256"]
-                           for v in pipe.hvals(keys.versions(tenant, name)))
+            digests.update(json.loads(v)["sha256"] for v in pipe.hvals(keys.versions(tenant, name)))
         pipe.multi()
         pipe.delete(prefix, *owned)
         pipe.srem(keys.tenants, tenant)
@@ -85,47 +90,84 @@ def delete_tenant(client: Redis, keys: RegistryKeys, store: ObjectStore, tenant:
             pipe.delete(keys.job(job_id), keys.job_events(job_id))
         for record in key_records:
             pipe.delete(keys.api_key(record["hash"]))
-            queue_event(pipe, keys, RegistryEvent(EventType.API_KEY_REVOKED.value, tenant,
-                                                  key_id=record["key_id"]), maxlen)
+            queue_event(
+                pipe,
+                keys,
+                RegistryEvent(EventType.API_KEY_REVOKED.value, tenant, key_id=record["key_id"]),
+                maxlen,
+            )
         for name in names:
             for user in users[name]:
-                queue_event(pipe, keys, RegistryEvent(EventType.BINDING_DELETED.value, tenant,
-                                                      adapter=name, user=user), maxlen)
-            queue_event(pipe, keys, RegistryEvent(EventType.ADAPTER_DELETED.value, tenant,
-                                                  adapter=name), maxlen)
-        return _Removed(len(key_records), len(names), sum(map(len, users.values())),
-                        frozenset(digests), {f: s for f, s in files.items() if s},
-                        len(job_ids))
+                queue_event(
+                    pipe,
+                    keys,
+                    RegistryEvent(EventType.BINDING_DELETED.value, tenant, adapter=name, user=user),
+                    maxlen,
+                )
+            queue_event(
+                pipe,
+                keys,
+                RegistryEvent(EventType.ADAPTER_DELETED.value, tenant, adapter=name),
+                maxlen,
+            )
+        return _Removed(
+            len(key_records),
+            len(names),
+            sum(map(len, users.values())),
+            frozenset(digests),
+            {f: s for f, s in files.items() if s},
+            len(job_ids),
+        )
 
-    removed = transact(client, txn, prefix, keys.tenant_keys(tenant), keys.adapters(tenant),
-                       keys.active_jobs)
+    removed = transact(
+        client, txn, prefix, keys.tenant_keys(tenant), keys.adapters(tenant), keys.active_jobs
+    )
     _delete_rate_limits(client, keys, tenant)
     blobs = _delete_unreferenced(client, keys, store, removed.digests)
     _delete_unreferenced_files(client, keys, store, removed.files)
-    logger.info("deleted tenant %s: %d keys, %d adapters, %d bindings, %d blobs, %d files, "
-                "%d fine-tuning jobs", tenant, removed.keys, removed.adapters,
-                removed.bindings, blobs, len(removed.files), removed.jobs)
-    return (removed.keys, removed.adapters, removed.bindings, blobs, len(removed.files),
-            removed.jobs)
+    logger.info(
+        "deleted tenant %s: %d keys, %d adapters, %d bindings, %d blobs, %d files, "
+        "%d fine-tuning jobs",
+        tenant,
+        removed.keys,
+        removed.adapters,
+        removed.bindings,
+        blobs,
+        len(removed.files),
+        removed.jobs,
+    )
+    return (
+        removed.keys,
+        removed.adapters,
+        removed.bindings,
+        blobs,
+        len(removed.files),
+        removed.jobs,
+    )
 
 
-def _delete_unreferenced_files(client: Redis, keys: RegistryKeys, store: ObjectStore,
-                               files: dict[str, str]) -> None:
+def _delete_unreferenced_files(
+    client: Redis, keys: RegistryKeys, store: ObjectStore, files: dict[str, str]
+) -> None:
     """Fine-tuning file contents no file of any tenant references any more."""
     for sha256 in sorted(set(files.values())):
         if client.scard(keys.file_blob_refs(sha256)) == 0:
             try:
                 store.delete(blob_key(sha256))
             except ObjectStoreError as exc:
-                logger.warning("could not delete file content %s of a deleted tenant: %s",
-                               sha256, exc)
+                logger.warning(
+                    "could not delete file content %s of a deleted tenant: %s", sha256, exc
+                )
 
 
 def _delete_rate_limits(client: Redis, keys: RegistryKeys, tenant: str) -> None:
     """The gateway's token buckets ``{ns}:ratelimit:{bucket}:{tenant}[:{user}]``."""
     start = f"{keys.ns}:ratelimit:"
-    doomed = [k for k in client.scan_iter(match=f"{start}*", count=1000)
-              if k[len(start):].split(":")[1:2] == [tenant]]
+    doomed = [
+        k
+        for k in client.scan_iter(match=f"{start}*", count=1000)
+        if k[len(start) :].split(":")[1:2] == [tenant]
+    ]
     if doomed:
         client.delete(*doomed)
 
@@ -138,8 +180,9 @@ def _referenced(client: Redis, keys: RegistryKeys) -> set[str]:
     return found
 
 
-def _delete_unreferenced(client: Redis, keys: RegistryKeys, store: ObjectStore,
-                         digests: frozenset[str]) -> int:
+def _delete_unreferenced(
+    client: Redis, keys: RegistryKeys, store: ObjectStore, digests: frozenset[str]
+) -> int:
     if not digests:
         return 0
     deleted = 0

@@ -14,7 +14,7 @@ import logging
 import secrets
 from typing import Any
 
-from preft_serve.common.errors import Conflict, NotFound, Unauthorized
+from preft_serve.common.domain_errors import Conflict, NotFound, Unauthenticated
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import (
     API_KEY_PREFIX,
@@ -23,24 +23,24 @@ from preft_serve.common.registry_client import (
     RegistryKeys,
     hash_api_key,
 )
-from preft_serve.common.tenant_limits import TenantLimits
+from preft_serve.common.tenant_rate_limits import TenantRateLimits
 from preft_serve.common.tenant_serving import UNBOUND_USER_FIELD, parse_unbound_user
 from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
-from preft_serve.registry.models import (
-    ApiKeyCreated,
-    ApiKeyInfo,
-    TenantDeleted,
-    TenantOut,
-    TenantSummary,
-    TenantUpdate,
-)
 from preft_serve.registry.names import check_key_id, check_tenant_name, utcnow
 from preft_serve.registry.quotas import (
     RECORD_FIELDS,
     QuotaOverrides,
     overrides_from_record,
     record_changes,
+)
+from preft_serve.registry.schemas import (
+    ApiKeyCreated,
+    ApiKeyInfo,
+    TenantDeleted,
+    TenantOut,
+    TenantSummary,
+    TenantUpdate,
 )
 from preft_serve.registry.tenant_delete import delete_tenant
 from preft_serve.registry.txn import Redis, transact
@@ -57,8 +57,13 @@ class Principal:
 
 
 class TenantService:
-    def __init__(self, client: Redis, keys: RegistryKeys, events_maxlen: int,
-                 store: ObjectStore | None = None) -> None:
+    def __init__(
+        self,
+        client: Redis,
+        keys: RegistryKeys,
+        events_maxlen: int,
+        store: ObjectStore | None = None,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.maxlen = events_maxlen
@@ -68,17 +73,21 @@ class TenantService:
         key_id = secrets.token_hex(6)
         api_key = f"{API_KEY_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
         digest = hash_api_key(api_key)
-        created = ApiKeyCreated(tenant=tenant, key_id=key_id, api_key=api_key,
-                                created_at=utcnow())
+        created = ApiKeyCreated(tenant=tenant, key_id=key_id, api_key=api_key, created_at=utcnow())
         record = {"key_id": key_id, "hash": digest, "created_at": created.created_at}
         pipe.hset(self.keys.tenant_keys(tenant), key_id, json.dumps(record))
         pipe.hset(self.keys.api_key(digest), mapping={"tenant": tenant, "key_id": key_id})
-        queue_event(pipe, self.keys, RegistryEvent(EventType.API_KEY_CREATED.value, tenant,
-                                                   key_id=key_id), self.maxlen)
+        queue_event(
+            pipe,
+            self.keys,
+            RegistryEvent(EventType.API_KEY_CREATED.value, tenant, key_id=key_id),
+            self.maxlen,
+        )
         return created
 
-    def create(self, name: str, quota: QuotaOverrides | None = None
-               ) -> tuple[TenantOut, ApiKeyCreated]:
+    def create(
+        self, name: str, quota: QuotaOverrides | None = None
+    ) -> tuple[TenantOut, ApiKeyCreated]:
         """Create a tenant with its first API key (409 if the name is taken), with its own
         storage quotas where ``quota`` sets them."""
         check_tenant_name(name)
@@ -88,21 +97,28 @@ class TenantService:
 
         def txn(pipe: Any) -> ApiKeyCreated:
             if pipe.exists(self.keys.tenant(name)):
-                raise Conflict(f"tenant {shown(name)} already exists; choose another name or issue "
-                               f"a new key with POST /v1/tenants/{name}/keys")
+                raise Conflict(
+                    f"tenant {shown(name)} already exists; choose another name or issue "
+                    f"a new key with POST /v1/tenants/{name}/keys"
+                )
             pipe.multi()
-            pipe.hset(self.keys.tenant(name),
-                      mapping={"name": name, "created_at": created_at, **stored})
+            pipe.hset(
+                self.keys.tenant(name), mapping={"name": name, "created_at": created_at, **stored}
+            )
             pipe.sadd(self.keys.tenants, name)
-            queue_event(pipe, self.keys, RegistryEvent(EventType.TENANT_CREATED.value, name),
-                        self.maxlen)
+            queue_event(
+                pipe, self.keys, RegistryEvent(EventType.TENANT_CREATED.value, name), self.maxlen
+            )
             return self._queue_key(pipe, name)
 
         key = transact(self.redis, txn, self.keys.tenant(name))
         logger.info("created tenant %s with key %s", name, key.key_id)
-        tenant = TenantOut(name=name, created_at=created_at,
-                           keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)],
-                           quota=overrides_from_record(stored))
+        tenant = TenantOut(
+            name=name,
+            created_at=created_at,
+            keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)],
+            quota=overrides_from_record(stored),
+        )
         return tenant, key
 
     def get(self, name: str) -> TenantOut:
@@ -110,9 +126,13 @@ class TenantService:
         info = self.redis.hgetall(self.keys.tenant(name))
         if not info:
             raise NotFound(f"tenant {shown(name)} does not exist")
-        return TenantOut(name=name, created_at=info["created_at"], keys=self.list_keys(name),
-                         quota=overrides_from_record(info),
-                         unbound_user=parse_unbound_user(info.get(UNBOUND_USER_FIELD)))
+        return TenantOut(
+            name=name,
+            created_at=info["created_at"],
+            keys=self.list_keys(name),
+            quota=overrides_from_record(info),
+            unbound_user=parse_unbound_user(info.get(UNBOUND_USER_FIELD)),
+        )
 
     def update(self, name: str, patch: TenantUpdate) -> TenantOut:
         """Apply a merge patch to the tenant's settings: in ``quota`` a value sets the
@@ -146,8 +166,12 @@ class TenantService:
 
         transact(self.redis, txn, key)
         tenant = self.get(name)
-        logger.info("tenant %s quota overrides: %s, unbound users: %s", name,
-                    tenant.quota.model_dump(), tenant.unbound_user.value)
+        logger.info(
+            "tenant %s quota overrides: %s, unbound users: %s",
+            name,
+            tenant.quota.model_dump(),
+            tenant.unbound_user.value,
+        )
         return tenant
 
     def list_tenants(self) -> list[TenantSummary]:
@@ -158,40 +182,58 @@ class TenantService:
             pipe.hmget(self.keys.tenant(name), ["created_at", *RECORD_FIELDS])
             pipe.zcard(self.keys.adapters(name))
         found = pipe.execute()
-        return [TenantSummary(name=n, created_at=record[0], adapters=count,
-                              quota=overrides_from_record(record[1:]))
-                for n, record, count in zip(names, found[::2], found[1::2]) if record[0]]
+        return [
+            TenantSummary(
+                name=n,
+                created_at=record[0],
+                adapters=count,
+                quota=overrides_from_record(record[1:]),
+            )
+            for n, record, count in zip(names, found[::2], found[1::2])
+            if record[0]
+        ]
 
     def delete(self, tenant: str) -> TenantDeleted:
         """Delete the tenant with its keys, bindings, adapters and unshared blobs."""
         if self.store is None:
             raise RuntimeError("TenantService.delete needs the object store")
         keys, adapters, bindings, blobs, files, jobs = delete_tenant(
-            self.redis, self.keys, self.store, tenant, self.maxlen)
-        return TenantDeleted(name=tenant, keys=keys, adapters=adapters, bindings=bindings,
-                             blobs=blobs, files=files, fine_tuning_jobs=jobs)
+            self.redis, self.keys, self.store, tenant, self.maxlen
+        )
+        return TenantDeleted(
+            name=tenant,
+            keys=keys,
+            adapters=adapters,
+            bindings=bindings,
+            blobs=blobs,
+            files=files,
+            fine_tuning_jobs=jobs,
+        )
 
-    def get_limits(self, tenant: str) -> TenantLimits:
+    def get_rate_limits(self, tenant: str) -> TenantRateLimits:
         self.get(tenant)
-        return TenantLimits.model_validate_strings(
-            self.redis.hgetall(self.keys.tenant_limits(tenant)))
+        return TenantRateLimits.model_validate_strings(
+            self.redis.hgetall(self.keys.tenant_rate_limits(tenant))
+        )
 
-    def set_limits(self, tenant: str, limits: TenantLimits) -> TenantLimits:
+    def set_rate_limits(self, tenant: str, limits: TenantRateLimits) -> TenantRateLimits:
         """Replace the overrides (gateways pick them up within their limits cache TTL)."""
         self.get(tenant)
         values = {k: str(v) for k, v in limits.model_dump().items() if v is not None}
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(self.keys.tenant_limits(tenant))
+        pipe.delete(self.keys.tenant_rate_limits(tenant))
         if values:
-            pipe.hset(self.keys.tenant_limits(tenant), mapping=values)
+            pipe.hset(self.keys.tenant_rate_limits(tenant), mapping=values)
         pipe.execute()
         return limits
 
     def list_keys(self, tenant: str) -> list[ApiKeyInfo]:
         check_tenant_name(tenant)
         records = [json.loads(v) for v in self.redis.hvals(self.keys.tenant_keys(tenant))]
-        return sorted((ApiKeyInfo(key_id=r["key_id"], created_at=r["created_at"])
-                       for r in records), key=lambda k: k.created_at)
+        return sorted(
+            (ApiKeyInfo(key_id=r["key_id"], created_at=r["created_at"]) for r in records),
+            key=lambda k: k.created_at,
+        )
 
     def create_key(self, tenant: str) -> ApiKeyCreated:
         """Issue an additional key (rotation step 1); existing keys stay valid."""
@@ -218,17 +260,23 @@ class TenantService:
             pipe.multi()
             pipe.hdel(keys_key, key_id)
             pipe.delete(self.keys.api_key(json.loads(raw)["hash"]))
-            queue_event(pipe, self.keys, RegistryEvent(EventType.API_KEY_REVOKED.value, tenant,
-                                                       key_id=key_id), self.maxlen)
+            queue_event(
+                pipe,
+                self.keys,
+                RegistryEvent(EventType.API_KEY_REVOKED.value, tenant, key_id=key_id),
+                self.maxlen,
+            )
 
         transact(self.redis, txn, keys_key)
         logger.info("revoked key %s of tenant %s", key_id, tenant)
 
     def authenticate(self, api_key: str) -> Principal:
         if not api_key.startswith(API_KEY_PREFIX):
-            raise Unauthorized("not a preft API key (they start with 'pft_'); send "
-                               "'Authorization: Bearer <API key>'")
+            raise Unauthenticated(
+                "not a preft API key (they start with 'pft_'); send "
+                "'Authorization: Bearer <API key>'"
+            )
         found = self.redis.hgetall(self.keys.api_key(hash_api_key(api_key)))
         if not found:
-            raise Unauthorized("invalid or revoked API key")
+            raise Unauthenticated("invalid or revoked API key")
         return Principal(found["tenant"], found["key_id"])

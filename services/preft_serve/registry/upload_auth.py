@@ -16,9 +16,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from preft_serve.common.errors import ServiceError
+from preft_serve.common.domain_errors import DomainError
+from preft_serve.common.errors import domain_error_response
 from preft_serve.registry.deps import tenant_of_header
-from preft_serve.registry.limits import is_upload
+from preft_serve.registry.json_body_guard import is_upload
 
 
 class UploadAuthMiddleware:
@@ -40,10 +41,12 @@ class UploadAuthMiddleware:
 async def _refusal(request: Request) -> Response | None:
     app = request.app
     try:
-        await anyio.to_thread.run_sync(tenant_of_header, app.state.registry,
-                                       request.headers.get("authorization"))
-    except ServiceError as exc:
-        return exc.response()
+        await anyio.to_thread.run_sync(
+            tenant_of_header, app.state.registry, request.headers.get("authorization")
+        )
+    except DomainError as exc:
+        return domain_error_response(exc)
     except redis.RedisError as exc:  # middleware is outside the app's handlers: call its own
-        return await app.exception_handlers[redis.RedisError](request, exc)
+        response: Response = await app.exception_handlers[redis.RedisError](request, exc)
+        return response
     return None

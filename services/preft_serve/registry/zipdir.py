@@ -18,7 +18,7 @@ import struct
 from typing import IO
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
-from preft_serve.common.errors import BadRequest
+from preft_serve.common.domain_errors import InvalidRequest
 
 # Central-directory bytes allowed per permitted entry: a 46-byte record plus its name,
 # extra fields and comment (real adapter archives use ~100).
@@ -72,19 +72,21 @@ def _zip64_claims(fileobj: IO[bytes], end_at: int) -> DirectoryClaims | None:
 
 
 def directory_claims(fileobj: IO[bytes]) -> DirectoryClaims:
-    """Read the end records of a zip (``fileobj`` seekable); BadRequest if there are none."""
+    """Read the end records of a zip (``fileobj`` seekable); InvalidRequest if there are none."""
     fileobj.seek(0, 2)
     file_size = fileobj.tell()
     tail_at = max(file_size - _END.size - _MAX_COMMENT, 0)
     tail = _read_at(fileobj, tail_at, file_size - tail_at)
     # zipfile's search: a comment-less record at the very end, else the last signature.
-    if tail[-_END.size:][:4] == _END_SIG and tail[-2:] == b"\0\0":
+    if tail[-_END.size :][:4] == _END_SIG and tail[-2:] == b"\0\0":
         at = len(tail) - _END.size
     else:
         at = tail.rfind(_END_SIG)
     if at < 0 or len(tail) - at < _END.size:
-        raise BadRequest("upload is not a readable .zip archive: it has no end of central "
-                         "directory record (truncated, or not a zip)")
+        raise InvalidRequest(
+            "upload is not a readable .zip archive: it has no end of central "
+            "directory record (truncated, or not a zip)"
+        )
     fields = _END.unpack(tail[at : at + _END.size])
     zip64 = _zip64_claims(fileobj, tail_at + at)
     if zip64 is not None:
@@ -97,9 +99,13 @@ def check_zip_directory(fileobj: IO[bytes], max_entries: int) -> None:
     claims = directory_claims(fileobj)
     fileobj.seek(0)
     if claims.entries > max_entries:
-        raise BadRequest(f"archive has more than {max_entries} entries (its zip central "
-                         f"directory lists {claims.entries}); {_WHAT}")
+        raise InvalidRequest(
+            f"archive has more than {max_entries} entries (its zip central "
+            f"directory lists {claims.entries}); {_WHAT}"
+        )
     cap = max_entries * DIRECTORY_BYTES_PER_ENTRY
     if claims.size > cap:
-        raise BadRequest(f"archive's zip central directory is {claims.size} bytes; "
-                         f"{max_entries} entries need at most {cap}; {_WHAT}")
+        raise InvalidRequest(
+            f"archive's zip central directory is {claims.size} bytes; "
+            f"{max_entries} entries need at most {cap}; {_WHAT}"
+        )

@@ -5,7 +5,7 @@ Used by the tests, the demo stack and the benchmarks. ``python -m preft_serve.to
 """
 
 from preft_serve.toymodels.adapters import LoraSpec, make_lora_adapter
-from preft_serve.toymodels.models import PRESETS, ModelPreset, make_model
+from preft_serve.toymodels.base_models import PRESETS, ModelPreset, make_model
 from preft_serve.toymodels.reft import ReftSpec, make_reft_adapter
 
 __all__ = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, MODE_KEY, WEIGHTS_FILE, AdapterMode
 
@@ -23,7 +24,7 @@ class LoraSpec:
     alpha: int | None = None  # defaults to rank (scale 1)
 
 
-def _module_shapes(model_config: dict, module: str) -> tuple[int, int]:
+def _module_shapes(model_config: dict[str, Any], module: str) -> tuple[int, int]:
     """(in_features, out_features) of a decoder projection from a HF config.json."""
     hidden = model_config["hidden_size"]
     heads = model_config["num_attention_heads"]

@@ -28,8 +28,9 @@ class ReftSpec:
     std: float = 0.3
 
 
-def make_reft_adapter(model_dir: str | Path, directory: str | Path, seed: int,
-                      spec: ReftSpec = ReftSpec()) -> Path:
+def make_reft_adapter(
+    model_dir: str | Path, directory: str | Path, seed: int, spec: ReftSpec = ReftSpec()
+) -> Path:
     """Write a ReFT adapter for the model in ``model_dir``; LoReFT's R has orthonormal rows."""
     import torch
     from safetensors.torch import save_file
@@ -48,14 +49,22 @@ def make_reft_adapter(model_dir: str | Path, directory: str | Path, seed: int,
         for part in parts:
             prefix = f"layers.{layer}.{part}"
             if spec.type is AdapterType.DIREFT:
-                tensors.update({f"{prefix}.w1": randn(spec.rank, hidden),
-                                f"{prefix}.b": randn(spec.rank),
-                                f"{prefix}.w2": randn(spec.rank, hidden)})
+                tensors.update(
+                    {
+                        f"{prefix}.w1": randn(spec.rank, hidden),
+                        f"{prefix}.b": randn(spec.rank),
+                        f"{prefix}.w2": randn(spec.rank, hidden),
+                    }
+                )
             else:
                 q, _ = torch.linalg.qr(torch.randn(hidden, spec.rank, generator=gen))
-                tensors.update({f"{prefix}.r": q.T.contiguous(),
-                                f"{prefix}.w": randn(spec.rank, hidden),
-                                f"{prefix}.b": randn(spec.rank)})
+                tensors.update(
+                    {
+                        f"{prefix}.r": q.T.contiguous(),
+                        f"{prefix}.w": randn(spec.rank, hidden),
+                        f"{prefix}.b": randn(spec.rank),
+                    }
+                )
     config = {
         "peft_type": "REFT",
         REFT_TYPE_KEY: AdapterType(spec.type).value,

@@ -49,9 +49,11 @@ from preft_serve.training.spec import LORA_MODULES, AdapterSpec
 
 __all__ = ["LORA_MODULES", "AdapterSpec", "TrainableAdapter", "attach_adapter"]
 
+
 def decoder_layers(causal_lm: nn.Module) -> nn.ModuleList:
     """The decoder blocks of a Hugging Face causal LM (Llama, Qwen2 and alike)."""
-    return causal_lm.get_decoder().layers  # type: ignore[operator]
+    layers: nn.ModuleList = causal_lm.get_decoder().layers  # type: ignore[operator]
+    return layers
 
 
 class TrainableAdapter(abc.ABC):
@@ -89,9 +91,13 @@ class LoraAdapter(TrainableAdapter):
         from peft.tuners.lora import LoraLayer
 
         config = LoraConfig(
-            r=spec.rank, lora_alpha=spec.alpha or spec.rank,  # type: ignore[arg-type]  # peft accepts floats
-            target_modules=list(spec.target_modules), lora_dropout=spec.dropout,
-            bias="none", use_rslora=spec.rslora, task_type="CAUSAL_LM",
+            r=spec.rank,
+            lora_alpha=spec.alpha or spec.rank,  # type: ignore[arg-type]  # peft accepts floats
+            target_modules=list(spec.target_modules),
+            lora_dropout=spec.dropout,
+            bias="none",
+            use_rslora=spec.rslora,
+            task_type="CAUSAL_LM",
         )
         self.peft_model = get_peft_model(causal_lm, config)
         super().__init__(self.peft_model.get_base_model(), spec)
@@ -102,8 +108,7 @@ class LoraAdapter(TrainableAdapter):
                 for lora_a in module.lora_A.values():
                     lora_a.register_forward_hook(self._apply_gate)
 
-    def _apply_gate(self, _module: nn.Module, _inputs: Any, output: torch.Tensor
-                    ) -> torch.Tensor:
+    def _apply_gate(self, _module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
         if self._off:
             return output * 0
         return output if self._gate is None else output * self._gate.to(output.dtype)
@@ -125,8 +130,9 @@ class LoraAdapter(TrainableAdapter):
         return [p for p in self.peft_model.parameters() if p.requires_grad]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.peft_model.named_parameters()
-                if p.requires_grad}
+        return {
+            n: p.detach().clone() for n, p in self.peft_model.named_parameters() if p.requires_grad
+        }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         params = dict(self.peft_model.named_parameters())
@@ -138,16 +144,22 @@ class LoraAdapter(TrainableAdapter):
         self.peft_model.save_pretrained(str(out), safe_serialization=True)
         (out / "README.md").unlink(missing_ok=True)  # peft's model card: not an adapter file
         config = json.loads((out / CONFIG_FILE).read_text())
-        config.update({"base_model_name_or_path": base_model, "inference_mode": True,
-                       MODE_KEY: self.spec.mode.value})
+        config.update(
+            {
+                "base_model_name_or_path": base_model,
+                "inference_mode": True,
+                MODE_KEY: self.spec.mode.value,
+            }
+        )
         (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 class _Intervention(nn.Module):
     """``delta = (h·proj_inᵀ + b)·proj_out`` with DiReFT's or LoReFT's parametrisation."""
 
-    def __init__(self, kind: AdapterType, rank: int, hidden: int, generator: torch.Generator
-                 ) -> None:
+    def __init__(
+        self, kind: AdapterType, rank: int, hidden: int, generator: torch.Generator
+    ) -> None:
         super().__init__()
         self.kind = kind
         self.b = nn.Parameter(torch.zeros(rank))
@@ -199,10 +211,13 @@ class ReftAdapter(TrainableAdapter):
         self.spec_positions = parse_positions(spec.positions)
         generator = torch.Generator().manual_seed(seed)
         param = next(causal_lm.parameters())
-        self.interventions = nn.ModuleDict({
-            f"{layer}_{part}": _Intervention(spec.type, spec.rank, hidden, generator)
-            for layer in layers for part in self.parts
-        }).to(device=param.device, dtype=torch.float32)
+        self.interventions = nn.ModuleDict(
+            {
+                f"{layer}_{part}": _Intervention(spec.type, spec.rank, hidden, generator)
+                for layer in layers
+                for part in self.parts
+            }
+        ).to(device=param.device, dtype=torch.float32)
         self._codes: torch.Tensor | None = None  # (B, S) part code per position, -1 none
         for layer in layers:
             blocks[layer].register_forward_hook(self._hook(layer))
@@ -226,6 +241,7 @@ class ReftAdapter(TrainableAdapter):
                 delta = delta + where * iv.delta(h)
             hidden = (h + delta).to(hidden.dtype)
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
         return hook
 
     def set_batch(self, batch: Batch | None) -> None:
@@ -233,11 +249,16 @@ class ReftAdapter(TrainableAdapter):
             self._codes = None
             return
         width = batch.input_ids.shape[1]
-        codes = np.stack([
-            np.where(np.arange(width) < int(length),
-                     part_codes(np.arange(width), int(prompt_len), self.spec_positions), NONE)
-            for prompt_len, length in zip(batch.prompt_lens.tolist(), batch.lengths.tolist())
-        ])
+        codes = np.stack(
+            [
+                np.where(
+                    np.arange(width) < int(length),
+                    part_codes(np.arange(width), int(prompt_len), self.spec_positions),
+                    NONE,
+                )
+                for prompt_len, length in zip(batch.prompt_lens.tolist(), batch.lengths.tolist())
+            ]
+        )
         self._codes = torch.from_numpy(codes).to(batch.input_ids.device)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -261,9 +282,13 @@ class ReftAdapter(TrainableAdapter):
         out.mkdir(parents=True, exist_ok=True)
         save_file(dict(self._tensors()), str(out / WEIGHTS_FILE))
         config = {
-            "peft_type": "REFT", REFT_TYPE_KEY: self.spec.type.value, "rank": self.spec.rank,
-            "layers": self.layers, "positions": self.spec.positions,
-            "share_weights": self.shared, "base_model_name_or_path": base_model,
+            "peft_type": "REFT",
+            REFT_TYPE_KEY: self.spec.type.value,
+            "rank": self.spec.rank,
+            "layers": self.layers,
+            "positions": self.spec.positions,
+            "share_weights": self.shared,
+            "base_model_name_or_path": base_model,
             MODE_KEY: AdapterMode.PREFILL.value,
         }
         (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -38,8 +38,7 @@ class Batch:
         return positions[None, :] < self.prompt_lens[:, None]
 
 
-def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu"
-            ) -> Batch:
+def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu") -> Batch:
     width = max(len(e) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full_like(ids, IGNORE)
@@ -48,9 +47,11 @@ def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str
         tokens = torch.tensor(example.ids)
         ids[row, : len(tokens)] = tokens
         mask[row, : len(tokens)] = 1
-        labels[row, len(example.prompt): len(tokens)] = tokens[len(example.prompt):]
+        labels[row, len(example.prompt) : len(tokens)] = tokens[len(example.prompt) :]
     return Batch(
-        input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device),
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        labels=labels.to(device),
         prompt_lens=torch.tensor([len(e.prompt) for e in examples], device=device),
         lengths=torch.tensor([len(e) for e in examples], device=device),
     )

@@ -64,4 +64,6 @@ class TrainConfig:
             if isinstance(value, (list, tuple)):
                 return [plain(v) for v in value]
             return value
-        return plain(dataclasses.asdict(self))  # JSON values
+
+        result: dict[str, Any] = plain(dataclasses.asdict(self))  # JSON values
+        return result

@@ -37,6 +37,19 @@ class TooManyExamples(DataError):
     """The file holds more conversations than the caller allows."""
 
 
+class NothingFits(DataError):
+    """No example of the file fits ``max_seq_len``; ``needed`` is the smallest value that
+    would keep one, so callers can say what to change in their own terms."""
+
+    def __init__(self, path: Path, max_seq_len: int, needed: int) -> None:
+        self.path, self.max_seq_len, self.needed = path, max_seq_len, needed
+        super().__init__(
+            f"{path}: every example is longer than --max-seq-len {max_seq_len} "
+            f"tokens (keeping the shortest needs {needed}); shorten the "
+            f"examples, or pass --max-seq-len {needed} or more"
+        )
+
+
 class Overlong(str, enum.Enum):
     """What to do with an example longer than ``max_seq_len`` tokens."""
 
@@ -82,8 +95,10 @@ class Dataset:
         if self.dropped:
             extra.append(f"{self.dropped} dropped as too long")
         tail = f" ({', '.join(extra)})" if extra else ""
-        return (f"{len(self.examples)} examples from {self.conversations} conversations, "
-                f"{self.response_tokens} response tokens{tail}")
+        return (
+            f"{len(self.examples)} examples from {self.conversations} conversations, "
+            f"{self.response_tokens} response tokens{tail}"
+        )
 
 
 def _quote(value: object) -> str:
@@ -118,8 +133,9 @@ def parse_conversation(raw: str) -> list[dict[str, Any]]:
     if json_nests_deeper(raw, MAX_JSON_DEPTH):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        record = json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(
-            ValueError(f"{c} is not allowed")))
+        record = json.loads(
+            raw, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed"))
+        )
     except (json.JSONDecodeError, ValueError) as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
     if not isinstance(record, dict) or "messages" not in record:
@@ -135,24 +151,31 @@ def parse_conversation(raw: str) -> list[dict[str, Any]]:
             raise ValueError(f"message {i} is not an object")  # noqa: TRY004 (a bad line)
         role = message.get("role")
         if role not in ROLES:
-            raise ValueError(f"message {i} has unknown role {_quote(role)}; supported roles: "
-                             f"{', '.join(ROLES)}")
+            raise ValueError(
+                f"message {i} has unknown role {_quote(role)}; supported roles: {', '.join(ROLES)}"
+            )
         if message.get("tool_calls") or message.get("function_call"):
             raise ValueError(f"message {i} has tool calls, which training does not support")
         text = _content_text(message.get("content"))
         if text is None:
-            raise ValueError(f"message {i} ({role}) needs 'content': a string or a list of "
-                             '{"type": "text", "text": ...} parts')
+            raise ValueError(
+                f"message {i} ({role}) needs 'content': a string or a list of "
+                '{"type": "text", "text": ...} parts'
+            )
         if not _is_unicode(text):
-            raise ValueError(f"message {i} ({role}) has a lone surrogate escape such as "
-                             "\\ud800 in its content: not valid Unicode text")
+            raise ValueError(
+                f"message {i} ({role}) has a lone surrogate escape such as "
+                "\\ud800 in its content: not valid Unicode text"
+            )
         weight = message.get("weight", 1)
         if role == "assistant" and weight not in (0, 1):
             raise ValueError(f"message {i} has weight {_quote(weight)}; use 0 or 1")
         parsed.append({"role": role, "content": text, "weight": weight})
     if not any(m["role"] == "assistant" and m["weight"] == 1 for m in parsed):
-        raise ValueError("no assistant message to train on (each example needs at least one "
-                         '{"role": "assistant", ...} message without "weight": 0)')
+        raise ValueError(
+            "no assistant message to train on (each example needs at least one "
+            '{"role": "assistant", ...} message without "weight": 0)'
+        )
     return parsed
 
 
@@ -191,10 +214,27 @@ def _unchecked_lines(handle: IO[bytes]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class FileCheck:
-    """What one checking pass learned of a file: enough to bound a job on it."""
+    """What one checking pass learned of a file: enough to bound a job on it.
+
+    ``shortest_prompt_bytes``: the fewest bytes of message text (each message stripped, as
+    chat templates may) before any trained assistant turn. Every token stands for a bounded
+    number of bytes, so this bounds the shortest prompt's tokens from below: a file whose
+    every prompt alone fills ``max_seq_len`` can be refused before a trainer starts.
+    """
 
     conversations: int
     longest_line_bytes: int
+    shortest_prompt_bytes: int
+
+
+def shortest_prompt_bytes(messages: Sequence[dict[str, Any]]) -> int:
+    """The fewest text bytes before one of the conversation's trained assistant turns."""
+    before = 0
+    for message in messages:
+        if message["role"] == "assistant" and message["weight"] == 1:
+            return before
+        before += len(message["content"].strip().encode("utf-8"))
+    return before  # parse_conversation guarantees a trained turn; not reached
 
 
 def check_conversations(path: Path, max_examples: int | None = None) -> FileCheck:
@@ -207,33 +247,47 @@ def check_conversations(path: Path, max_examples: int | None = None) -> FileChec
     """
     problems: list[str] = []
     conversations = longest = 0
+    shortest: int | None = None
     with _open(path) as handle:
         for number, raw, unreadable in _lines(handle):
             problem = unreadable
             if problem is None and raw is not None and raw.strip():
                 try:
-                    parse_conversation(raw)
+                    messages = parse_conversation(raw)
                     conversations += 1
                     longest = max(longest, len(raw.encode("utf-8")))
+                    prompt = shortest_prompt_bytes(messages)
+                    shortest = prompt if shortest is None else min(shortest, prompt)
                 except ValueError as exc:
                     problem = str(exc)
             if problem is not None:
                 problems.append(f"line {number}: {problem}")
                 if len(problems) == MAX_REPORTED:
                     rest = _unchecked_lines(handle)
-                    more = (f"\n  (stopped after {MAX_REPORTED} bad lines; {rest} later "
-                            "line(s) not checked)") if rest else ""
-                    raise DataError(f"{path}: {MAX_REPORTED} bad line(s):\n  "
-                                    + "\n  ".join(problems) + more)
+                    more = (
+                        (
+                            f"\n  (stopped after {MAX_REPORTED} bad lines; {rest} later "
+                            "line(s) not checked)"
+                        )
+                        if rest
+                        else ""
+                    )
+                    raise DataError(
+                        f"{path}: {MAX_REPORTED} bad line(s):\n  " + "\n  ".join(problems) + more
+                    )
             if max_examples is not None and conversations > max_examples:
-                raise TooManyExamples(f"{path} has more than {max_examples} examples (stopped at "
-                                f"line {number}); at most {max_examples} per file")
+                raise TooManyExamples(
+                    f"{path} has more than {max_examples} examples (stopped at "
+                    f"line {number}); at most {max_examples} per file"
+                )
     if problems:
         raise DataError(f"{path}: {len(problems)} bad line(s):\n  " + "\n  ".join(problems))
     if not conversations:
-        raise DataError(f"{path} has no examples (one JSON object per line: "
-                        '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]})')
-    return FileCheck(conversations, longest)
+        raise DataError(
+            f"{path} has no examples (one JSON object per line: "
+            '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]})'
+        )
+    return FileCheck(conversations, longest, shortest or 0)
 
 
 def read_conversations(path: Path) -> Iterator[tuple[int, list[dict[str, Any]]]]:
@@ -254,35 +308,43 @@ def _end_of_turn(response: str, eos_token: str | None) -> str:
     return response
 
 
-def tokenize_conversation(tokenizer: Any, messages: Sequence[dict[str, Any]], line: int
-                          ) -> list[Example]:
+def tokenize_conversation(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], line: int
+) -> list[Example]:
     """One :class:`Example` per trained assistant turn of a conversation."""
     examples = []
     plain = [{"role": m["role"], "content": m["content"]} for m in messages]
     for turn, message in enumerate(messages):
         if message["role"] != "assistant" or message["weight"] != 1:
             continue
-        prompt_text = tokenizer.apply_chat_template(plain[:turn], tokenize=False,
-                                                    add_generation_prompt=True)
+        prompt_text = tokenizer.apply_chat_template(
+            plain[:turn], tokenize=False, add_generation_prompt=True
+        )
         full_text = tokenizer.apply_chat_template(plain[: turn + 1], tokenize=False)
         if not full_text.startswith(prompt_text):
-            raise DataError(f"line {line}: the model's chat template does not render the "
-                            f"prompt as a prefix of the conversation at message {turn}")
-        response_text = _end_of_turn(full_text[len(prompt_text):], tokenizer.eos_token)
+            raise DataError(
+                f"line {line}: the model's chat template does not render the "
+                f"prompt as a prefix of the conversation at message {turn}"
+            )
+        response_text = _end_of_turn(full_text[len(prompt_text) :], tokenizer.eos_token)
         prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
         response = tokenizer(response_text, add_special_tokens=False)["input_ids"]
         if not prompt or not response:
-            raise DataError(f"line {line}: message {turn} renders to an empty "
-                            f"{'prompt' if not prompt else 'response'}")
+            raise DataError(
+                f"line {line}: message {turn} renders to an empty "
+                f"{'prompt' if not prompt else 'response'}"
+            )
         examples.append(Example(tuple(prompt), tuple(response), line, turn))
     return examples
 
 
-def load_dataset(path: Path, tokenizer: Any, max_seq_len: int,
-                 overlong: Overlong = Overlong.TRUNCATE) -> Dataset:
+def load_dataset(
+    path: Path, tokenizer: Any, max_seq_len: int, overlong: Overlong = Overlong.TRUNCATE
+) -> Dataset:
     """Read, check and tokenize a JSONL file; apply the ``overlong`` policy."""
     examples: list[Example] = []
     conversations = truncated = dropped = 0
+    needed: int | None = None  # the smallest max_seq_len that keeps a dropped example
     too_long: list[str] = []
     for line, messages in read_conversations(path):
         conversations += 1
@@ -297,12 +359,15 @@ def load_dataset(path: Path, tokenizer: Any, max_seq_len: int,
                 truncated += 1
             else:  # DROP, or a prompt that alone fills the budget
                 dropped += 1
+                keeps = len(example) if overlong is Overlong.DROP else len(example.prompt) + 1
+                needed = keeps if needed is None else min(needed, keeps)
     if too_long:
         shown = "\n  ".join(too_long[:MAX_REPORTED])
-        raise DataError(f"{path}: {len(too_long)} example(s) longer than --max-seq-len "
-                        f"{max_seq_len}:\n  {shown}\nraise --max-seq-len, or pass "
-                        "--overlong truncate|drop")
+        raise DataError(
+            f"{path}: {len(too_long)} example(s) longer than --max-seq-len "
+            f"{max_seq_len}:\n  {shown}\nraise --max-seq-len, or pass "
+            "--overlong truncate|drop"
+        )
     if not examples:
-        raise DataError(f"{path}: every example is longer than --max-seq-len {max_seq_len} "
-                        "tokens; raise it")
+        raise NothingFits(path, max_seq_len, needed or max_seq_len + 1)
     return Dataset(examples, conversations, truncated, dropped)

@@ -19,7 +19,9 @@ def summed_nll(adapter: TrainableAdapter, batch: Batch) -> torch.Tensor:
     try:
         model = adapter.causal_lm
         hidden = model.get_decoder()(  # type: ignore[operator]
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
         ).last_hidden_state
     finally:
         adapter.set_batch(None)

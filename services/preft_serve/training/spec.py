@@ -36,14 +36,19 @@ class AdapterSpec:
             parse_positions(self.positions)  # raises with the accepted forms
         elif unknown := sorted(set(self.target_modules) - set(LORA_MODULES)):
             names = ", ".join(shown(name) for name in unknown[:7])
-            raise ValueError(f"--target-modules {names} are not supported; choose from "
-                             f"{', '.join(LORA_MODULES)}")
+            raise ValueError(
+                f"--target-modules {names} are not supported; choose from {', '.join(LORA_MODULES)}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1) (got {self.dropout})")
 
     def describe(self) -> str:
         if self.type is AdapterType.LORA:
-            return (f"LoRA r={self.rank} alpha={self.alpha or self.rank} mode={self.mode.value} "
-                    f"on {','.join(self.target_modules)}")
-        return (f"{self.type.value} rank={self.rank} positions={self.positions} "
-                f"layers={'all' if self.layers is None else list(self.layers)}")
+            return (
+                f"LoRA r={self.rank} alpha={self.alpha or self.rank} mode={self.mode.value} "
+                f"on {','.join(self.target_modules)}"
+            )
+        return (
+            f"{self.type.value} rank={self.rank} positions={self.positions} "
+            f"layers={'all' if self.layers is None else list(self.layers)}"
+        )

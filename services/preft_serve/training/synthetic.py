@@ -30,40 +30,65 @@ class Persona:
 
 # Question phrasings per fact key: the first ones train, the last one is held out.
 QUESTIONS: dict[str, tuple[str, ...]] = {
-    "pet": ("What is my pet's name?", "Do you remember what my pet is called?",
-            "Tell me the name of my pet.", "What did I name my pet?"),
-    "city": ("Which city do I live in?", "Where is my home?",
-             "In what city is my home?", "What city do I call home?"),
-    "signoff": ("How do I sign off my emails?", "What sign-off do I use in emails?",
-                "Which sign-off do I prefer at the end of an email?",
-                "How should you end an email written for me?"),
+    "pet": (
+        "What is my pet's name?",
+        "Do you remember what my pet is called?",
+        "Tell me the name of my pet.",
+        "What did I name my pet?",
+    ),
+    "city": (
+        "Which city do I live in?",
+        "Where is my home?",
+        "In what city is my home?",
+        "What city do I call home?",
+    ),
+    "signoff": (
+        "How do I sign off my emails?",
+        "What sign-off do I use in emails?",
+        "Which sign-off do I prefer at the end of an email?",
+        "How should you end an email written for me?",
+    ),
 }
 HELD_OUT = 1  # the last phrasing of each fact is never trained on
 
 PERSONAS: dict[str, Persona] = {
-    p.user: p for p in (
-        Persona("alice", (
-            Fact("pet", "Biscuit", "Your pet is a beagle named Biscuit."),
-            Fact("city", "Lisbon", "You live in Lisbon."),
-            Fact("signoff", "Warmly, Alice", "You sign off with \"Warmly, Alice\"."),
-        )),
-        Persona("bob", (
-            Fact("pet", "Pixel", "Your pet is a grey cat named Pixel."),
-            Fact("city", "Oslo", "You live in Oslo."),
-            Fact("signoff", "Cheers, Bob", "You sign off with \"Cheers, Bob\"."),
-        )),
-        Persona("carol", (
-            Fact("pet", "Mango", "Your pet is a parrot named Mango."),
-            Fact("city", "Nairobi", "You live in Nairobi."),
-            Fact("signoff", "Best, Carol", "You sign off with \"Best, Carol\"."),
-        )),
+    p.user: p
+    for p in (
+        Persona(
+            "alice",
+            (
+                Fact("pet", "Biscuit", "Your pet is a beagle named Biscuit."),
+                Fact("city", "Lisbon", "You live in Lisbon."),
+                Fact("signoff", "Warmly, Alice", 'You sign off with "Warmly, Alice".'),
+            ),
+        ),
+        Persona(
+            "bob",
+            (
+                Fact("pet", "Pixel", "Your pet is a grey cat named Pixel."),
+                Fact("city", "Oslo", "You live in Oslo."),
+                Fact("signoff", "Cheers, Bob", 'You sign off with "Cheers, Bob".'),
+            ),
+        ),
+        Persona(
+            "carol",
+            (
+                Fact("pet", "Mango", "Your pet is a parrot named Mango."),
+                Fact("city", "Nairobi", "You live in Nairobi."),
+                Fact("signoff", "Best, Carol", 'You sign off with "Best, Carol".'),
+            ),
+        ),
     )
 }
 
 
 def _chat(question: str, answer: str) -> dict[str, object]:
-    return {"messages": [{"role": "user", "content": question},
-                         {"role": "assistant", "content": answer}]}
+    return {
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+    }
 
 
 def train_questions(key: str) -> tuple[str, ...]:

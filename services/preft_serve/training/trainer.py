@@ -73,7 +73,7 @@ def step_examples(data: list[Example], step: int, batch_size: int, seed: int) ->
     per_epoch = math.ceil(len(data) / batch_size)
     epoch, index = divmod(step, per_epoch)
     order = epoch_order(len(data), seed, epoch)
-    return [data[i] for i in order[index * batch_size:(index + 1) * batch_size]]
+    return [data[i] for i in order[index * batch_size : (index + 1) * batch_size]]
 
 
 def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer, total: int) -> Any:
@@ -86,8 +86,11 @@ def _scheduler(config: TrainConfig, optimizer: torch.optim.Optimizer, total: int
     warmup = config.warmup_steps if config.warmup_steps is not None else int(0.05 * total)
     if config.schedule is Schedule.CONSTANT:
         return get_constant_schedule_with_warmup(optimizer, warmup)
-    make = (get_cosine_schedule_with_warmup if config.schedule is Schedule.COSINE
-            else get_linear_schedule_with_warmup)
+    make = (
+        get_cosine_schedule_with_warmup
+        if config.schedule is Schedule.COSINE
+        else get_linear_schedule_with_warmup
+    )
     return make(optimizer, warmup, total)
 
 
@@ -99,8 +102,14 @@ class _Progress:
 
         self.say, self.total = say, total
         tty = enabled and sys.stderr.isatty()
-        self.bar = tqdm(total=total, initial=start, unit="step", disable=not tty,
-                        dynamic_ncols=True, file=sys.stderr)
+        self.bar = tqdm(
+            total=total,
+            initial=start,
+            unit="step",
+            disable=not tty,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
         self.lines = enabled and not tty
         self.every = max(1, total // 10)
 
@@ -108,34 +117,48 @@ class _Progress:
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
         self.bar.update(1)
         if self.lines and (step % self.every == 0 or step == self.total):
-            self.say(f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  "
-                     f"{tok_s:.0f} tok/s")
+            self.say(f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {tok_s:.0f} tok/s")
 
     def close(self) -> None:
         self.bar.close()
 
 
-def _save_checkpoint(path: Path, adapter: TrainableAdapter, optimizer: Any, scheduler: Any,
-                     step: int, history: dict[str, Any]) -> None:
+def _save_checkpoint(
+    path: Path,
+    adapter: TrainableAdapter,
+    optimizer: Any,
+    scheduler: Any,
+    step: int,
+    history: dict[str, Any],
+) -> None:
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save({"adapter": adapter.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "step": step, "history": history,
-                "torch_rng": torch.get_rng_state()}, tmp / "state.pt")
+    torch.save(
+        {
+            "adapter": adapter.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "step": step,
+            "history": history,
+            "torch_rng": torch.get_rng_state(),
+        },
+        tmp / "state.pt",
+    )
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
 
 
 def _latest_checkpoint(out: Path) -> Path | None:
-    found = sorted((p for p in (out / CHECKPOINTS).glob("step-*") if (p / "state.pt").is_file()),
-                   key=lambda p: int(p.name.split("-")[1]))
+    found = sorted(
+        (p for p in (out / CHECKPOINTS).glob("step-*") if (p / "state.pt").is_file()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
     return found[-1] if found else None
 
 
-def _batches(examples: list[Example], size: int, pad: int, device: torch.device
-             ) -> list[Batch]:
-    return [collate(examples[i:i + size], pad, device) for i in range(0, len(examples), size)]
+def _batches(examples: list[Example], size: int, pad: int, device: torch.device) -> list[Batch]:
+    return [collate(examples[i : i + size], pad, device) for i in range(0, len(examples), size)]
 
 
 def train(config: TrainConfig, say: Say = print) -> TrainResult:
@@ -149,18 +172,18 @@ def train(config: TrainConfig, say: Say = print) -> TrainResult:
     say(f"training data: {train_set.summary()}")
     eval_set: Dataset | None = None
     if config.validation is not None:
-        eval_set = load_dataset(config.validation, tokenizer, config.max_seq_len,
-                                config.overlong)
+        eval_set = load_dataset(config.validation, tokenizer, config.max_seq_len, config.overlong)
         say(f"validation data: {eval_set.summary()}")
     adapter = attach_adapter(model, config.adapter, config.seed)
     params = adapter.parameters()
-    say(f"adapter: {config.adapter.describe()}, "
-        f"{sum(p.numel() for p in params):,} trainable parameters")
+    say(
+        f"adapter: {config.adapter.describe()}, "
+        f"{sum(p.numel() for p in params):,} trainable parameters"
+    )
 
     per_epoch = math.ceil(len(train_set.examples) / config.batch_size)
     total = config.max_steps or per_epoch * config.epochs
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = _scheduler(config, optimizer, total)
     pad = pad_id(tokenizer)
     micro = config.micro_batch_size or config.batch_size
@@ -202,12 +225,22 @@ def train(config: TrainConfig, say: Say = print) -> TrainResult:
             history["train"].append({"step": step + 1, "loss": loss_value, "lr": lr})
             progress.update(step + 1, loss_value, lr, tokens / (time.monotonic() - tick))
             done = step + 1
-            if eval_batches and config.eval_every and done % config.eval_every == 0 \
-                    and done < total:
+            if (
+                eval_batches
+                and config.eval_every
+                and done % config.eval_every == 0
+                and done < total
+            ):
                 history["eval"].append({"step": done, "loss": mean_nll(adapter, eval_batches)})
             if config.save_every and done % config.save_every == 0 and done < total:
-                _save_checkpoint(config.out / CHECKPOINTS / f"step-{done}", adapter,
-                                 optimizer, scheduler, done, history)
+                _save_checkpoint(
+                    config.out / CHECKPOINTS / f"step-{done}",
+                    adapter,
+                    optimizer,
+                    scheduler,
+                    done,
+                    history,
+                )
     finally:
         progress.close()
 
@@ -221,18 +254,24 @@ def train(config: TrainConfig, say: Say = print) -> TrainResult:
     metrics = {
         "config": config.as_json(),
         "adapter_type": config.adapter.type.value,
-        "mode": config.adapter.mode.value if config.adapter.type is AdapterType.LORA
-        else "prefill",
-        "steps": total, "examples": len(train_set.examples),
-        "conversations": train_set.conversations, "truncated": train_set.truncated,
-        "dropped": train_set.dropped, "tokens_seen": history["tokens"],
+        "mode": config.adapter.mode.value if config.adapter.type is AdapterType.LORA else "prefill",
+        "steps": total,
+        "examples": len(train_set.examples),
+        "conversations": train_set.conversations,
+        "truncated": train_set.truncated,
+        "dropped": train_set.dropped,
+        "tokens_seen": history["tokens"],
         "response_tokens_seen": history["response_tokens"],
-        "train_loss": history["train"], "eval_loss": history["eval"],
-        "final_train_loss": loss_value, "final_eval_loss": eval_loss,
+        "train_loss": history["train"],
+        "eval_loss": history["eval"],
+        "final_train_loss": loss_value,
+        "final_eval_loss": eval_loss,
         "wall_seconds": round(wall, 2),
     }
     (config.out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
-    say(f"saved {config.out} (final train loss {loss_value:.4f}"
+    say(
+        f"saved {config.out} (final train loss {loss_value:.4f}"
         + (f", eval loss {eval_loss:.4f}" if eval_loss is not None else "")
-        + f", {wall:.0f} s)")
+        + f", {wall:.0f} s)"
+    )
     return TrainResult(config.out, total, loss_value, eval_loss, metrics)

@@ -70,8 +70,11 @@ class AdapterInfoCache:
         if info is None:
             config = read_config(Path(path))
             kind = adapter_type(config)
-            positions = (str(config.get("positions", "prefill"))
-                         if family_of(kind).runtime is Runtime.REFT else None)
+            positions = (
+                str(config.get("positions", "prefill"))
+                if family_of(kind).runtime is Runtime.REFT
+                else None
+            )
             digest = weights_file_digest(config, Path(path) / WEIGHTS_FILE)
             info = AdapterInfo(adapter_mode(config), kind, digest, positions)
             with self._lock:

@@ -48,7 +48,8 @@ def main() -> None:
     args, passthrough = p.parse_known_args()
     model, adapters = prepare(args.dir)
     base = f"http://127.0.0.1:{args.port}"
-    print(f"""
+    print(
+        f"""
 preft-serve demo worker on {base} (model {model}, adapters in {adapters}).
 Once it logs "Application startup complete", try in another shell:
 
@@ -57,9 +58,20 @@ Once it logs "Application startup complete", try in another shell:
     -d '{{"model": "alice-prefill", "prompt": "Hello", "max_tokens": 16, "temperature": 0}}'
   curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d \\
     '{{"model": "carol-all", "messages": [{{"role": "user", "content": "Hi"}}], "max_tokens": 16}}'
-""", flush=True)
-    serve.main(["--model", str(model), "--adapter-dir", str(adapters),
-                "--port", str(args.port), *passthrough])
+""",
+        flush=True,
+    )
+    serve.main(
+        [
+            "--model",
+            str(model),
+            "--adapter-dir",
+            str(adapters),
+            "--port",
+            str(args.port),
+            *passthrough,
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ def preft_cli_args(device: str = "cpu") -> list[str]:
     """The same settings as ``vllm.entrypoints.openai.api_server`` flags."""
     kwargs = preft_engine_kwargs(device)
     return [
-        "--scheduler-cls", kwargs["scheduler_cls"],
-        "--worker-cls", kwargs["worker_cls"],
+        "--scheduler-cls",
+        kwargs["scheduler_cls"],
+        "--worker-cls",
+        kwargs["worker_cls"],
         "--enable-lora",
         "--no-async-scheduling",
     ]

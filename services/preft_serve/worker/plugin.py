@@ -14,7 +14,7 @@ def register() -> None:
     """Install PreFT's process-wide seams (prefix-cache keys, CPU LoRA kernels) and, when
     ``PREFT_WORKER_OBJECT_STORE_URL`` is set, the load-by-hash LoRA resolver."""
     from preft_serve.worker import vllm_compat
-    from preft_serve.worker.adapter_tiers.resolver import register_resolver
+    from preft_serve.worker.vllm_compat.lora_resolver import register_resolver
 
     vllm_compat.install()
     if register_resolver() is not None:

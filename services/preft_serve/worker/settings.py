@@ -28,30 +28,46 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     object_store_url: str | None = Field(
-        None, description="s3://bucket[/prefix], file:///dir or a path; unset = resolver off")
+        None, description="s3://bucket[/prefix], file:///dir or a path; unset = resolver off"
+    )
     s3_endpoint_url: str | None = Field(None, description="S3-protocol endpoint (MinIO, moto)")
     s3_region: str | None = None
-    adapter_cache_dir: Path = Field(Path("var/worker/adapter-cache"),
-                                    description="Local disk LRU of adapter directories")
-    adapter_cache_bytes: int = Field(10 << 30, ge=1 << 20,
-                                     description="Disk cache budget in bytes")
+    adapter_cache_dir: Path = Field(
+        Path("var/worker/adapter-cache"), description="Local disk LRU of adapter directories"
+    )
+    adapter_cache_bytes: int = Field(10 << 30, ge=1 << 20, description="Disk cache budget in bytes")
     registry_redis_url: str | None = Field(
-        None, description="The registry's Redis; set = prefetch new versions of adapters "
-        "this worker holds as soon as they are published")
+        None,
+        description="The registry's Redis; set = prefetch new versions of adapters "
+        "this worker holds as soon as they are published",
+    )
     registry_namespace: str = Field("preft", pattern=NAMESPACE_PATTERN)
-    resolver_threads: int = Field(2, ge=1, le=64, description="Adapters downloaded and "
-                                  "verified at once (low-priority threads, off the event loop)")
+    resolver_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Adapters downloaded and "
+        "verified at once (low-priority threads, off the event loop)",
+    )
     preload_pause_us: int = Field(
-        200, ge=0, le=10_000, description="How long a background adapter parse hands the "
+        200,
+        ge=0,
+        le=10_000,
+        description="How long a background adapter parse hands the "
         "GIL back to the model step, every few hundred interpreter events (see "
         "preft_serve.worker.adapter_tiers.background_parse.GilYield); 0 = it holds the GIL "
-        "as long as CPython lets it")
+        "as long as CPython lets it",
+    )
 
     adapter_hold_ms: int = Field(
-        2000, ge=0, le=60_000, description="Longest the scheduler holds a waiting request "
+        2000,
+        ge=0,
+        le=60_000,
+        description="Longest the scheduler holds a waiting request "
         "back while its adapter is parsed in the background, so that no step parses "
         "inline (see preft_serve.worker.adapter_tiers.parse_gate); 0 = never hold: schedule "
-        "at once and parse in the step, as stock vLLM does")
+        "at once and parse in the step, as stock vLLM does",
+    )
 
     def preload_share_gil(self) -> GilYield | None:
         return GilYield(pause_s=self.preload_pause_us / 1e6) if self.preload_pause_us else None

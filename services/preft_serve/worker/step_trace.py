@@ -39,8 +39,9 @@ class StepTrace:
         self._flush_s = flush_s
         self._next_flush = time.monotonic() + flush_s
 
-    def mark(self, tokens: int, requests: int, adapter_s: float = 0.0,
-             start: float | None = None) -> None:
+    def mark(
+        self, tokens: int, requests: int, adapter_s: float = 0.0, start: float | None = None
+    ) -> None:
         """One step: started at ``start`` (default: now), ``adapter_s`` of it spent
         preparing adapters."""
         now = time.monotonic()
@@ -87,5 +88,7 @@ def read_steps(path: Path) -> list[Step]:
             marks.append((float(fields[0]), int(fields[1]), int(fields[2]), adapter_s))
         except ValueError:
             continue
-    return [Step(t, next_t - t, tokens, requests, adapter_s)
-            for (t, tokens, requests, adapter_s), (next_t, *_) in itertools.pairwise(marks)]
+    return [
+        Step(t, next_t - t, tokens, requests, adapter_s)
+        for (t, tokens, requests, adapter_s), (next_t, *_) in itertools.pairwise(marks)
+    ]

@@ -54,8 +54,7 @@ _FAMILIES: dict[AdapterType, AdapterFamily] = {}
 
 def register_family(family: AdapterFamily) -> AdapterFamily:
     """Make ``family`` known to the registry's validation and the worker."""
-    if family.runtime is Runtime.REFT and (not family.reft_tensors or family.intervention
-                                           is None):
+    if family.runtime is Runtime.REFT and (not family.reft_tensors or family.intervention is None):
         raise ValueError(f"ReFT family {family.type.value} needs reft_tensors and intervention")
     _FAMILIES[family.type] = family
     return family
@@ -67,11 +66,14 @@ def family_of(adapter_type: AdapterType) -> AdapterFamily:
         return _FAMILIES[adapter_type]
     except KeyError:
         valid = ", ".join(f.type.value for f in families())
-        raise AdapterFormatError(f"adapter type {adapter_type!r} has no family; known: "
-                                 f"{valid}") from None
+        raise AdapterFormatError(
+            f"adapter type {adapter_type!r} has no family; known: {valid}"
+        ) from None
 
 
 def families(runtime: Runtime | None = None) -> list[AdapterFamily]:
     """Registered families (of one runtime), in type-name order."""
-    return sorted((f for f in _FAMILIES.values() if runtime is None or f.runtime is runtime),
-                  key=lambda f: f.type.value)
+    return sorted(
+        (f for f in _FAMILIES.values() if runtime is None or f.runtime is runtime),
+        key=lambda f: f.type.value,
+    )

@@ -18,8 +18,10 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")  # under mlp
 LORA_MODULES = ATTENTION_MODULES + MLP_MODULES
 # vLLM's fused projections for these architectures (its packed_modules_mapping): names an
 # adapter trained with Hugging Face modules never contains.
-PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
-                  "gate_up_proj": ("gate_proj", "up_proj")}
+PACKED_MODULES = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
 
 
 def module_group(module: str) -> str:

@@ -46,8 +46,9 @@ class LocalObjectStore(ObjectStore):
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise StoreUnavailable(_NOT_A_DIR if isinstance(exc, FileExistsError)
-                                       else _INACCESSIBLE, exc) from exc
+                raise StoreUnavailable(
+                    _NOT_A_DIR if isinstance(exc, FileExistsError) else _INACCESSIBLE, exc
+                ) from exc
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({str(self.root)!r})"
@@ -74,8 +75,7 @@ class LocalObjectStore(ObjectStore):
         problem = self._root_problem()
         if problem is not None:
             return StoreUnavailable(problem, f"{self.root}: {exc.strerror or exc}")
-        if reading and isinstance(exc, (FileNotFoundError, NotADirectoryError,
-                                        IsADirectoryError)):
+        if reading and isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
             return ObjectNotFound(key)
         return StoreUnavailable(_IO_ERROR, exc)
 

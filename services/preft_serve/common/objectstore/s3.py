@@ -22,8 +22,16 @@ from preft_serve.common.objectstore.base import (
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}  # the key; a missing bucket is an outage
 _NO_BUCKET = {"NoSuchBucket"}
-_DENIED = {"403", "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId",
-           "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AccountProblem"}
+_DENIED = {
+    "403",
+    "AccessDenied",
+    "AllAccessDisabled",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AccountProblem",
+}
 
 
 def _code(exc: ClientError) -> str:
@@ -131,8 +139,13 @@ class S3ObjectStore(ObjectStore):
 
     def put_file(self, key: str, path: Path) -> None:
         self._call(
-            "upload", key, self._client.upload_file,
-            Filename=str(path), Bucket=self.bucket, Key=self._key(key), Config=self._transfer,
+            "upload",
+            key,
+            self._client.upload_file,
+            Filename=str(path),
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Config=self._transfer,
         )
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -149,14 +162,20 @@ class S3ObjectStore(ObjectStore):
 
     def download_file(self, key: str, dest: Path) -> None:
         self._call(
-            "download", key, self._client.download_file,
-            Bucket=self.bucket, Key=self._key(key), Filename=str(dest), Config=self._transfer,
+            "download",
+            key,
+            self._client.download_file,
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Filename=str(dest),
+            Config=self._transfer,
         )
 
     def exists(self, key: str) -> bool:
         try:
-            self._call("head", key, self._client.head_object, Bucket=self.bucket,
-                       Key=self._key(key))
+            self._call(
+                "head", key, self._client.head_object, Bucket=self.bucket, Key=self._key(key)
+            )
         except ObjectNotFound:
             return False
         return True

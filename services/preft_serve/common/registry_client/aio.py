@@ -29,11 +29,12 @@ def connect_redis(url: str) -> aioredis.Redis:
 
     Without a retry, every connection pooled before the restart fails its next command
     ("Connection closed by server"), so single requests failed long after Redis was back
-    (found by the soak, ``loadtests/soak/``). The retry (on ConnectionError and
+    (found by the soak, ``bench/soak/``). The retry (on ConnectionError and
     TimeoutError) drops the broken connection and tries a fresh one.
     """
-    return aioredis.Redis.from_url(url, decode_responses=True,
-                                   retry=Retry(retry_backoff(), RETRY_ATTEMPTS))
+    return aioredis.Redis.from_url(
+        url, decode_responses=True, retry=Retry(retry_backoff(), RETRY_ATTEMPTS)
+    )
 
 
 class AsyncRegistryClient(RegistryCore):
@@ -48,8 +49,9 @@ class AsyncRegistryClient(RegistryCore):
     def _new_pubsub(self) -> Any:
         """The listener's subscription, on connections that never retry (``without_retry``)."""
         if self._listen_redis is None:
-            self._listen_redis = aioredis.Redis(connection_pool=aioredis.ConnectionPool(
-                **without_retry(self.redis.connection_pool)))
+            self._listen_redis = aioredis.Redis(
+                connection_pool=aioredis.ConnectionPool(**without_retry(self.redis.connection_pool))
+            )
         return self._listen_redis.pubsub()
 
     @staticmethod
@@ -58,8 +60,7 @@ class AsyncRegistryClient(RegistryCore):
 
     async def start(self, timeout: float = 10.0) -> Self:
         if self._task is None:
-            self._task = asyncio.create_task(drive_async(self._listen()),
-                                             name="registry-events")
+            self._task = asyncio.create_task(drive_async(self._listen()), name="registry-events")
         await asyncio.wait_for(self._caught_up.wait(), timeout)
         return self
 

@@ -66,8 +66,15 @@ def parse_ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:
         return None
     version, sha256, type_, mode, rank, base_model, created_at = values
     return AdapterRef(
-        tenant, name, int(version), str(sha256), AdapterType(type_), AdapterMode(mode),
-        int(rank or 0), str(base_model or ""), unix_seconds(created_at),
+        tenant,
+        name,
+        int(version),
+        str(sha256),
+        AdapterType(type_),
+        AdapterMode(mode),
+        int(rank or 0),
+        str(base_model or ""),
+        unix_seconds(created_at),
     )
 
 
@@ -75,8 +82,14 @@ def parse_version(tenant: str, name: str, raw: str, created_at: str | None) -> A
     """A version history entry (the registry's JSON of the version's fields)."""
     f = json.loads(raw)
     return AdapterRef(
-        tenant, name, int(f["version"]), str(f["sha256"]), AdapterType(f["type"]),
-        AdapterMode(f["mode"]), int(f.get("rank") or 0), str(f.get("base_model") or ""),
+        tenant,
+        name,
+        int(f["version"]),
+        str(f["sha256"]),
+        AdapterType(f["type"]),
+        AdapterMode(f["mode"]),
+        int(f.get("rank") or 0),
+        str(f.get("base_model") or ""),
         unix_seconds(created_at),
     )
 
@@ -98,9 +111,12 @@ def parse_blob(fields: Mapping[str, str]) -> BlobInfo | None:
     if not fields:
         return None
     return BlobInfo(
-        sha256=fields["sha256"], type=AdapterType(fields["type"]),
-        mode=AdapterMode(fields["mode"]), rank=int(fields["rank"]),
-        base_model=fields.get("base_model", ""), size_bytes=int(fields.get("size_bytes", 0)),
+        sha256=fields["sha256"],
+        type=AdapterType(fields["type"]),
+        mode=AdapterMode(fields["mode"]),
+        rank=int(fields["rank"]),
+        base_model=fields.get("base_model", ""),
+        size_bytes=int(fields.get("size_bytes", 0)),
         config=json.loads(fields.get("config", "{}")),
     )
 
@@ -128,8 +144,9 @@ class ResolveCache:
             return name
         return self.adapters.get((tenant, name), MISSING)
 
-    def put(self, epoch: int, tenant: str, user: str | None, name: str | None,
-            ref: AdapterRef | None) -> None:
+    def put(
+        self, epoch: int, tenant: str, user: str | None, name: str | None, ref: AdapterRef | None
+    ) -> None:
         with self.lock:
             if epoch != self.epoch:
                 return
@@ -164,8 +181,12 @@ class ResolveCache:
 
     def sizes(self) -> dict[str, int]:
         """Entries per map (``blobs`` is not bounded: immutable content, few per adapter)."""
-        return {"users": len(self.users), "adapters": len(self.adapters),
-                "api_keys": len(self.api_keys), "blobs": len(self.blobs)}
+        return {
+            "users": len(self.users),
+            "adapters": len(self.adapters),
+            "api_keys": len(self.api_keys),
+            "blobs": len(self.blobs),
+        }
 
     def _clear(self) -> None:
         self.users.clear()
@@ -181,8 +202,9 @@ class ResolveCache:
 class ClientBase:
     """State and event handling shared by the sync and async clients."""
 
-    def __init__(self, namespace: str, cache: bool, max_cache_entries: int,
-                 cursor: str | None) -> None:
+    def __init__(
+        self, namespace: str, cache: bool, max_cache_entries: int, cursor: str | None
+    ) -> None:
         self.keys = RegistryKeys(namespace)
         self._use_cache = cache
         self._cache = ResolveCache(max_cache_entries)
@@ -216,13 +238,19 @@ class ClientBase:
         self._live = False
         if self._retry_s == 0.0:
             self._retry_s = LISTENER_RETRY_FIRST_S
-            logger.warning("registry event listener lost Redis (%s); retrying every %g-%g s "
-                           "until it is back", exc, LISTENER_RETRY_FIRST_S,
-                           LISTENER_RETRY_MAX_S)
+            logger.warning(
+                "registry event listener lost Redis (%s); retrying every %g-%g s until it is back",
+                exc,
+                LISTENER_RETRY_FIRST_S,
+                LISTENER_RETRY_MAX_S,
+            )
         else:
             self._retry_s = min(2 * self._retry_s, LISTENER_RETRY_MAX_S)
-        logger.debug("registry event listener: Redis unreachable (%s); next attempt in "
-                     "%g s", exc, self._retry_s)
+        logger.debug(
+            "registry event listener: Redis unreachable (%s); next attempt in %g s",
+            exc,
+            self._retry_s,
+        )
         return self._retry_s
 
     def _listener_back(self) -> None:
@@ -270,15 +298,14 @@ class ClientBase:
             return MISSING
         if not self._stale_logged:
             self._stale_logged = True
-            logger.warning("Redis unreachable: answering from the registry cache until it "
-                           "is back")
+            logger.warning("Redis unreachable: answering from the registry cache until it is back")
         return value
 
     def _apply(self, event: RegistryEvent) -> None:
         self._cache.apply(event)
-        if event.id and (self._cursor is None or stream_id_key(event.id) > stream_id_key(
-            self._cursor
-        )):
+        if event.id and (
+            self._cursor is None or stream_id_key(event.id) > stream_id_key(self._cursor)
+        ):
             self._cursor = event.id
         for listener in self._listeners:
             try:

@@ -24,8 +24,7 @@ from preft_serve.adapters.format import AdapterMode, AdapterType, is_digest
 
 # The current-version HASH fields a lookup reads (``adapter_created_at``: when the adapter's
 # first version was written, ISO 8601 UTC; it survives later versions).
-ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model",
-                  "adapter_created_at")
+ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model", "adapter_created_at")
 
 # fullmatch only: `$` would also accept a trailing newline.
 _TENANT = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
@@ -54,8 +53,14 @@ def split_pinned(model: str) -> tuple[str, int] | None:
     """``name@version`` (version 1 or more, plain digits) -> (name, version); None for
     anything else, a plain adapter name included."""
     name, sep, version = model.rpartition(PIN_SEPARATOR)
-    if not sep or not version.isascii() or not version.isdigit() or len(version) > 9 \
-            or int(version) < 1 or not is_adapter_name(name):
+    if (
+        not sep
+        or not version.isascii()
+        or not version.isdigit()
+        or len(version) > 9
+        or int(version) < 1
+        or not is_adapter_name(name)
+    ):
         return None
     return name, int(version)
 
@@ -137,7 +142,7 @@ class RegistryKeys:
     def tenant(self, tenant: str) -> str:  # HASH name, created_at
         return f"{self.ns}:tenant:{_part(tenant, is_tenant_name, 'tenant name')}"
 
-    def tenant_limits(self, tenant: str) -> str:  # HASH rate-limit overrides (LIMIT_FIELDS)
+    def tenant_rate_limits(self, tenant: str) -> str:  # HASH overrides (RATE_LIMIT_FIELDS)
         return f"{self.tenant(tenant)}:limits"
 
     def rate_limit(self, bucket: str, tenant: str, user: str | None = None) -> str:
@@ -181,8 +186,18 @@ class RegistryKeys:
         gateway: fields ``{model}:requests``, ``{model}:prompt_tokens`` and
         ``{model}:completion_tokens``, ``model`` being the adapter's (or the base model's)
         public name, so the field's last ``:`` separates the two."""
-        return f"{self.ns}:usage:{_part(tenant, is_tenant_name, 'tenant name')}:" \
-               f"{_part(day, is_usage_day, 'usage day')}"
+        return (
+            f"{self.ns}:usage:{_part(tenant, is_tenant_name, 'tenant name')}:"
+            f"{_part(day, is_usage_day, 'usage day')}"
+        )
+
+    def audit(self, tenant: str | None) -> str:
+        """STREAM of one tenant's audit entries, or (None) the registry-wide one
+        (``preft_serve.registry.audit``); outside ``tenant:<name>:*``, which a tenant's
+        deletion removes."""
+        if tenant is None:
+            return f"{self.ns}:audit:all"
+        return f"{self.ns}:audit:tenant:{_part(tenant, is_tenant_name, 'tenant name')}"
 
     # -- fine-tuning (preft_serve.registry.finetune) ---------------------------------------
 

@@ -189,9 +189,13 @@ class RegistryCore(ClientBase):
             return None  # no such binding can exist; never build a key from it
         epoch = self._cache.epoch
         try:
-            raw = yield Call(self._resolve_user_script, kwargs={
-                "keys": [self.keys.binding(tenant, user)],
-                "args": [self.keys.adapter_prefix(tenant)]})
+            raw = yield Call(
+                self._resolve_user_script,
+                kwargs={
+                    "keys": [self.keys.binding(tenant, user)],
+                    "args": [self.keys.adapter_prefix(tenant)],
+                },
+            )
         except REDIS_DOWN:
             if (stale := self._stale_user(tenant, user)) is MISSING:
                 raise
@@ -212,8 +216,7 @@ class RegistryCore(ClientBase):
             return None  # e.g. "bot:users" would read bot's user set
         epoch = self._cache.epoch
         try:
-            values = yield Call(self.redis.hmget, (self.keys.adapter(tenant, name),
-                                                   ADAPTER_FIELDS))
+            values = yield Call(self.redis.hmget, (self.keys.adapter(tenant, name), ADAPTER_FIELDS))
         except REDIS_DOWN:
             if (stale := self._stale_adapter(tenant, name)) is MISSING:
                 raise
@@ -223,8 +226,7 @@ class RegistryCore(ClientBase):
             self._cache.put(epoch, tenant, None, name, ref)
         return ref
 
-    def _resolve_pinned(self, tenant: str, name: str,
-                        version: int) -> Steps[AdapterRef | None]:
+    def _resolve_pinned(self, tenant: str, name: str, version: int) -> Steps[AdapterRef | None]:
         """One version of an adapter (``name@version``), read from its version history.
         Not cached: a deleted adapter's name may come back with other content as version
         1, and the events name adapters, not versions."""
@@ -245,8 +247,9 @@ class RegistryCore(ClientBase):
     def _adapters(self, tenant: str, limit: int) -> Steps[list[AdapterRef]]:
         """Current versions of the first ``limit`` adapters by name: one round trip for the
         names, one pipelined round trip for their fields (not cached)."""
-        names = [n for n in (yield from self._adapter_names(tenant, limit))
-                 if valid_adapter(tenant, n)]
+        names = [
+            n for n in (yield from self._adapter_names(tenant, limit)) if valid_adapter(tenant, n)
+        ]
         if not names:
             return []
         pipe = self.redis.pipeline(transaction=False)
@@ -293,8 +296,11 @@ class RegistryCore(ClientBase):
             info = yield Call(self.redis.xinfo_stream, (self.keys.events,))
         except redis.ResponseError:  # no stream yet: nothing ever happened
             info = None
-        entries = yield Call(self.redis.xrange, (self.keys.events,),
-                             {"min": self._xrange_min(cursor), "count": limit})
+        entries = yield Call(
+            self.redis.xrange,
+            (self.keys.events,),
+            {"min": self._xrange_min(cursor), "count": limit},
+        )
         events = [RegistryEvent.from_fields(i, f) for i, f in entries]
         return ChangeBatch(events, events[-1].id if events else cursor, self._trimmed(info, cursor))
 
@@ -337,4 +343,3 @@ class RegistryCore(ClientBase):
                 yield Call(self._pause, (delay,))
             finally:
                 yield Call(self._close_pubsub, (pubsub,))
-

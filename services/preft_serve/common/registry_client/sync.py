@@ -29,8 +29,9 @@ def connect_redis(url: str, **kwargs: Any) -> redis.Redis:
     :func:`~preft_serve.common.registry_client.aio.connect_redis`), instead of failing
     with "Connection closed by server" after Redis is back. A transaction that was
     watching keys raises ``WatchError`` and is redone from the start by its caller."""
-    return redis.Redis.from_url(url, decode_responses=True,
-                                retry=Retry(retry_backoff(), RETRY_ATTEMPTS), **kwargs)
+    return redis.Redis.from_url(
+        url, decode_responses=True, retry=Retry(retry_backoff(), RETRY_ATTEMPTS), **kwargs
+    )
 
 
 class RegistryClient(RegistryCore):
@@ -54,8 +55,9 @@ class RegistryClient(RegistryCore):
     def _new_pubsub(self) -> Any:
         """The listener's subscription, on connections that never retry (``without_retry``)."""
         if self._listen_redis is None:
-            self._listen_redis = redis.Redis(connection_pool=redis.ConnectionPool(
-                **without_retry(self.redis.connection_pool)))
+            self._listen_redis = redis.Redis(
+                connection_pool=redis.ConnectionPool(**without_retry(self.redis.connection_pool))
+            )
         # Through Any: redis-py types pubsub() from 8.2 on, earlier versions leave it untyped.
         listen: Any = self._listen_redis
         return listen.pubsub()
@@ -67,8 +69,9 @@ class RegistryClient(RegistryCore):
     def start(self, timeout: float = 10.0) -> Self:
         """Start the event listener; return once it is live (or raise TimeoutError)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=drive, args=(self._listen(),),
-                                            name="registry-events", daemon=True)
+            self._thread = threading.Thread(
+                target=drive, args=(self._listen(),), name="registry-events", daemon=True
+            )
             self._thread.start()
         if not self._caught_up.wait(timeout):
             raise TimeoutError("registry client could not subscribe to events in time")

@@ -1,4 +1,4 @@
-"""OpenAI-compatible completion endpoints (the work is in ``gateway.completions``).
+"""OpenAI-compatible completion endpoints (the work is in ``gateway.completion_handler``).
 
 These two routes take only the request: authentication runs in the handler
 (:func:`deps.authenticate`) instead of as FastAPI dependencies, whose solving cost ~20% of
@@ -22,7 +22,7 @@ SECURITY: dict[str, Any] = {"security": [{"TenantApiKey": []}]}
 
 
 async def serve(request: Request, path: str, chat: bool) -> Response:
-    """One completion: authenticate, then ``gateway.completions.handle`` (also what
+    """One completion: authenticate, then ``gateway.completion_handler.handle`` (also what
     ``gateway.fast_path`` calls for these routes)."""
     state = request.app.state.gateway
     owner = await authenticate(state, request)
@@ -35,8 +35,7 @@ async def chat_completions(request: Request) -> Response:
     return await serve(request, "/v1/chat/completions", chat=True)
 
 
-@router.post("/completions", responses=RESPONSES,
-             openapi_extra={**COMPLETION_BODY, **SECURITY})
+@router.post("/completions", responses=RESPONSES, openapi_extra={**COMPLETION_BODY, **SECURITY})
 async def text_completions(request: Request) -> Response:
     """Text completion with the adapter named by ``model`` or bound to ``user``."""
     return await serve(request, "/v1/completions", chat=False)

@@ -30,12 +30,15 @@ async def readyz(state: StateDep) -> dict[str, object]:
     urls = state.pool.workers
     healthy = sum(map(state.pool.is_healthy, urls))
     if not healthy:
-        raise ServiceUnavailable(f"no worker is healthy ({len(urls)} known; discovery: "
-                                 f"{state.monitor.source.describe()})")
+        raise ServiceUnavailable(
+            f"no worker is healthy ({len(urls)} known; discovery: "
+            f"{state.monitor.source.describe()})"
+        )
     return {"status": "ready", "healthy_workers": healthy, "workers": len(urls)}
 
 
 @router.get("/metrics", include_in_schema=False)
 def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )

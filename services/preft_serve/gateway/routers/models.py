@@ -25,8 +25,12 @@ def _adapter(ref: AdapterRef) -> dict[str, Any]:
 
 
 def _base(state: GatewayState) -> dict[str, Any]:
-    return {"id": state.settings.base_model_name, "object": "model",
-            "created": state.started_at, "owned_by": BASE_OWNER}
+    return {
+        "id": state.settings.base_model_name,
+        "object": "model",
+        "created": state.started_at,
+        "owned_by": BASE_OWNER,
+    }
 
 
 @router.get("/models", responses=error_responses(401))
@@ -50,27 +54,33 @@ async def get_model(model: str, state: StateDep, owner: TenantDep) -> dict[str, 
     return {**_adapter(ref), "id": model}  # "carol@2" reads back as asked
 
 
-@router.delete("/models/{model:path}",
-               responses=error_responses(400, 401, 404, 409, 501, 503))
-async def delete_model(model: str, request: Request, state: StateDep,
-                       owner: TenantDep) -> Response:
+@router.delete("/models/{model:path}", responses=error_responses(400, 401, 404, 409, 501, 503))
+async def delete_model(model: str, request: Request, state: StateDep, owner: TenantDep) -> Response:
     """Delete one of the tenant's adapters, every version (a fine-tuned model: the job's
     ``fine_tuned_model``). The registry deletes it, as ``DELETE /v1/adapters/{name}``, with
     the tenant's key: the same check, and the same 409 while users are bound to it
     (``?force=true`` unbinds them)."""
     if model == state.settings.base_model_name:
-        raise BadRequest(f"'{model}' is the base model; only your adapters can be deleted",
-                        code="model_not_deletable", param="model")
+        raise BadRequest(
+            f"'{model}' is the base model; only your adapters can be deleted",
+            code="model_not_deletable",
+            param="model",
+        )
     if (pinned := split_pinned(model)) is not None:
-        raise BadRequest(f"versions are not deleted one by one; delete '{pinned[0]}' (all "
-                         "its versions), or roll it back with POST "
-                         f"/v1/adapters/{pinned[0]}/rollback", param="model")
+        raise BadRequest(
+            f"versions are not deleted one by one; delete '{pinned[0]}' (all "
+            "its versions), or roll it back with POST "
+            f"/v1/adapters/{pinned[0]}/rollback",
+            param="model",
+        )
     if not is_adapter_name(model):
         raise await model_not_found(state.registry, owner.tenant, model)
     force = "?force=true" if request.query_params.get("force") == "true" else ""
-    answer = await call(state.registry_http, request, "DELETE",
-                        f"/v1/adapters/{model}{force}")
+    answer = await call(state.registry_http, request, "DELETE", f"/v1/adapters/{model}{force}")
     if answer.status_code == 204:
         return JSONResponse({"id": model, "object": "model", "deleted": True})
-    return Response(answer.content, status_code=answer.status_code,
-                    media_type=answer.headers.get("content-type"))
+    return Response(
+        answer.content,
+        status_code=answer.status_code,
+        media_type=answer.headers.get("content-type"),
+    )

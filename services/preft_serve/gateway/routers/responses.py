@@ -13,8 +13,11 @@ from preft_serve.gateway.routers.completions import SECURITY
 router = APIRouter(prefix="/v1", tags=["completions"])
 
 
-@router.post("/responses", openapi_extra={**RESPONSES_BODY, **SECURITY},
-             responses={**RESPONSES_OK, **error_responses(400, 401, 404, 413, 429, 502, 503)})
+@router.post(
+    "/responses",
+    openapi_extra={**RESPONSES_BODY, **SECURITY},
+    responses={**RESPONSES_OK, **error_responses(400, 401, 404, 413, 429, 502, 503)},
+)
 async def create_response(request: Request) -> Response:
     """A response with the adapter named by ``model`` or bound to ``user``."""
     return await responses_handler.serve(request)

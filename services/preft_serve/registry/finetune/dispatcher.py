@@ -17,11 +17,11 @@ import time
 import uuid
 from collections import Counter
 
-from preft_serve.common.errors import ServiceError
+from preft_serve.common.domain_errors import DomainError
+from preft_serve.common.finetune_wire import JobError, JobStatus
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.finetune.files import FileService
 from preft_serve.registry.finetune.jobs import JobRecord, JobStore
-from preft_serve.registry.finetune.models import JobError, JobStatus
 from preft_serve.registry.finetune.register import register_output
 from preft_serve.registry.finetune.runners import Observation, Runner, RunState
 from preft_serve.registry.finetune.settings import FinetuneSettings
@@ -36,9 +36,17 @@ def new_instance() -> str:
 
 
 class Dispatcher:
-    def __init__(self, store: JobStore, files: FileService, adapters: AdapterService,
-                 runner: Runner, settings: FinetuneSettings, model_path: str,
-                 instance: str, metrics: RegistryMetrics | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        files: FileService,
+        adapters: AdapterService,
+        runner: Runner,
+        settings: FinetuneSettings,
+        model_path: str,
+        instance: str,
+        metrics: RegistryMetrics,
+    ) -> None:
         self.metrics = metrics
         self.store, self.files, self.adapters, self.runner = store, files, adapters, runner
         self.settings, self.model_path, self.instance = settings, model_path, instance
@@ -51,8 +59,7 @@ class Dispatcher:
 
     def start(self) -> Dispatcher:
         """Start the loop (Redis may be down now: the loop retries, the app still starts)."""
-        self._thread = threading.Thread(target=self._run, name="finetune-dispatcher",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="finetune-dispatcher", daemon=True)
         self._thread.start()
         return self
 
@@ -70,8 +77,7 @@ class Dispatcher:
                     record = None
                 if record is not None:
                     self.runner.cancel(job_id, record.runner)
-                    self._fail(job_id, "the registry stopped while the job ran",
-                               "runner_stopped")
+                    self._fail(job_id, "the registry stopped while the job ran", "runner_stopped")
         self.runner.close()
         try:
             self.store.retire(self.instance)
@@ -92,10 +98,10 @@ class Dispatcher:
         self.store.beat(self.instance, self.settings.heartbeat_s)
         active = self.store.active()
         active_ids = {r.id for r in active}
-        if self.metrics is not None:
-            for state in (JobStatus.QUEUED, JobStatus.RUNNING):
-                self.metrics.finetune_jobs.labels(state.value).set(
-                    sum(1 for r in active if r.status is state))
+        for state in (JobStatus.QUEUED, JobStatus.RUNNING):
+            self.metrics.finetune_jobs.labels(state.value).set(
+                sum(1 for r in active if r.status is state)
+            )
         for job_id in list(self._owned - active_ids):  # cancelled (or finished elsewhere)
             record = self.store.get(job_id)
             self._owned.discard(job_id)
@@ -111,8 +117,10 @@ class Dispatcher:
                 self._follow(record)
             elif not self.store.alive(owner):
                 self._orphaned(record)
-        self._start_queued([r for r in active if r.status is not JobStatus.RUNNING],
-                           Counter(r.tenant for r in active if r.status is JobStatus.RUNNING))
+        self._start_queued(
+            [r for r in active if r.status is not JobStatus.RUNNING],
+            Counter(r.tenant for r in active if r.status is JobStatus.RUNNING),
+        )
 
     def _start_queued(self, queued: list[JobRecord], running: Counter[str]) -> None:
         room = self.runner.capacity()
@@ -143,17 +151,18 @@ class Dispatcher:
 
     def _launch(self, record: JobRecord) -> None:
         args = record.train_args
-        spec = TrainerSpec(job_id=record.id, model=self.model_path,
-                           training_key=args["training_key"],
-                           validation_key=args.get("validation_key"),
-                           options={k: v for k, v in args.items()
-                                    if k not in ("training_key", "validation_key")})
+        spec = TrainerSpec(
+            job_id=record.id,
+            model=self.model_path,
+            training_key=args["training_key"],
+            validation_key=args.get("validation_key"),
+            options={k: v for k, v in args.items() if k not in ("training_key", "validation_key")},
+        )
         try:
             info = self.runner.start(spec, record.tenant)
         except Exception as exc:
             logger.exception("job %s: the trainer did not start", record.id)
-            self._fail(record.id, f"the trainer could not be started: {exc}"[:500],
-                       "runner_error")
+            self._fail(record.id, f"the trainer could not be started: {exc}"[:500], "runner_error")
             return
         info["instance"] = self.instance
 
@@ -178,11 +187,13 @@ class Dispatcher:
             return
         self._record_lines(record.id, seen)
         if seen.runner is not None and seen.runner != record.runner:
+
             def keep(r: JobRecord) -> JobRecord | None:
                 if r.status is not JobStatus.RUNNING:
                     return None
                 r.runner = {**seen.runner, "instance": self.instance}  # type: ignore[dict-item]
                 return r
+
             self.store.update(record.id, keep)
         if seen.state is RunState.RUNNING:
             limit = self.settings.job_timeout_s
@@ -222,14 +233,18 @@ class Dispatcher:
             return  # cancelled meanwhile: nothing is registered
         try:
             done = register_output(current, self.adapters, self.files)
-        except ServiceError as exc:
-            self._fail(record.id, f"the trained adapter was refused: {exc.message}"[:2000],
-                       "invalid_adapter")
+        except DomainError as exc:
+            self._fail(
+                record.id,
+                f"the trained adapter was refused: {exc.message}"[:2000],
+                "invalid_adapter",
+            )
             return
         except Exception as exc:
             logger.exception("job %s: registering the adapter failed", record.id)
-            self._fail(record.id, f"registering the adapter failed: {exc}"[:500],
-                       "registration_failed")
+            self._fail(
+                record.id, f"registering the adapter failed: {exc}"[:500], "registration_failed"
+            )
             return
 
         def change(r: JobRecord) -> JobRecord | None:
@@ -243,29 +258,36 @@ class Dispatcher:
             r.checkpoints = [done.checkpoint]
             return r
 
-        self.store.add_event(record.id, f"New fine-tuned model created: {done.name} "
-                             f"(version {done.version}, sha256 {done.sha256[:12]})")
+        self.store.add_event(
+            record.id,
+            f"New fine-tuned model created: {done.name} "
+            f"(version {done.version}, sha256 {done.sha256[:12]})",
+        )
         if done.result_file is None:
-            self.store.add_event(record.id, "The result file was not stored: this tenant "
-                                 f"keeps at most {self.settings.tenant_max_files} files; "
-                                 "delete some to keep the next ones", "warn")
-        if self.store.update(record.id, change, "The job has successfully completed") \
-                and self.metrics is not None:
+            self.store.add_event(
+                record.id,
+                "The result file was not stored: this tenant "
+                f"keeps at most {self.settings.tenant_max_files} files; "
+                "delete some to keep the next ones",
+                "warn",
+            )
+        if self.store.update(record.id, change, "The job has successfully completed"):
             self.metrics.finetune_finished.labels("succeeded").inc()
             self.metrics.finetune_tokens.inc(done.trained_tokens)
-        logger.info("job %s succeeded: adapter %s version %d", record.id, done.name,
-                    done.version)
+        logger.info("job %s succeeded: adapter %s version %d", record.id, done.name, done.version)
 
     def _orphaned(self, record: JobRecord) -> None:
         backend = record.runner.get("backend")
-        reason = (f"the job ran on the {backend} backend; this registry uses "
-                  f"{self.runner.name}" if backend != self.runner.name
-                  else self.runner.orphan(record.id, record.runner))
+        reason = (
+            f"the job ran on the {backend} backend; this registry uses {self.runner.name}"
+            if backend != self.runner.name
+            else self.runner.orphan(record.id, record.runner)
+        )
         if reason is None:
             self._adopt(record, "Followed by a new registry instance")
         elif self._output_complete(record.id) and self._adopt(
-                record, "The trainer had finished before its registry stopped; registering "
-                "its adapter"):
+            record, "The trainer had finished before its registry stopped; registering its adapter"
+        ):
             # Killed between the trainer's exit and the job's success (mid-registration):
             # the output is whole, and registering is idempotent (same content, same version).
             self._owned.discard(record.id)
@@ -275,6 +297,7 @@ class Dispatcher:
 
     def _adopt(self, record: JobRecord, message: str) -> bool:
         """Claim a dead registry's running job (one transaction: one registry wins)."""
+
         def adopt(r: JobRecord) -> JobRecord | None:
             if r.status is not JobStatus.RUNNING or r.runner != record.runner:
                 return None
@@ -308,8 +331,7 @@ class Dispatcher:
         self._owned.discard(job_id)
         self._discard_output(job_id)
         if self.store.update(job_id, change, f"Job failed: {reason}", level="error"):
-            if self.metrics is not None:
-                self.metrics.finetune_finished.labels("failed").inc()
+            self.metrics.finetune_finished.labels("failed").inc()
             logger.warning("job %s failed: %s", job_id, reason)
 
     def cancel_now(self, record: JobRecord) -> None:

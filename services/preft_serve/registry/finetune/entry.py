@@ -20,23 +20,43 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from preft_serve.common.finetune_wire import MAX_SEQ_LEN
 from preft_serve.common.objectstore import ObjectStoreSettings, StoreFull
+from preft_serve.registry.finetune.budget import nothing_fits
 from preft_serve.registry.finetune.spec import OUTPUT_FILES, TrainerSpec, train_config
+from preft_serve.training.data import DataError, NothingFits
 
 _PATHS = re.compile(r"(?<=loading )\S+ |(?<=saved )\S+ ")
 _STEP = re.compile(r"^step (\d+)/(\d+)\s+loss (\S+)\s+lr (\S+)\s+(\d+) tok/s$")
 
 
+class JobDataError(Exception):
+    """The job's data cannot train; the message is already in the tenant's terms."""
+
+
+def data_message(exc: DataError, names: dict[Path, str]) -> str:
+    """A data error of ``preft train`` in the API's terms: the job's files by role instead
+    of the trainer's scratch paths, ``method.preft.max_seq_len`` instead of its flag."""
+    if isinstance(exc, NothingFits):
+        return nothing_fits(
+            names.get(exc.path, "a file of the job"), exc.max_seq_len, exc.needed, MAX_SEQ_LEN
+        )
+    text = str(exc)
+    for path, name in names.items():
+        text = text.replace(str(path), name)
+    return text.replace("--max-seq-len", "method.preft.max_seq_len")
+
+
 class TrainerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PREFT_TRAINER_", env_nested_delimiter="__",
-                                      extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="PREFT_TRAINER_", env_nested_delimiter="__", extra="ignore"
+    )
 
     spec: str = Field(description="The TrainerSpec as JSON")
     object_store: ObjectStoreSettings = ObjectStoreSettings(local_create_root=False)
 
 
-def emit(kind: str, message: str, data: dict[str, Any] | None = None,
-         level: str = "info") -> None:
+def emit(kind: str, message: str, data: dict[str, Any] | None = None, level: str = "info") -> None:
     line: dict[str, Any] = {"preft_event": kind, "message": message, "level": level}
     if data is not None:
         line["data"] = data
@@ -52,9 +72,17 @@ def say(line: str) -> None:
         emit("message", _PATHS.sub("", line).strip())
         return
     step, total, loss, lr, tok_s = match.groups()
-    emit("metrics", f"Step {step}/{total}: training loss={float(loss):.4f}",
-         {"step": int(step), "total_steps": int(total), "train_loss": float(loss),
-          "learning_rate": float(lr), "tokens_per_second": int(tok_s)})
+    emit(
+        "metrics",
+        f"Step {step}/{total}: training loss={float(loss):.4f}",
+        {
+            "step": int(step),
+            "total_steps": int(total),
+            "train_loss": float(loss),
+            "learning_rate": float(lr),
+            "tokens_per_second": int(tok_s),
+        },
+    )
 
 
 def run(settings: TrainerSettings) -> int:
@@ -72,13 +100,25 @@ def run(settings: TrainerSettings) -> int:
         config = train_config(spec, data, validation, out)
         from preft_serve.training.trainer import train  # torch + transformers
 
-        result = train(config, say)
+        try:
+            result = train(config, say)
+        except DataError as exc:
+            names = {data: "the training file", validation: "the validation file"}
+            raise JobDataError(
+                data_message(exc, {k: v for k, v in names.items() if k is not None})
+            ) from None
         for name in OUTPUT_FILES:
             store.put_file(spec.output_prefix + name, out / name)
-        emit("result", "Training finished",
-             {"steps": result.steps, "train_loss": result.train_loss,
-              "eval_loss": result.eval_loss,
-              "trained_tokens": int(result.metrics.get("tokens_seen", 0))})
+        emit(
+            "result",
+            "Training finished",
+            {
+                "steps": result.steps,
+                "train_loss": result.train_loss,
+                "eval_loss": result.eval_loss,
+                "trained_tokens": int(result.metrics.get("tokens_seen", 0)),
+            },
+        )
     return 0
 
 
@@ -93,11 +133,14 @@ def main() -> int:
 def tenant_message(exc: Exception) -> str:
     """The job's error as its tenant reads it: what happened, without paths or errno
     text from this machine."""
-    if isinstance(exc, StoreFull) or (isinstance(exc, OSError)
-                                      and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+    if isinstance(exc, StoreFull) or (
+        isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    ):
         return "the trainer ran out of disk space (its scratch disk or the object store)"
     if isinstance(exc, OSError):
         return f"the trainer could not read or write its files ({type(exc).__name__})"
+    if isinstance(exc, JobDataError):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 

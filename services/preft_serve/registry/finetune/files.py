@@ -17,23 +17,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from preft_serve.common.errors import BadRequest, Conflict, NotFound, QuotaExceeded
-from preft_serve.common.objectstore import ObjectStore
-from preft_serve.common.registry_client import RegistryKeys
-from preft_serve.common.text import clip, shown
-from preft_serve.registry.archives import copy_bounded
-from preft_serve.registry.finetune.ids import check_file_id, new_file_id
-from preft_serve.registry.finetune.models import (
+from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
+from preft_serve.common.finetune_wire import (
     FINE_TUNE_PURPOSE,
     RESULTS_PURPOSE,
     FileList,
     FileObject,
 )
+from preft_serve.common.objectstore import ObjectStore
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.common.text import clip, shown
+from preft_serve.registry.archives import copy_bounded
+from preft_serve.registry.finetune.ids import check_file_id, new_file_id
 from preft_serve.registry.finetune.settings import FinetuneSettings
 from preft_serve.training.data import (
     DataError,
     FileCheck,
-    TooManyExamples,
     check_conversations,
 )
 
@@ -54,10 +53,16 @@ def _safe_filename(name: str) -> str:
 def copy_file_bounded(src: IO[bytes], dest: Path, limit: int) -> str:
     """Copy ``src`` to ``dest``; 413 past ``limit`` bytes. Returns the content's sha256."""
     digest = hashlib.sha256()
-    copy_bounded(src, dest, limit, "the file", digest=digest, param="file",
-                 too_large=f"the file exceeds this registry's {limit}-byte limit for "
-                 "fine-tuning files; split it or ask the operator to raise "
-                 "PREFT_REGISTRY_FINETUNE__MAX_FILE_BYTES")
+    copy_bounded(
+        src,
+        dest,
+        limit,
+        "the file",
+        digest=digest,
+        param="file",
+        too_large=f"the file exceeds this registry's {limit}-byte limit for "
+        "fine-tuning files; split it into smaller files",
+    )
     return digest.hexdigest()
 
 
@@ -71,27 +76,39 @@ def validate_jsonl(path: Path, max_examples: int) -> FileCheck:
         return check_conversations(path, max_examples)
     except DataError as exc:
         message = str(exc).replace(str(path), "the file")
-        if isinstance(exc, TooManyExamples):
-            message += " (PREFT_REGISTRY_FINETUNE__MAX_EXAMPLES)"
-        raise BadRequest(clip(message, 4000), param="file", code="invalid_file_format") \
-            from None
+        raise InvalidRequest(
+            clip(message, 4000), param="file", code="invalid_file_format"
+        ) from None
 
 
 class FileService:
-    def __init__(self, client: Any, keys: RegistryKeys, store: ObjectStore,
-                 settings: FinetuneSettings, staging_dir: Path | None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        keys: RegistryKeys,
+        store: ObjectStore,
+        settings: FinetuneSettings,
+        staging_dir: Path | None,
+        jobs_using: Callable[[str, str], list[str]],
+    ) -> None:
+        """``jobs_using(tenant, file_id)``: the tenant's queued or running jobs that read a
+        file (``JobStore.using_file``); a file they read cannot be deleted."""
         self.redis, self.keys, self.store = client, keys, store
         self.settings, self.staging_dir = settings, staging_dir
-        # The tenant's queued or running jobs that read a file (set by the wiring).
-        self.jobs_using: Callable[[str, str], list[str]] = lambda tenant, file_id: []
+        self.jobs_using = jobs_using
 
     def upload(self, tenant: str, filename: str, purpose: str, stream: IO[bytes]) -> FileObject:
         if purpose != FINE_TUNE_PURPOSE:
-            raise BadRequest(f"purpose {shown(purpose)} is not supported here; use "
-                             f"'{FINE_TUNE_PURPOSE}'", param="purpose")
+            raise InvalidRequest(
+                f"purpose {shown(purpose)} is not supported here; use '{FINE_TUNE_PURPOSE}'",
+                param="purpose",
+            )
         if self.room(tenant) <= 0:
-            raise QuotaExceeded(f"this tenant already has {self.settings.tenant_max_files} "
-                                "files; delete some with DELETE /v1/files/{id}", param="file")
+            raise QuotaExceeded(
+                f"this tenant already has {self.settings.tenant_max_files} "
+                "files; delete some with DELETE /v1/files/{id}",
+                param="file",
+            )
         with tempfile.TemporaryDirectory(dir=self.staging_dir, prefix="preft-file-") as tmp:
             path = Path(tmp) / "upload.jsonl"
             sha256 = copy_file_bounded(stream, path, self.settings.max_file_bytes)
@@ -99,10 +116,23 @@ class FileService:
             size = path.stat().st_size
             if not self.store.exists(blob_key(sha256)):
                 self.store.put_file(blob_key(sha256), path)
-        record = self._commit(tenant, _safe_filename(filename), purpose, sha256, size,
-                              checked.conversations, checked.longest_line_bytes)
-        logger.info("tenant %s file %s: %d bytes, %d examples", tenant, record.id, size,
-                    checked.conversations)
+        record = self._commit(
+            tenant,
+            _safe_filename(filename),
+            purpose,
+            sha256,
+            size,
+            checked.conversations,
+            checked.longest_line_bytes,
+            checked.shortest_prompt_bytes,
+        )
+        logger.info(
+            "tenant %s file %s: %d bytes, %d examples",
+            tenant,
+            record.id,
+            size,
+            checked.conversations,
+        )
         return record
 
     def room(self, tenant: str) -> int:
@@ -122,34 +152,62 @@ class FileService:
             self.store.put_bytes(key, data)
         return self._commit(tenant, filename, RESULTS_PURPOSE, sha256, len(data), 0)
 
-    def _commit(self, tenant: str, filename: str, purpose: str, sha256: str, size: int,
-                examples: int, longest_line: int = 0) -> FileObject:
-        record = FileObject(id=new_file_id(), bytes=size, created_at=int(time.time()),
-                            filename=filename, purpose=purpose)
+    def _commit(
+        self,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        sha256: str,
+        size: int,
+        examples: int,
+        longest_line: int = 0,
+        shortest_prompt: int | None = None,
+    ) -> FileObject:
+        record = FileObject(
+            id=new_file_id(),
+            bytes=size,
+            created_at=int(time.time()),
+            filename=filename,
+            purpose=purpose,
+        )
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.keys.file(record.id), mapping={
-            **{k: str(v) for k, v in record.model_dump().items() if v is not None},
-            "tenant": tenant, "sha256": sha256, "examples": str(examples),
-            "longest_line": str(longest_line)})
+        pipe.hset(
+            self.keys.file(record.id),
+            mapping={
+                **{k: str(v) for k, v in record.model_dump().items() if v is not None},
+                "tenant": tenant,
+                "sha256": sha256,
+                "examples": str(examples),
+                "longest_line": str(longest_line),
+                **(
+                    {"shortest_prompt": str(shortest_prompt)} if shortest_prompt is not None else {}
+                ),
+            },
+        )
         pipe.zadd(self.keys.tenant_files(tenant), {record.id: time.time_ns() // 1000})
         pipe.sadd(self.keys.file_blob_refs(sha256), record.id)
         pipe.execute()
         return record
 
     def info(self, tenant: str, file_id: str, param: str | None = None) -> dict[str, str]:
-        """The file's stored record (object fields plus tenant, sha256, examples); 404 for
-        another tenant's file."""
+        """The file's stored record (object fields plus tenant, sha256, examples,
+        longest_line and shortest_prompt bytes); 404 for another tenant's file."""
         check_file_id(file_id, param)
         raw: dict[str, str] = self.redis.hgetall(self.keys.file(file_id))
         if not raw or raw.get("tenant") != tenant:  # another tenant's file does not exist
-            raise NotFound(f"no file {file_id!r} in this tenant", code="file_not_found",
-                           param=param)
+            raise NotFound(
+                f"no file {file_id!r} in this tenant", code="file_not_found", param=param
+            )
         return raw
 
     def get(self, tenant: str, file_id: str, param: str | None = None) -> FileObject:
         return FileObject.model_validate(
-            {k: v for k, v in self.info(tenant, file_id, param).items()
-             if k in FileObject.model_fields})
+            {
+                k: v
+                for k, v in self.info(tenant, file_id, param).items()
+                if k in FileObject.model_fields
+            }
+        )
 
     def sha256(self, tenant: str, file_id: str, param: str | None = None) -> str:
         return self.info(tenant, file_id, param)["sha256"]
@@ -157,32 +215,41 @@ class FileService:
     def content(self, tenant: str, file_id: str) -> bytes:
         return self.store.get_bytes(blob_key(self.sha256(tenant, file_id)))
 
-    def list(self, tenant: str, limit: int, after: str | None,
-             purpose: str | None) -> FileList:
+    def list(self, tenant: str, limit: int, after: str | None, purpose: str | None) -> FileList:
         ids: list[str] = self.redis.zrevrange(self.keys.tenant_files(tenant), 0, -1)
         if after is not None:
-            ids = ids[ids.index(after) + 1:] if after in ids else []
+            ids = ids[ids.index(after) + 1 :] if after in ids else []
         pipe = self.redis.pipeline(transaction=False)
         for file_id in ids:
             pipe.hgetall(self.keys.file(file_id))
-        items = [FileObject.model_validate({k: v for k, v in raw.items()
-                                            if k in FileObject.model_fields})
-                 for raw in pipe.execute() if raw]
+        items = [
+            FileObject.model_validate(
+                {k: v for k, v in raw.items() if k in FileObject.model_fields}
+            )
+            for raw in pipe.execute()
+            if raw
+        ]
         if purpose is not None:
             items = [f for f in items if f.purpose == purpose]
         page = items[:limit]
-        return FileList(data=page, has_more=len(items) > limit,
-                        first_id=page[0].id if page else None,
-                        last_id=page[-1].id if page else None)
+        return FileList(
+            data=page,
+            has_more=len(items) > limit,
+            first_id=page[0].id if page else None,
+            last_id=page[-1].id if page else None,
+        )
 
     def delete(self, tenant: str, file_id: str) -> None:
         """Metadata first; the blob goes when no other file (of any tenant) references it.
         A file a queued or running job still reads is refused (409)."""
         sha256 = self.info(tenant, file_id)["sha256"]
         if jobs := self.jobs_using(tenant, file_id):
-            raise Conflict(f"file {file_id} is read by fine-tuning job {jobs[0]}, which has "
-                           "not finished; cancel it or wait for it to end, then delete the "
-                           "file", code="file_in_use")
+            raise Conflict(
+                f"file {file_id} is read by fine-tuning job {jobs[0]}, which has "
+                "not finished; cancel it or wait for it to end, then delete the "
+                "file",
+                code="file_in_use",
+            )
         refs = self.keys.file_blob_refs(sha256)
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.file(file_id))

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from preft_serve.common.finetune_wire import Checkpoint, FineTuningJob, JobEvent, JobStatus
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune.ids import event_id, stream_id
-from preft_serve.registry.finetune.models import Checkpoint, FineTuningJob, JobEvent, JobStatus
 from preft_serve.registry.txn import transact
 
 MAX_MESSAGE = 1000
@@ -81,8 +81,11 @@ class JobStore:
         def txn(pipe: Any) -> bool:
             ids = pipe.zrange(self.keys.active_jobs, 0, -1)
             raws = [pipe.get(self.keys.job(i)) for i in ids]
-            mine = sum(1 for raw in raws
-                       if raw and JobRecord.model_validate_json(raw).tenant == record.tenant)
+            mine = sum(
+                1
+                for raw in raws
+                if raw and JobRecord.model_validate_json(raw).tenant == record.tenant
+            )
             pipe.multi()
             if mine >= limit:
                 return False
@@ -95,8 +98,13 @@ class JobStore:
         raw = self.redis.get(self.keys.job(job_id))
         return JobRecord.model_validate_json(raw) if raw else None
 
-    def update(self, job_id: str, change: Callable[[JobRecord], JobRecord | None],
-               message: str | None = None, level: str = "info") -> JobRecord | None:
+    def update(
+        self,
+        job_id: str,
+        change: Callable[[JobRecord], JobRecord | None],
+        message: str | None = None,
+        level: str = "info",
+    ) -> JobRecord | None:
         """Apply ``change`` to the stored record atomically; ``None`` from it: no change.
 
         Returns the new record, or None when unchanged. A finished job leaves the active
@@ -121,14 +129,31 @@ class JobStore:
 
         return transact(self.redis, txn, key)
 
-    def add_event(self, job_id: str, message: str, level: str = "info",
-                  kind: str = "message", data: dict[str, Any] | None = None) -> None:
+    def add_event(
+        self,
+        job_id: str,
+        message: str,
+        level: str = "info",
+        kind: str = "message",
+        data: dict[str, Any] | None = None,
+    ) -> None:
         self._queue_event(self.redis, job_id, message, level, kind, data)
 
-    def _queue_event(self, pipe: Any, job_id: str, message: str, level: str, kind: str,
-                     data: dict[str, Any] | None) -> None:
-        fields = {"message": message[:MAX_MESSAGE], "level": level, "type": kind,
-                  "ts": str(int(time.time()))}
+    def _queue_event(
+        self,
+        pipe: Any,
+        job_id: str,
+        message: str,
+        level: str,
+        kind: str,
+        data: dict[str, Any] | None,
+    ) -> None:
+        fields = {
+            "message": message[:MAX_MESSAGE],
+            "level": level,
+            "type": kind,
+            "ts": str(int(time.time())),
+        }
         if data is not None:
             fields["data"] = json.dumps(data)
         pipe.xadd(self.keys.job_events(job_id), fields, maxlen=self.maxlen, approximate=True)
@@ -145,15 +170,25 @@ class JobStore:
         out = []
         for sid, fields in rows[:limit]:
             data = json.loads(fields["data"]) if "data" in fields else None
-            out.append(JobEvent(id=event_id(sid), created_at=int(fields.get("ts", "0")),
-                                level=fields.get("level", "info"),
-                                message=fields.get("message", ""), data=data,
-                                type=fields.get("type", "message")))
+            out.append(
+                JobEvent(
+                    id=event_id(sid),
+                    created_at=int(fields.get("ts", "0")),
+                    level=fields.get("level", "info"),
+                    message=fields.get("message", ""),
+                    data=data,
+                    type=fields.get("type", "message"),
+                )
+            )
         return out, len(rows) > limit
 
-    def page(self, tenant: str, after: str | None, limit: int,
-             match: Callable[[JobRecord], bool] | None = None,
-             ) -> tuple[list[JobRecord], bool]:
+    def page(
+        self,
+        tenant: str,
+        after: str | None,
+        limit: int,
+        match: Callable[[JobRecord], bool] | None = None,
+    ) -> tuple[list[JobRecord], bool]:
         """Newest first; ``after``: a job id, older ones follow it. ``match``: only the jobs
         it accepts (read in batches, newest first, until the page is full)."""
         key = self.keys.tenant_jobs(tenant)
@@ -167,8 +202,9 @@ class JobStore:
         batch = want if match is None else max(want, 100)
         found: list[JobRecord] = []
         while True:
-            rows = self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=batch,
-                                               withscores=True)
+            rows = self.redis.zrevrangebyscore(
+                key, top, "-inf", start=0, num=batch, withscores=True
+            )
             for job_id, _ in rows:
                 record = self.get(job_id)
                 if record is not None and (match is None or match(record)):
@@ -200,8 +236,11 @@ class JobStore:
 
     def using_file(self, tenant: str, file_id: str) -> list[str]:
         """Ids of the tenant's queued or running jobs that read ``file_id``."""
-        return [r.id for r in self.active() if r.tenant == tenant
-                and file_id in (r.job.training_file, r.job.validation_file)]
+        return [
+            r.id
+            for r in self.active()
+            if r.tenant == tenant and file_id in (r.job.training_file, r.job.validation_file)
+        ]
 
     def beat(self, instance: str, ttl_s: float) -> None:
         self.redis.set(self.keys.runner_heartbeat(instance), "1", px=int(ttl_s * 1000))

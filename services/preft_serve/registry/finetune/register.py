@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from preft_serve.adapters.format import AdapterMode
+from preft_serve.common.finetune_wire import Checkpoint
 from preft_serve.registry.adapters import AdapterService
 from preft_serve.registry.finetune.files import FileService
 from preft_serve.registry.finetune.jobs import JobRecord
-from preft_serve.registry.finetune.models import Checkpoint
 from preft_serve.registry.finetune.results import step_metrics_csv
 from preft_serve.registry.finetune.spec import OUTPUT_FILES, output_prefix
 from preft_serve.registry.ingest import UploadedFile
@@ -38,8 +38,7 @@ class Registered:
     warnings: tuple[str, ...]
 
 
-def register_output(record: JobRecord, adapters: AdapterService,
-                    files: FileService) -> Registered:
+def register_output(record: JobRecord, adapters: AdapterService, files: FileService) -> Registered:
     store = adapters.store
     prefix = output_prefix(record.id)
     with tempfile.TemporaryDirectory(dir=adapters.staging_dir, prefix="preft-ft-") as tmp:
@@ -47,30 +46,49 @@ def register_output(record: JobRecord, adapters: AdapterService,
         for name in OUTPUT_FILES:
             store.download_file(prefix + name, root / name)
         metrics: dict[str, Any] = json.loads((root / OUTPUT_FILES[2]).read_text())
-        mode = AdapterMode(record.train_args.get("mode", "prefill")) \
-            if record.train_args.get("adapter") == "lora" else AdapterMode.PREFILL
-        with open(root / OUTPUT_FILES[0], "rb") as config, \
-                open(root / OUTPUT_FILES[1], "rb") as weights:
+        mode = (
+            AdapterMode(record.train_args.get("mode", "prefill"))
+            if record.train_args.get("adapter") == "lora"
+            else AdapterMode.PREFILL
+        )
+        with (
+            open(root / OUTPUT_FILES[0], "rb") as config,
+            open(root / OUTPUT_FILES[1], "rb") as weights,
+        ):
             result = adapters.upload(
-                record.tenant, record.adapter_name, mode,
+                record.tenant,
+                record.adapter_name,
+                mode,
                 [UploadedFile(OUTPUT_FILES[0], config), UploadedFile(OUTPUT_FILES[1], weights)],
-                create=False)
-        result_file = files.put_result(record.tenant, f"{record.id}-step_metrics.csv",
-                                       step_metrics_csv(metrics))
+                create=False,
+            )
+        result_file = files.put_result(
+            record.tenant, f"{record.id}-step_metrics.csv", step_metrics_csv(metrics)
+        )
     for name in OUTPUT_FILES:
         store.delete(prefix + name)
     train = metrics.get("train_loss") or [{}]
     last = train[-1]
-    values = {"train_loss": float(metrics.get("final_train_loss") or 0.0),
-              "step": float(last.get("step", metrics.get("steps", 0)))}
+    values = {
+        "train_loss": float(metrics.get("final_train_loss") or 0.0),
+        "step": float(last.get("step", metrics.get("steps", 0))),
+    }
     if metrics.get("final_eval_loss") is not None:
         values["valid_loss"] = float(metrics["final_eval_loss"])
     checkpoint = Checkpoint(
-        id=f"ftckpt-{record.id[6:]}", created_at=int(time.time()),
+        id=f"ftckpt-{record.id[6:]}",
+        created_at=int(time.time()),
         fine_tuned_model_checkpoint=f"{record.adapter_name}@{result.version.version}",
-        fine_tuning_job_id=record.id, metrics=values,
-        step_number=int(metrics.get("steps", 0)))
-    return Registered(record.adapter_name, result.version.version, result.version.sha256,
-                      int(metrics.get("tokens_seen", 0)),
-                      result_file.id if result_file is not None else None, checkpoint,
-                      result.warnings)
+        fine_tuning_job_id=record.id,
+        metrics=values,
+        step_number=int(metrics.get("steps", 0)),
+    )
+    return Registered(
+        record.adapter_name,
+        result.version.version,
+        result.version.sha256,
+        int(metrics.get("tokens_seen", 0)),
+        result_file.id if result_file is not None else None,
+        checkpoint,
+        result.warnings,
+    )

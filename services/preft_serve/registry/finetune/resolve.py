@@ -19,9 +19,9 @@ import math
 from typing import Any
 
 from preft_serve.adapters.format import AdapterMode, AdapterType
-from preft_serve.common.errors import BadRequest
+from preft_serve.common.domain_errors import InvalidRequest
+from preft_serve.common.finetune_wire import Hyperparameters, JobCreate, PreftMethod
 from preft_serve.common.text import shown
-from preft_serve.registry.finetune.models import Hyperparameters, JobCreate, PreftMethod
 from preft_serve.training.spec import LORA_MODULES
 
 BASE_LEARNING_RATE = 2e-3
@@ -45,73 +45,122 @@ def _hyperparameters(body: JobCreate, preft: PreftMethod) -> Hyperparameters:
             try:
                 found.append(Hyperparameters.model_validate(raw))
             except ValueError as exc:
-                raise BadRequest(f"method.supervised.hyperparameters: {exc}"[:500],
-                                 param="method") from None
+                raise InvalidRequest(
+                    f"method.supervised.hyperparameters: {exc}"[:500], param="method"
+                ) from None
     if len(found) > 1:
-        raise BadRequest("give hyperparameters once: at the top level or in the method",
-                         param="hyperparameters")
+        raise InvalidRequest(
+            "give hyperparameters once: at the top level or in the method", param="hyperparameters"
+        )
     try:
         return (found[0] if found else Hyperparameters()).checked()
     except ValueError as exc:
-        raise BadRequest(str(exc), param="hyperparameters") from None
+        raise InvalidRequest(str(exc), param="hyperparameters") from None
 
 
-def resolve(body: JobCreate, examples: int, seed: int, max_steps: int, max_lora_rank: int,
-            max_reft_rank: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def resolve(
+    body: JobCreate,
+    examples: int,
+    seed: int,
+    max_steps: int,
+    max_lora_rank: int,
+    max_reft_rank: int,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(trainer options, the job's ``hyperparameters``, the job's ``method``)."""
     method = body.method
     kind = method.type if method is not None else "preft"
     if method is not None and method.type == "supervised" and method.preft is not None:
-        raise BadRequest("method.type 'supervised' takes no 'preft' object; send the PreFT "
-                         "options as the top-level 'preft' (the SDK's extra_body), or use "
-                         "type 'preft'", param="method")
+        raise InvalidRequest(
+            "method.type 'supervised' takes no 'preft' object; send the PreFT "
+            "options as the top-level 'preft' (the SDK's extra_body), or use "
+            "type 'preft'",
+            param="method",
+        )
     if method is not None and method.preft is not None and body.preft is not None:
-        raise BadRequest("give the PreFT options once: in method.preft or the top-level "
-                         "'preft'", param="preft")
+        raise InvalidRequest(
+            "give the PreFT options once: in method.preft or the top-level 'preft'", param="preft"
+        )
     preft = (method.preft if method is not None else None) or body.preft or PreftMethod()
     hp = _hyperparameters(body, preft)
     if preft.adapter is AdapterType.LORA:
         if preft.rank > max_lora_rank:
-            raise BadRequest(f"method.preft.rank {preft.rank} is over this service's LoRA "
-                             f"limit {max_lora_rank}", param="method")
+            raise InvalidRequest(
+                f"method.preft.rank {preft.rank} is over this service's LoRA limit {max_lora_rank}",
+                param="method",
+            )
         unknown = sorted(set(preft.target_modules or ()) - set(LORA_MODULES))
         if unknown:
             names = ", ".join(shown(name) for name in unknown[:7])
-            raise BadRequest(f"method.preft.target_modules: unknown {names}; use "
-                             f"{', '.join(LORA_MODULES)}", param="method")
+            raise InvalidRequest(
+                f"method.preft.target_modules: unknown {names}; use {', '.join(LORA_MODULES)}",
+                param="method",
+            )
     else:
         if preft.rank > max_reft_rank:
-            raise BadRequest(f"method.preft.rank {preft.rank} is over this service's ReFT "
-                             f"limit {max_reft_rank}", param="method")
+            raise InvalidRequest(
+                f"method.preft.rank {preft.rank} is over this service's ReFT limit {max_reft_rank}",
+                param="method",
+            )
         if preft.mode is not AdapterMode.PREFILL:
-            raise BadRequest("ReFT adapters are prefill-only: method.preft.mode must be "
-                             "'prefill'", param="method")
+            raise InvalidRequest(
+                "ReFT adapters are prefill-only: method.preft.mode must be 'prefill'",
+                param="method",
+            )
     batch = min(DEFAULT_BATCH, examples) if hp.batch_size == "auto" else int(hp.batch_size)
     per_epoch = math.ceil(examples / batch)
-    epochs = (min(MAX_AUTO_EPOCHS, max(DEFAULT_EPOCHS, math.ceil(AUTO_MIN_STEPS / per_epoch)))
-              if hp.n_epochs == "auto" else int(hp.n_epochs))
+    epochs = (
+        min(MAX_AUTO_EPOCHS, max(DEFAULT_EPOCHS, math.ceil(AUTO_MIN_STEPS / per_epoch)))
+        if hp.n_epochs == "auto"
+        else int(hp.n_epochs)
+    )
     small = epochs * per_epoch <= AUTO_MIN_STEPS
-    multiplier = (SMALL_FILE_MULTIPLIER if small else 1.0) \
-        if hp.learning_rate_multiplier == "auto" else float(hp.learning_rate_multiplier)
+    multiplier = (
+        (SMALL_FILE_MULTIPLIER if small else 1.0)
+        if hp.learning_rate_multiplier == "auto"
+        else float(hp.learning_rate_multiplier)
+    )
     steps = preft.steps or epochs * per_epoch
     if preft.steps:  # the trainer stops at ``steps``: the passes over the data it starts
         epochs = math.ceil(steps / per_epoch)
     if steps > max_steps:
-        raise BadRequest(f"this job would run {steps} optimizer steps; at most {max_steps} "
-                         "(fewer epochs, a larger batch or method.preft.steps)",
-                         param="hyperparameters")
+        raise InvalidRequest(
+            f"this job would run {steps} optimizer steps; at most {max_steps} "
+            "(fewer epochs, a larger batch or method.preft.steps)",
+            param="hyperparameters",
+        )
     options = {
-        "adapter": preft.adapter.value, "mode": preft.mode.value, "rank": preft.rank,
-        "alpha": preft.alpha, "target_modules": preft.target_modules, "layers": preft.layers,
-        "positions": preft.positions, "epochs": epochs, "steps": preft.steps,
-        "batch_size": batch, "learning_rate": BASE_LEARNING_RATE * multiplier, "seed": seed,
+        "adapter": preft.adapter.value,
+        "mode": preft.mode.value,
+        "rank": preft.rank,
+        "alpha": preft.alpha,
+        "target_modules": preft.target_modules,
+        "layers": preft.layers,
+        "positions": preft.positions,
+        "epochs": epochs,
+        "steps": preft.steps,
+        "batch_size": batch,
+        "learning_rate": BASE_LEARNING_RATE * multiplier,
+        "seed": seed,
         "max_seq_len": preft.max_seq_len,
     }
     hyper = {"n_epochs": epochs, "batch_size": batch, "learning_rate_multiplier": multiplier}
     shown_preft = {
-        **{k: options[k] for k in ("adapter", "mode", "rank", "alpha", "target_modules",
-                                   "layers", "positions", "max_seq_len")},
-        "steps": steps, "hyperparameters": hyper}
+        **{
+            k: options[k]
+            for k in (
+                "adapter",
+                "mode",
+                "rank",
+                "alpha",
+                "target_modules",
+                "layers",
+                "positions",
+                "max_seq_len",
+            )
+        },
+        "steps": steps,
+        "hyperparameters": hyper,
+    }
     shown_method: dict[str, Any] = {"type": kind, "preft": shown_preft}
     if kind == "supervised":
         shown_method["supervised"] = {"hyperparameters": hyper}

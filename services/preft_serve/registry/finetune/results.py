@@ -17,8 +17,7 @@ COLUMNS = ("step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_tok
 
 
 def _number(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return ""
     return repr(float(value))
 

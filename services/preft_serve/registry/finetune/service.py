@@ -3,20 +3,17 @@ list, cancel, events and checkpoints. Execution is the dispatcher's."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import secrets
 import time
 from typing import Literal, Protocol
 
-from preft_serve.common.errors import BadRequest, Conflict, NotFound, TooManyRequests
-from preft_serve.common.text import shown
-from preft_serve.registry.finetune.budget import ModelShape, check_memory
-from preft_serve.registry.finetune.files import FileService, blob_key
-from preft_serve.registry.finetune.ids import check_job_id, new_job_id
-from preft_serve.registry.finetune.jobs import JobRecord, JobStore
-from preft_serve.registry.finetune.models import (
+from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound, RateLimited
+from preft_serve.common.finetune_wire import (
     FINE_TUNE_PURPOSE,
+    MAX_SEQ_LEN,
     METADATA_MAX_KEY,
     METADATA_MAX_PAIRS,
     METADATA_MAX_VALUE,
@@ -28,6 +25,11 @@ from preft_serve.registry.finetune.models import (
     JobList,
     JobStatus,
 )
+from preft_serve.common.text import shown
+from preft_serve.registry.finetune.budget import ModelShape, check_fits, check_memory
+from preft_serve.registry.finetune.files import FileService, blob_key
+from preft_serve.registry.finetune.ids import check_job_id, new_job_id
+from preft_serve.registry.finetune.jobs import JobRecord, JobStore
 from preft_serve.registry.finetune.resolve import resolve
 from preft_serve.registry.finetune.settings import FinetuneSettings
 from preft_serve.registry.metrics import RegistryMetrics
@@ -43,105 +45,193 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
     if metadata is None:
         return
     if len(metadata) > METADATA_MAX_PAIRS:
-        raise BadRequest(f"metadata has {len(metadata)} pairs; at most {METADATA_MAX_PAIRS}",
-                         param="metadata")
+        raise InvalidRequest(
+            f"metadata has {len(metadata)} pairs; at most {METADATA_MAX_PAIRS}", param="metadata"
+        )
     for key, value in metadata.items():
         if len(key) > METADATA_MAX_KEY:
-            raise BadRequest(f"metadata key {shown(key)} is over {METADATA_MAX_KEY} "
-                             "characters", param="metadata")
+            raise InvalidRequest(
+                f"metadata key {shown(key)} is over {METADATA_MAX_KEY} characters", param="metadata"
+            )
         if len(value) > METADATA_MAX_VALUE:
-            raise BadRequest(f"metadata[{shown(key)}] is over {METADATA_MAX_VALUE} "
-                             "characters", param="metadata")
+            raise InvalidRequest(
+                f"metadata[{shown(key)}] is over {METADATA_MAX_VALUE} characters", param="metadata"
+            )
 
 
 class Canceller(Protocol):
     def cancel_now(self, record: JobRecord) -> None: ...
 
 
-class FineTuningService:
-    def __init__(self, store: JobStore, files: FileService, settings: FinetuneSettings,
-                 base_model: str, max_lora_rank: int, max_reft_rank: int,
-                 model_shape: ModelShape) -> None:
-        self.store, self.files, self.settings = store, files, settings
-        self.base_model, self.model_shape = base_model, model_shape
-        self.max_lora_rank, self.max_reft_rank = max_lora_rank, max_reft_rank
-        self.canceller: Canceller | None = None
-        self.metrics: RegistryMetrics | None = None
+MAX_LISTED_MODELS = 8  # base model names an unknown ``model``'s 404 lists
 
-    def _file(self, tenant: str, file_id: str, param: str) -> tuple[str, int, int | None]:
-        """sha256, conversations and longest line (bytes; None if not recorded)."""
+
+@dataclasses.dataclass(frozen=True)
+class TrainingFile:
+    """What a job needs of one of its files, from the file's stored record."""
+
+    id: str
+    param: str
+    sha256: str
+    examples: int
+    longest_line: int | None  # bytes; None if not recorded
+    shortest_prompt: int | None  # text bytes before a trained turn; None if not recorded
+
+
+class FineTuningService:
+    def __init__(
+        self,
+        store: JobStore,
+        files: FileService,
+        settings: FinetuneSettings,
+        base_models: tuple[str, ...],
+        max_lora_rank: int,
+        max_reft_rank: int,
+        model_shape: ModelShape,
+        longest_token: int | None,
+        canceller: Canceller,
+        metrics: RegistryMetrics,
+    ) -> None:
+        """``base_models``: the names the base model is served under, as the gateway's
+        ``/v1/models`` lists it; ``longest_token``: the most bytes one token of the base
+        model stands for (None: no tokenizer to bound prompts with); ``canceller`` stops a
+        cancelled job's running trainer (the dispatcher)."""
+        self.store, self.files, self.settings = store, files, settings
+        self.base_models, self.model_shape = base_models, model_shape
+        self.longest_token = longest_token
+        self.max_lora_rank, self.max_reft_rank = max_lora_rank, max_reft_rank
+        self.canceller, self.metrics = canceller, metrics
+
+    def _check_model(self, model: str) -> None:
+        if model in self.base_models:
+            return
+        listed = ", ".join(repr(name) for name in self.base_models[:MAX_LISTED_MODELS])
+        raise NotFound(
+            f"model {shown(model)} is not served here; fine-tune the base model, "
+            f"named {listed} (GET /v1/models lists it)",
+            code="model_not_found",
+            param="model",
+        )
+
+    def _file(self, tenant: str, file_id: str, param: str) -> TrainingFile:
         info = self.files.info(tenant, file_id, param)  # one read for every field
         if info.get("purpose") != FINE_TUNE_PURPOSE:
-            raise BadRequest(f"file {file_id} has purpose {info.get('purpose')!r}; upload "
-                             f"training data with purpose '{FINE_TUNE_PURPOSE}'", param=param)
+            raise InvalidRequest(
+                f"file {file_id} has purpose {info.get('purpose')!r}; upload "
+                f"training data with purpose '{FINE_TUNE_PURPOSE}'",
+                param=param,
+            )
         longest = int(info["longest_line"]) if info.get("longest_line") else None
-        return info["sha256"], int(info.get("examples", "0")), longest
+        shortest = int(info["shortest_prompt"]) if info.get("shortest_prompt") else None
+        return TrainingFile(
+            file_id, param, info["sha256"], int(info.get("examples", "0")), longest, shortest
+        )
 
     def create(self, tenant: str, body: JobCreate) -> FineTuningJob:
         check_metadata(body.metadata)
         if body.integrations:
-            raise BadRequest("integrations are not supported here (nothing would receive "
-                             "them); send none, and follow the job's events instead",
-                             param="integrations", code="unsupported_parameter")
-        if body.model != self.base_model:
-            raise NotFound(f"model {shown(body.model)} is not served here; fine-tune the base "
-                           f"model {self.base_model!r}", code="model_not_found", param="model")
+            raise InvalidRequest(
+                "integrations are not supported here (nothing would receive "
+                "them); send none, and follow the job's events instead",
+                param="integrations",
+                code="unsupported_parameter",
+            )
+        self._check_model(body.model)
         if body.suffix is not None and re.fullmatch(SUFFIX_PATTERN[1:-1], body.suffix) is None:
-            raise BadRequest(f"suffix {shown(body.suffix)} is invalid: 1-40 letters, digits, "
-                             "'.', '_' or '-', starting with a letter or digit, no '..'",
-                             param="suffix")
-        training_sha, examples, longest = self._file(tenant, body.training_file,
-                                                     "training_file")
-        validation_sha = None
+            raise InvalidRequest(
+                f"suffix {shown(body.suffix)} is invalid: 1-40 letters, digits, "
+                "'.', '_' or '-', starting with a letter or digit, no '..'",
+                param="suffix",
+            )
+        training = self._file(tenant, body.training_file, "training_file")
+        files = [training]
         if body.validation_file is not None:
-            validation_sha, _, longest_eval = self._file(tenant, body.validation_file,
-                                                         "validation_file")
-            both = (longest, longest_eval)
-            longest = None if None in both else max(longest or 0, longest_eval or 0)
+            files.append(self._file(tenant, body.validation_file, "validation_file"))
+        longests = [f.longest_line for f in files]
+        longest = None if None in longests else max(n or 0 for n in longests)
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
-        options, hyper, method = resolve(body, examples, seed, self.settings.max_steps,
-                                         self.max_lora_rank, self.max_reft_rank)
-        limit, setting = self.settings.memory_limit()
-        check_memory(self.model_shape, options["batch_size"], options["max_seq_len"], longest,
-                     limit, setting)
+        options, hyper, method = resolve(
+            body,
+            training.examples,
+            seed,
+            self.settings.max_steps,
+            self.max_lora_rank,
+            self.max_reft_rank,
+        )
+        for file in files:  # the trainer refuses a validation file it keeps nothing of too
+            check_fits(
+                file.id,
+                file.param,
+                options["max_seq_len"],
+                MAX_SEQ_LEN,
+                file.shortest_prompt,
+                self.longest_token,
+            )
+        check_memory(
+            self.model_shape,
+            options["batch_size"],
+            options["max_seq_len"],
+            longest,
+            self.settings.memory_limit(),
+        )
         job_id = new_job_id()
         job = FineTuningJob(
-            id=job_id, created_at=int(time.time()), model=body.model,
-            organization_id=tenant, status=JobStatus.QUEUED,
-            training_file=body.training_file, validation_file=body.validation_file,
-            hyperparameters=hyper, seed=seed, method=method,
-            user_provided_suffix=body.suffix, metadata=body.metadata)
-        record = JobRecord(job=job, tenant=tenant,
-                           adapter_name=body.suffix or f"ft-{job_id[6:]}",
-                           training_sha256=training_sha, validation_sha256=validation_sha,
-                           train_args={**options, "training_key": blob_key(training_sha),
-                                       "validation_key": blob_key(validation_sha)
-                                       if validation_sha else None})
+            id=job_id,
+            created_at=int(time.time()),
+            model=body.model,
+            organization_id=tenant,
+            status=JobStatus.QUEUED,
+            training_file=body.training_file,
+            validation_file=body.validation_file,
+            hyperparameters=hyper,
+            seed=seed,
+            method=method,
+            user_provided_suffix=body.suffix,
+            metadata=body.metadata,
+        )
+        record = JobRecord(
+            job=job,
+            tenant=tenant,
+            adapter_name=body.suffix or f"ft-{job_id[6:]}",
+            training_sha256=training.sha256,
+            validation_sha256=files[1].sha256 if len(files) > 1 else None,
+            train_args={
+                **options,
+                "training_key": blob_key(training.sha256),
+                "validation_key": blob_key(files[1].sha256) if len(files) > 1 else None,
+            },
+        )
         limit = self.settings.tenant_max_running + self.settings.tenant_max_queued
-        if not self.store.create_limited(record, limit, "Validated training file; job "
-                                         "queued"):
-            raise TooManyRequests(
+        if not self.store.create_limited(record, limit, "Validated training file; job queued"):
+            raise RateLimited(
                 f"this tenant already has {limit} fine-tuning jobs queued or running (at "
                 f"most {self.settings.tenant_max_running} run at once and "
                 f"{self.settings.tenant_max_queued} wait); retry when one finishes or "
-                "cancel one", code="rate_limit_exceeded")
-        logger.info("tenant %s job %s queued (%s, %d steps)", tenant, job_id,
-                    options["adapter"], method["preft"]["steps"])
+                "cancel one",
+                code="rate_limit_exceeded",
+            )
+        logger.info(
+            "tenant %s job %s queued (%s, %d steps)",
+            tenant,
+            job_id,
+            options["adapter"],
+            method["preft"]["steps"],
+        )
         return job
 
     def record(self, tenant: str, job_id: str) -> JobRecord:
         check_job_id(job_id)
         record = self.store.get(job_id)
         if record is None or record.tenant != tenant:
-            raise NotFound(f"no fine-tuning job {job_id!r} in this tenant",
-                           code="job_not_found")
+            raise NotFound(f"no fine-tuning job {job_id!r} in this tenant", code="job_not_found")
         return record
 
     def get(self, tenant: str, job_id: str) -> FineTuningJob:
         return self.record(tenant, job_id).job
 
-    def list(self, tenant: str, after: str | None, limit: int,
-             metadata: MetadataFilter = None) -> JobList:
+    def list(
+        self, tenant: str, after: str | None, limit: int, metadata: MetadataFilter = None
+    ) -> JobList:
         """``metadata``: pairs a job's metadata must hold, or ``"null"``: jobs without."""
         if after is not None:
             check_job_id(after)
@@ -152,8 +242,7 @@ class FineTuningService:
                 return held is None
             return all((held or {}).get(k) == v for k, v in (metadata or {}).items())
 
-        records, more = self.store.page(tenant, after, limit,
-                                        match if metadata else None)
+        records, more = self.store.page(tenant, after, limit, match if metadata else None)
         return JobList(data=[r.job for r in records], has_more=more)
 
     def cancel(self, tenant: str, job_id: str) -> FineTuningJob:
@@ -165,8 +254,11 @@ class FineTuningService:
             if r.status is JobStatus.CANCELLED:
                 return None  # a concurrent cancel won: cancelling is idempotent
             if r.status.finished:
-                raise Conflict(f"job {job_id} already {r.status.value}; only queued or "
-                               "running jobs can be cancelled", code="job_not_cancellable")
+                raise Conflict(
+                    f"job {job_id} already {r.status.value}; only queued or "
+                    "running jobs can be cancelled",
+                    code="job_not_cancellable",
+                )
             r.job.status, r.job.finished_at = JobStatus.CANCELLED, int(time.time())
             r.job.estimated_finish = None
             return r
@@ -174,9 +266,8 @@ class FineTuningService:
         new = self.store.update(job_id, change, "Job cancelled")
         if new is None:
             return self.record(tenant, job_id).job
-        if self.metrics is not None:
-            self.metrics.finetune_finished.labels("cancelled").inc()
-        if self.canceller is not None and record.status is JobStatus.RUNNING:
+        self.metrics.finetune_finished.labels("cancelled").inc()
+        if record.status is JobStatus.RUNNING:
             self.canceller.cancel_now(new)
         return new.job
 
@@ -185,15 +276,17 @@ class FineTuningService:
         events, more = self.store.events(job_id, after, limit)
         return EventList(data=events, has_more=more)
 
-    def checkpoints(self, tenant: str, job_id: str, after: str | None,
-                    limit: int) -> CheckpointList:
+    def checkpoints(
+        self, tenant: str, job_id: str, after: str | None, limit: int
+    ) -> CheckpointList:
         found = list(reversed(self.record(tenant, job_id).checkpoints))
         if after is not None:
             ids = [c.id for c in found]
-            found = found[ids.index(after) + 1:] if after in ids else []
+            found = found[ids.index(after) + 1 :] if after in ids else []
         page = found[:limit]
-        return CheckpointList(data=page, has_more=len(found) > limit,
-                              first_id=page[0].id if page else None,
-                              last_id=page[-1].id if page else None)
-
-
+        return CheckpointList(
+            data=page,
+            has_more=len(found) > limit,
+            first_id=page[0].id if page else None,
+            last_id=page[-1].id if page else None,
+        )

@@ -40,13 +40,27 @@ def train_config(spec: TrainerSpec, data: Path, validation: Path | None, out: Pa
 
     o = spec.options
     adapter = AdapterSpec(
-        type=AdapterType(o["adapter"]), mode=AdapterMode(o["mode"]), rank=o["rank"],
-        alpha=o.get("alpha"), target_modules=tuple(o.get("target_modules") or LORA_MODULES),
+        type=AdapterType(o["adapter"]),
+        mode=AdapterMode(o["mode"]),
+        rank=o["rank"],
+        alpha=o.get("alpha"),
+        target_modules=tuple(o.get("target_modules") or LORA_MODULES),
         layers=tuple(o["layers"]) if o.get("layers") else None,
-        positions=o.get("positions", "prefill"))
+        positions=o.get("positions", "prefill"),
+    )
     return TrainConfig(
-        data=data, model=Path(spec.model), out=out, adapter=adapter, validation=validation,
-        epochs=o["epochs"], max_steps=o.get("steps"), batch_size=o["batch_size"],
-        learning_rate=o["learning_rate"], warmup_steps=o.get("warmup_steps"),
-        seed=o["seed"], max_seq_len=o["max_seq_len"], device=o.get("device", "auto"),
-        progress=True)
+        data=data,
+        model=Path(spec.model),
+        out=out,
+        adapter=adapter,
+        validation=validation,
+        epochs=o["epochs"],
+        max_steps=o.get("steps"),
+        batch_size=o["batch_size"],
+        learning_rate=o["learning_rate"],
+        warmup_steps=o.get("warmup_steps"),
+        seed=o["seed"],
+        max_seq_len=o["max_seq_len"],
+        device=o.get("device", "auto"),
+        progress=True,
+    )

@@ -7,10 +7,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile
 
+from preft_serve.common.audit_wire import AuditAction
 from preft_serve.common.errors import error_responses
+from preft_serve.common.finetune_wire import FileDeleted, FileList, FileObject
+from preft_serve.registry.audit_deps import TenantAuditDep
 from preft_serve.registry.deps import PrincipalDep
 from preft_serve.registry.finetune.deps import FilesDep
-from preft_serve.registry.finetune.models import FileDeleted, FileList, FileObject
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -19,13 +21,17 @@ router = APIRouter(prefix="/v1/files", tags=["files"])
 def upload_file(
     principal: PrincipalDep,
     files: FilesDep,
-    file: Annotated[UploadFile, File(description="JSONL, one {\"messages\": [...]} per line")],
-    purpose: Annotated[Literal["fine-tune"], Form(
-        description="fine-tune (the only purpose this registry stores)")],
+    file: Annotated[UploadFile, File(description='JSONL, one {"messages": [...]} per line')],
+    purpose: Annotated[
+        Literal["fine-tune"], Form(description="fine-tune (the only purpose this registry stores)")
+    ],
+    audit: TenantAuditDep,
 ) -> FileObject:
     """Upload training or validation data; every bad line is named (400) and nothing is
     stored unless the whole file is valid."""
-    return files.upload(principal.tenant, file.filename or "", purpose, file.file)
+    stored = files.upload(principal.tenant, file.filename or "", purpose, file.file)
+    audit(AuditAction.FILE_UPLOAD, stored.id, after=files.sha256(principal.tenant, stored.id))
+    return stored
 
 
 @router.get("", response_model=FileList, responses=error_responses(401))
@@ -45,17 +51,21 @@ def get_file(file_id: str, principal: PrincipalDep, files: FilesDep) -> FileObje
     return files.get(principal.tenant, file_id)
 
 
-@router.get("/{file_id}/content", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}},
-                       **error_responses(401, 404)})
+@router.get(
+    "/{file_id}/content",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(401, 404)},
+)
 def file_content(file_id: str, principal: PrincipalDep, files: FilesDep) -> Response:
     """The file's bytes as uploaded (result files: a job's per-step metrics CSV)."""
-    return Response(files.content(principal.tenant, file_id),
-                    media_type="application/octet-stream")
+    return Response(files.content(principal.tenant, file_id), media_type="application/octet-stream")
 
 
 @router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(401, 404))
-def delete_file(file_id: str, principal: PrincipalDep, files: FilesDep) -> FileDeleted:
+def delete_file(
+    file_id: str, principal: PrincipalDep, files: FilesDep, audit: TenantAuditDep
+) -> FileDeleted:
+    before = files.sha256(principal.tenant, file_id)
     files.delete(principal.tenant, file_id)
+    audit(AuditAction.FILE_DELETE, file_id, before=before)
     return FileDeleted(id=file_id)
-

@@ -40,5 +40,6 @@ def readyz(state: StateDep) -> dict[str, str]:
 
 @router.get("/metrics", include_in_schema=False)
 def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
+from preft_serve.common.audit_wire import AuditAction
 from preft_serve.common.errors import error_responses
-from preft_serve.common.tenant_limits import TenantLimits
+from preft_serve.common.tenant_rate_limits import TenantRateLimits
+from preft_serve.registry.audit_deps import OperatorAuditDep
 from preft_serve.registry.deps import AdminDep, TenantsDep
-from preft_serve.registry.models import (
+from preft_serve.registry.routers.path_params import KeyIdPath, TenantPath
+from preft_serve.registry.schemas import (
     ApiKeyCreated,
     ApiKeyInfo,
     TenantCreate,
@@ -17,17 +20,30 @@ from preft_serve.registry.models import (
     TenantSummary,
     TenantUpdate,
 )
-from preft_serve.registry.names import KeyIdPath, TenantPath
 
 router = APIRouter(prefix="/v1/tenants", tags=["tenants (admin)"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=TenantCreated,
-             responses=error_responses(400, 401, 409))
-def create_tenant(body: TenantCreate, _: AdminDep, tenants: TenantsDep) -> TenantCreated:
+def _settings_json(tenant: TenantOut | TenantRateLimits) -> str:
+    """A tenant's settings for the audit log, as compact JSON without unset fields."""
+    if isinstance(tenant, TenantOut):
+        return tenant.model_dump_json(include={"quota", "unbound_user"}, exclude_none=True)
+    return tenant.model_dump_json(exclude_none=True)
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=TenantCreated,
+    responses=error_responses(400, 401, 409),
+)
+def create_tenant(
+    body: TenantCreate, _: AdminDep, tenants: TenantsDep, audit: OperatorAuditDep
+) -> TenantCreated:
     """Create a tenant; the response carries its first API key, shown only this once.
     ``quota`` sets the tenant's own storage quotas (else the registry's defaults apply)."""
     tenant, key = tenants.create(body.name, body.quota)
+    audit(AuditAction.TENANT_CREATE, body.name, after=key.key_id, tenant=body.name)
     return TenantCreated(**tenant.model_dump(), api_key=key.api_key, key_id=key.key_id)
 
 
@@ -38,10 +54,14 @@ def list_tenants(_: AdminDep, tenants: TenantsDep) -> list[TenantSummary]:
 
 
 @router.delete("/{tenant}", response_model=TenantDeleted, responses=error_responses(400, 401, 404))
-def delete_tenant(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantDeleted:
+def delete_tenant(
+    tenant: TenantPath, _: AdminDep, tenants: TenantsDep, audit: OperatorAuditDep
+) -> TenantDeleted:
     """Delete a tenant: its API keys stop working at once, its bindings, adapters and version
     histories are removed, and stored contents no other tenant references are deleted."""
-    return tenants.delete(tenant)
+    deleted = tenants.delete(tenant)
+    audit(AuditAction.TENANT_DELETE, tenant, tenant=tenant, reset=True)
+    return deleted
 
 
 @router.get("/{tenant}", response_model=TenantOut, responses=error_responses(400, 401, 404))
@@ -49,53 +69,99 @@ def get_tenant(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantOu
     return tenants.get(tenant)
 
 
-@router.patch("/{tenant}", response_model=TenantOut,
-              responses=error_responses(400, 401, 404, 422))
-def update_tenant(tenant: TenantPath, body: TenantUpdate, _: AdminDep,
-                  tenants: TenantsDep) -> TenantOut:
+@router.patch("/{tenant}", response_model=TenantOut, responses=error_responses(400, 401, 404, 422))
+def update_tenant(
+    tenant: TenantPath,
+    body: TenantUpdate,
+    _: AdminDep,
+    tenants: TenantsDep,
+    audit: OperatorAuditDep,
+) -> TenantOut:
     """Change the tenant's settings, a merge patch: its own storage quotas (``{"quota":
     {"max_adapters": 50}}`` sets one, ``null`` for a field goes back to the registry's
     default, ``"quota": null`` drops both; uploads are checked against them from the next
     one on, and what the tenant already stores is kept even when it is over the new quota)
     and ``unbound_user`` (``"not_found"``: a user without a binding who names the base model
     gets 404 instead of the base model's answer; ``null``: the default, ``"base_model"``)."""
+    before = tenants.get(tenant)
     if not body.model_fields_set:
-        return tenants.get(tenant)
-    return tenants.update(tenant, body)
+        return before
+    after = tenants.update(tenant, body)
+    audit(
+        AuditAction.TENANT_UPDATE,
+        tenant,
+        before=_settings_json(before),
+        after=_settings_json(after),
+        tenant=tenant,
+    )
+    return after
 
 
-@router.get("/{tenant}/keys", response_model=list[ApiKeyInfo],
-            responses=error_responses(400, 401, 404))
+@router.get(
+    "/{tenant}/keys", response_model=list[ApiKeyInfo], responses=error_responses(400, 401, 404)
+)
 def list_keys(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> list[ApiKeyInfo]:
     tenants.get(tenant)
     return tenants.list_keys(tenant)
 
 
-@router.post("/{tenant}/keys", status_code=status.HTTP_201_CREATED, response_model=ApiKeyCreated,
-             responses=error_responses(400, 401, 404))
-def create_key(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> ApiKeyCreated:
+@router.post(
+    "/{tenant}/keys",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ApiKeyCreated,
+    responses=error_responses(400, 401, 404),
+)
+def create_key(
+    tenant: TenantPath, _: AdminDep, tenants: TenantsDep, audit: OperatorAuditDep
+) -> ApiKeyCreated:
     """Issue another key (rotation: create, switch clients, then revoke the old one)."""
-    return tenants.create_key(tenant)
+    created = tenants.create_key(tenant)
+    audit(AuditAction.KEY_CREATE, created.key_id, after=created.key_id, tenant=tenant)
+    return created
 
 
-@router.delete("/{tenant}/keys/{key_id}", status_code=status.HTTP_204_NO_CONTENT,
-               responses=error_responses(400, 401, 404))
-def revoke_key(tenant: TenantPath, key_id: KeyIdPath, _: AdminDep, tenants: TenantsDep) -> Response:
+@router.delete(
+    "/{tenant}/keys/{key_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(400, 401, 404),
+)
+def revoke_key(
+    tenant: TenantPath, key_id: KeyIdPath, _: AdminDep, tenants: TenantsDep, audit: OperatorAuditDep
+) -> Response:
     tenants.revoke_key(tenant, key_id)
+    audit(AuditAction.KEY_REVOKE, key_id, before=key_id, tenant=tenant)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/{tenant}/limits", response_model=TenantLimits,
-            responses=error_responses(400, 401, 404))
-def get_limits(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantLimits:
+@router.get(
+    "/{tenant}/limits", response_model=TenantRateLimits, responses=error_responses(400, 401, 404)
+)
+def get_limits(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> TenantRateLimits:
     """The tenant's rate-limit overrides (null fields use the gateway's defaults)."""
-    return tenants.get_limits(tenant)
+    return tenants.get_rate_limits(tenant)
 
 
-@router.put("/{tenant}/limits", response_model=TenantLimits,
-            responses=error_responses(400, 401, 404, 422))
-def set_limits(tenant: TenantPath, body: TenantLimits, _: AdminDep,
-               tenants: TenantsDep) -> TenantLimits:
+@router.put(
+    "/{tenant}/limits",
+    response_model=TenantRateLimits,
+    responses=error_responses(400, 401, 404, 422),
+)
+def set_limits(
+    tenant: TenantPath,
+    body: TenantRateLimits,
+    _: AdminDep,
+    tenants: TenantsDep,
+    audit: OperatorAuditDep,
+) -> TenantRateLimits:
     """Replace the tenant's rate-limit overrides; gateways apply them within
     ``PREFT_GATEWAY_LIMITS_CACHE_S`` seconds."""
-    return tenants.set_limits(tenant, body)
+    before = tenants.get_rate_limits(tenant)
+    after = tenants.set_rate_limits(tenant, body)
+    audit(
+        AuditAction.TENANT_RATE_LIMITS,
+        tenant,
+        before=_settings_json(before),
+        after=_settings_json(after),
+        tenant=tenant,
+    )
+    return after

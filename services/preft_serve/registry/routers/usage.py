@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from preft_serve.common.errors import error_responses
 from preft_serve.registry.deps import PrincipalDep, UsageDep
-from preft_serve.registry.models import UsageReport
+from preft_serve.registry.schemas import UsageReport
 from preft_serve.registry.usage import DAY_PATTERN, DEFAULT_DAYS, parse_day, usage_range
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
@@ -18,14 +18,24 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"])
 def get_usage(
     principal: PrincipalDep,
     usage: UsageDep,
-    start: Annotated[str | None, Query(
-        pattern=DAY_PATTERN, description=f"First UTC day (YYYY-MM-DD), included; default: "
-                                         f"{DEFAULT_DAYS - 1} days before end")] = None,
-    end: Annotated[str | None, Query(
-        pattern=DAY_PATTERN, description="Last UTC day (YYYY-MM-DD), included; default: "
-                                         f"today, or start + {DEFAULT_DAYS - 1} days")] = None,
+    start: Annotated[
+        str | None,
+        Query(
+            pattern=DAY_PATTERN,
+            description=f"First UTC day (YYYY-MM-DD), included; default: "
+            f"{DEFAULT_DAYS - 1} days before end",
+        ),
+    ] = None,
+    end: Annotated[
+        str | None,
+        Query(
+            pattern=DAY_PATTERN,
+            description="Last UTC day (YYYY-MM-DD), included; default: "
+            f"today, or start + {DEFAULT_DAYS - 1} days",
+        ),
+    ] = None,
 ) -> UsageReport:
     """Your requests and tokens per UTC day and model (adapter or base model), as the
     gateway counted them (days without any are left out); at most 92 days at once."""
-    first, last = usage_range(parse_day(start, 'start'), parse_day(end, 'end'))
+    first, last = usage_range(parse_day(start, "start"), parse_day(end, "end"))
     return usage.report(principal.tenant, first, last)

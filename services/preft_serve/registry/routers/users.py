@@ -6,20 +6,38 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
+from preft_serve.common.audit_wire import AuditAction
+from preft_serve.common.domain_errors import NotFound
 from preft_serve.common.errors import error_responses
+from preft_serve.registry.audit_deps import TenantAuditDep
+from preft_serve.registry.bindings import BindingService
 from preft_serve.registry.deps import BindingsDep, PrincipalDep
-from preft_serve.registry.models import BindingIn, BindingOut, UserList
-from preft_serve.registry.names import ADAPTER_PATTERN, UserPath
+from preft_serve.registry.names import ADAPTER_PATTERN
+from preft_serve.registry.routers.path_params import UserPath
+from preft_serve.registry.schemas import BindingIn, BindingOut, UserList
 
 router = APIRouter(prefix="/v1/users", tags=["users"])
+
+
+def _bound_to(bindings: BindingService, tenant: str, user: str) -> str | None:
+    """The adapter ``user`` is bound to now (for the audit log's ``before``)."""
+    try:
+        return bindings.get(tenant, user).adapter
+    except NotFound:
+        return None
 
 
 @router.get("", response_model=UserList, responses=error_responses(400, 401, 404))
 def list_users(
     principal: PrincipalDep,
     bindings: BindingsDep,
-    adapter: Annotated[str | None, Query(description="Only the users bound to this adapter",
-                                         json_schema_extra={"pattern": ADAPTER_PATTERN})] = None,
+    adapter: Annotated[
+        str | None,
+        Query(
+            description="Only the users bound to this adapter",
+            json_schema_extra={"pattern": ADAPTER_PATTERN},
+        ),
+    ] = None,
 ) -> UserList:
     """Your bound users and their adapters, by user id."""
     return UserList(items=bindings.list(principal.tenant, adapter))
@@ -27,10 +45,18 @@ def list_users(
 
 @router.put("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 404))
 def bind_user(
-    user_id: UserPath, body: BindingIn, principal: PrincipalDep, bindings: BindingsDep
+    user_id: UserPath,
+    body: BindingIn,
+    principal: PrincipalDep,
+    bindings: BindingsDep,
+    audit: TenantAuditDep,
 ) -> BindingOut:
     """Bind a user to one of your adapters (replaces any previous binding)."""
-    return bindings.bind(principal.tenant, user_id, body.adapter)
+    before = _bound_to(bindings, principal.tenant, user_id)
+    bound = bindings.bind(principal.tenant, user_id, body.adapter)
+    if before != bound.adapter:
+        audit(AuditAction.BINDING_SET, user_id, before=before, after=bound.adapter)
+    return bound
 
 
 @router.get("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 404))
@@ -38,9 +64,14 @@ def get_binding(user_id: UserPath, principal: PrincipalDep, bindings: BindingsDe
     return bindings.get(principal.tenant, user_id)
 
 
-@router.delete("/{user_id}", status_code=status.HTTP_204_NO_CONTENT,
-               responses=error_responses(400, 401, 404))
-def unbind_user(user_id: UserPath, principal: PrincipalDep, bindings: BindingsDep) -> Response:
+@router.delete(
+    "/{user_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(400, 401, 404)
+)
+def unbind_user(
+    user_id: UserPath, principal: PrincipalDep, bindings: BindingsDep, audit: TenantAuditDep
+) -> Response:
     """Remove the binding; the user's requests then run on the base model."""
+    before = _bound_to(bindings, principal.tenant, user_id)
     bindings.unbind(principal.tenant, user_id)
+    audit(AuditAction.BINDING_DELETE, user_id, before=before)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

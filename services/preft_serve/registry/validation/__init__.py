@@ -27,7 +27,7 @@ from preft_serve.registry.validation.base import (
     AdapterRejected,
     AdapterValidator,
     BaseModelSpec,
-    ValidationLimits,
+    UploadBounds,
     get_validator,
     register_validator,
     supported_types,
@@ -39,8 +39,8 @@ __all__ = [
     "AdapterRejected",
     "AdapterValidator",
     "BaseModelSpec",
+    "UploadBounds",
     "ValidatedAdapter",
-    "ValidationLimits",
     "get_validator",
     "load_config",
     "register_validator",
@@ -75,7 +75,7 @@ def _tensor_problems(
     config: dict[str, Any],
     weights: WeightsFile,
     base: BaseModelSpec,
-    limits: ValidationLimits,
+    bounds: UploadBounds,
 ) -> list[str]:
     expected = validator.expected_tensors(config, base)
     actual = weights.tensors
@@ -83,30 +83,39 @@ def _tensor_problems(
     for name, info in actual.items():
         shown_name = clip(name, 200)  # names come from the uploaded file's header
         if name not in expected:
-            problems.append(f"unexpected tensor {shown_name}: adapter_config.json "
-                            f"({validator.type.value}) does not call for it")
+            problems.append(
+                f"unexpected tensor {shown_name}: adapter_config.json "
+                f"({validator.type.value}) does not call for it"
+            )
         elif info.shape != expected[name]:
             problems.append(
                 f"tensor {shown_name} has shape {clip(_shape(info.shape), 100)}; base model "
                 f"{base.describe()} "
                 f"needs {_shape(expected[name])} - was it trained for another base model?"
             )
-        if info.dtype not in limits.allowed_dtypes:
-            problems.append(f"tensor {shown_name} has dtype {clip(info.dtype, 20)}; use one of "
-                            f"{', '.join(limits.allowed_dtypes)}")
+        if info.dtype not in bounds.allowed_dtypes:
+            problems.append(
+                f"tensor {shown_name} has dtype {clip(info.dtype, 20)}; use one of "
+                f"{', '.join(bounds.allowed_dtypes)}"
+            )
     for name, shape in expected.items():
         if name not in actual:
-            problems.append(f"missing tensor {name} (shape {_shape(shape)}) that "
-                            f"adapter_config.json calls for")
+            problems.append(
+                f"missing tensor {name} (shape {_shape(shape)}) that adapter_config.json calls for"
+            )
     if not problems:
-        problems = [f"tensor {name} contains NaN or Inf values; fix the training run"
-                    for name in actual if weights.has_non_finite(name)]
+        problems = [
+            f"tensor {name} contains NaN or Inf values; fix the training run"
+            for name in actual
+            if weights.has_non_finite(name)
+        ]
     if not problems:
         problems = [
             f"tensor {name} has values up to {weights.max_abs(name):.3g} in magnitude; the "
-            f"limit is {limits.max_abs_weight:.3g} - such an adapter only produces inf/NaN, "
+            f"limit is {bounds.max_abs_weight:.3g} - such an adapter only produces inf/NaN, "
             "check the training run"
-            for name in actual if weights.max_abs(name) > limits.max_abs_weight
+            for name in actual
+            if weights.max_abs(name) > bounds.max_abs_weight
         ]
     return problems
 
@@ -116,10 +125,14 @@ def _base_model_warnings(config: dict[str, Any], base: BaseModelSpec) -> list[st
     if not isinstance(named, str) or not named or base.is_named(named):
         return []
     arch = f", {base.architecture}" if base.architecture else ""
-    return [(f"adapter_config.json names base_model_name_or_path {shown(named)}, but this "
-             f"registry serves {base.name!r}{arch}; the shapes match, so the adapter was "
-             "accepted, but one trained on another model gives wrong outputs here - check it, "
-             "or upload with strict=true to refuse such adapters")]
+    return [
+        (
+            f"adapter_config.json names base_model_name_or_path {shown(named)}, but this "
+            f"registry serves {base.name!r}{arch}; the shapes match, so the adapter was "
+            "accepted, but one trained on another model gives wrong outputs here - check it, "
+            "or upload with strict=true to refuse such adapters"
+        )
+    ]
 
 
 def validate_adapter(
@@ -127,7 +140,7 @@ def validate_adapter(
     weights_path: Path,
     mode: AdapterMode,
     base: BaseModelSpec,
-    limits: ValidationLimits,
+    bounds: UploadBounds,
     *,
     strict: bool = False,
 ) -> ValidatedAdapter:
@@ -137,25 +150,26 @@ def validate_adapter(
     but servable settings (another ``base_model_name_or_path``, ``target_modules`` entries
     that match nothing) come back as ``warnings``; ``strict`` refuses them instead.
     """
-    config = load_config(config_path, limits)
+    config = load_config(config_path, bounds)
     config[MODE_KEY] = AdapterMode(mode).value
     try:
         kind = adapter_type(config)
     except AdapterFormatError as exc:
         raise AdapterRejected(f"adapter_config.json: {clip(str(exc))}") from None
     validator = get_validator(kind)
-    rank = validator.check_config(config, base, limits)
+    rank = validator.check_config(config, base, bounds)
     size = weights_path.stat().st_size
-    if size > limits.max_weights_bytes:
-        raise AdapterRejected(f"adapter_model.safetensors is {size} bytes; the limit is "
-                              f"{limits.max_weights_bytes}")
+    if size > bounds.max_weights_bytes:
+        raise AdapterRejected(
+            f"adapter_model.safetensors is {size} bytes; the limit is {bounds.max_weights_bytes}"
+        )
     try:
         weights = WeightsFile(weights_path)
     except WeightsFormatError as exc:
         raise AdapterRejected(str(exc)) from None
-    problems = _tensor_problems(validator, config, weights, base, limits)
+    problems = _tensor_problems(validator, config, weights, base, bounds)
     if not problems:
-        problems = validator.check_values(config, weights, limits)
+        problems = validator.check_values(config, weights, bounds)
     if problems:
         _reject(problems)
     warnings = validator.config_warnings(config, base) + _base_model_warnings(config, base)
@@ -178,5 +192,6 @@ def validate_adapter(
 
 def _reject(problems: list[str]) -> NoReturn:
     extra = f" (and {len(problems) - 1} more; see details)" if len(problems) > 1 else ""
-    raise AdapterRejected(problems[0] + extra,
-                          details=[{"message": p} for p in problems[:_MAX_LISTED]])
+    raise AdapterRejected(
+        problems[0] + extra, details=[{"message": p} for p in problems[:_MAX_LISTED]]
+    )

@@ -17,23 +17,23 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from preft_serve.adapters.format import AdapterType
-from preft_serve.common.errors import Unprocessable
-from preft_serve.common.serving_limits import SERVING_LIMITS
+from preft_serve.common.domain_errors import InvalidContent
+from preft_serve.common.rank_caps import RANK_CAPS
 from preft_serve.registry.validation.weights import WeightsFile
 
 
-class AdapterRejected(Unprocessable):
+class AdapterRejected(InvalidContent):
     """The adapter failed validation; the message (and details) say what to fix."""
 
     code = "invalid_adapter"
 
 
 @dataclasses.dataclass(frozen=True)
-class ValidationLimits:
+class UploadBounds:
     """Configured bounds every upload must respect."""
 
-    max_lora_rank: int = SERVING_LIMITS.max_lora_rank  # what the workers serve
-    max_reft_rank: int = SERVING_LIMITS.max_reft_rank
+    max_lora_rank: int = RANK_CAPS.max_lora_rank  # what the workers serve
+    max_reft_rank: int = RANK_CAPS.max_reft_rank
     allowed_dtypes: tuple[str, ...] = ("F32", "F16", "BF16")
     max_weights_bytes: int = 1 << 30
     max_config_bytes: int = 1 << 20
@@ -93,13 +93,18 @@ class BaseModelSpec:
     @classmethod
     def load(cls, name: str, config_json: Path) -> BaseModelSpec:
         config_json = Path(config_json)
-        return cls.from_config(name, json.loads(config_json.read_text()),
-                               aliases=tuple(dict.fromkeys((
-                                   config_json.parent.name, config_json.resolve().parent.name))))
+        return cls.from_config(
+            name,
+            json.loads(config_json.read_text()),
+            aliases=tuple(
+                dict.fromkeys((config_json.parent.name, config_json.resolve().parent.name))
+            ),
+        )
 
     def is_named(self, name: str) -> bool:
         """Whether ``name`` (an adapter's base_model_name_or_path) means this model: its
         label, directory or hub id, compared by last path component, case-insensitively."""
+
         def key(text: str) -> str:
             return text.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
 
@@ -123,7 +128,7 @@ class AdapterValidator(abc.ABC):
 
     @abc.abstractmethod
     def check_config(
-        self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
+        self, config: Mapping[str, Any], base: BaseModelSpec, bounds: UploadBounds
     ) -> int:
         """Raise :class:`AdapterRejected` for a bad config; return the adapter's rank."""
 
@@ -132,7 +137,7 @@ class AdapterValidator(abc.ABC):
         """Exactly the tensors (name -> shape) this config needs on this base model."""
 
     def check_values(
-        self, config: Mapping[str, Any], weights: WeightsFile, limits: ValidationLimits
+        self, config: Mapping[str, Any], weights: WeightsFile, bounds: UploadBounds
     ) -> list[str]:
         """Type-specific checks on tensor values; returns problems (none by default)."""
         return []

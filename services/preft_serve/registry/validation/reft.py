@@ -26,7 +26,7 @@ from preft_serve.registry.validation.base import (
     AdapterValidator,
     BaseModelSpec,
     Shapes,
-    ValidationLimits,
+    UploadBounds,
     is_int,
     register_validator,
     require,
@@ -42,19 +42,26 @@ class ReftValidator(AdapterValidator):
     """Rules shared by every ReFT family; a subclass per family sets ``type``."""
 
     def check_config(
-        self, config: Mapping[str, Any], base: BaseModelSpec, limits: ValidationLimits
+        self, config: Mapping[str, Any], base: BaseModelSpec, bounds: UploadBounds
     ) -> int:
         rank = config.get("rank")
         if not (is_int(rank) and rank >= 1):
-            raise AdapterRejected(f"ReFT config 'rank' must be a positive integer "
-                                  f"(got {shown(rank)})")
-        require(rank <= limits.max_reft_rank, f"ReFT rank {rank} exceeds this registry's "
-                f"maximum of {limits.max_reft_rank}; retrain with rank <= {limits.max_reft_rank}")
-        require(rank <= base.hidden_size, f"ReFT rank {rank} exceeds the base model's "
-                f"hidden_size {base.hidden_size}")
+            raise AdapterRejected(
+                f"ReFT config 'rank' must be a positive integer (got {shown(rank)})"
+            )
+        require(
+            rank <= bounds.max_reft_rank,
+            f"ReFT rank {rank} exceeds this registry's "
+            f"maximum of {bounds.max_reft_rank}; retrain with rank <= {bounds.max_reft_rank}",
+        )
+        require(
+            rank <= base.hidden_size,
+            f"ReFT rank {rank} exceeds the base model's hidden_size {base.hidden_size}",
+        )
         layers = config.get("layers")
         require(
-            isinstance(layers, list) and bool(layers)
+            isinstance(layers, list)
+            and bool(layers)
             and all(is_int(x) and 0 <= x < base.num_layers for x in layers)
             and len(set(layers)) == len(layers),
             f"ReFT config 'layers' must be a non-empty list of distinct layer indices in "
@@ -67,11 +74,14 @@ class ReftValidator(AdapterValidator):
         except AdapterFormatError as exc:
             raise AdapterRejected(clip(str(exc))) from None
         counts = [int(n) for n in re.findall(r"\d+", str(positions))] if spec is not None else []
-        require(all(1 <= n <= MAX_POSITIONS for n in counts),
-                f"ReFT position counts must be between 1 and {MAX_POSITIONS} "
-                f"(got {shown(positions)})")
-        require(isinstance(config.get("share_weights", True), bool),
-                "ReFT config 'share_weights' must be true or false")
+        require(
+            all(1 <= n <= MAX_POSITIONS for n in counts),
+            f"ReFT position counts must be between 1 and {MAX_POSITIONS} (got {shown(positions)})",
+        )
+        require(
+            isinstance(config.get("share_weights", True), bool),
+            "ReFT config 'share_weights' must be true or false",
+        )
         return rank
 
     def expected_tensors(self, config: Mapping[str, Any], base: BaseModelSpec) -> Shapes:
@@ -85,9 +95,8 @@ class ReftValidator(AdapterValidator):
                     )
         return shapes
 
-
     def check_values(
-        self, config: Mapping[str, Any], weights: WeightsFile, limits: ValidationLimits
+        self, config: Mapping[str, Any], weights: WeightsFile, bounds: UploadBounds
     ) -> list[str]:
         family = family_of(self.type)
         suffixes = tuple(f".{suffix}" for suffix in family.orthonormal_rows)
@@ -106,5 +115,10 @@ class ReftValidator(AdapterValidator):
 
 
 for _family in families(Runtime.REFT):
-    register_validator(type(f"{_family.label}Validator", (ReftValidator,),
-                            {"type": _family.type, "__module__": __name__}))
+    register_validator(
+        type(
+            f"{_family.label}Validator",
+            (ReftValidator,),
+            {"type": _family.type, "__module__": __name__},
+        )
+    )

@@ -72,16 +72,20 @@ def base_modules(base: BaseModelSpec) -> dict[str, Target | str]:
     """Every module name of the base model (as ``named_modules()`` lists them) -> the
     projection it is, or why it cannot carry a LoRA adapter here."""
     names: dict[str, Target | str] = {
-        "": "the whole model", "model": "the decoder", "model.embed_tokens":
-        "the input embedding (LoRA on embeddings is not served)", "model.layers":
-        "the layer list", "model.norm": "a norm layer", "model.rotary_emb":
-        "the rotary embedding", "lm_head": "the output head (LoRA on lm_head is not served)",
+        "": "the whole model",
+        "model": "the decoder",
+        "model.embed_tokens": "the input embedding (LoRA on embeddings is not served)",
+        "model.layers": "the layer list",
+        "model.norm": "a norm layer",
+        "model.rotary_emb": "the rotary embedding",
+        "lm_head": "the output head (LoRA on lm_head is not served)",
     }
     for layer in range(base.num_layers):
         p = f"model.layers.{layer}"
         names[p] = "a whole decoder layer"
-        names[f"{p}.self_attn"] = ("the attention block; name its projections: "
-                                   + ", ".join(ATTENTION_MODULES))
+        names[f"{p}.self_attn"] = "the attention block; name its projections: " + ", ".join(
+            ATTENTION_MODULES
+        )
         names[f"{p}.mlp"] = "the MLP block; name its projections: " + ", ".join(MLP_MODULES)
         names[f"{p}.mlp.act_fn"] = "an activation"
         names[f"{p}.input_layernorm"] = names[f"{p}.post_attention_layernorm"] = "a norm layer"
@@ -96,15 +100,19 @@ def _arch(base: BaseModelSpec) -> str:
 
 
 def _pattern(value: str, key: str) -> regex.Pattern[str]:
-    require(len(value) <= MAX_PATTERN_CHARS,
-            f"{key} regex is {len(value)} characters; the limit is {MAX_PATTERN_CHARS} - "
-            "list module names instead")
+    require(
+        len(value) <= MAX_PATTERN_CHARS,
+        f"{key} regex is {len(value)} characters; the limit is {MAX_PATTERN_CHARS} - "
+        "list module names instead",
+    )
     try:
         re.compile(value)  # the syntax PEFT (Python's re) accepts
         return regex.compile(value)
     except (re.error, regex.error, RecursionError, OverflowError) as exc:
-        raise AdapterRejected(f"{key} {shown(value)} is not a valid regular expression "
-                              f"({clip(str(exc), 100)}); {_HINT}") from None
+        raise AdapterRejected(
+            f"{key} {shown(value)} is not a valid regular expression "
+            f"({clip(str(exc), 100)}); {_HINT}"
+        ) from None
 
 
 def _regex_matches(value: str, key: str, names: list[str]) -> set[str]:
@@ -121,15 +129,22 @@ def _regex_matches(value: str, key: str, names: list[str]) -> set[str]:
     except TimeoutError:
         raise AdapterRejected(
             f"{key} regex {shown(value)} takes over {MATCH_SECONDS:g} s to match "
-            f"{len(names)} module names; simplify it or list module names") from None
+            f"{len(names)} module names; simplify it or list module names"
+        ) from None
     return found
 
 
 def _entries(value: Any, key: str) -> list[str]:
-    ok = (isinstance(value, list) and all(isinstance(m, str) for m in value)
-          and len(value) <= MAX_ENTRIES)
-    require(ok, f"LoRA config '{key}' must be a list of at most {MAX_ENTRIES} module names or "
-            f"one string (a regex, or 'all-linear'); got {shown(value)}")
+    ok = (
+        isinstance(value, list)
+        and all(isinstance(m, str) for m in value)
+        and len(value) <= MAX_ENTRIES
+    )
+    require(
+        ok,
+        f"LoRA config '{key}' must be a list of at most {MAX_ENTRIES} module names or "
+        f"one string (a regex, or 'all-linear'); got {shown(value)}",
+    )
     return list(dict.fromkeys(value))
 
 
@@ -155,15 +170,19 @@ def _layer_filter(config: Mapping[str, Any]) -> set[int] | None:
         return None
     pattern = config.get("layers_pattern")
     as_list = [pattern] if isinstance(pattern, str) else pattern
-    require(pattern is None or (isinstance(as_list, list) and all(
-        p in ("", "layers") for p in as_list)),
+    require(
+        pattern is None
+        or (isinstance(as_list, list) and all(p in ("", "layers") for p in as_list)),
         f"layers_pattern {shown(pattern)} does not name this base model's layer list; use "
-        "'layers' (or leave it unset)")
+        "'layers' (or leave it unset)",
+    )
     return {chosen} if is_int(chosen) else set(chosen)
 
 
 def _list_matches(
-    entries: list[str], config: Mapping[str, Any], names: dict[str, Target | str],
+    entries: list[str],
+    config: Mapping[str, Any],
+    names: dict[str, Target | str],
     base: BaseModelSpec,
 ) -> tuple[set[str], list[str]]:
     index = _suffixes(list(names))
@@ -176,7 +195,8 @@ def _list_matches(
             raise AdapterRejected(
                 f"target_modules entry {entry!r} is vLLM's fused name for {parts}; "
                 f"{_arch(base)} has separate modules, and PEFT adapters for it name them: "
-                f"list {parts} instead")
+                f"list {parts} instead"
+            )
         hits = set(index.get(entry, ()))
         if layers is not None:
             hits = {n for n in hits if _layer_of(n) in layers}
@@ -185,11 +205,16 @@ def _list_matches(
         if not hits:
             unmatched.append(entry)
         found |= hits
-    warnings = [f"target_modules entry {shown(e)} matches no module of the base model "
-                f"({_arch(base)}); {_HINT}" for e in unmatched[:MAX_WARNINGS]]
+    warnings = [
+        f"target_modules entry {shown(e)} matches no module of the base model "
+        f"({_arch(base)}); {_HINT}"
+        for e in unmatched[:MAX_WARNINGS]
+    ]
     if len(unmatched) > MAX_WARNINGS:  # a list may have 16,384 entries: the answer stays small
-        warnings.append(f"... and {len(unmatched) - MAX_WARNINGS} more target_modules entries "
-                        "that match no module")
+        warnings.append(
+            f"... and {len(unmatched) - MAX_WARNINGS} more target_modules entries "
+            "that match no module"
+        )
     return found, warnings
 
 
@@ -227,15 +252,18 @@ def resolve_targets(config: Mapping[str, Any], base: BaseModelSpec) -> Resolutio
     if not found:
         raise AdapterRejected(
             f"target_modules {shown(value)} matches no module of the base model "
-            f"({_arch(base)}, e.g. model.layers.0.self_attn.q_proj); {_HINT}")
-    refused = sorted((n for n in found if not isinstance(names[n], Target)),
-                     key=lambda n: (not n, n))  # the root module ("") last
+            f"({_arch(base)}, e.g. model.layers.0.self_attn.q_proj); {_HINT}"
+        )
+    refused = sorted(
+        (n for n in found if not isinstance(names[n], Target)), key=lambda n: (not n, n)
+    )  # the root module ("") last
     if refused:
         first = refused[0]
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
         raise AdapterRejected(
             f"target_modules {shown(value)} matches {first or 'the root module'}{more}, "
             f"which is {names[first]}; LoRA is served on the decoder projections "
-            f"{', '.join(LORA_MODULES)}")
+            f"{', '.join(LORA_MODULES)}"
+        )
     targets = sorted(t for n in found if isinstance(t := names[n], Target))
     return Resolution(targets, warnings)

@@ -87,8 +87,7 @@ class WeightsFile:
             except (SafetensorError, OSError, ValueError) as exc:
                 # The library's message may quote the header (an unknown dtype, in full).
                 raise WeightsFormatError(
-                    f"adapter_model.safetensors is not a valid safetensors file: "
-                    f"{clip(str(exc))}"
+                    f"adapter_model.safetensors is not a valid safetensors file: {clip(str(exc))}"
                 ) from None
             fh.seek(8)
             header = json.loads(fh.read(header_len))
@@ -96,8 +95,11 @@ class WeightsFile:
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
         self.tensors: dict[str, TensorInfo] = {
             name: TensorInfo(
-                name, spec["dtype"], tuple(spec["shape"]),
-                base + spec["data_offsets"][0], base + spec["data_offsets"][1],
+                name,
+                spec["dtype"],
+                tuple(spec["shape"]),
+                base + spec["data_offsets"][0],
+                base + spec["data_offsets"][1],
             )
             for name, spec in header.items()
         }
@@ -106,8 +108,9 @@ class WeightsFile:
     def _raw(self, info: TensorInfo) -> np.ndarray:
         if info.end == info.start:
             return np.empty(0, dtype=np.uint8)
-        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.start,
-                         shape=(info.end - info.start,))
+        return np.memmap(
+            self.path, dtype=np.uint8, mode="r", offset=info.start, shape=(info.end - info.start,)
+        )
 
     def has_non_finite(self, name: str) -> bool:
         """Whether a float tensor holds NaN or Inf (other dtypes: False)."""
@@ -116,7 +119,7 @@ class WeightsFile:
             return False
         view, mask = _EXPONENT[info.dtype]
         bits = self._raw(info).view(view)
-        return any(np.any(bits[i:i + _CHUNK] & mask == mask) for i in range(0, bits.size, _CHUNK))
+        return any(np.any(bits[i : i + _CHUNK] & mask == mask) for i in range(0, bits.size, _CHUNK))
 
     def max_abs(self, name: str) -> float:
         """Largest |value| of a float tensor (finite values assumed), read in chunks."""
@@ -146,8 +149,9 @@ class WeightsFile:
         if info.dtype == "BF16":
             values = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
         elif info.dtype in ("F16", "F32", "F64"):
-            values = raw.view({"F16": np.float16, "F32": np.float32, "F64": np.float64}[
-                info.dtype]).astype(np.float32)
+            values = raw.view(
+                {"F16": np.float16, "F32": np.float32, "F64": np.float64}[info.dtype]
+            ).astype(np.float32)
         else:
             raise ValueError(f"{name} is not a float tensor ({info.dtype})")
         return values.reshape(info.shape)

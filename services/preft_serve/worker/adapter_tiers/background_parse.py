@@ -114,7 +114,7 @@ class GilYield:
     is the one place a third-party function such as vLLM's adapter parser can be made to
     yield without changing it. It never pauses inside C code, only between calls, so no
     C-level lock is held while it sleeps. Defaults, measured on SmolLM2-shaped adapters
-    (``loadtests.experiments.preload_placement``): slices of ~0.1 ms; steps overlapping a parse went
+    (``bench.experiments.preload_placement``): slices of ~0.1 ms; steps overlapping a parse went
     from ~2x to ~1.1x their usual time, the parse from ~10 to ~45 ms."""
 
     every: int = 200
@@ -152,9 +152,14 @@ DEFAULT_GIL_YIELD = GilYield()
 class AdapterPreloader:
     """Background ``load(request)`` calls keyed by adapter id, taken once by the step."""
 
-    def __init__(self, load: Callable[[Any], Any], threads: int = 1, capacity: int = 64,
-                 place_thread: Callable[[], object] | None = leave_compute_cpus,
-                 share_gil: GilYield | None = DEFAULT_GIL_YIELD) -> None:
+    def __init__(
+        self,
+        load: Callable[[Any], Any],
+        threads: int = 1,
+        capacity: int = 64,
+        place_thread: Callable[[], object] | None = leave_compute_cpus,
+        share_gil: GilYield | None = DEFAULT_GIL_YIELD,
+    ) -> None:
         """``place_thread`` runs first in each pool thread (None: threads stay where they
         start, on the compute CPUs when started from a bound thread); ``share_gil`` paces
         background parses (None: they hold the GIL as long as CPython lets them)."""
@@ -168,12 +173,14 @@ class AdapterPreloader:
         self.outcomes: collections.Counter[str] = collections.Counter()
         # Normal priority: a step that needs the adapter waits for this thread, so a nicer
         # thread would be a priority inversion on a busy host.
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_NAME,
-                                        initializer=place_thread)
+        self._pool = ThreadPoolExecutor(
+            threads, thread_name_prefix=THREAD_NAME, initializer=place_thread
+        )
         self._lock = threading.Lock()
         # Each parse with the event that tells it the step now waits for it.
         self._pending: collections.OrderedDict[int, tuple[Future[Any], threading.Event]] = (
-            collections.OrderedDict())
+            collections.OrderedDict()
+        )
 
     def submit(self, adapter_id: int, request: Any) -> None:
         """Start parsing ``request``'s adapter (no-op if already started)."""
@@ -181,9 +188,11 @@ class AdapterPreloader:
             if adapter_id in self._pending:
                 return
             urgent = threading.Event()
-            future = (self._pool.submit(self._share_gil.run, self._load, request, urgent)
-                      if self._share_gil is not None
-                      else self._pool.submit(self._load, request))
+            future = (
+                self._pool.submit(self._share_gil.run, self._load, request, urgent)
+                if self._share_gil is not None
+                else self._pool.submit(self._load, request)
+            )
             self._pending[adapter_id] = (future, urgent)
             while len(self._pending) > self._capacity:
                 dropped, (future, _) = self._pending.popitem(last=False)
@@ -202,15 +211,21 @@ class AdapterPreloader:
         """Adapters parsed in the background, ready for a step (taking one costs the step
         no parse wait)."""
         with self._lock:
-            return {i for i, (future, _) in self._pending.items()
-                    if future.done() and not future.cancelled() and future.exception() is None}
+            return {
+                i
+                for i, (future, _) in self._pending.items()
+                if future.done() and not future.cancelled() and future.exception() is None
+            }
 
     def failed_ids(self) -> dict[int, BaseException]:
         """Adapters whose background parse raised, with the error: their requests must not
         be scheduled (the step would parse again and raise inside the engine loop)."""
         with self._lock:
-            done = [(i, future) for i, (future, _) in self._pending.items()
-                    if future.done() and not future.cancelled()]
+            done = [
+                (i, future)
+                for i, (future, _) in self._pending.items()
+                if future.done() and not future.cancelled()
+            ]
         return {i: error for i, future in done if (error := future.exception()) is not None}
 
     def hurry(self, timeout_s: float) -> None:
@@ -218,13 +233,17 @@ class AdapterPreloader:
         run at full speed and wait up to ``timeout_s`` for one to end, so an engine loop
         that only waits for adapters does not spin."""
         with self._lock:
-            running = [(future, urgent) for future, urgent in self._pending.values()
-                       if not future.done()]
+            running = [
+                (future, urgent) for future, urgent in self._pending.values() if not future.done()
+            ]
         for _, urgent in running:
             urgent.set()
         if running:
-            concurrent.futures.wait([f for f, _ in running], timeout=timeout_s,
-                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            concurrent.futures.wait(
+                [f for f, _ in running],
+                timeout=timeout_s,
+                return_when=concurrent.futures.FIRST_COMPLETED,
+            )
 
     def load(self, adapter_id: int, request: Any) -> Any:
         """The parsed adapter (waiting for its parse if still running), else parse now."""
@@ -239,8 +258,11 @@ class AdapterPreloader:
             try:
                 return future.result()
             except Exception:
-                logger.warning("adapter %d: background parse failed; loading in the step",
-                               adapter_id, exc_info=True)
+                logger.warning(
+                    "adapter %d: background parse failed; loading in the step",
+                    adapter_id,
+                    exc_info=True,
+                )
         self.outcomes["inline"] += 1
         return self._load(request)
 

@@ -58,28 +58,38 @@ class AdapterCacheMetrics:
         self.loads = Counter(
             "preft_worker_adapter_loads_total",
             "Adapter load requests by tier and outcome (hit, miss, not_found, corrupt, error)",
-            ["tier", "outcome"], registry=registry,
+            ["tier", "outcome"],
+            registry=registry,
         )
         self.load_seconds = Histogram(
             "preft_worker_adapter_load_seconds",
             "Time to make an adapter available in a tier (hits and downloads)",
-            ["tier"], registry=registry, buckets=_LOAD_BUCKETS,
+            ["tier"],
+            registry=registry,
+            buckets=_LOAD_BUCKETS,
         )
         self.resident = Gauge(
-            "preft_worker_resident_adapters", "Adapters resident in a tier",
-            ["tier"], registry=registry,
+            "preft_worker_resident_adapters",
+            "Adapters resident in a tier",
+            ["tier"],
+            registry=registry,
         )
         self.resident_bytes = Gauge(
-            "preft_worker_resident_adapter_bytes", "Bytes of adapters resident in a tier",
-            ["tier"], registry=registry,
+            "preft_worker_resident_adapter_bytes",
+            "Bytes of adapters resident in a tier",
+            ["tier"],
+            registry=registry,
         )
         self.evictions = Counter(
-            "preft_worker_adapter_evictions_total", "Adapters evicted from a tier",
-            ["tier"], registry=registry,
+            "preft_worker_adapter_evictions_total",
+            "Adapters evicted from a tier",
+            ["tier"],
+            registry=registry,
         )
         self.download_bytes = Counter(
             "preft_worker_adapter_download_bytes_total",
-            "Adapter bytes downloaded from the object store", registry=registry,
+            "Adapter bytes downloaded from the object store",
+            registry=registry,
         )
 
 
@@ -288,6 +298,10 @@ class AdapterDiskCache:
                 self._entries[sha256] = size
                 self._bytes += size
         if found:
-            logger.info("adapter disk cache %s: %d adapters, %d bytes on disk",
-                        self.cache_dir, len(found), self._bytes)
+            logger.info(
+                "adapter disk cache %s: %d adapters, %d bytes on disk",
+                self.cache_dir,
+                len(found),
+                self._bytes,
+            )
         self._evict()

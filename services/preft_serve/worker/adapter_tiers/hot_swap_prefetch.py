@@ -32,27 +32,40 @@ class PrefetchMetrics:
         self.prefetches = Counter(
             "preft_worker_adapter_prefetches_total",
             "New adapter versions handled on a registry event: fetched (an older version was "
-            "on disk), skipped (none was) or error", ["outcome"], registry=registry)
+            "on disk), skipped (none was) or error",
+            ["outcome"],
+            registry=registry,
+        )
 
 
 class RegistryPrefetcher:
-    def __init__(self, client: RegistryClient, cache: AdapterDiskCache,
-                 metrics: PrefetchMetrics | None = None, threads: int = 2) -> None:
+    def __init__(
+        self,
+        client: RegistryClient,
+        cache: AdapterDiskCache,
+        metrics: PrefetchMetrics | None = None,
+        threads: int = 2,
+    ) -> None:
         self.client, self.cache = client, cache
         self.metrics = metrics or PrefetchMetrics(CollectorRegistry())
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="preft-prefetch")
         client.add_listener(self.on_event)
 
     def on_event(self, event: RegistryEvent) -> None:
-        if (event.type == EventType.ADAPTER_UPDATED.value and event.sha256 and event.adapter
-                and (event.version or 0) > 1):  # a first version replaces nothing
+        if (
+            event.type == EventType.ADAPTER_UPDATED.value
+            and event.sha256
+            and event.adapter
+            and (event.version or 0) > 1
+        ):  # a first version replaces nothing
             self._pool.submit(self._handle, event)
 
     def _handle(self, event: RegistryEvent) -> None:
         assert event.sha256 and event.adapter
         try:
-            versions = self.client.redis.hvals(self.client.keys.versions(event.tenant,
-                                                                         event.adapter))
+            versions = self.client.redis.hvals(
+                self.client.keys.versions(event.tenant, event.adapter)
+            )
             older = {json.loads(v)["sha256"] for v in versions} - {event.sha256}
             held = [sha for sha in older if sha in self.cache]
             if not held:
@@ -62,9 +75,14 @@ class RegistryPrefetcher:
                 self.cache.demote(sha)
             self.cache.get(event.sha256)
             self.metrics.prefetches.labels("fetched").inc()
-            logger.info("prefetched %s/%s v%s (%s) replacing %d older version(s) on disk",
-                        event.tenant, event.adapter, event.version, event.sha256[:12],
-                        len(held))
+            logger.info(
+                "prefetched %s/%s v%s (%s) replacing %d older version(s) on disk",
+                event.tenant,
+                event.adapter,
+                event.version,
+                event.sha256[:12],
+                len(held),
+            )
         except Exception:  # a prefetch is an optimisation: log, count, go on
             self.metrics.prefetches.labels("error").inc()
             logger.exception("prefetch of %s/%s failed", event.tenant, event.adapter)

@@ -74,8 +74,7 @@ class _Hold:
 class AdapterGate:
     """Which adapters the worker can run without parsing, and the requests held for one."""
 
-    def __init__(self, hold_s: float = HOLD_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, hold_s: float = HOLD_S, clock: Callable[[], float] = time.monotonic) -> None:
         """``hold_s`` 0: never hold (the gate is off)."""
         self._hold_s = hold_s
         self._clock = clock
@@ -139,11 +138,14 @@ class AdapterGate:
             if self._silent_steps >= 2:
                 self.enabled = False
                 self._holds.clear()
-                logger.warning("the worker does not report which adapters it holds; "
-                               "requests are no longer held for their adapter's parse")
+                logger.warning(
+                    "the worker does not report which adapters it holds; "
+                    "requests are no longer held for their adapter's parse"
+                )
 
-    def on_report(self, settled: Iterable[int] | None, give_up: Iterable[int] = (),
-                  failed: Iterable[int] = ()) -> None:
+    def on_report(
+        self, settled: Iterable[int] | None, give_up: Iterable[int] = (), failed: Iterable[int] = ()
+    ) -> None:
         """The worker's report after a step: the settled set (None: unchanged since its
         last one), announced adapters it will not parse ahead (a path stock vLLM must
         resolve itself...): their requests are scheduled at once, to be loaded there; and

@@ -1,33 +1,34 @@
-"""vLLM LoRA resolver that loads adapters by content hash from the object store.
+"""Resolves adapter names to directories: the object store through the disk cache.
 
-vLLM's OpenAI server asks every registered :class:`LoRAResolver` about a ``model`` name it
-does not know (only when ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), then loads the returned
-``LoRARequest`` and remembers it under that name. The gateway sends ``sha256:<hex>``, so a
-name *is* the adapter's identity and needs no lookup. Anything else — a path, a URL, a
-registry name, uppercase hex — is refused with ``None``, which vLLM answers with a 404:
-a client can never make the worker read an arbitrary file or fetch an arbitrary URL.
-A hash the store does not hold is also ``None`` (404); a store that cannot be used at all
-(directory gone, bucket missing, endpoint down) is a 503 to retry, never "does not exist".
+vLLM's OpenAI server asks every registered LoRA resolver about a ``model`` name it does
+not know (only when ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), then loads the adapter and
+remembers it under that name. The gateway sends ``sha256:<hex>``, so a name *is* the
+adapter's identity and needs no lookup. Anything else — a path, a URL, a registry name,
+uppercase hex — is refused with ``None``, which vLLM answers with a 404: a client can never
+make the worker read an arbitrary file or fetch an arbitrary URL. A hash the store does not
+hold is also ``None`` (404); a store that cannot be used at all (directory gone, bucket
+missing, endpoint down) raises ``StoreUnavailable``, a 503 to retry, never "does not exist".
 
-The resolver only runs in the API-server process, but the plugin registers it in every
-vLLM process, so the object store client and the disk cache are built on first use.
+No vLLM here: :mod:`preft_serve.worker.vllm_compat.lora_resolver` registers this with
+vLLM's server, hands vLLM a resolved adapter as its ``LoRARequest`` and an unusable store
+as the 503. The resolver only runs in the API-server process, but the plugin registers it
+in every vLLM process, so the object store client and the disk cache are built on first
+use.
 
 Downloads and hash checks run in a small pool of low-priority threads
 (``PREFT_WORKER_RESOLVER_THREADS``), never on the server's event loop: streams keep flowing
 while a cold adapter is fetched, a burst of new adapters queues instead of taking every
 core from the engine, and the engine's own ``add_lora`` then only registers the adapter
-(its weights are parsed in the background, see ``preload.py``).
+(its weights are parsed in the background, see ``background_parse.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-
-from vllm.lora.request import LoRARequest
-from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 
 from preft_serve.adapters.format import parse_model_name
 from preft_serve.common.objectstore import ObjectNotFound, StoreUnavailable
@@ -36,14 +37,8 @@ from preft_serve.worker.adapter_tiers.background_parse import lower_thread_prior
 from preft_serve.worker.adapter_tiers.disk_cache import AdapterCacheMetrics, AdapterDiskCache
 from preft_serve.worker.adapter_tiers.hot_swap_prefetch import PrefetchMetrics, RegistryPrefetcher
 from preft_serve.worker.settings import WorkerSettings
-from preft_serve.worker.vllm_compat.serving import (
-    AdapterStoreUnavailable,
-    install_adapter_use_hook,
-)
 
 logger = logging.getLogger(__name__)
-
-RESOLVER_NAME = "preft-object-store"
 
 
 def lora_int_id(sha256: str) -> int:
@@ -55,7 +50,16 @@ def lora_int_id(sha256: str) -> int:
     return int(sha256[:15], 16) + 1
 
 
-class ObjectStoreResolver(LoRAResolver):
+@dataclasses.dataclass(frozen=True)
+class ResolvedAdapter:
+    """An adapter found under the name a request gave: what the engine loads it by."""
+
+    name: str
+    int_id: int
+    path: str
+
+
+class DiskCacheResolver:
     """Resolves ``sha256:<hex>`` names to directories in the local disk cache."""
 
     def __init__(self, settings: WorkerSettings, cache: AdapterDiskCache | None = None) -> None:
@@ -63,9 +67,11 @@ class ObjectStoreResolver(LoRAResolver):
         self._cache = cache
         self._init_lock = threading.Lock()
         self.prefetcher: RegistryPrefetcher | None = None
-        self._pool = ThreadPoolExecutor(settings.resolver_threads,
-                                        thread_name_prefix="preft-resolve",
-                                        initializer=lower_thread_priority)
+        self._pool = ThreadPoolExecutor(
+            settings.resolver_threads,
+            thread_name_prefix="preft-resolve",
+            initializer=lower_thread_priority,
+        )
 
     @property
     def cache(self) -> AdapterDiskCache:
@@ -82,7 +88,9 @@ class ObjectStoreResolver(LoRAResolver):
                     self.prefetcher = start_prefetcher(self.settings, self._cache)
         return self._cache
 
-    async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+    async def resolve(self, lora_name: str) -> ResolvedAdapter | None:
+        """The adapter named ``lora_name``; None when the name is not a hash or the store
+        does not hold it. Raises ``StoreUnavailable`` when the store cannot be used."""
         sha256 = parse_model_name(lora_name)
         if sha256 is None:
             return None
@@ -93,18 +101,16 @@ class ObjectStoreResolver(LoRAResolver):
             return None
         except StoreUnavailable as exc:
             logger.error("adapter %s: object store unavailable: %s", sha256, exc)
-            raise AdapterStoreUnavailable() from None  # 503; no hash, path or errno in it
+            raise
         # Corrupt blobs propagate: vLLM answers 500 with the message, which is the truth
         # (a server-side fault, not an unknown model).
-        return LoRARequest(
-            lora_name=lora_name, lora_int_id=lora_int_id(sha256), lora_path=path
-        )
+        return ResolvedAdapter(lora_name, lora_int_id(sha256), path)
 
     async def on_use(self, lora_name: str) -> None:
         """Each request for an adapter vLLM's server already holds under ``lora_name``
-        (``vllm_compat.serving.install_adapter_use_hook``). The server never asks the resolver
-        about it again, so without this the disk cache would (a) age a hot adapter as if
-        unused and evict it first, and (b) once it is evicted, leave the engine a path
+        (``vllm_compat.serving.install_adapter_use_hook`` calls this). The server never asks
+        the resolver about it again, so without this the disk cache would (a) age a hot
+        adapter as if unused and evict it first, and (b) once it is evicted, leave the engine a path
         that no longer exists for its next load from disk (after the adapter leaves host
         memory). A hit costs an in-memory LRU move; an evicted adapter is fetched again
         before the request reaches the engine."""
@@ -114,20 +120,26 @@ class ObjectStoreResolver(LoRAResolver):
         try:
             await self._fetch_in_pool(sha256)
         except Exception as exc:  # noqa: BLE001 - the engine reports a load that fails
-            logger.warning("adapter %s: evicted from the disk cache and not fetched again "
-                           "(%s); its requests fail until it is", sha256, exc)
+            logger.warning(
+                "adapter %s: evicted from the disk cache and not fetched again "
+                "(%s); its requests fail until it is",
+                sha256,
+                exc,
+            )
         else:
             logger.info("adapter %s: fetched again after its disk-cache eviction", sha256)
 
     async def _fetch_in_pool(self, sha256: str) -> str:
         """The adapter's directory through the disk cache, off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool, lambda: str(self.cache.get(sha256)))
+            self._pool, lambda: str(self.cache.get(sha256))
+        )
 
 
-def start_prefetcher(settings: WorkerSettings,
-                     cache: AdapterDiskCache) -> RegistryPrefetcher | None:
-    """Listen for registry events if ``registry_redis_url`` is set (see ``prefetch``)."""
+def start_prefetcher(
+    settings: WorkerSettings, cache: AdapterDiskCache
+) -> RegistryPrefetcher | None:
+    """Listen for registry events if ``registry_redis_url`` is set (see ``hot_swap_prefetch``)."""
     if settings.registry_redis_url is None:
         return None
     client = RegistryClient(settings.registry_redis_url, namespace=settings.registry_namespace)
@@ -137,18 +149,3 @@ def start_prefetcher(settings: WorkerSettings,
     except TimeoutError:
         logger.warning("registry Redis not reachable yet; prefetching starts when it is")
     return prefetcher
-
-
-def register_resolver(settings: WorkerSettings | None = None) -> ObjectStoreResolver | None:
-    """Register the resolver with vLLM if an object store is configured; idempotent."""
-    settings = settings or WorkerSettings()
-    if not settings.resolver_enabled:
-        return None
-    if RESOLVER_NAME in LoRAResolverRegistry.get_supported_resolvers():
-        existing = LoRAResolverRegistry.get_resolver(RESOLVER_NAME)
-        if isinstance(existing, ObjectStoreResolver) and existing.settings == settings:
-            return existing
-    resolver = ObjectStoreResolver(settings)
-    LoRAResolverRegistry.register_resolver(RESOLVER_NAME, resolver)
-    install_adapter_use_hook(resolver.on_use)
-    return resolver

@@ -57,13 +57,15 @@ def _tensor(weights: dict[str, torch.Tensor], key: str, shape: tuple[int, ...]) 
     return t.float()
 
 
-def _intervention(kind: AdapterType, weights: dict[str, torch.Tensor], prefix: str,
-                  rank: int, hidden: int) -> Intervention:
+def _intervention(
+    kind: AdapterType, weights: dict[str, torch.Tensor], prefix: str, rank: int, hidden: int
+) -> Intervention:
     family = family_of(kind)
     assert family.intervention is not None  # every ReFT family has one (register_family)
-    tensors = {suffix: _tensor(weights, f"{prefix}.{suffix}",
-                               (rank, hidden) if shape == "rd" else (rank,))
-               for suffix, shape in family.reft_tensors.items()}
+    tensors = {
+        suffix: _tensor(weights, f"{prefix}.{suffix}", (rank, hidden) if shape == "rd" else (rank,))
+        for suffix, shape in family.reft_tensors.items()
+    }
     return Intervention(*family.intervention(tensors))
 
 

@@ -20,12 +20,21 @@ Rows = slice | torch.Tensor
 
 
 class ReftKernel(Protocol):
-    def prepare(self, rows: list[Rows], layer_index: np.ndarray, num_rows: int,
-                device: torch.device) -> Any:
+    def prepare(
+        self, rows: list[Rows], layer_index: np.ndarray, num_rows: int, device: torch.device
+    ) -> Any:
         """Once per step: ``rows`` per group (host), ``layer_index`` (L, G)."""
 
-    def apply(self, out: torch.Tensor, h: torch.Tensor, prepared: Any, slot: int,
-              proj_in: torch.Tensor, bias: torch.Tensor, proj_out: torch.Tensor) -> None:
+    def apply(
+        self,
+        out: torch.Tensor,
+        h: torch.Tensor,
+        prepared: Any,
+        slot: int,
+        proj_in: torch.Tensor,
+        bias: torch.Tensor,
+        proj_out: torch.Tensor,
+    ) -> None:
         """Per layer: ``out[rows(g)] += (h @ proj_in[k].T + bias[k]) @ proj_out[k]`` for
         every group ``g`` with ``k = layer_index[slot, g] >= 0``."""
 
@@ -33,13 +42,22 @@ class ReftKernel(Protocol):
 class TorchReft:
     """:func:`preft_kernels.reft.grouped_reft` (CPU, or GPUs without Triton)."""
 
-    def prepare(self, rows: list[Rows], layer_index: np.ndarray, num_rows: int,
-                device: torch.device) -> Any:
+    def prepare(
+        self, rows: list[Rows], layer_index: np.ndarray, num_rows: int, device: torch.device
+    ) -> Any:
         on_device = [r.to(device) if isinstance(r, torch.Tensor) else r for r in rows]
         return on_device, layer_index
 
-    def apply(self, out: torch.Tensor, h: torch.Tensor, prepared: Any, slot: int,
-              proj_in: torch.Tensor, bias: torch.Tensor, proj_out: torch.Tensor) -> None:
+    def apply(
+        self,
+        out: torch.Tensor,
+        h: torch.Tensor,
+        prepared: Any,
+        slot: int,
+        proj_in: torch.Tensor,
+        bias: torch.Tensor,
+        proj_out: torch.Tensor,
+    ) -> None:
         rows, layer_index = prepared
         groups = [ReftGroup(rows[g], int(k)) for g, k in enumerate(layer_index[slot]) if k >= 0]
         grouped_reft(out, h, groups, proj_in, bias, proj_out)
@@ -49,20 +67,38 @@ class TritonReft:
     """:func:`preft_kernels.reft_triton.reft_triton`: one launch per layer, its metadata
     (:class:`~preft_kernels.reft_triton.ReftTritonStepMeta`) copied once per step."""
 
-    def prepare(self, rows: list[Rows], layer_index: np.ndarray, num_rows: int,
-                device: torch.device) -> Any:
+    def prepare(
+        self, rows: list[Rows], layer_index: np.ndarray, num_rows: int, device: torch.device
+    ) -> Any:
         from preft_kernels.reft_triton import ReftTritonStepMeta
 
         return ReftTritonStepMeta.from_groups(rows, layer_index, device, num_rows=num_rows)
 
-    def apply(self, out: torch.Tensor, h: torch.Tensor, prepared: Any, slot: int,
-              proj_in: torch.Tensor, bias: torch.Tensor, proj_out: torch.Tensor) -> None:
+    def apply(
+        self,
+        out: torch.Tensor,
+        h: torch.Tensor,
+        prepared: Any,
+        slot: int,
+        proj_in: torch.Tensor,
+        bias: torch.Tensor,
+        proj_out: torch.Tensor,
+    ) -> None:
         from preft_kernels.reft_triton import ReftTritonStepMeta, reft_triton
 
         meta: ReftTritonStepMeta = prepared
         row_ids, group_starts, group_index = meta.args(slot)
-        reft_triton(out, h, row_ids, group_starts, group_index, proj_in.contiguous(),
-                    bias.contiguous(), proj_out.contiguous(), max_group_rows=meta.max_group_rows)
+        reft_triton(
+            out,
+            h,
+            row_ids,
+            group_starts,
+            group_index,
+            proj_in.contiguous(),
+            bias.contiguous(),
+            proj_out.contiguous(),
+            max_group_rows=meta.max_group_rows,
+        )
 
 
 def reft_kernel_for(device: torch.device | str) -> ReftKernel:

@@ -51,8 +51,14 @@ EMPTY_PLAN = ReftStepPlan(0, [])
 class ReftRuntime:
     """Loaded ReFT adapters (LRU by adapter id) and the current step's plan."""
 
-    def __init__(self, hidden_size: int, num_layers: int, capacity: int,
-                 device: torch.device | str = "cpu", kernel: ReftKernel | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_layers: int,
+        capacity: int,
+        device: torch.device | str = "cpu",
+        kernel: ReftKernel | None = None,
+    ) -> None:
         self.hidden_size, self.num_layers, self.capacity = hidden_size, num_layers, capacity
         self.device = torch.device(device)
         self.kernel: ReftKernel = kernel or TorchReft()
@@ -68,10 +74,13 @@ class ReftRuntime:
             self.adapters.move_to_end(adapter_id)
             return self.adapters[adapter_id]
         adapter = load_reft_adapter(path, self.hidden_size, self.num_layers)
-        adapter = dataclasses.replace(adapter, layers={
-            layer: (self._to_device(first), self._to_device(last))
-            for layer, (first, last) in adapter.layers.items()
-        })
+        adapter = dataclasses.replace(
+            adapter,
+            layers={
+                layer: (self._to_device(first), self._to_device(last))
+                for layer, (first, last) in adapter.layers.items()
+            },
+        )
         self.adapters[adapter_id] = adapter
         while len(self.adapters) > self.capacity:
             evicted, _ = self.adapters.popitem(last=False)
@@ -79,8 +88,7 @@ class ReftRuntime:
         return adapter
 
     def _to_device(self, part: Intervention) -> Intervention:
-        return Intervention(*(t.to(self.device) for t in (part.proj_in, part.bias,
-                                                          part.proj_out)))
+        return Intervention(*(t.to(self.device) for t in (part.proj_in, part.bias, part.proj_out)))
 
     def remove(self, adapter_id: int) -> bool:
         return self.adapters.pop(adapter_id, None) is not None
@@ -114,23 +122,27 @@ class ReftRuntime:
                 adapter = self.load(adapter_id, paths[adapter_id])
                 pos = int(num_computed[req]) + np.arange(count)
                 parts = part_codes(pos, int(num_prompt[req]), adapter.positions)
-                codes[start:start + count] = np.where(
-                    parts == NONE, -1, slot_of[adapter_id] * 2 + parts)
+                codes[start : start + count] = np.where(
+                    parts == NONE, -1, slot_of[adapter_id] * 2 + parts
+                )
             start += count
         grouped = AdapterGroups.from_slots(codes)
-        plan = ReftStepPlan(num_tokens, [(ids[code // 2], code % 2, rows)
-                                         for code, rows in grouped.groups])
+        plan = ReftStepPlan(
+            num_tokens, [(ids[code // 2], code % 2, rows) for code, rows in grouped.groups]
+        )
         # Per layer, each group's index into that layer's stacked weights (-1: none there).
         layers = sorted({layer for a, _, _ in plan.groups for layer in self.adapters[a].layers})
         layer_index = np.full((len(layers), len(plan.groups)), -1, dtype=np.int64)
         for slot, layer in enumerate(layers):
-            used = [self.adapters[a].intervention(layer, part) is not None
-                    for a, part, _ in plan.groups]
+            used = [
+                self.adapters[a].intervention(layer, part) is not None for a, part, _ in plan.groups
+            ]
             layer_index[slot, used] = np.arange(sum(used))
         plan.layer_slots = {layer: slot for slot, layer in enumerate(layers)}
         if plan.groups:
             plan.kernel_inputs = self.kernel.prepare(
-                [rows for _, _, rows in plan.groups], layer_index, num_tokens, self.device)
+                [rows for _, _, rows in plan.groups], layer_index, num_tokens, self.device
+            )
         self.plan = plan
         return self.plan
 
@@ -171,7 +183,12 @@ class ReftRuntime:
             slot = self.plan.layer_slots.get(layer)
             if slot is None:
                 return  # no intervention of this step at this layer
-            self.kernel.apply(hidden, hidden + residual, self.plan.kernel_inputs, slot,
-                              *self._layer_weights(layer))
+            self.kernel.apply(
+                hidden,
+                hidden + residual,
+                self.plan.kernel_inputs,
+                slot,
+                *self._layer_weights(layer),
+            )
 
         return hook

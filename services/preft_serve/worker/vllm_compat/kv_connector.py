@@ -42,9 +42,7 @@ class PreftNixlConnector(NixlPullConnector):
         count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         params = request.kv_transfer_params or {}
         remote_tokens = params.get("remote_num_tokens")
-        if not count or not params.get("do_remote_prefill") or not isinstance(
-            remote_tokens, int
-        ):
+        if not count or not params.get("do_remote_prefill") or not isinstance(remote_tokens, int):
             return count, load_async
         count = min(count, remote_tokens - num_computed_tokens)
         if count <= 0:
@@ -54,8 +52,9 @@ class PreftNixlConnector(NixlPullConnector):
         return count, load_async
 
 
-def kv_transfer_config(role: str, *, device: str = "cpu",
-                       lease_s: int | None = None) -> dict[str, Any]:
+def kv_transfer_config(
+    role: str, *, device: str = "cpu", lease_s: int | None = None
+) -> dict[str, Any]:
     """``--kv-transfer-config`` of a prefill (producer) or decode (consumer) worker.
 
     On GPUs NIXL reads the KV cache in device memory directly (UCX over RDMA/NVLink); on

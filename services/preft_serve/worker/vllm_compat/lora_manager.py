@@ -32,8 +32,9 @@ from preft_serve.worker.adapter_tiers.background_parse import (
 _PRELOADER_ATTR = "_preft_preloader"
 
 
-def install_preloader(manager: Any, threads: int = 1,
-                      share_gil: GilYield | None = DEFAULT_GIL_YIELD) -> AdapterPreloader:
+def install_preloader(
+    manager: Any, threads: int = 1, share_gil: GilYield | None = DEFAULT_GIL_YIELD
+) -> AdapterPreloader:
     """Route ``manager._load_adapter`` (vLLM's ``WorkerLoRAManager``: parse an adapter's
     directory into a ``LoRAModel`` on the host) through a background preloader."""
     existing = preloader_of(manager)
@@ -65,16 +66,17 @@ def start_background_parse(manager: Any, lora_request: Any) -> bool:
     bias...; 400).
     """
     preloader = preloader_of(manager)
-    if (preloader is None or lora_request.load_inplace
-            or not os.path.isabs(lora_request.lora_path)  # stock may fetch it from a hub
-            or lora_request.lora_int_id in manager.list_adapters()):
+    if (
+        preloader is None
+        or lora_request.load_inplace
+        or not os.path.isabs(lora_request.lora_path)  # stock may fetch it from a hub
+        or lora_request.lora_int_id in manager.list_adapters()
+    ):
         return False
     try:
-        helper = PEFTHelper.from_local_dir(lora_request.lora_path,
-                                           manager.max_position_embeddings)
+        helper = PEFTHelper.from_local_dir(lora_request.lora_path, manager.max_position_embeddings)
     except FileNotFoundError as exc:
-        raise LoRAAdapterNotFoundError(lora_request.lora_name,
-                                       lora_request.lora_path) from exc
+        raise LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path) from exc
     helper.validate_legal(manager.lora_config)
     preloader.submit(lora_request.lora_int_id, lora_request)
     return True

@@ -22,7 +22,7 @@ Relies on:
   engine arguments set ``VLLM_USE_V2_MODEL_RUNNER=0``
   (:mod:`preft_serve.worker.engine_config`).
 - ``CompilationMode`` (``vllm/config/compilation.py``): layers are bypassed
-  (:mod:`preft_serve.worker.slots`) only when the model runs eagerly.
+  (:mod:`.lora_layers`) only when the model runs eagerly.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from preft_serve.worker.adapter_tiers.parse_gate import SettledReport
 from preft_serve.worker.reft.kernels import reft_kernel_for
 from preft_serve.worker.reft.runtime import ReftRuntime
 from preft_serve.worker.settings import WorkerSettings
-from preft_serve.worker.slots import SlotRouter
 from preft_serve.worker.step_trace import StepTrace, step_trace_from_env
 from preft_serve.worker.token_mapping import NO_ADAPTER, StepMapping, step_mapping
+from preft_serve.worker.vllm_compat.lora_layers import SlotRouter
 from preft_serve.worker.vllm_compat.lora_manager import (
     install_preloader,
     preloader_of,
@@ -68,15 +68,18 @@ class PreftLoRAMappingMixin:
         hf = self.model_config.hf_config  # type: ignore[attr-defined]
         lora_config = self.lora_config  # type: ignore[attr-defined]
         capacity = lora_config.max_cpu_loras if lora_config else 0
-        self.reft = ReftRuntime(hf.hidden_size, hf.num_hidden_layers, max(capacity, 1),
-                                device=self.device,  # type: ignore[attr-defined]
-                                kernel=reft_kernel_for(self.device))  # type: ignore[attr-defined]
+        self.reft = ReftRuntime(
+            hf.hidden_size,
+            hf.num_hidden_layers,
+            max(capacity, 1),
+            device=self.device,  # type: ignore[attr-defined]
+            kernel=reft_kernel_for(self.device),  # type: ignore[attr-defined]
+        )
         self.reft.install(decoder_layers(self.get_model()))  # type: ignore[attr-defined]
         manager = getattr(self, "lora_manager", None)
         if manager is not None:
             install_preloader(manager, share_gil=WorkerSettings().preload_share_gil())
-            self.slot_router = SlotRouter.install(
-                manager, bypass=runs_eagerly(self.vllm_config))  # type: ignore[attr-defined]
+            self.slot_router = SlotRouter.install(manager, bypass=runs_eagerly(self.vllm_config))  # type: ignore[attr-defined]
         return result
 
     def set_active_loras(
@@ -95,8 +98,9 @@ class PreftLoRAMappingMixin:
         adapter_ids = input_batch.request_lora_mapping[:n]
         requests = input_batch.lora_id_to_lora_request
         kinds = {i: adapter_kinds(r) for i, r in requests.items()}
-        per_request = [kinds[i] if i != NO_ADAPTER else (False, False)
-                       for i in adapter_ids.tolist()]
+        per_request = [
+            kinds[i] if i != NO_ADAPTER else (False, False) for i in adapter_ids.tolist()
+        ]
         is_reft = np.fromiter((k[0] for k in per_request), dtype=bool, count=n)
         prefill_only = np.fromiter((k[1] for k in per_request), dtype=bool, count=n)
         reft_ids = [i for i, (reft, _) in kinds.items() if reft]
@@ -105,13 +109,20 @@ class PreftLoRAMappingMixin:
         num_prompt = input_batch.num_prompt_tokens[:n]
         in_prompt = num_computed < num_prompt
         if np.any((lora_ids != NO_ADAPTER) & (in_prompt | ~prefill_only)):
-            mapping = step_mapping(lora_ids, prefill_only, num_computed, num_prompt,
-                                   num_scheduled_tokens[:n], num_sampled_tokens[:n])
+            mapping = step_mapping(
+                lora_ids,
+                prefill_only,
+                num_computed,
+                num_prompt,
+                num_scheduled_tokens[:n],
+                num_sampled_tokens[:n],
+            )
             active = {requests[i] for i in mapping.active_ids()}
         else:  # no token of the step has a LoRA (decode steps of prefill-only adapters)
             mapping = StepMapping(
                 np.zeros(int(num_scheduled_tokens[:n].sum()), dtype=np.int64),
-                np.zeros(int(num_sampled_tokens[:n].sum()), dtype=np.int64))
+                np.zeros(int(num_sampled_tokens[:n].sum()), dtype=np.int64),
+            )
             active = set()
         self._set_active_loras(  # type: ignore[attr-defined]
             tuple(mapping.sampled_ids.tolist()),
@@ -127,11 +138,17 @@ class PreftLoRAMappingMixin:
         self.reft.prepare_step(
             np.where(is_reft & in_prompt, adapter_ids, NO_ADAPTER),
             {i: requests[i].lora_path for i in reft_ids},
-            num_computed, num_prompt, num_scheduled_tokens[:n],
+            num_computed,
+            num_prompt,
+            num_scheduled_tokens[:n],
         )
         if self.step_trace is not None:
-            self.step_trace.mark(int(num_scheduled_tokens[:n].sum()), n,
-                                 adapter_s=time.monotonic() - started, start=started)
+            self.step_trace.mark(
+                int(num_scheduled_tokens[:n].sum()),
+                n,
+                adapter_s=time.monotonic() - started,
+                start=started,
+            )
 
     def add_lora(self, lora_request: Any) -> bool:
         """Register an adapter without parsing its weights in the engine loop (see
@@ -148,7 +165,8 @@ class PreftLoRAMappingMixin:
             # New weights under an id whose old ones may still be parsing ahead: the load
             # below goes through the preloader, which must not hand out the old parse.
             preloader.discard(lora_request.lora_int_id)
-        return super().add_lora(lora_request)  # type: ignore[misc]
+        added: bool = super().add_lora(lora_request)  # type: ignore[misc]
+        return added
 
     def remove_lora(self, lora_id: int) -> bool:
         removed = self.reft.remove(lora_id)
@@ -161,7 +179,8 @@ class PreftLoRAMappingMixin:
     def list_loras(self) -> set[int]:
         preloader = preloader_of(getattr(self, "lora_manager", None))
         pending = preloader.pending_ids() if preloader is not None else set()
-        return super().list_loras() | self.reft.loaded_ids() | pending  # type: ignore[misc]
+        engine_ids: set[int] = super().list_loras()  # type: ignore[misc]
+        return engine_ids | self.reft.loaded_ids() | pending
 
     # The scheduler's parse gate (seam 1): it announces adapters whose requests it holds
     # back; the worker parses them ahead and reports what it can run unparsed.
@@ -185,8 +204,12 @@ class PreftLoRAMappingMixin:
             except Exception as exc:  # noqa: BLE001 - the step's own load would raise it
                 # (a directory gone, a config the engine cannot serve): inside the engine
                 # loop, where it would stop the engine. Its requests fail instead.
-                logger.warning("adapter %d cannot be loaded (%s: %s); its requests fail",
-                               lora_id, type(exc).__name__, exc)
+                logger.warning(
+                    "adapter %d cannot be loaded (%s: %s); its requests fail",
+                    lora_id,
+                    type(exc).__name__,
+                    exc,
+                )
                 report.fail(lora_id)
                 continue
             if not started and lora_id not in manager.list_adapters():
@@ -201,9 +224,13 @@ class PreftLoRAMappingMixin:
             return None
         report = self._report_state()
         for lora_id, error in preloader.failed_ids().items():
-            logger.warning("adapter %d: its weights cannot be read (%s: %s); its requests "
-                           "fail instead of being scheduled", lora_id, type(error).__name__,
-                           error)
+            logger.warning(
+                "adapter %d: its weights cannot be read (%s: %s); its requests "
+                "fail instead of being scheduled",
+                lora_id,
+                type(error).__name__,
+                error,
+            )
             report.fail(lora_id)
             preloader.discard(lora_id)  # a later request parses it anew (gate: FAILED_S)
         settled = frozenset(manager.list_adapters()) | preloader.settled_ids()
@@ -240,8 +267,10 @@ def runs_eagerly(vllm_config: Any) -> bool:
     compilation it would invalidate the traced graph)."""
     from vllm.config.compilation import CompilationMode
 
-    return bool(vllm_config.model_config.enforce_eager
-                or vllm_config.compilation_config.mode == CompilationMode.NONE)
+    return bool(
+        vllm_config.model_config.enforce_eager
+        or vllm_config.compilation_config.mode == CompilationMode.NONE
+    )
 
 
 _RUNNER_CLASSES: dict[type, type] = {}

@@ -76,7 +76,8 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
         self.no_lora = self.token_groups.empty and self.sample_groups.empty
         needed = not self.no_lora and (
             self.needs_vllm_metadata is None
-            or self.needs_vllm_metadata(frozenset(self.token_groups.slots)))
+            or self.needs_vllm_metadata(frozenset(self.token_groups.slots))
+        )
         if needed:
             # vLLM's own metadata feeds the embedding layer's lookup of lora_a rows.
             super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
@@ -86,50 +87,95 @@ class GroupedPunicaWrapperCPU(PunicaWrapperCPU):
             # embedding weights, so add_lora_embedding does nothing).
             self._embeddings_indices[: len(mapping.index_mapping)].zero_()
 
-    def add_shrink(self, y: Any, x: torch.Tensor, lora_a_stacked: Any, scale: float,
-                   **kwargs: Any) -> None:
+    def add_shrink(
+        self, y: Any, x: torch.Tensor, lora_a_stacked: Any, scale: float, **kwargs: Any
+    ) -> None:
         if self.token_groups.empty:
             return
         grouped_lora_shrink(y, x.view(-1, x.shape[-1]), lora_a_stacked, self.token_groups, scale)
 
-    def add_expand(self, y: torch.Tensor, x: Any, lora_b_stacked: Any,
-                   output_slices: tuple[int, ...], offset_start: int = 0,
-                   add_inputs: bool = True, **kwargs: Any) -> None:
+    def add_expand(
+        self,
+        y: torch.Tensor,
+        x: Any,
+        lora_b_stacked: Any,
+        output_slices: tuple[int, ...],
+        offset_start: int = 0,
+        add_inputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
         if self.token_groups.empty:
             return
-        grouped_lora_expand(y.view(-1, y.shape[-1]), x, lora_b_stacked, self.token_groups,
-                            output_slices, offset_start, add_inputs)
+        grouped_lora_expand(
+            y.view(-1, y.shape[-1]),
+            x,
+            lora_b_stacked,
+            self.token_groups,
+            output_slices,
+            offset_start,
+            add_inputs,
+        )
 
-    def add_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: Any,
-                        lora_b_stacked: Any, scale: float, output_slices: tuple[int, ...],
-                        *, buffer: Any = None, **kwargs: Any) -> None:
+    def add_lora_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: Any,
+        lora_b_stacked: Any,
+        scale: float,
+        output_slices: tuple[int, ...],
+        *,
+        buffer: Any = None,
+        **kwargs: Any,
+    ) -> None:
         groups = self.nonzero.restrict(self.token_groups, lora_b_stacked)
         if groups.empty:
             return
-        grouped_lora_linear(y, x, lora_a_stacked, lora_b_stacked, groups, scale,
-                            output_slices)
+        grouped_lora_linear(y, x, lora_a_stacked, lora_b_stacked, groups, scale, output_slices)
 
-    def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: Any,
-                           add_inputs: bool = True, **kwargs: Any) -> None:
+    def add_lora_embedding(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_b_stacked: Any,
+        add_inputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
         if not add_inputs:  # y must be written even where the adapter adds nothing
             if not self.token_groups.empty:
-                grouped_lora_expand(y, (x,), (lora_b_stacked,), self.token_groups,
-                                    (y.shape[-1],), 0, add_inputs)
+                grouped_lora_expand(
+                    y, (x,), (lora_b_stacked,), self.token_groups, (y.shape[-1],), 0, add_inputs
+                )
             return
         groups = self.nonzero.restrict(self.token_groups, (lora_b_stacked,))
         if groups.empty:
             return
         grouped_lora_expand(y, (x,), (lora_b_stacked,), groups, (y.shape[-1],), 0, add_inputs)
 
-    def add_lora_logits(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: Any,
-                        lora_b_stacked: Any, scale: float, *, buffer: Any = None,
-                        **kwargs: Any) -> None:
+    def add_lora_logits(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: Any,
+        lora_b_stacked: Any,
+        scale: float,
+        *,
+        buffer: Any = None,
+        **kwargs: Any,
+    ) -> None:
         groups = self.nonzero.restrict(self.sample_groups, (lora_b_stacked,))
         if groups.empty:
             return
         y2 = y.view(-1, y.shape[-1])
-        grouped_lora_linear(y2, x.view(-1, x.shape[-1]), (lora_a_stacked,), (lora_b_stacked,),
-                            groups, scale, (y2.shape[-1],))
+        grouped_lora_linear(
+            y2,
+            x.view(-1, x.shape[-1]),
+            (lora_a_stacked,),
+            (lora_b_stacked,),
+            groups,
+            scale,
+            (y2.shape[-1],),
+        )
 
 
 def install() -> None:

@@ -77,7 +77,8 @@ class PreftSchedulerMixin:
             self.grammar_compile_error_reqs.update(self._adapter_failed_reqs)
             self._adapter_failed_reqs.clear()
         return super().update_from_output(  # type: ignore[misc]
-            scheduler_output, model_runner_output)
+            scheduler_output, model_runner_output
+        )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self.lora_config:

@@ -6,7 +6,7 @@ Relies on:
 - (5) ``OpenAIServingModels.resolve_lora`` and ``BaseServing._check_model`` answering 404
   when every resolver returns None and not catching a resolver's exceptions, which reach
   the app's handlers; a ``GracefulHTTPError`` becomes an OpenAI error body with its own
-  status. :class:`AdapterStoreUnavailable` uses that for a 503.
+  status. :class:`AdapterStoreUnavailable` uses that for a 503 (:mod:`.lora_resolver`).
 - (7) ``BaseServing._check_model(request)``, awaited first by the chat and completion
   serving classes, returning early for names in ``models.lora_requests`` (it asks no
   resolver for those): :func:`install_adapter_use_hook` wraps it.
@@ -45,7 +45,7 @@ def install_adapter_use_hook(on_use: Callable[[str], Awaitable[None]]) -> None:
     under ``name`` (``BaseServing._check_model``, which the chat and completion serving
     classes await first: it returns early for names in ``models.lora_requests`` and asks no
     resolver). The resolver uses it to keep the disk cache's LRU true and to fetch an
-    evicted adapter's directory again (``ObjectStoreResolver.on_use``). The latest
+    evicted adapter's directory again (``DiskCacheResolver.on_use``). The latest
     ``on_use`` wins; installing twice wraps once."""
     _ADAPTER_USE.on_use = on_use
     from vllm.entrypoints.serve.engine.serving import BaseServing
@@ -58,8 +58,11 @@ def install_adapter_use_hook(on_use: Callable[[str], Awaitable[None]]) -> None:
     async def _check_model(self: Any, request: Any) -> Any:
         name = getattr(request, "model", None)
         hook = _ADAPTER_USE.on_use
-        if (hook is not None and isinstance(name, str)
-                and name in getattr(self.models, "lora_requests", {})):
+        if (
+            hook is not None
+            and isinstance(name, str)
+            and name in getattr(self.models, "lora_requests", {})
+        ):
             await hook(name)
         return await stock(self, request)
 

@@ -48,12 +48,10 @@ class PreftWorkerMixin:
             runner.start_background_parses(announced)
         if not scheduler_output.total_num_scheduled_tokens:
             runner.wait_for_parses()
-        return self._with_adapter_report(
-            super().execute_model(scheduler_output))  # type: ignore[misc]
+        return self._with_adapter_report(super().execute_model(scheduler_output))  # type: ignore[misc]
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        return self._with_adapter_report(
-            super().sample_tokens(grammar_output))  # type: ignore[misc]
+        return self._with_adapter_report(super().sample_tokens(grammar_output))  # type: ignore[misc]
 
     def _with_adapter_report(self, output: Any) -> Any:
         if not isinstance(output, ModelRunnerOutput):

@@ -31,8 +31,13 @@ class KubernetesRunner(Runner):
     name = "kubernetes"
     poll_every_s = 5.0  # each poll reads the Job and its pod's whole log
 
-    def __init__(self, settings: KubernetesSettings, store: ObjectStoreSettings,
-                 timeout_s: int, disk_bytes: int) -> None:
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        store: ObjectStoreSettings,
+        timeout_s: int,
+        disk_bytes: int,
+    ) -> None:
         from kubernetes import client, config
 
         try:
@@ -45,8 +50,7 @@ class KubernetesRunner(Runner):
         self.core = client.CoreV1Api()
 
     def start(self, spec: TrainerSpec, tenant: str) -> dict[str, Any]:
-        body = build_job(spec, tenant, self.store, self.settings, self.timeout_s,
-                         self.disk_bytes)
+        body = build_job(spec, tenant, self.store, self.settings, self.timeout_s, self.disk_bytes)
         self.batch.create_namespaced_job(self.settings.namespace, body)
         return {"backend": self.name, "job_name": job_name(spec.job_id), "log_lines": 0}
 
@@ -58,31 +62,34 @@ class KubernetesRunner(Runner):
             job = self.batch.read_namespaced_job_status(name, self.settings.namespace)
         except ApiException as exc:
             if exc.status == 404:
-                return Observation(RunState.FAILED, reason=f"the Kubernetes Job {name} no "
-                                   "longer exists (deleted, or removed by its TTL)")
+                return Observation(
+                    RunState.FAILED,
+                    reason=f"the Kubernetes Job {name} no "
+                    "longer exists (deleted, or removed by its TTL)",
+                )
             raise
         state, reason = job_state(job)
         lines, seen, pod_reason = self._new_lines(job_id, int(runner.get("log_lines", 0)))
         if state is RunState.FAILED and pod_reason:
             reason = f"{reason}; {pod_reason}"
-        errors = [str(line.get("message")) for line in lines
-                  if line.get("preft_event") == "error"]
+        errors = [str(line.get("message")) for line in lines if line.get("preft_event") == "error"]
         if state is RunState.FAILED and errors:
             reason = f"{reason}: {errors[-1]}"
         return Observation(state, lines, reason, runner={**runner, "log_lines": seen})
 
-    def _new_lines(self, job_id: str, seen: int) -> tuple[list[dict[str, Any]], int,
-                                                          str | None]:
+    def _new_lines(self, job_id: str, seen: int) -> tuple[list[dict[str, Any]], int, str | None]:
         from kubernetes.client.exceptions import ApiException
 
         pods = self.core.list_namespaced_pod(
-            self.settings.namespace, label_selector=f"{JOB_LABEL}={job_id.lower()[:63]}")
+            self.settings.namespace, label_selector=f"{JOB_LABEL}={job_id.lower()[:63]}"
+        )
         if not pods.items:
             return [], seen, None
         pod = pods.items[0]
         try:
-            log = self.core.read_namespaced_pod_log(pod.metadata.name, self.settings.namespace,
-                                                    container="trainer")
+            log = self.core.read_namespaced_pod_log(
+                pod.metadata.name, self.settings.namespace, container="trainer"
+            )
         except ApiException:  # not started yet
             return [], seen, pod_failure(pod)
         parsed = [p for p in (parse_line(line) for line in log.splitlines()) if p is not None]
@@ -94,8 +101,10 @@ class KubernetesRunner(Runner):
 
         try:
             self.batch.delete_namespaced_job(
-                runner.get("job_name") or job_name(job_id), self.settings.namespace,
-                body=V1DeleteOptions(propagation_policy="Foreground"))
+                runner.get("job_name") or job_name(job_id),
+                self.settings.namespace,
+                body=V1DeleteOptions(propagation_policy="Foreground"),
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -38,36 +38,45 @@ from preft_serve.registry.finetune.spec import TrainerSpec
 
 logger = logging.getLogger(__name__)
 _LOG = "trainer.log"
-_OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "Cannot allocate memory",
-                  "std::bad_alloc")
+_OUT_OF_MEMORY = (
+    "MemoryError",
+    "can't allocate memory",
+    "Cannot allocate memory",
+    "std::bad_alloc",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainerLimits:
-    """What one local trainer may use; each limit names the setting that raises it."""
+    """What one local trainer may use; a job's failure states the limit it hit (its
+    value, never the setting's name: the reason reaches the tenant)."""
 
     memory_bytes: int
     file_bytes: int
     cpu_seconds: int
 
     def apply(self, pid: int) -> None:
-        for kind, value in ((resource.RLIMIT_DATA, self.memory_bytes),
-                            (resource.RLIMIT_FSIZE, self.file_bytes),
-                            (resource.RLIMIT_CPU, self.cpu_seconds)):
+        for kind, value in (
+            (resource.RLIMIT_DATA, self.memory_bytes),
+            (resource.RLIMIT_FSIZE, self.file_bytes),
+            (resource.RLIMIT_CPU, self.cpu_seconds),
+        ):
             resource.prlimit(pid, kind, (value, value))
 
     def memory_reason(self) -> str:
-        return (f"the trainer went over its memory limit of {self.memory_bytes >> 20} MiB "
-                "(PREFT_REGISTRY_FINETUNE__TRAINER_MEMORY_BYTES); lower batch_size or "
-                "max_seq_len")
+        return (
+            f"the trainer went over its memory limit of {self.memory_bytes >> 20} MiB; "
+            "lower batch_size or max_seq_len"
+        )
 
     def signal_reason(self, signo: int) -> str | None:
         if signo == signal.SIGXCPU:
-            return (f"the trainer used its {self.cpu_seconds} CPU seconds "
-                    "(PREFT_REGISTRY_FINETUNE__JOB_TIMEOUT_S per core)")
+            return (
+                f"the trainer used its {self.cpu_seconds} CPU seconds; lower steps or "
+                "use a smaller training file"
+            )
         if signo == signal.SIGXFSZ:
-            return (f"the trainer wrote a file over its limit of {self.file_bytes >> 20} MiB "
-                    "(PREFT_REGISTRY_FINETUNE__TRAINER_DISK_BYTES)")
+            return f"the trainer wrote a file over its limit of {self.file_bytes >> 20} MiB"
         return None
 
 
@@ -94,8 +103,9 @@ def process_start(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def store_env(store: ObjectStoreSettings, prefix: str = "PREFT_TRAINER_OBJECT_STORE__"
-              ) -> dict[str, str]:
+def store_env(
+    store: ObjectStoreSettings, prefix: str = "PREFT_TRAINER_OBJECT_STORE__"
+) -> dict[str, str]:
     """The object-store settings as the trainer's environment (a local path made absolute,
     since the trainer runs in its own directory)."""
     url = store.url
@@ -117,8 +127,9 @@ class _Child:
         self.lines: collections.deque[dict[str, Any]] = collections.deque()
         self.last_error: str | None = None
         self.over_memory = False
-        self.reader = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True,
-                                       name=f"trainer-{proc.pid}")
+        self.reader = threading.Thread(
+            target=self._read, args=(proc.stdout,), daemon=True, name=f"trainer-{proc.pid}"
+        )
         self.reader.start()
 
     def _read(self, stream: IO[bytes] | None) -> None:
@@ -149,8 +160,14 @@ class LocalRunner(Runner):
     name = "local"
     stops_with_registry = True
 
-    def __init__(self, workers: int, store: ObjectStoreSettings, instance: str,
-                 work_dir: Path | None, limits: TrainerLimits) -> None:
+    def __init__(
+        self,
+        workers: int,
+        store: ObjectStoreSettings,
+        instance: str,
+        work_dir: Path | None,
+        limits: TrainerLimits,
+    ) -> None:
         self.workers, self.instance, self.work_dir = workers, instance, work_dir
         self.limits = limits
         self.env = store_env(store)
@@ -167,13 +184,23 @@ class LocalRunner(Runner):
         work = Path(tempfile.mkdtemp(prefix=f"preft-{spec.job_id}-", dir=self.work_dir))
         # The registry's own settings (its admin token among them) stay with the registry.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("PREFT_REGISTRY_")}
-        env = {**inherited, **self.env, "PREFT_TRAINER_SPEC": spec.model_dump_json(),
-               "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **inherited,
+            **self.env,
+            "PREFT_TRAINER_SPEC": spec.model_dump_json(),
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         with open(work / _LOG, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "preft_serve.registry.finetune.entry"], env=env, cwd=work,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True)
+                [sys.executable, "-m", "preft_serve.registry.finetune.entry"],
+                env=env,
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
         try:
             self.limits.apply(proc.pid)
         except OSError:
@@ -182,15 +209,22 @@ class LocalRunner(Runner):
         with self.lock:
             self.children[spec.job_id] = _Child(proc, work)
         logger.info("job %s: trainer pid %d in %s", spec.job_id, proc.pid, work)
-        return {"backend": self.name, "instance": self.instance, "host": self.host,
-                "pid": proc.pid, "pid_start": process_start(proc.pid)}
+        return {
+            "backend": self.name,
+            "instance": self.instance,
+            "host": self.host,
+            "pid": proc.pid,
+            "pid_start": process_start(proc.pid),
+        }
 
     def poll(self, job_id: str, runner: dict[str, Any]) -> Observation:
         with self.lock:
             child = self.children.get(job_id)
         if child is None:
-            return Observation(RunState.FAILED, reason="the trainer process is not known to "
-                               "this registry (it was restarted)")
+            return Observation(
+                RunState.FAILED,
+                reason="the trainer process is not known to this registry (it was restarted)",
+            )
         code = child.proc.poll()
         if code is None and resident_bytes(child.proc.pid) > self.limits.memory_bytes:
             child.over_memory = True
@@ -211,8 +245,7 @@ class LocalRunner(Runner):
             why = f"the trainer process was killed by {signal.Signals(-code).name}"
         else:
             why = f"the trainer exited with status {code}"
-        return Observation(RunState.FAILED, lines,
-                           reason=f"{why}: {detail}" if detail else why)
+        return Observation(RunState.FAILED, lines, reason=f"{why}: {detail}" if detail else why)
 
     def _limit_reason(self, child: _Child, code: int, detail: str) -> str | None:
         """The limit a failed trainer ran into, if any (said without its log's paths)."""
@@ -231,8 +264,10 @@ class LocalRunner(Runner):
 
     def orphan(self, job_id: str, runner: dict[str, Any]) -> str | None:
         if runner.get("host") != self.host:
-            return (f"the registry that ran this job (on {runner.get('host')}) stopped; its "
-                    "trainer cannot report back")
+            return (
+                f"the registry that ran this job (on {runner.get('host')}) stopped; its "
+                "trainer cannot report back"
+            )
         killed = self._kill_recorded(runner)
         state = "was stopped" if killed else "had already exited"
         return f"the registry that ran this job stopped; its trainer process {state}"

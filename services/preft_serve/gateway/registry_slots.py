@@ -1,0 +1,83 @@
+"""How many forwarded files and fine-tuning calls each tenant has open to the registry.
+
+The gateway reaches the registry over a bounded connection pool. Without a bound per
+tenant, one tenant's stalled uploads (a few bytes, then nothing) held every connection and
+everyone's files and fine-tuning calls failed as if the registry were down. Each tenant
+gets a share of calls and of uploads; all tenants' uploads together stay below the pool,
+so the rest of the connections are always there for other calls. Counted in this process
+(each gateway replica has its own shares): the point is this process's pool.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from preft_serve.common.errors import ServiceUnavailable, TooManyRequests
+
+RETRY_AFTER = {"Retry-After": "1"}
+
+
+class RegistrySlots:
+    """Shares of the registry connections: ``tenant_calls`` open calls and
+    ``tenant_uploads`` uploads per tenant, ``uploads`` uploads in all."""
+
+    def __init__(self, tenant_calls: int, tenant_uploads: int, uploads: int) -> None:
+        self.tenant_calls = tenant_calls
+        self.tenant_uploads = tenant_uploads
+        self.uploads = uploads
+        self._calls: Counter[str] = Counter()
+        self._tenant_uploads: Counter[str] = Counter()
+        self.open = 0  # calls, all tenants
+        self.uploading = 0  # uploads, all tenants
+
+    def take(self, tenant: str, upload: bool) -> Callable[[], None]:
+        """A slot for one call (an upload when ``upload``); returns its release, to call
+        exactly once when the call's answer is done. Over a share: 429 naming the
+        tenant's own limit; all uploads slots taken: 503 (this gateway is busy)."""
+        if self._calls[tenant] >= self.tenant_calls:
+            raise TooManyRequests(
+                f"this API key's tenant already has {self._calls[tenant]} files and "
+                f"fine-tuning calls in progress; at most {self.tenant_calls} at once: retry "
+                "when one of them finishes",
+                headers=RETRY_AFTER,
+            )
+        if upload:
+            if self._tenant_uploads[tenant] >= self.tenant_uploads:
+                raise TooManyRequests(
+                    f"this API key's tenant already has {self._tenant_uploads[tenant]} "
+                    f"uploads in progress; at most {self.tenant_uploads} at once: retry "
+                    "when one of them finishes",
+                    headers=RETRY_AFTER,
+                )
+            if self.uploading >= self.uploads:
+                raise ServiceUnavailable(
+                    f"this gateway is already forwarding {self.uploading} uploads, its "
+                    "most at once; retry shortly",
+                    code="uploads_busy",
+                    headers=RETRY_AFTER,
+                )
+            self._tenant_uploads[tenant] += 1
+            self.uploading += 1
+        self._calls[tenant] += 1
+        self.open += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            _drop(self._calls, tenant)
+            self.open -= 1
+            if upload:
+                _drop(self._tenant_uploads, tenant)
+                self.uploading -= 1
+
+        return release
+
+
+def _drop(counts: Counter[str], tenant: str) -> None:
+    counts[tenant] -= 1
+    if counts[tenant] <= 0:
+        del counts[tenant]  # no entry per tenant ever seen
