@@ -49,7 +49,8 @@ KINDS = (
 )
 """The faults the soak injects; every kind must have happened and recovered."""
 CHAOS_STATUSES = (502, 503)
-WORKER_URL = re.compile(r"http://[\w.:-]+")  # as the gateway names a worker in its errors
+# A worker as the gateway names it in its errors.
+WORKER_URL = re.compile(r"http://[\w.-]+(?::[0-9]+)?")
 FAULT_COLOURS = {
     "worker_kill": "#f4a6a6",
     "worker_stop": "#f8d5a0",
@@ -94,15 +95,16 @@ def account_errors(
     bad: list[Record] = []
     for r in records:
         status = r["status"]
-        # A worker's failure is accounted for only by a fault on that worker: a killed
-        # worker's minutes of restart must not cover errors of the healthy one.
-        named = WORKER_URL.search(r.get("msg") or "")
+        # A worker's failure is accounted for only by a fault on a worker it names: a
+        # killed worker's minutes of restart must not cover errors of the healthy one
+        # alone ("no worker is reachable" names every worker it tried).
+        named = set(WORKER_URL.findall(r.get("msg") or ""))
         # Likewise "Redis unavailable" only by a fault on Redis.
         redis_error = "Redis" in (r.get("msg") or "")
         own = [
             w
             for f, w in zip(faults, spans, strict=True)
-            if (named is None or f.get("url") == named.group(0))
+            if (not named or f.get("url") in named)
             and (not redis_error or f["kind"] == "redis_kill")
         ]
         if ok(status) and not r.get("err"):

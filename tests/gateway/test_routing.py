@@ -108,6 +108,41 @@ def test_all_workers_down_is_503_and_releases_slots() -> None:
     assert set(pool.inflight.values()) == {0}
 
 
+def test_a_timed_out_connect_is_tried_again_after_every_worker() -> None:
+    """A stalled gateway loop times out connects to workers that accept: when every
+    worker failed, the timed-out ones get one more try; refused ones none."""
+    key = "ef" * 32
+    order = rendezvous_order(key, WORKERS)
+    tried: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        origin = f"http://{request.url.host}:8000"
+        tried.append(origin)
+        if origin == order[1] and tried.count(origin) == 1:
+            raise httpx.ConnectTimeout("timed out", request=request)
+        if origin != order[1]:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"ok": True})
+
+    pool = WorkerPool(WORKERS)
+    response = _send(httpx.MockTransport(handler), pool, key)
+    assert tried == [*order, order[1]]
+    assert response.extensions["worker"] == order[1]
+    assert set(pool.inflight.values()) == {0}
+
+
+def test_a_connect_that_times_out_twice_is_503_naming_both_tries() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    pool = WorkerPool(WORKERS[:1])
+    with pytest.raises(ServiceUnavailable) as raised:
+        _send(httpx.MockTransport(handler), pool, "k")
+    tries = f"{WORKERS[0]}: ConnectTimeout; {WORKERS[0]} (again): ConnectTimeout"
+    assert tries in raised.value.message
+    assert set(pool.inflight.values()) == {0}
+
+
 def test_read_failure_is_not_retried() -> None:
     calls: list[str] = []
 

@@ -96,25 +96,53 @@ async def _open(
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
     content = orjson.dumps(body)
+    # A connect that timed out (rather than was refused) is retried once after every
+    # worker was tried: when the gateway's own event loop stalls past connect_timeout_s
+    # (a starved CPU), every connect in flight times out at once although the workers
+    # accept, and a second try then connects. A refused connect is not retried.
+    timed_out: list[str] = []
     for worker in choice.order:
-        pool.acquire(worker)
-        try:
-            response = await calls.post(worker, path, content, headers)
-        except RETRYABLE as exc:
-            pool.release(worker)
-            pool.mark_failed(worker)
-            failures.append(f"{worker}: {exc.__class__.__name__}")
-            logger.warning("worker %s unreachable (%s); trying the next one", worker, exc)
-            continue
-        except httpx.HTTPError as exc:
-            pool.release(worker)
-            raise BadGateway(f"worker {worker} failed: {exc.__class__.__name__}") from None
-        except BaseException:
-            pool.release(worker)
-            raise
-        pool.mark_ok(worker)
-        return Upstream(worker, response, pool, choice.landed(worker))
+        outcome = await _try(calls, pool, choice, worker, path, content, headers)
+        if isinstance(outcome, Upstream):
+            return outcome
+        failures.append(f"{worker}: {outcome.__class__.__name__}")
+        if isinstance(outcome, httpx.ConnectTimeout):
+            timed_out.append(worker)
+    for worker in timed_out:
+        outcome = await _try(calls, pool, choice, worker, path, content, headers)
+        if isinstance(outcome, Upstream):
+            return outcome
+        failures.append(f"{worker} (again): {outcome.__class__.__name__}")
     raise ServiceUnavailable("no worker is reachable (" + "; ".join(failures) + "); retry shortly")
+
+
+async def _try(
+    calls: Calls,
+    pool: WorkerPool,
+    choice: Choice,
+    worker: str,
+    path: str,
+    content: bytes,
+    headers: dict[str, str],
+) -> Upstream | httpx.TransportError:
+    """One worker's answer, or the connect failure to try the next one with (nothing was
+    sent); any other failure is the request's (the worker may have it)."""
+    pool.acquire(worker)
+    try:
+        response = await calls.post(worker, path, content, headers)
+    except RETRYABLE as exc:
+        pool.release(worker)
+        pool.mark_failed(worker)
+        logger.warning("worker %s unreachable (%s); trying the next one", worker, exc)
+        return exc
+    except httpx.HTTPError as exc:
+        pool.release(worker)
+        raise BadGateway(f"worker {worker} failed: {exc.__class__.__name__}") from None
+    except BaseException:
+        pool.release(worker)
+        raise
+    pool.mark_ok(worker)
+    return Upstream(worker, response, pool, choice.landed(worker))
 
 
 TOOLS_OFF = (

@@ -181,8 +181,16 @@ def test_a_worker_error_needs_a_fault_on_that_worker() -> None:
             msg="the registry's Redis is unavailable; retry shortly",
         )
     )
+    # "no worker is reachable" names every worker tried: the faulted one accounts for it.
+    both = "no worker is reachable (http://127.0.0.1:2: ConnectTimeout; http://127.0.0.1:1: "
+    records.append(chat(80, 81, status=503, shape_ok=True, msg=both + "ConnectError)"))
+    records.append(
+        chat(
+            90, 91, status=503, shape_ok=True, msg="no worker is reachable (http://127.0.0.1:2: X)"
+        )
+    )
     out = checks.account_errors(records, faults, grace=5, end=300)
-    assert out["classes"] == {"chaos_window": 1, "unexpected_502": 1, "unexpected_503": 1}
+    assert out["classes"] == {"chaos_window": 2, "unexpected_502": 1, "unexpected_503": 2}
 
 
 def test_a_cancel_that_arrives_after_its_job_ended_is_accounted_only_as_such() -> None:
