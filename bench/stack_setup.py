@@ -203,7 +203,8 @@ def write_results(
 ) -> None:
     """``out``.json (and .md with ``markdown``) and the plot ``out``.png."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    # default=str: a setup that echoes the arguments holds paths (--result-dir).
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str))
     written = [".json"]
     if markdown is not None:
         out.with_suffix(".md").write_text(markdown + "\n")
