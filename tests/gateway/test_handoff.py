@@ -329,3 +329,26 @@ def test_a_prefill_answer_without_a_choice_is_a_502() -> None:
         )
         assert reply.status_code == 502, reply.text
         assert "other than a completion" in reply.json()["error"]["message"]
+
+
+def test_the_prefill_hop_takes_the_tenants_cold_load_budget() -> None:
+    """The prefill hop loads the adapter: it holds one of the tenant's cold-load slots
+    while the prefill worker works, and gives it back after."""
+    pools = TwoPools()
+    held: list[int] = []
+    answer = pools._prefill
+
+    def prefill(body: dict[str, Any], chat: bool) -> httpx.Response:
+        held.append(client.app.state.gateway.pool.cold.open["acme"])
+        return answer(body, chat)
+
+    pools._prefill = prefill  # type: ignore[method-assign]
+    for client in client_for(pools):
+        reply = client.post(
+            "/v1/chat/completions",
+            headers=AUTH,
+            json={"messages": MSGS, "user": "u1", "max_tokens": 3},
+        )
+        assert reply.status_code == 200, reply.text
+        assert held == [1]  # the adapter's worker has reported nothing loaded: a cold load
+        assert not client.app.state.gateway.pool.cold.open["acme"]

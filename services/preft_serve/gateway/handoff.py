@@ -249,7 +249,9 @@ class Handoff:
         )
 
     async def prefill(self) -> tuple[Upstream, bytes]:
-        """The prefill hop, on the adapter's worker: its answer, read whole (closed)."""
+        """The prefill hop, on the adapter's worker: its answer, read whole (closed). It
+        loads the adapter, so it takes the tenant's cold-load budget as a whole request
+        does (``proxy.open_upstream``)."""
         upstream = await open_upstream(
             self.state.calls,
             self.state.pool,
@@ -257,6 +259,7 @@ class Handoff:
             self.path,
             prefill_body(self.body, self.chat),
             self.request_id,
+            cold_tenant=self.target.cold_tenant,
         )
         return upstream, await read_whole(upstream)
 
