@@ -137,6 +137,8 @@ async def _try(
         return exc
     except httpx.HTTPError as exc:
         pool.release(worker)
+        # The cause chain names what the client library saw (a timeout's kind, a reset).
+        logger.warning("worker %s failed: %r (cause %r)", worker, exc, exc.__cause__)
         raise BadGateway(f"worker {worker} failed: {exc.__class__.__name__}") from None
     except BaseException:
         pool.release(worker)
