@@ -87,12 +87,13 @@ def _openapi() -> dict[str, Any]:
     return create_gateway(_settings()).openapi()
 
 
-# Files, fine-tuning and the audit log are the registry's, fuzzed there (test_registry_api.py);
-# the gateway only forwards them (tests/gateway/test_registry_forwarding.py), and deleting a
+# Files, fine-tuning, the audit log, adapters, user bindings, usage and keys are the
+# registry's, fuzzed there (test_registry_api.py); the gateway only forwards them
+# (tests/gateway/test_registry_forwarding.py, test_tenant_forwarding.py), and deleting a
 # model is the registry's adapter deletion (tests/finetune/test_fine_tuned_models.py).
 schema = (
     schemathesis.openapi.from_dict(_openapi())
-    .exclude(path_regex=r"^/v1/(files|fine_tuning|audit)")
+    .exclude(path_regex=r"^/v1/(files|fine_tuning|audit|adapters|users|usage|keys)")
     .exclude(method="DELETE", path="/v1/models/{model}")
 )
 

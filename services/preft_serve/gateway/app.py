@@ -14,7 +14,6 @@ from fastapi.responses import JSONResponse
 
 from preft_serve import __version__
 from preft_serve.common.access_log import AccessLogMiddleware
-from preft_serve.common.bodylimit import BodySizeLimitMiddleware
 from preft_serve.common.errors import install_error_handlers
 from preft_serve.common.registry_client import AsyncRegistryReader
 from preft_serve.common.tracing import instrument_app
@@ -22,17 +21,22 @@ from preft_serve.gateway.fast_path import CompletionFastPath, redis_unavailable
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.openapi import document_models
 from preft_serve.gateway.routers import (
+    adapters,
     audit,
     completions,
     files,
     fine_tuning,
     health,
+    keys,
     models,
     responses,
     tokenize,
+    usage,
+    users,
 )
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.state import GatewayState
+from preft_serve.gateway.upload_limit import UploadAwareBodyLimit
 
 logger = logging.getLogger(__name__)
 ACCESS_LOGGER = "preft_serve.gateway.access"
@@ -44,9 +48,10 @@ one named by `model`, else the one bound to `user` (or `safety_identifier`, or t
 else the base model. A user with no binding and no `model` gets 404. Errors are OpenAI's
 `{"error": {"message", "type", "param", "code"}}`.
 Every answer carries `x-request-id` (the client's `X-Request-Id` when sane, else a new one).
-`/v1/files`, `/v1/fine_tuning/jobs` and `/v1/audit` are forwarded to the registry with the
-same key, so one OpenAI base URL serves the whole flow: upload data, train, list models, chat,
-and read who changed what.
+`/v1/files`, `/v1/fine_tuning/jobs`, `/v1/audit`, `/v1/adapters`, `/v1/users`, `/v1/usage` and
+`/v1/keys` are forwarded to the adapter registry with the same key, so this one base URL serves
+everything a tenant does: upload data, train, upload and manage adapters, bind users, chat,
+read usage and who changed what, and manage API keys.
 """
 
 
@@ -94,22 +99,34 @@ def create_app(
     app.add_exception_handler(redis.RedisError, _redis_unavailable)
     # Innermost of the middlewares: completions skip FastAPI's router (see fast_path).
     app.add_middleware(CompletionFastPath)
-    upload_limit = (
-        settings.max_upload_bytes,
-        f"upload exceeds this gateway's {settings.max_upload_bytes}-byte limit; "
-        "upload a smaller file (split the data over several files)",
-    )
     app.add_middleware(
-        BodySizeLimitMiddleware,
+        UploadAwareBodyLimit,
         max_bytes=settings.max_body_bytes,
         message=f"request body exceeds this gateway's {settings.max_body_bytes}-byte limit; "
         "send a shorter request (fewer or shorter prompts or messages)",
         # Uploads are streamed to the registry, not buffered: they get the registry's limit.
-        paths={"/v1/files": upload_limit},
+        upload_bytes=settings.max_upload_bytes,
+        file_message=f"upload exceeds this gateway's {settings.max_upload_bytes}-byte limit; "
+        "upload a smaller file (split the data over several files)",
+        adapter_message=f"upload exceeds this gateway's {settings.max_upload_bytes}-byte "
+        "limit; upload a smaller adapter (a lower rank, or fewer layers)",
     )
     # Outermost: every answer (a 413 from the body limit too) carries the request id.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (completions, responses, models, files, fine_tuning, audit, tokenize, health):
+    for module in (
+        completions,
+        responses,
+        models,
+        files,
+        fine_tuning,
+        audit,
+        adapters,
+        users,
+        usage,
+        keys,
+        tokenize,
+        health,
+    ):
         app.include_router(module.router)
     document_models(app, *fine_tuning.BODY_MODELS)
     tracer_provider = instrument_app(app, settings.tracing) if settings.tracing_enabled else None

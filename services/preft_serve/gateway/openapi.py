@@ -170,6 +170,100 @@ def query(*names: str) -> dict[str, Any]:
     }
 
 
+def typed_query(**params: tuple[str, str]) -> dict[str, Any]:
+    """Query parameters passed to the registry as they are: name -> (JSON type, what it
+    does)."""
+    return {
+        "parameters": [
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "description": description,
+                "schema": {"type": kind},
+            }
+            for name, (kind, description) in params.items()
+        ]
+    }
+
+
+def with_query(extra: dict[str, Any], **params: tuple[str, str]) -> dict[str, Any]:
+    """``extra`` (a body's ``openapi_extra``) with :func:`typed_query` parameters."""
+    return {**extra, **typed_query(**params)}
+
+
+def _adapter_upload(name_required: bool) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "mode": {
+            "type": "string",
+            "enum": ["prefill", "all"],
+            "description": "prefill (PreFT) or all (classic)"
+            + ("" if name_required else "; default: the current mode"),
+        },
+        "files": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "format": "binary"},
+            "description": "adapter_config.json and adapter_model.safetensors as two parts, "
+            "or one .tar.gz/.zip of the adapter folder",
+        },
+    }
+    required = ["files"]
+    if name_required:
+        properties["name"] = {
+            "type": "string",
+            "description": "Adapter name, unique within your tenant",
+        }
+        required = ["name", "mode", "files"]
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": required,
+                        "properties": properties,
+                        "description": "At most this gateway's upload limit, streamed to the "
+                        "registry, which validates the adapter before it stores anything",
+                    }
+                }
+            },
+        }
+    }
+
+
+ADAPTER_UPLOAD_BODY = _adapter_upload(name_required=True)
+ADAPTER_VERSION_BODY = _adapter_upload(name_required=False)
+
+
+def json_object_body(
+    properties: dict[str, Any], required: tuple[str, ...], description: str
+) -> dict[str, Any]:
+    """A small JSON body the registry checks (documented here, not parsed)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": list(required),
+                        "properties": properties,
+                        "description": description,
+                    }
+                }
+            },
+        }
+    }
+
+
+def json_reply(description: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
+    """A registry answer documented by what it holds (the registry's document has its
+    schema; the gateway relays it unchanged)."""
+    return {status: {"description": description, "content": {"application/json": {}}}}
+
+
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """A JSON request body documented by ``model`` (added to the components by
     :func:`document_models`), without the gateway parsing it."""

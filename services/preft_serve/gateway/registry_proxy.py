@@ -1,14 +1,16 @@
-"""The tenant's files, fine-tuning and audit log calls, forwarded to the registry.
+"""The tenant's registry calls, forwarded: files, fine-tuning, the audit log, adapters,
+user bindings, usage and API keys.
 
-The registry owns files, fine-tuning jobs and the audit log; the gateway forwards them so
-that one OpenAI base URL serves the whole flow (upload, train, list models, chat). The
-gateway checks the key first, as on every other route, so a keyless call is a 401 whatever
-the registry's state. Uploads are streamed to the registry, never buffered (an upload may
-be as large as the registry accepts); other bodies are small (the gateway's body limit)
-and are read whole before a registry connection is taken. Every call takes one of its
-tenant's slots (``registry_slots``) and every body must keep arriving (``body_pace``), so
-no tenant's slow or stalled calls hold the connections others need. The gateway's request
-id travels with the call, so both services log the request under one id.
+The registry owns all of these; the gateway forwards them so that one base URL serves
+everything a tenant does (upload data, train, manage adapters and bindings, read usage and
+the audit log, chat). The gateway checks the key first, as on every other route, so a
+keyless call is a 401 whatever the registry's state. Uploads (``POST /v1/files``,
+``POST /v1/adapters``, ``PUT /v1/adapters/{name}``) are streamed to the registry, never
+buffered (an upload may be as large as the registry accepts); other bodies are small (the
+gateway's body limit) and are read whole before a registry connection is taken. Every call
+takes one of its tenant's slots (``registry_slots``) and every body must keep arriving
+(``body_pace``), so no tenant's slow or stalled calls hold the connections others need. The
+gateway's request id travels with the call, so both services log the request under one id.
 
 Client messages describe what happened, never this gateway's settings; the log names
 them for the operator.
@@ -27,7 +29,7 @@ from starlette.responses import Response
 
 from preft_serve.common.access_log import REQUEST_ID_HEADER, request_id_of
 from preft_serve.common.bodylimit import DRAIN_BYTES
-from preft_serve.common.errors import ServiceError, ServiceUnavailable
+from preft_serve.common.errors import NotFound, ServiceError, ServiceUnavailable
 from preft_serve.common.registry_client import KeyOwner
 from preft_serve.gateway.body_pace import BodyTooSlow, paced
 from preft_serve.gateway.metrics import GatewayMetrics
@@ -49,8 +51,19 @@ RESPONSE_HEADERS = (
     "www-authenticate",
     "retry-after",
     "allow",
+    "location",
 )
-UPLOAD = ("POST", "/v1/files")  # the one body streamed through rather than read first
+RESPONSE_PREFIX = "x-preft-"  # the registry's own headers (an adapter's version, sha256)
+# The tenant routes forwarded, by path prefix (the registry's; see gateway.routers).
+FORWARDED = (
+    "/v1/files",
+    "/v1/fine_tuning/jobs",
+    "/v1/audit",
+    "/v1/adapters",
+    "/v1/users",
+    "/v1/usage",
+    "/v1/keys",
+)
 DRAIN_S = 1.0  # longest read of a refused upload before its refusal is sent
 CLIENT_LEFT = 499  # the access log's status for a client that left mid-body (nginx's)
 
@@ -100,8 +113,8 @@ def registry_http(settings: GatewaySettings, metrics: GatewayMetrics) -> Registr
     """The gateway's one forwarder to the registry (None when no registry is configured)."""
     if settings.registry_url is None:
         logger.info(
-            "no registry configured (PREFT_GATEWAY_REGISTRY_URL unset): /v1/files, "
-            "/v1/fine_tuning/jobs and /v1/audit answer 501"
+            "no registry configured (PREFT_GATEWAY_REGISTRY_URL unset): %s answer 501",
+            ", ".join(FORWARDED),
         )
         return None
     return RegistryForwarder(settings, metrics)
@@ -114,7 +127,8 @@ async def forward(
     answer, status and error envelope included. ``owner``: the key's tenant, whose slot the
     call takes until its answer is relayed."""
     registry = _configured(registry, request)
-    upload = (request.method, request.url.path) == UPLOAD
+    _check_path(request)
+    upload = is_upload(request.method, request.url.path)
     try:
         release = registry.slots.take(owner.tenant, upload)
     except ServiceError as refused:  # 429: the tenant's share; 503: all upload slots
@@ -138,12 +152,46 @@ async def forward(
     kept = {
         name: value for name in RESPONSE_HEADERS if (value := answer.headers.get(name)) is not None
     }
+    kept.update(
+        (name, value) for name, value in answer.headers.items() if name.startswith(RESPONSE_PREFIX)
+    )
     return RelayResponse(
         answer.aiter_raw(),
         status_code=answer.status_code,
         headers=kept,
         background=BackgroundTask(_finish, answer, release),
     )
+
+
+def is_upload(method: str, path: str) -> bool:
+    """Whether the call is an upload: its body is streamed through (and bounded by the
+    upload limit) rather than read first."""
+    if method == "POST":
+        return path in ("/v1/files", "/v1/adapters")
+    if method == "PUT" and path.startswith("/v1/adapters/"):
+        return "/" not in path[len("/v1/adapters/") :].rstrip("/")
+    return False
+
+
+def family(path: str) -> str:
+    """The forwarded prefix ``path`` is under (what a message may name of the path: the
+    rest is the tenant's, unbounded)."""
+    for prefix in FORWARDED:
+        if path == prefix or path.startswith(prefix + "/"):
+            return prefix
+    return "this route"
+
+
+def _check_path(request: Request) -> None:
+    """A path with a ``.`` or ``..`` segment (or an empty one) could address another of
+    the registry's routes once a client library normalises it: refused here."""
+    segments = request.url.path.split("/")[1:]
+    raw = (request.scope.get("raw_path") or b"").decode("latin-1").lower()
+    if any(s in ("", ".", "..") for s in segments) or "%2e" in raw or "%2f" in raw:
+        raise NotFound(
+            f"no such route under {family(request.url.path)}: a path segment is empty, "
+            "'.' or '..', or an escaped '.' or '/'"
+        )
 
 
 async def call(
@@ -248,6 +296,7 @@ def _unavailable(
         exc,
     )
     return ServiceUnavailable(
-        f"the adapter registry, which serves {request.url.path}, is unreachable; try again later",
+        f"the adapter registry, which serves {family(request.url.path)}, is unreachable; "
+        "try again later",
         code="registry_unavailable",
     )

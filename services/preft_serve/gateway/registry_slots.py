@@ -1,8 +1,9 @@
-"""How many forwarded files and fine-tuning calls each tenant has open to the registry.
+"""How many forwarded registry calls (files, fine-tuning, adapters, bindings, usage, keys,
+the audit log) each tenant has open to the registry.
 
 The gateway reaches the registry over a bounded connection pool. Without a bound per
 tenant, one tenant's stalled uploads (a few bytes, then nothing) held every connection and
-everyone's files and fine-tuning calls failed as if the registry were down. Each tenant
+everyone's forwarded calls failed as if the registry were down. Each tenant
 gets a share of calls and of uploads; all tenants' uploads together stay below the pool,
 so the rest of the connections are always there for other calls. Counted in this process
 (each gateway replica has its own shares): the point is this process's pool.
@@ -37,9 +38,10 @@ class RegistrySlots:
         tenant's own limit; all uploads slots taken: 503 (this gateway is busy)."""
         if self._calls[tenant] >= self.tenant_calls:
             raise TooManyRequests(
-                f"this API key's tenant already has {self._calls[tenant]} files and "
-                f"fine-tuning calls in progress; at most {self.tenant_calls} at once: retry "
-                "when one of them finishes",
+                f"this API key's tenant already has {self._calls[tenant]} calls to the "
+                "adapter registry (files, fine-tuning, adapters, users, usage, keys, audit) "
+                f"in progress; at most {self.tenant_calls} at once: retry when one of them "
+                "finishes",
                 headers=RETRY_AFTER,
             )
         if upload:

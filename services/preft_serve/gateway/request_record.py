@@ -23,6 +23,7 @@ from starlette.requests import Request
 
 from preft_serve.common.access_log import access_fields
 from preft_serve.common.errors import ServiceError
+from preft_serve.common.usage_breakdown import key_id_of
 from preft_serve.gateway.metrics import GatewayMetrics, token_counts
 from preft_serve.gateway.proxy import Upstream
 from preft_serve.gateway.selection import Target
@@ -46,6 +47,7 @@ class RequestRecord:
         "decode_worker",
         "finished",
         "first_token_at",
+        "key_id",
         "log",
         "prompt_tokens",
         "route",
@@ -65,6 +67,8 @@ class RequestRecord:
         self.log = access_fields(request)  # the access log's fields (charge adds the user)
         self.start = time.perf_counter()
         self.tenant, self.route = tenant, route
+        # The key's id (public, part of the key itself) for the per-key usage.
+        self.key_id = key_id_of(request.headers.get("authorization"))
         self.tenant_label = self._metrics.tenant_label(tenant)
         self.adapter = NO_ADAPTER  # the adapter's metric label, once selected
         self.target: Target | None = None
@@ -166,6 +170,8 @@ class RequestRecord:
                 requests=1,
                 prompt_tokens=prompt or 0,
                 completion_tokens=completion or 0,
+                user=self.log.get("user"),
+                key_id=self.key_id,
             )
 
     def _log_fields(self) -> None:

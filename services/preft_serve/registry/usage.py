@@ -1,17 +1,48 @@
-"""A tenant's per-day usage, as the gateway counts it (``RegistryKeys.usage``)."""
+"""A tenant's usage, as the gateway counts it: per day and model (``RegistryKeys.usage``),
+and broken down per model, user or key, per day or hour (``common.usage_breakdown``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import time
 
 import redis
 
 from preft_serve.common.domain_errors import InvalidRequest
 from preft_serve.common.registry_client import RegistryKeys, parse_usage
-from preft_serve.registry.schemas import UsageDay, UsageModel, UsageReport
+from preft_serve.common.usage_breakdown import (
+    HOURLY_DAYS,
+    NAMED_PER_BUCKET,
+    NO_USER,
+    OTHER,
+    day_key,
+    hour_key,
+)
+from preft_serve.common.usage_wire import (
+    By,
+    GroupBy,
+    UsageBounds,
+    UsageBucket,
+    UsageCounts,
+    UsageDay,
+    UsageItem,
+    UsageModel,
+    UsageReport,
+)
+from preft_serve.registry.audit import parse_time
 
 DEFAULT_DAYS = 7
 MAX_DAYS = 92
+DEFAULT_HOURS = 24
+MAX_HOURS = HOURLY_DAYS * 24
+BOUNDS = UsageBounds(
+    named_per_bucket=NAMED_PER_BUCKET,
+    hourly_days=HOURLY_DAYS,
+    max_days=MAX_DAYS,
+    max_hours=MAX_HOURS,
+)
+_STEP = {"day": 86_400, "hour": 3_600}
 DAY_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 
 
@@ -53,6 +84,65 @@ def usage_range(
     return start, end
 
 
+@dataclasses.dataclass(frozen=True)
+class Buckets:
+    """The buckets a breakdown covers: ``count`` of ``group_by``, the first at ``first``
+    (unix seconds, a multiple of the bucket's length)."""
+
+    group_by: GroupBy
+    first: int
+    count: int
+
+    @property
+    def step(self) -> int:
+        return _STEP[self.group_by]
+
+    def starts(self) -> list[datetime.datetime]:
+        return [
+            datetime.datetime.fromtimestamp(self.first + i * self.step, datetime.UTC)
+            for i in range(self.count)
+        ]
+
+
+def breakdown_range(
+    group_by: GroupBy, since: str | None, until: str | None, now: float | None = None
+) -> Buckets:
+    """The buckets from the one holding ``since`` to the one holding ``until`` (RFC 3339
+    or unix seconds), both included. Defaults: ``until`` now; ``since`` the last
+    ``DEFAULT_DAYS`` days, or ``DEFAULT_HOURS`` hours, up to ``until``. At most ``MAX_DAYS``
+    days or ``MAX_HOURS`` hours, and hours no older than the ``HOURLY_DAYS`` they are kept."""
+    now = time.time() if now is None else now
+    step = _STEP[group_by]
+    last_t = parse_time(until, "until") if until is not None else now
+    default = DEFAULT_DAYS if group_by == "day" else DEFAULT_HOURS
+    last = int(last_t // step * step)
+    first = int(parse_time(since, "since") // step * step) if since is not None else None
+    if since is not None and parse_time(since, "since") > last_t:
+        raise InvalidRequest(
+            "'since' is after 'until': swap them or widen the range", param="since"
+        )
+    if first is None:
+        first = max(0, last - (default - 1) * step)
+    count = (last - first) // step + 1
+    unit, most = ("days", MAX_DAYS) if group_by == "day" else ("hours", MAX_HOURS)
+    if count > most:
+        raise InvalidRequest(
+            f"the range spans {count} {unit}; at most {most} {unit} may be asked for at "
+            "once with group_by=" + group_by + ": narrow since/until",
+            param="since",
+        )
+    if group_by == "hour":
+        oldest = int(now // step * step) - (MAX_HOURS - 1) * step
+        if first < oldest:
+            kept = datetime.datetime.fromtimestamp(oldest, datetime.UTC)
+            raise InvalidRequest(
+                f"hourly usage is kept {HOURLY_DAYS} days: give a since at or after "
+                f"{kept:%Y-%m-%dT%H:00:00Z}, or group_by=day for older usage",
+                param="since",
+            )
+    return Buckets(group_by, first, count)
+
+
 class UsageService:
     def __init__(self, client: redis.Redis, keys: RegistryKeys) -> None:
         self.redis, self.keys = client, keys
@@ -76,3 +166,44 @@ class UsageService:
                     )
                 )
         return UsageReport(tenant=tenant, start=start, end=end, days=found)
+
+    def breakdown(self, tenant: str, buckets: Buckets, by: By) -> UsageReport:
+        """Counts per ``by`` in each bucket that has any, most requests first; the users
+        (keys) past the bucket's bound together under ``other``."""
+        starts = buckets.starts()
+        pipe = self.redis.pipeline(transaction=False)
+        for start in starts:
+            if buckets.group_by == "day":
+                pipe.hgetall(day_key(self.keys, tenant, f"{start:%Y%m%d}", by))
+            else:
+                pipe.hgetall(hour_key(self.keys, tenant, f"{start:%Y%m%d%H}", by))
+        found = []
+        for start, raw in zip(starts, pipe.execute(), strict=True):
+            counts = parse_usage(raw)
+            if not counts:
+                continue
+            other, no_user = counts.pop(OTHER, None), counts.pop(NO_USER, None)
+            items = sorted(
+                (UsageItem(name=name, **c) for name, c in counts.items()),
+                key=lambda item: (-item.requests, item.name),
+            )
+            found.append(
+                UsageBucket(
+                    start=start,
+                    items=items,
+                    other=UsageCounts(**other) if other else None,
+                    no_user=UsageCounts(**no_user) if no_user else None,
+                )
+            )
+        until = datetime.datetime.fromtimestamp(
+            buckets.first + buckets.count * buckets.step, datetime.UTC
+        )
+        return UsageReport(
+            tenant=tenant,
+            group_by=buckets.group_by,
+            by=by,
+            since=starts[0],
+            until=until,
+            buckets=found,
+            bounds=BOUNDS,
+        )
