@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from preft_serve.common import domain_errors as domain
 from preft_serve.common.access_log import REQUEST_ID_HEADER, request_id_of
 from preft_serve.common.error_envelope import error_body
+from preft_serve.common.key_roles import InsufficientRole
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ HTTP_STATUS: Mapping[type[domain.DomainError], int] = {
     domain.InvalidRequest: 400,
     domain.Unauthenticated: 401,
     domain.QuotaExceeded: 403,
+    InsufficientRole: 403,  # a valid key whose role does not allow the route
     domain.NotFound: 404,
     domain.Conflict: 409,
     domain.TooLarge: 413,
@@ -177,6 +179,10 @@ class NotFound(ServiceError, domain.NotFound):
 
 class Conflict(ServiceError, domain.Conflict):
     pass
+
+
+class Forbidden(ServiceError, InsufficientRole):
+    """A valid key whose role does not allow the route (``common.key_roles``)."""
 
 
 class QuotaExceeded(ServiceError, domain.QuotaExceeded):

@@ -25,6 +25,7 @@ from preft_serve.registry.routers import (
     files,
     fine_tuning,
     health,
+    keys,
     tenants,
     usage,
     users,
@@ -111,7 +112,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     # Outermost: every answer carries x-request-id, every request gets one log line.
     app.add_middleware(AccessLogMiddleware, logger_name=ACCESS_LOGGER)
-    for module in (tenants, adapters, users, usage, audit, health):
+    for module in (tenants, keys, adapters, users, usage, audit, health):
         app.include_router(module.router)
     if settings.finetune.enabled:
         for module in (files, fine_tuning):

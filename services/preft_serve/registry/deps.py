@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 
+from preft_serve.common import key_roles
 from preft_serve.common.access_log import access_fields
 from preft_serve.common.errors import Unauthorized
 from preft_serve.registry.adapters import AdapterService
@@ -59,9 +61,25 @@ def require_tenant(
     state: StateDep,
     credentials: Annotated[Credentials, Depends(_tenant_bearer)],
 ) -> Principal:
+    """The key's tenant, once its role allows this route (``common.key_roles``: 403
+    ``insufficient_role`` otherwise)."""
     principal = state.tenants.authenticate(_bearer(credentials, "API key"))
     access_fields(request)["tenant"] = principal.tenant
+    route = request.scope.get("route")
+    key_roles.check(principal.role, request.method, getattr(route, "path", request.url.path))
     return principal
+
+
+def _principal(
+    request: Request,
+    state: StateDep,
+    credentials: Annotated[Credentials, Depends(_tenant_bearer)],
+) -> Iterator[Principal]:
+    """:func:`require_tenant`, then the key's last use recorded once the route has
+    succeeded (a refused request changes nothing; the write never fails a request)."""
+    principal = require_tenant(request, state, credentials)
+    yield principal
+    state.tenants.record_use(principal)
 
 
 def tenant_of_header(state: RegistryState, authorization: str | None) -> Principal:
@@ -87,7 +105,7 @@ def _bindings(state: StateDep) -> BindingService:
 
 
 AdminDep = Annotated[None, Depends(require_admin)]
-PrincipalDep = Annotated[Principal, Depends(require_tenant)]
+PrincipalDep = Annotated[Principal, Depends(_principal)]
 TenantsDep = Annotated[TenantService, Depends(_tenants)]
 AdaptersDep = Annotated[AdapterService, Depends(_adapters)]
 BindingsDep = Annotated[BindingService, Depends(_bindings)]

@@ -7,9 +7,16 @@ import datetime
 from pydantic import BaseModel, Field
 
 from preft_serve.adapters.format import AdapterMode, AdapterType
+from preft_serve.common.key_roles import KeyRole
 from preft_serve.common.tenant_serving import DEFAULT_UNBOUND_USER, UnboundUser
 from preft_serve.registry.names import ADAPTER_PATTERN, TENANT_PATTERN
 from preft_serve.registry.quotas import QuotaOverrides
+
+KEY_ROLES = tuple(r.value for r in KeyRole)  # admin first: the default of old records
+KEY_NAME_MAX = 64
+KEY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._@-]{0,63}$"
+KEY_MIN_TTL_S = 60
+KEY_MAX_TTL_S = 5 * 365 * 86400
 
 # TenantRateLimits (GET/PUT /v1/tenants/{tenant}/limits) is in
 # preft_serve.common.tenant_rate_limits: the gateway reads the same fields.
@@ -51,9 +58,52 @@ class TenantUpdate(BaseModel):
     )
 
 
+class ApiKeyCreate(BaseModel):
+    """``POST /v1/keys`` (and, optionally, the operator's ``POST /v1/tenants/{t}/keys``).
+    At most one of ``expires_at`` and ``ttl_s``; neither: the key does not expire."""
+
+    model_config = {"extra": "forbid"}
+
+    role: str = Field(
+        description="admin (everything in the tenant), developer (adapters, users, files, "
+        "fine-tuning, usage, inference) or inference (completions, responses, tokenize, "
+        "models); at most the creating key's own role",
+        json_schema_extra={"enum": list(KEY_ROLES)},
+    )
+    name: str | None = Field(
+        None,
+        description=f"A label for people: 1-{KEY_NAME_MAX} letters, digits, spaces or "
+        "'.', '_', '@', '-', starting with a letter or digit",
+        examples=["ci-deploy"],
+        json_schema_extra={"pattern": KEY_NAME_PATTERN, "maxLength": KEY_NAME_MAX},
+    )
+    expires_at: str | None = Field(
+        None,
+        description="When the key stops working, RFC 3339 with an offset "
+        f"(2027-01-31T12:00:00Z); in the future, at most {KEY_MAX_TTL_S // 86400} days ahead",
+        json_schema_extra={"format": "date-time", "maxLength": 64},
+    )
+    ttl_s: int | None = Field(
+        None,
+        description="Or: seconds from now until the key stops working",
+        json_schema_extra={"minimum": KEY_MIN_TTL_S, "maximum": KEY_MAX_TTL_S},
+    )
+
+
 class ApiKeyInfo(BaseModel):
+    """An API key as listed: never its secret nor its hash."""
+
     key_id: str
     created_at: str
+    role: str = Field(KEY_ROLES[0], json_schema_extra={"enum": list(KEY_ROLES)})
+    name: str | None = None
+    expires_at: str | None = Field(None, description="RFC 3339; null: never")
+    last_used_at: str | None = Field(
+        None, description="When it last authenticated a request (to the minute); null: never"
+    )
+    created_by: str | None = Field(
+        None, description="The key id that created it, or `operator`; null: not recorded"
+    )
 
 
 class ApiKeyCreated(ApiKeyInfo):

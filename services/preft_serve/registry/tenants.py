@@ -1,31 +1,38 @@
-"""Tenants and their API keys. Keys are random, shown once, and stored only as sha256.
+"""Tenants and their API keys (the keys' records and rules: ``api_keys``).
 
-A key is ``pft_<key_id>.<secret>``: the key id is public (it names the key in listings,
-logs and revocation), the secret has 256 bits of entropy, so an unsalted hash is enough
-and lets authentication be one Redis lookup. Several keys may be live at once, which is
-how rotation works: create a new key, switch clients, revoke the old one.
+Several keys may be live at once, which is how rotation works: create a new key, switch
+clients, revoke the old one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
-import secrets
+import time
 from typing import Any
 
+import redis
+
 from preft_serve.common.domain_errors import Conflict, NotFound, Unauthenticated
+from preft_serve.common.key_roles import DEFAULT_ROLE, KeyRole
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import (
     API_KEY_PREFIX,
+    USAGE_TTL_S,
     EventType,
+    KeyOwner,
     RegistryEvent,
     RegistryKeys,
     hash_api_key,
 )
+from preft_serve.common.registry_client.cache import KEY_USE_INTERVAL_S
 from preft_serve.common.tenant_rate_limits import TenantRateLimits
 from preft_serve.common.tenant_serving import UNBOUND_USER_FIELD, parse_unbound_user
 from preft_serve.common.text import shown
+from preft_serve.registry.api_keys import KeySpec, key_info, live_admins, queue_key
+from preft_serve.registry.audit import OPERATOR
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.names import check_key_id, check_tenant_name, utcnow
 from preft_serve.registry.quotas import (
@@ -48,12 +55,16 @@ from preft_serve.registry.txn import Redis, transact
 logger = logging.getLogger(__name__)
 
 
+KEY_USE_ENTRIES = 20_000  # key ids whose last write time a registry process remembers
+
+
 @dataclasses.dataclass(frozen=True)
 class Principal:
     """The authenticated caller of a tenant endpoint."""
 
     tenant: str
     key_id: str
+    role: KeyRole = DEFAULT_ROLE
 
 
 class TenantService:
@@ -68,22 +79,10 @@ class TenantService:
         self.keys = keys
         self.maxlen = events_maxlen
         self.store = store  # for delete(): blobs only the deleted tenant referenced
+        self._key_use: dict[str, float] = {}  # key id -> monotonic time of its last write
 
-    def _queue_key(self, pipe: Any, tenant: str) -> ApiKeyCreated:
-        key_id = secrets.token_hex(6)
-        api_key = f"{API_KEY_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
-        digest = hash_api_key(api_key)
-        created = ApiKeyCreated(tenant=tenant, key_id=key_id, api_key=api_key, created_at=utcnow())
-        record = {"key_id": key_id, "hash": digest, "created_at": created.created_at}
-        pipe.hset(self.keys.tenant_keys(tenant), key_id, json.dumps(record))
-        pipe.hset(self.keys.api_key(digest), mapping={"tenant": tenant, "key_id": key_id})
-        queue_event(
-            pipe,
-            self.keys,
-            RegistryEvent(EventType.API_KEY_CREATED.value, tenant, key_id=key_id),
-            self.maxlen,
-        )
-        return created
+    def _queue_key(self, pipe: Any, tenant: str, spec: KeySpec, created_by: str) -> ApiKeyCreated:
+        return queue_key(pipe, self.keys, self.maxlen, tenant, spec, created_by, utcnow())
 
     def create(
         self, name: str, quota: QuotaOverrides | None = None
@@ -109,14 +108,14 @@ class TenantService:
             queue_event(
                 pipe, self.keys, RegistryEvent(EventType.TENANT_CREATED.value, name), self.maxlen
             )
-            return self._queue_key(pipe, name)
+            return self._queue_key(pipe, name, KeySpec(), OPERATOR)
 
         key = transact(self.redis, txn, self.keys.tenant(name))
         logger.info("created tenant %s with key %s", name, key.key_id)
         tenant = TenantOut(
             name=name,
             created_at=created_at,
-            keys=[ApiKeyInfo(key_id=key.key_id, created_at=key.created_at)],
+            keys=[ApiKeyInfo(**key.model_dump(exclude={"tenant", "api_key"}))],
             quota=overrides_from_record(stored),
         )
         return tenant, key
@@ -228,47 +227,87 @@ class TenantService:
         return limits
 
     def list_keys(self, tenant: str) -> list[ApiKeyInfo]:
+        """The tenant's keys, oldest first, with their last use (never secrets or hashes)."""
         check_tenant_name(tenant)
-        records = [json.loads(v) for v in self.redis.hvals(self.keys.tenant_keys(tenant))]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hvals(self.keys.tenant_keys(tenant))
+        pipe.hgetall(self.keys.key_use(tenant))
+        raw, used = pipe.execute()
+        records = [json.loads(v) for v in raw]
         return sorted(
-            (ApiKeyInfo(key_id=r["key_id"], created_at=r["created_at"]) for r in records),
-            key=lambda k: k.created_at,
+            (key_info(r, used.get(r["key_id"])) for r in records), key=lambda k: k.created_at
         )
 
-    def create_key(self, tenant: str) -> ApiKeyCreated:
-        """Issue an additional key (rotation step 1); existing keys stay valid."""
+    def get_key(self, tenant: str, key_id: str) -> ApiKeyInfo:
+        check_tenant_name(tenant)
+        check_key_id(key_id)
+        raw = self.redis.hget(self.keys.tenant_keys(tenant), key_id)
+        if raw is None:
+            raise NotFound(f"tenant {shown(tenant)} has no key {shown(key_id)}")
+        return key_info(json.loads(raw), self.redis.hget(self.keys.key_use(tenant), key_id))
+
+    def create_key(
+        self, tenant: str, spec: KeySpec | None = None, created_by: str = OPERATOR
+    ) -> ApiKeyCreated:
+        """Issue an additional key (rotation step 1); existing keys stay valid. Without a
+        ``spec``: an admin key that does not expire."""
         check_tenant_name(tenant)
 
         def txn(pipe: Any) -> ApiKeyCreated:
             if not pipe.exists(self.keys.tenant(tenant)):
                 raise NotFound(f"tenant {shown(tenant)} does not exist")
             pipe.multi()
-            return self._queue_key(pipe, tenant)
+            return self._queue_key(pipe, tenant, spec or KeySpec(), created_by)
 
-        return transact(self.redis, txn, self.keys.tenant(tenant))
+        created = transact(self.redis, txn, self.keys.tenant(tenant))
+        logger.info(
+            "created %s key %s of tenant %s (by %s)",
+            created.role,
+            created.key_id,
+            tenant,
+            created_by,
+        )
+        return created
 
-    def revoke_key(self, tenant: str, key_id: str) -> None:
-        """Revoke one key; requests with it fail from the next call on."""
+    def revoke_key(self, tenant: str, key_id: str, keep_admin: bool = False) -> ApiKeyInfo:
+        """Revoke one key; requests with it fail from the next call on (gateways drop it
+        from their caches on the ``apikey.revoked`` event). ``keep_admin``: refuse (409)
+        to revoke the tenant's last unexpired admin key, so a tenant cannot lock itself
+        out (the operator's routes pass False: the operator can always issue a new one)."""
         check_tenant_name(tenant)
         check_key_id(key_id)
         keys_key = self.keys.tenant_keys(tenant)
 
-        def txn(pipe: Any) -> None:
+        def txn(pipe: Any) -> ApiKeyInfo:
             raw = pipe.hget(keys_key, key_id)
             if raw is None:
                 raise NotFound(f"tenant {shown(tenant)} has no key {shown(key_id)}")
+            record = json.loads(raw)
+            if keep_admin:
+                others = [json.loads(v) for k, v in pipe.hgetall(keys_key).items() if k != key_id]
+                now = dt.datetime.now(dt.UTC)
+                if key_id in live_admins([record], now) and not live_admins(others, now):
+                    raise Conflict(
+                        f"key {shown(key_id)} is tenant {shown(tenant)}'s last admin key: "
+                        "create another admin key first (POST /v1/keys with role admin), "
+                        "then revoke this one",
+                        code="last_admin_key",
+                    )
             pipe.multi()
             pipe.hdel(keys_key, key_id)
-            pipe.delete(self.keys.api_key(json.loads(raw)["hash"]))
+            pipe.hdel(self.keys.key_use(tenant), key_id)
+            pipe.delete(self.keys.api_key(record["hash"]))
             queue_event(
                 pipe,
                 self.keys,
                 RegistryEvent(EventType.API_KEY_REVOKED.value, tenant, key_id=key_id),
                 self.maxlen,
             )
+            return key_info(record, None)
 
-        transact(self.redis, txn, keys_key)
+        revoked = transact(self.redis, txn, keys_key)
         logger.info("revoked key %s of tenant %s", key_id, tenant)
+        return revoked
 
     def authenticate(self, api_key: str) -> Principal:
         if not api_key.startswith(API_KEY_PREFIX):
@@ -279,4 +318,31 @@ class TenantService:
         found = self.redis.hgetall(self.keys.api_key(hash_api_key(api_key)))
         if not found:
             raise Unauthenticated("invalid or revoked API key")
-        return Principal(found["tenant"], found["key_id"])
+        owner = KeyOwner.from_fields(found)
+        if owner.expired(time.time()):
+            when = dt.datetime.fromtimestamp(owner.expires, dt.UTC).isoformat(timespec="seconds")
+            raise Unauthenticated(
+                f"API key {owner.key_id} expired at {when}; use another key, or ask an admin "
+                "of your tenant for a new one",
+                code="expired_api_key",
+            )
+        return Principal(owner.tenant, owner.key_id, owner.role)
+
+    def record_use(self, principal: Principal) -> None:
+        """Write when the key was last used, at most once a minute per key (per process).
+        Bookkeeping only: a Redis error here is logged, never raised."""
+        now = time.monotonic()
+        last = self._key_use.get(principal.key_id)
+        if last is not None and now - last < KEY_USE_INTERVAL_S:
+            return
+        if len(self._key_use) >= KEY_USE_ENTRIES:
+            self._key_use.clear()
+        self._key_use[principal.key_id] = now
+        key = self.keys.key_use(principal.tenant)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(key, principal.key_id, utcnow())
+            pipe.expire(key, USAGE_TTL_S)
+            pipe.execute()
+        except redis.RedisError as exc:
+            logger.warning("could not record the use of key %s: %s", principal.key_id, exc)

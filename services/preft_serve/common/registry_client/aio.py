@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from typing import Any, Self
 
 import redis.asyncio as aioredis
@@ -22,6 +24,8 @@ from preft_serve.common.registry_client.core import (
     retry_backoff,
     without_retry,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def connect_redis(url: str) -> aioredis.Redis:
@@ -43,6 +47,7 @@ class AsyncRegistryClient(RegistryCore):
 
     def _init_listener(self) -> None:
         self._task: asyncio.Task[None] | None = None
+        self._use_writes: set[asyncio.Task[None]] = set()
         self._caught_up = asyncio.Event()
         self._listen_redis: aioredis.Redis | None = None
 
@@ -71,6 +76,8 @@ class AsyncRegistryClient(RegistryCore):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for write in list(self._use_writes):
+            write.cancel()
         self._live = False
         if self._listen_redis is not None:
             await self._listen_redis.aclose(close_connection_pool=True)
@@ -107,9 +114,21 @@ class AsyncRegistryClient(RegistryCore):
         return await drive_async(self._adapters(tenant, limit))
 
     async def authenticate(self, api_key: str) -> KeyOwner | None:
-        """Owner of a valid API key; ``None`` for unknown or revoked ones (cached until an
-        ``apikey.revoked`` event)."""
-        return await drive_async(self._authenticate(api_key))
+        """Owner of a valid API key; ``None`` for unknown, revoked or expired ones (cached
+        until an ``apikey.revoked`` event; expiry checked on every call). The key's last
+        use is written in the background, at most once a minute per key."""
+        owner = await drive_async(self._authenticate(api_key))
+        if owner is not None and self._use_due(owner, time.monotonic()):
+            write = asyncio.get_running_loop().create_task(self._write_use(owner))
+            self._use_writes.add(write)
+            write.add_done_callback(self._use_writes.discard)
+        return owner
+
+    async def _write_use(self, owner: KeyOwner) -> None:
+        try:
+            await drive_async(self._record_use(owner))
+        except Exception as exc:  # noqa: BLE001 (bookkeeping: never a request's failure)
+            logger.warning("could not record the use of key %s: %s", owner.key_id, exc)
 
     async def blob_info(self, sha256: str) -> BlobInfo | None:
         return await drive_async(self._blob_info(sha256))

@@ -46,6 +46,8 @@ DEFAULT_MAX_ENTRIES = 20_000
 # The event listener retries a lost Redis after 0.5 s, doubling up to 5 s.
 LISTENER_RETRY_FIRST_S = 0.5
 LISTENER_RETRY_MAX_S = 5.0
+# A key's last use is written at most this often per key (per process).
+KEY_USE_INTERVAL_S = 60.0
 # Redis itself is unreachable (as opposed to a bad command): lookups may fall back to the cache.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)
 Listener = Callable[[RegistryEvent], None]
@@ -168,8 +170,12 @@ class ResolveCache:
             elif event.type in (EventType.BINDING_UPDATED, EventType.BINDING_DELETED):
                 self.users.pop((event.tenant, event.user or ""), None)
             elif event.type == EventType.API_KEY_REVOKED:
-                revoked = KeyOwner(event.tenant, event.key_id or "")
-                for digest in [d for d, owner in self.api_keys.items() if owner == revoked]:
+                revoked = (event.tenant, event.key_id or "")
+                for digest in [
+                    d
+                    for d, owner in self.api_keys.items()
+                    if (owner.tenant, owner.key_id) == revoked
+                ]:
                     del self.api_keys[digest]
             elif event.type not in {e.value for e in EventType}:
                 self._clear()  # unknown kind of change: forget everything
@@ -213,6 +219,7 @@ class ClientBase:
         self._live = False
         self._stale_logged = False
         self._retry_s = 0.0  # the listener's current back-off; 0 while connected
+        self._key_use: dict[str, float] = {}  # key id -> monotonic time its use was written
 
     @property
     def live(self) -> bool:
@@ -267,10 +274,21 @@ class ClientBase:
         return self._cache.api_keys.get(digest, MISSING)
 
     def _store_key(self, epoch: int, digest: str, fields: Mapping[str, str]) -> KeyOwner | None:
-        owner = KeyOwner(fields["tenant"], fields["key_id"]) if fields else None
+        owner = KeyOwner.from_fields(fields) if fields else None
         if owner is not None and self._live and self._use_cache:
             self._cache.put_key(epoch, digest, owner)
         return owner
+
+    def _use_due(self, owner: KeyOwner, now: float) -> bool:
+        """Whether this key's last use should be written now (at most every
+        :data:`KEY_USE_INTERVAL_S`); claims the slot, so concurrent requests write once."""
+        last = self._key_use.get(owner.key_id)
+        if last is not None and now - last < KEY_USE_INTERVAL_S:
+            return False
+        if len(self._key_use) >= self._cache.max_entries:
+            self._key_use.clear()  # bounded: at worst some keys are written a minute early
+        self._key_use[owner.key_id] = now
+        return True
 
     def _cached_adapter(self, tenant: str, name: str) -> Any:
         if not (self._live and self._use_cache):

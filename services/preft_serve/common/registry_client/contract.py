@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from preft_serve.adapters.format import AdapterMode, AdapterType, is_digest
+from preft_serve.common.key_roles import DEFAULT_ROLE, KeyRole, parse_role
 
 # The current-version HASH fields a lookup reads (``adapter_created_at``: when the adapter's
 # first version was written, ISO 8601 UTC; it survives later versions).
@@ -157,8 +158,16 @@ class RegistryKeys:
     def tenant_keys(self, tenant: str) -> str:  # HASH key_id -> JSON {key_id, hash, created_at}
         return f"{self.tenant(tenant)}:keys"
 
-    def api_key(self, key_hash: str) -> str:  # HASH tenant, key_id
+    def api_key(self, key_hash: str) -> str:
+        """HASH tenant, key_id, and only where they are set: role (else admin) and expires
+        (unix seconds)."""
         return f"{self.ns}:apikey:{_part(key_hash, is_digest, 'key hash')}"
+
+    def key_use(self, tenant: str) -> str:
+        """HASH key_id -> when the key last authenticated a request (ISO 8601 UTC, written
+        at most once a minute per key). Use, like the usage counters, so it lives under
+        ``usage:`` (``key_use`` has a '_', so it is no tenant name) with their TTL."""
+        return f"{self.ns}:usage:key_use:{_part(tenant, is_tenant_name, 'tenant name')}"
 
     def adapters(self, tenant: str) -> str:  # ZSET (score 0) of adapter names, for paging
         return f"{self.tenant(tenant)}:adapters"
@@ -334,7 +343,25 @@ def hash_api_key(api_key: str) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyOwner:
-    """Who a valid API key belongs to."""
+    """Who a valid API key belongs to, its role, and when it expires (unix seconds; 0:
+    never). Expiry is checked on every authentication, cached or not."""
 
     tenant: str
     key_id: str
+    role: KeyRole = DEFAULT_ROLE
+    expires: float = 0.0
+
+    def expired(self, now: float) -> bool:
+        return bool(self.expires) and now >= self.expires
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> KeyOwner:
+        """A key's ``api_key`` HASH (see :meth:`RegistryKeys.api_key`): ``role`` and
+        ``expires`` are written only when they say something (admin, no expiry otherwise)."""
+        expires = fields.get("expires")
+        return cls(
+            fields["tenant"],
+            fields["key_id"],
+            parse_role(fields.get("role")),
+            float(expires) if expires else 0.0,
+        )

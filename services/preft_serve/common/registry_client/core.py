@@ -18,7 +18,9 @@ their Redis client and how they start, stop and pause.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import inspect
+import time
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, TypeVar, cast
 
@@ -40,6 +42,7 @@ from preft_serve.common.registry_client.cache import (
 from preft_serve.common.registry_client.contract import (
     ADAPTER_FIELDS,
     API_KEY_PREFIX,
+    USAGE_TTL_S,
     AdapterRef,
     BlobInfo,
     ChangeBatch,
@@ -260,6 +263,14 @@ class RegistryCore(ClientBase):
         return [ref for ref in refs if ref is not None]  # deleted between the two reads
 
     def _authenticate(self, api_key: str) -> Steps[KeyOwner | None]:
+        """The key's owner, None for unknown, revoked or expired keys (expiry is checked
+        on every call: a cached owner carries it)."""
+        owner = yield from self._find_key(api_key)
+        if owner is None or owner.expired(time.time()):
+            return None
+        return owner
+
+    def _find_key(self, api_key: str) -> Steps[KeyOwner | None]:
         if not api_key.startswith(API_KEY_PREFIX):
             return None
         digest = hash_api_key(api_key)
@@ -274,6 +285,14 @@ class RegistryCore(ClientBase):
                 raise
             return cast("KeyOwner", stale)
         return self._store_key(epoch, digest, fields)
+
+    def _record_use(self, owner: KeyOwner) -> Steps[None]:
+        """Write when ``owner``'s key was last used (callers throttle with ``_use_due``)."""
+        key = self.keys.key_use(owner.tenant)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, owner.key_id, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+        pipe.expire(key, USAGE_TTL_S)
+        yield Call(pipe.execute)
 
     def _blob_info(self, sha256: str) -> Steps[BlobInfo | None]:
         if (hit := self._cache.blobs.get(sha256)) is not None:

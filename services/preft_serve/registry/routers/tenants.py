@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from fastapi import APIRouter, Response, status
 
 from preft_serve.common.audit_wire import AuditAction
 from preft_serve.common.errors import error_responses
 from preft_serve.common.tenant_rate_limits import TenantRateLimits
+from preft_serve.registry.api_keys import key_spec
 from preft_serve.registry.audit_deps import OperatorAuditDep
 from preft_serve.registry.deps import AdminDep, TenantsDep
 from preft_serve.registry.routers.path_params import KeyIdPath, TenantPath
 from preft_serve.registry.schemas import (
+    ApiKeyCreate,
     ApiKeyCreated,
     ApiKeyInfo,
     TenantCreate,
@@ -109,13 +113,20 @@ def list_keys(tenant: TenantPath, _: AdminDep, tenants: TenantsDep) -> list[ApiK
     "/{tenant}/keys",
     status_code=status.HTTP_201_CREATED,
     response_model=ApiKeyCreated,
-    responses=error_responses(400, 401, 404),
+    responses=error_responses(400, 401, 404, 422),
 )
 def create_key(
-    tenant: TenantPath, _: AdminDep, tenants: TenantsDep, audit: OperatorAuditDep
+    tenant: TenantPath,
+    _: AdminDep,
+    tenants: TenantsDep,
+    audit: OperatorAuditDep,
+    body: ApiKeyCreate | None = None,
 ) -> ApiKeyCreated:
-    """Issue another key (rotation: create, switch clients, then revoke the old one)."""
-    created = tenants.create_key(tenant)
+    """Issue another key (rotation: create, switch clients, then revoke the old one).
+    Without a body: an admin key that does not expire; with one, its role, name and
+    expiry as for ``POST /v1/keys``."""
+    spec = key_spec(body, dt.datetime.now(dt.UTC)) if body is not None else None
+    created = tenants.create_key(tenant, spec)
     audit(AuditAction.KEY_CREATE, created.key_id, after=created.key_id, tenant=tenant)
     return created
 
