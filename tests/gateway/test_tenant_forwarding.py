@@ -179,8 +179,8 @@ def test_the_families_are_in_the_gateways_document(unconfigured: TestClient) -> 
 
 
 class Stack:
-    def __init__(self, registry: str, gateway: str) -> None:
-        self.registry, self.gateway = Api(registry), gateway
+    def __init__(self, registry: str, gateway: str, namespace: str) -> None:
+        self.registry, self.gateway, self.namespace = Api(registry), gateway, namespace
 
     def call(self, key: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key}", **kwargs.pop("headers", {})}
@@ -228,7 +228,7 @@ def stack(redis_server: str, model_dir: Path, tmp_path: Path) -> Iterator[Callab
                 ),
                 transport=httpx.MockTransport(Workers()),
             )
-            return Stack(registry_url, stop.enter_context(serving(app)))
+            return Stack(registry_url, stop.enter_context(serving(app)), namespace)
 
         yield start
 

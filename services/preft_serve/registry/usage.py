@@ -123,14 +123,6 @@ def breakdown_range(
         )
     if first is None:
         first = max(0, last - (default - 1) * step)
-    count = (last - first) // step + 1
-    unit, most = ("days", MAX_DAYS) if group_by == "day" else ("hours", MAX_HOURS)
-    if count > most:
-        raise InvalidRequest(
-            f"the range spans {count} {unit}; at most {most} {unit} may be asked for at "
-            "once with group_by=" + group_by + ": narrow since/until",
-            param="since",
-        )
     if group_by == "hour":
         oldest = int(now // step * step) - (MAX_HOURS - 1) * step
         if first < oldest:
@@ -140,6 +132,14 @@ def breakdown_range(
                 f"{kept:%Y-%m-%dT%H:00:00Z}, or group_by=day for older usage",
                 param="since",
             )
+    count = (last - first) // step + 1
+    unit, most = ("days", MAX_DAYS) if group_by == "day" else ("hours", MAX_HOURS)
+    if count > most:
+        raise InvalidRequest(
+            f"the range spans {count} {unit}; at most {most} {unit} may be asked for at "
+            "once with group_by=" + group_by + ": narrow since/until",
+            param="since",
+        )
     return Buckets(group_by, first, count)
 
 
