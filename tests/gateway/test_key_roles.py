@@ -16,6 +16,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from preft_serve.common import key_roles
 from preft_serve.common.key_roles import KeyRole
 from preft_serve.common.registry_client import core as client_core
 from preft_serve.gateway.app import create_app
@@ -30,6 +31,8 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str, str]] = [
     ("POST", "/v1/chat/completions", {"model": "tiny", "messages": MSGS}, "", "inference"),
     ("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}, "", "inference"),
     ("GET", "/v1/models", None, "", "inference"),
+    ("POST", "/tokenize", {"model": "tiny", "prompt": "hi"}, "", "inference"),
+    ("GET", "/version", None, "", "inference"),
     ("GET", "/v1/files", None, "read files", "developer"),
     ("GET", "/v1/fine_tuning/jobs", None, "read fine-tuning jobs", "developer"),
     ("DELETE", "/v1/models/bot", None, "upload or change adapters", "developer"),
@@ -173,3 +176,26 @@ def test_a_redis_error_writing_last_use_does_not_fail_the_request(
         assert eventually(lambda: "could not record the use of key" in caplog.text)
     assert f"key {key_id}: Redis went away" in caplog.text
     assert gateway.writer.redis.hget(gateway.writer.keys.key_use("acme"), key_id) is None
+
+
+@pytest.mark.parametrize(
+    ("template", "url", "role", "refused"),
+    [
+        ("/v1/adapters/{rest:path}", "/v1/adapters/x/policy", "inference", True),
+        ("/v1/adapters/{rest:path}", "/v1/adapters/x/policy", "developer", False),
+        ("/v1/{rest:path}", "/v1/audit", "developer", True),  # a catch-all: the path decides
+        ("/v1/{rest:path}", "/v1/chat/completions", "inference", False),
+        ("/tokenize", "/tokenize", "inference", False),
+        ("/v1/tenant-settings", "/v1/tenant-settings", "developer", True),  # unlisted: admin
+        ("/v1/tenant-settings", "/v1/tenant-settings", "admin", False),
+    ],
+)
+def test_routes_are_classified_by_family_and_unlisted_ones_need_admin(
+    template: str, url: str, role: str, refused: bool
+) -> None:
+    path = key_roles.route_path(template, url)
+    if refused:
+        with pytest.raises(key_roles.InsufficientRole):
+            key_roles.check(KeyRole(role), "GET", path)
+    else:
+        key_roles.check(KeyRole(role), "GET", path)

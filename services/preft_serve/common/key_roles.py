@@ -7,7 +7,8 @@ Roles are ranked, each allowing what the ones below it do:
 - ``admin``: everything in its tenant, also its keys, its audit log and its settings.
 
 A route belongs to a family, the first segment after ``/v1/`` of its path
-(``/v1/fine_tuning/jobs/{id}`` is ``fine_tuning``); each family needs a least role.
+(``/v1/fine_tuning/jobs/{id}`` is ``fine_tuning``; ``/tokenize``, outside ``/v1``, is
+``tokenize``); each family needs a least role.
 A path of no listed family needs ``admin``, so a tenant route added later is closed to
 the lesser roles until it is listed here. Key records without a role (the operator's
 keys, and keys made before roles existed) are ``admin``.
@@ -111,10 +112,26 @@ def at_least(role: KeyRole, least: KeyRole) -> bool:
     return _RANK[role] >= _RANK[least]
 
 
+def family_of(path: str) -> str:
+    """A path's route family: its first segment after ``/v1/``, or its first segment for
+    routes outside ``/v1`` (vLLM's ``/tokenize``, ``/detokenize``, ``/version``)."""
+    segments = [s for s in path.split("/", 3) if s]
+    if segments[:1] == ["v1"] and len(segments) > 1:
+        return segments[1]
+    return segments[0] if segments else ""
+
+
+def route_path(template: str | None, url_path: str) -> str:
+    """What to classify a request by: its route's template, unless the family is a path
+    parameter there (a catch-all), then the path requested."""
+    if template is None or "{" in family_of(template):
+        return url_path
+    return template
+
+
 def permission_for(method: str, path: str) -> Permission:
     """The permission a request to ``path`` (a route's path or template) needs."""
-    parts = path.split("/", 3)
-    family = parts[2] if len(parts) > 2 and parts[1] == "v1" else ""
+    family = family_of(path)
     permission = FAMILIES.get(family, Permission.TENANT)
     if family == "models" and method.upper() not in _READS:
         return Permission.ADAPTERS  # DELETE /v1/models/{model} deletes the adapter

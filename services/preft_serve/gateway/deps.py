@@ -45,7 +45,8 @@ async def require_tenant(
     owner = await _owner(state, request, credentials.credentials if credentials else None)
     route = request.scope.get("route")
     try:
-        key_roles.check(owner.role, request.method, getattr(route, "path", request.url.path))
+        path = key_roles.route_path(getattr(route, "path", None), request.url.path)
+        key_roles.check(owner.role, request.method, path)
     except key_roles.InsufficientRole as refused:
         raise _counted(state, Forbidden(refused.message, code=refused.code)) from None
     return owner

@@ -66,7 +66,8 @@ def require_tenant(
     principal = state.tenants.authenticate(_bearer(credentials, "API key"))
     access_fields(request)["tenant"] = principal.tenant
     route = request.scope.get("route")
-    key_roles.check(principal.role, request.method, getattr(route, "path", request.url.path))
+    path = key_roles.route_path(getattr(route, "path", None), request.url.path)
+    key_roles.check(principal.role, request.method, path)
     return principal
 
 
