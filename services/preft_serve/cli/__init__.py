@@ -1,8 +1,13 @@
-"""preft: the command line for the preft-serve adapter registry (over its REST API).
+"""preft: the command line for preft-serve (over its REST API).
+
+Every tenant command works against the gateway's URL alone, the one base URL that also
+serves chat: the gateway forwards adapters, users, usage, keys, files, fine-tuning and the
+audit log to the adapter registry with the same key. The registry's own URL works too; the
+operator's `preft tenant` commands need it (the gateway does not serve them).
 
 Examples:
 
-    preft login --url https://registry:8081 --context prod   # key: prompted, or piped on stdin
+    preft login --url https://gateway:8080 --context prod    # key: prompted, or piped on stdin
     preft adapter upload ./my-adapter --name support-bot --mode prefill
     preft adapter upload ./my-adapter-v2 --name support-bot --new-version
     preft adapter rollback support-bot 1          # version 1's content, as version 3
@@ -12,6 +17,7 @@ Examples:
     preft user list --adapter support-bot
     preft adapter list
     preft usage --start 2026-03-01 --end 2026-03-31
+    preft usage --by user --group-by hour --since 2026-03-01T00:00:00Z
     preft audit --since 2026-03-01 --action binding.set --all   # who changed what
     preft fine-tune create data.jsonl --model base --suffix alice --follow
     preft fine-tune checkpoints ftjob-...
@@ -21,7 +27,7 @@ Examples:
 
 Contexts (keys never on the command line):
 
-    preft login --url URL [--context NAME] < keyfile   # checked against the registry, then saved
+    preft login --url URL [--context NAME] < keyfile   # checked against the URL, then saved
     preft context list | preft context use NAME | preft context current
     preft logout [NAME]                           # or: preft context delete NAME
     preft --context staging adapter list          # one command against another context
@@ -89,8 +95,8 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool, api_key: bool =
     parser.add_argument(
         "--url",
         default=default,
-        help="registry URL (env PREFT_REGISTRY_URL, else the context's, else "
-        "http://127.0.0.1:8081)",
+        help="the gateway's URL (or the registry's; tenant commands: the registry's) (env "
+        "PREFT_REGISTRY_URL, else the context's, else http://127.0.0.1:8081)",
     )
     if api_key:
         parser.add_argument(
@@ -202,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(registry, args)
     except CliError as exc:
+        if admin and exc.error.get("code") == "unknown_url":  # a gateway's URL
+            exc = CliError(
+                f"{target.url} has no tenant routes: tenant commands are the operator's and "
+                "go to the adapter registry's URL, not the gateway's; pass --url REGISTRY_URL",
+                code="not_the_registry",
+                status=exc.status,
+            )
         return report_error(exc, as_json)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")

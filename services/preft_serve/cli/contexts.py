@@ -1,4 +1,5 @@
-"""``preft login``, ``preft logout`` and ``preft context ...``: named registry contexts.
+"""``preft login``, ``preft logout`` and ``preft context ...``: named contexts (a URL, the
+gateway's or the registry's, and an API key for it).
 
 ``login`` reads the key from stdin (piped) or a no-echo prompt (a terminal), never from the
 command line, and saves it only after the registry accepted it. Listings show keys masked.
@@ -93,7 +94,9 @@ def cmd_login(args: argparse.Namespace) -> int:
         )
     url_text = args.url or _env_url()
     if not url_text:
-        raise CliError("login needs the registry URL: --url URL (or PREFT_REGISTRY_URL)")
+        raise CliError(
+            "login needs the gateway's (or the registry's) URL: --url URL (or PREFT_REGISTRY_URL)"
+        )
     try:
         url = config.check_url(url_text)
         name = config.check_context_name(args.context or default_name(url))
@@ -221,7 +224,7 @@ def add_parsers(groups: Any, common: Any) -> None:
     except ``--api-key`` (login never takes a key from argv)."""
     login = groups.add_parser(
         "login",
-        help="save a registry URL and API key as a named context",
+        help="save a URL (the gateway's, or the registry's) and API key as a named context",
         description="Check an API key against the registry and save it, with the URL, as a "
         "named context in the config file (mode 0600), which becomes the current one. The key "
         "is read from stdin when piped, else prompted for without echo; never from the "

@@ -1,4 +1,5 @@
-"""Which registry URL and API key a command uses, from flags, environment and contexts.
+"""Which URL (the gateway's, or the registry's) and API key a command uses, from flags,
+environment and contexts.
 
 Precedence, field by field: ``--url`` / ``--api-key`` > the context ``--context NAME``
 names > ``PREFT_REGISTRY_URL`` / ``PREFT_API_KEY`` > the config file's current context >

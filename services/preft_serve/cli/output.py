@@ -97,12 +97,39 @@ def _fields(result: dict[str, Any], out: IO[str]) -> None:
 
 
 def _usage(result: dict[str, Any], out: IO[str]) -> None:
-    """One row per day and model, then the range's totals."""
+    """One row per day and model, then the range's totals (a breakdown: one row per bucket
+    and name)."""
+    if "buckets" in result:
+        _usage_breakdown(result, out)
+        return
     columns = ["date", "model", "requests", "prompt_tokens", "completion_tokens"]
     rows = [{"date": day["date"], **model} for day in result["days"] for model in day["models"]]
     totals = {c: sum(r[c] for r in rows) for c in columns[2:]}
     print_table([*rows, {"date": "total", "model": "", **totals}], columns, out)
     out.write(f"({result['tenant']}, {result['start']} .. {result['end']}, UTC days)\n")
+
+
+def _usage_breakdown(result: dict[str, Any], out: IO[str]) -> None:
+    by, group_by = result["by"], result["group_by"]
+    columns = [group_by, by, "requests", "prompt_tokens", "completion_tokens"]
+    rows = []
+    for bucket in result["buckets"]:
+        start = bucket["start"][: 10 if group_by == "day" else 16]
+        named = [(item["name"], item) for item in bucket["items"]]
+        named += [
+            (f"({extra})", bucket[extra]) for extra in ("no_user", "other") if extra in bucket
+        ]
+        for name, counts in named:
+            rows.append({group_by: start, by: name, **{c: counts[c] for c in columns[2:]}})
+    totals = {c: sum(r[c] for r in rows) for c in columns[2:]}
+    print_table([*rows, {group_by: "total", by: "", **totals}], columns, out)
+    bound = result["bounds"]["named_per_bucket"]
+    out.write(
+        f"({result['tenant']}, {result['since']} .. {result['until']}, UTC {group_by}s; "
+        f"(other): the {by}s past the first {bound} of a {group_by})\n"
+        if by in ("user", "key")
+        else f"({result['tenant']}, {result['since']} .. {result['until']}, UTC {group_by}s)\n"
+    )
 
 
 def _audit(result: dict[str, Any], out: IO[str]) -> None:
