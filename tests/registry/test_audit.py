@@ -96,6 +96,8 @@ def test_each_change_is_one_entry_with_actor_target_before_and_after(
     v2 = upload(client, headers, "chat", lora_dir2, method="PUT").json()
     assert upload(client, headers, "chat", lora_dir2, method="PUT").status_code == 200  # no-op
     v3 = client.post("/v1/adapters/chat/rollback", json={"version": 1}, headers=headers).json()
+    canary = {"version": 3, "canary": {"version": 2, "weight": 0.5}}
+    assert client.put("/v1/adapters/chat/policy", json=canary, headers=headers).status_code == 200
     _bind(client, {**headers, "X-Request-Id": "bind-alice-1"}, "alice", "chat")
     _bind(client, headers, "alice", "chat")  # unchanged: no entry
     assert client.delete("/v1/users/alice", headers=headers).status_code == 204
@@ -138,6 +140,7 @@ def test_each_change_is_one_entry_with_actor_target_before_and_after(
         ("acme", key_id, "adapter.upload", "chat", None, ver[0]),
         ("acme", key_id, "adapter.version", "chat", ver[0], ver[1]),
         ("acme", key_id, "adapter.rollback", "chat", ver[1], ver[2]),
+        ("acme", key_id, "adapter.policy", "chat", ver[2], f"{ver[2]} canary {ver[1]} weight 0.5"),
         ("acme", key_id, "binding.set", "alice", None, "chat"),
         ("acme", key_id, "binding.delete", "alice", "chat", None),
         ("acme", key_id, "file.upload", file_id, None, sha),

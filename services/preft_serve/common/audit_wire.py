@@ -21,6 +21,7 @@ class AuditAction(enum.StrEnum):
     ADAPTER_UPLOAD = "adapter.upload"
     ADAPTER_VERSION = "adapter.version"
     ADAPTER_ROLLBACK = "adapter.rollback"
+    ADAPTER_POLICY = "adapter.policy"  # serving policy: promote, roll back, canary split
     ADAPTER_DELETE = "adapter.delete"
     BINDING_SET = "binding.set"
     BINDING_DELETE = "binding.delete"

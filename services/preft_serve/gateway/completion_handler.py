@@ -16,6 +16,8 @@ from starlette.background import BackgroundTask
 
 from preft_serve.common.access_log import request_id_of
 from preft_serve.common.errors import ServiceUnavailable
+from preft_serve.common.registry_client import split_pinned
+from preft_serve.common.version_split import Variant, pick
 from preft_serve.gateway.handoff import FirstToken, Handoff, unified_reason
 from preft_serve.gateway.prompt_count import count_prompt
 from preft_serve.gateway.proxy import (
@@ -29,7 +31,7 @@ from preft_serve.gateway.proxy import (
 )
 from preft_serve.gateway.relay_response import RelayResponse
 from preft_serve.gateway.request_record import RequestRecord
-from preft_serve.gateway.selection import Target, select_target
+from preft_serve.gateway.selection import Target, adapter_target, select_target
 from preft_serve.gateway.state import GatewayState
 from preft_serve.gateway.stream_bill import close_and_settle
 from preft_serve.gateway.validation import (
@@ -133,8 +135,9 @@ async def admit(
     output_tokens: int,
 ) -> Target:
     """What a validated request runs, once its rate limit lets it in: its user (the body's
-    or the ``X-User-Id`` header) and the adapter that user or ``model`` selects. The model
-    is read before the limit is charged, so a request refused for its model costs nothing."""
+    or the ``X-User-Id`` header) and the adapter that user or ``model`` selects, in the
+    version the adapter's serving policy gives that user. The model is read before the
+    limit is charged, so a request refused for its model costs nothing."""
     settings = state.settings
     user, model = await charge(state, record.tenant, request, body, output_tokens, record.log)
     target = await select_target(
@@ -146,8 +149,24 @@ async def admit(
         worker_base_model=settings.worker_model,
         unbound_user=functools.partial(state.serving.unbound_user, record.tenant),
     )
+    target, variant = policy_version(target, model, user)
     record.selected(target)
+    if target.adapter is not None:
+        state.metrics.variant_of(record.adapter, variant.value).inc()
     return target
+
+
+def policy_version(target: Target, model: str | None, user: str | None) -> tuple[Target, Variant]:
+    """The version of the selected adapter that ``user`` gets under its serving policy
+    (``common.version_split``; the registry answers the same for ``?user=``). Decided
+    here, once: the two-pool hops and streams only relay this target."""
+    ref = target.adapter
+    if ref is None:
+        return target, Variant.SERVING
+    if model is not None and split_pinned(model) is not None:
+        return target, Variant.PINNED
+    chosen, variant = pick(ref, user)
+    return (target if chosen is ref else adapter_target(chosen)), variant
 
 
 async def charge(

@@ -116,6 +116,14 @@ class GatewayMetrics:
             registry=self.registry,
             buckets=TTFT_BUCKETS,
         )
+        self.variant_requests = Counter(
+            "preft_gateway_adapter_variant_requests_total",
+            "Completion requests to adapters by "
+            "which part of the adapter's serving policy chose the version: serving (the "
+            "policy's version), canary (a user in its canary split) or pinned (name@version)",
+            ["adapter", "variant"],
+            registry=self.registry,
+        )
         self.rate_limited = Counter(
             "preft_gateway_rate_limited_total",
             "Requests refused with 429 by a rate limit",
@@ -195,6 +203,7 @@ class GatewayMetrics:
         self._tenant_tokens = Children(self.tenant_tokens)
         self.latency_of, self.ttft_of = Children(self.latency), Children(self.ttft)
         self.routing_of, self.errors_of = Children(self.routing), Children(self.errors)
+        self.variant_of = Children(self.variant_requests)
 
     def watch_registry_cache(self, sizes: Callable[[], dict[str, int]]) -> None:
         """Read the cache sizes at every scrape."""

@@ -26,8 +26,17 @@ from preft_serve.common.text import shown
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
 from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
+from preft_serve.registry.policy_schemas import VersionState
 from preft_serve.registry.quotas import Quota, check_upload, tenant_use
 from preft_serve.registry.schemas import AdapterDetail, AdapterOut, AdapterVersion, VersionOut
+from preft_serve.registry.serving_policy import (
+    CANARY_FIELD,
+    LATEST_FIELD,
+    VERSION_FIELDS,
+    latest_version,
+    queue_states,
+    served_versions,
+)
 from preft_serve.registry.txn import Redis, transact
 from preft_serve.registry.validation import (
     BaseModelSpec,
@@ -37,16 +46,7 @@ from preft_serve.registry.validation import (
 )
 
 logger = logging.getLogger(__name__)
-_VERSION_FIELDS = (
-    "version",
-    "sha256",
-    "type",
-    "rank",
-    "mode",
-    "base_model",
-    "size_bytes",
-    "created_at",
-)
+_VERSION_FIELDS = VERSION_FIELDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,8 @@ class UploadResult:
     version: AdapterVersion
     created: bool  # False: identical to the current version, nothing changed
     warnings: tuple[str, ...] = ()  # validation's, for the upload response
+    state: VersionState = VersionState.SERVING  # the version's state once committed
+    replaced: AdapterVersion | None = None  # the version served before it was promoted
 
 
 def version_record(name: str, v: ValidatedAdapter, version: int, now: str) -> AdapterVersion:
@@ -79,11 +81,9 @@ def queue_version(
     adapter_created_at: str,
     maxlen: int,
 ) -> None:
-    """Queue every write of a new current version, plus its event (shared with the bench)."""
-    fields = {
-        f: str(getattr(rec, f).value if f in ("type", "mode") else getattr(rec, f))
-        for f in _VERSION_FIELDS
-    }
+    """Queue every write of a new version served to everyone, plus its event (shared with
+    the bench). The caller retires what was served before (``serving_policy``)."""
+    fields = _queue_record(pipe, keys, tenant, rec, config_bytes, VersionState.SERVING)
     pipe.hset(
         keys.adapter(tenant, rec.name),
         mapping={
@@ -91,22 +91,11 @@ def queue_version(
             "name": rec.name,
             "adapter_created_at": adapter_created_at,
             "updated_at": rec.created_at,
+            LATEST_FIELD: str(rec.version),
         },
     )
-    pipe.hset(keys.versions(tenant, rec.name), str(rec.version), json.dumps(fields))
+    pipe.hdel(keys.adapter(tenant, rec.name), CANARY_FIELD)
     pipe.zadd(keys.adapters(tenant), {rec.name: 0})
-    pipe.hset(
-        keys.blob(rec.sha256),
-        mapping={
-            "sha256": rec.sha256,
-            "type": fields["type"],
-            "mode": fields["mode"],
-            "rank": fields["rank"],
-            "base_model": rec.base_model,
-            "size_bytes": fields["size_bytes"],
-            "config": config_bytes.decode(),
-        },
-    )
     queue_event(
         pipe,
         keys,
@@ -119,6 +108,39 @@ def queue_version(
         ),
         maxlen,
     )
+
+
+def _queue_record(
+    pipe: Any,
+    keys: RegistryKeys,
+    tenant: str,
+    rec: AdapterVersion,
+    config_bytes: bytes,
+    state: VersionState,
+) -> dict[str, str]:
+    """Queue a new version's history record and its blob record; its fields."""
+    fields = {
+        f: str(getattr(rec, f).value if f in ("type", "mode") else getattr(rec, f))
+        for f in _VERSION_FIELDS
+    }
+    pipe.hset(
+        keys.versions(tenant, rec.name),
+        str(rec.version),
+        json.dumps({**fields, "state": state.value}),
+    )
+    pipe.hset(
+        keys.blob(rec.sha256),
+        mapping={
+            "sha256": rec.sha256,
+            "type": fields["type"],
+            "mode": fields["mode"],
+            "rank": fields["rank"],
+            "base_model": rec.base_model,
+            "size_bytes": fields["size_bytes"],
+            "config": config_bytes.decode(),
+        },
+    )
+    return fields
 
 
 def _adapter_out(current: dict[str, str], bound: int) -> AdapterOut:
@@ -167,13 +189,16 @@ class AdapterService:
         *,
         create: bool,
         strict: bool = False,
+        promote: bool = True,
     ) -> UploadResult:
         """Validate, store and commit one adapter version.
 
         ``create=True`` (POST) refuses to add a version to an existing name unless the
         content is identical; ``create=False`` (PUT) adds a version (the hot swap) or
         creates the adapter. ``mode=None`` keeps the current version's mode. ``strict``
-        refuses what would otherwise be accepted with warnings.
+        refuses what would otherwise be accepted with warnings. ``promote=False`` stores
+        the version as ``staged``: users keep the served one until a policy names it (a
+        new adapter's first version is served either way: there is nothing else to serve).
         """
         check_adapter_name(name)
         if mode is None:
@@ -207,14 +232,16 @@ class AdapterService:
                 validated.sha256, validated.config_bytes, validated.weights_path, verify=False
             )
         result = dataclasses.replace(
-            self.commit(tenant, name, validated, create=create), warnings=validated.warnings
+            self.commit(tenant, name, validated, create=create, promote=promote),
+            warnings=validated.warnings,
         )
         if result.created:
             logger.info(
-                "tenant %s adapter %s version %d -> %s (%s, %s, rank %d)",
+                "tenant %s adapter %s version %d (%s) -> %s (%s, %s, rank %d)",
                 tenant,
                 name,
                 result.version.version,
+                result.state.value,
                 result.version.sha256,
                 validated.type.value,
                 validated.mode.value,
@@ -240,11 +267,15 @@ class AdapterService:
             )
         return None
 
-    def commit(self, tenant: str, name: str, v: ValidatedAdapter, *, create: bool) -> UploadResult:
-        """Point ``name`` at stored content ``v`` as its next version (atomic).
+    def commit(
+        self, tenant: str, name: str, v: ValidatedAdapter, *, create: bool, promote: bool = True
+    ) -> UploadResult:
+        """Point ``name`` at stored content ``v`` as its next version (atomic), served
+        (``promote``) or staged.
 
         Re-checks under WATCH what ``upload`` pre-checked, since another writer may have
-        committed in between.
+        committed in between. Every writer of the history also writes the adapter's hash,
+        so watching the hash is enough.
         """
         adapter_key = self.keys.adapter(tenant, name)
 
@@ -254,21 +285,51 @@ class AdapterService:
             early = self._unchanged_or_conflict(name, current, v, create)
             if early is not None:
                 return early
-            version = int(current["version"]) + 1 if current else 1
-            rec = version_record(name, v, version, now)
+            records = pipe.hgetall(self.keys.versions(tenant, name)) if current else {}
+            rec = version_record(name, v, latest_version(current) + 1 if current else 1, now)
             pipe.multi()
-            queue_version(
-                pipe,
-                self.keys,
-                tenant,
-                rec,
-                v.config_bytes,
-                current.get("adapter_created_at", now),
-                self.maxlen,
-            )
-            return UploadResult(rec, created=True)
+            if promote or not current:
+                return self._queue_promoted(pipe, tenant, rec, v.config_bytes, current, records)
+            _queue_record(pipe, self.keys, tenant, rec, v.config_bytes, VersionState.STAGED)
+            pipe.hset(adapter_key, LATEST_FIELD, str(rec.version))
+            return UploadResult(rec, created=True, state=VersionState.STAGED)
 
         return transact(self.redis, txn, adapter_key)
+
+    def _queue_promoted(
+        self,
+        pipe: Any,
+        tenant: str,
+        rec: AdapterVersion,
+        config_bytes: bytes,
+        current: dict[str, str],
+        records: dict[str, str],
+    ) -> UploadResult:
+        """Queue ``rec`` as the version everyone gets (any canary ends), retiring what was
+        served; pipe in MULTI mode, ``current`` and ``records`` read before."""
+        now = rec.created_at
+        queue_version(
+            pipe,
+            self.keys,
+            tenant,
+            rec,
+            config_bytes,
+            current.get("adapter_created_at", now),
+            self.maxlen,
+        )
+        if not current:
+            return UploadResult(rec, created=True)
+        queue_states(
+            pipe,
+            self.keys.versions(tenant, rec.name),
+            {int(k): json.loads(r) for k, r in records.items()},
+            served_versions(current),
+            {rec.version},
+        )
+        replaced = AdapterVersion.model_validate(
+            {"name": rec.name, **{f: current[f] for f in _VERSION_FIELDS}}
+        )
+        return UploadResult(rec, created=True, replaced=replaced)
 
     def list(
         self, tenant: str, limit: int, cursor: str | None
@@ -356,7 +417,7 @@ class AdapterService:
         elif raw is None:
             raise NotFound(
                 f"adapter {shown(name)} has no version {version}; its versions are "
-                f"1 to {current['version']}"
+                f"1 to {latest_version(current)}"
             )
         else:
             fields = json.loads(raw)
@@ -420,14 +481,12 @@ class AdapterService:
                     f"the content of adapter {shown(name)} version {version} is no "
                     "longer registered; upload it again"
                 )
+            records = pipe.hgetall(k.versions(tenant, name))
             rec = target.model_copy(
-                update={"version": int(current["version"]) + 1, "created_at": utcnow()}
+                update={"version": latest_version(current) + 1, "created_at": utcnow()}
             )
             pipe.multi()
-            queue_version(
-                pipe, k, tenant, rec, config.encode(), current["adapter_created_at"], self.maxlen
-            )
-            return UploadResult(rec, created=True)
+            return self._queue_promoted(pipe, tenant, rec, config.encode(), current, records)
 
         result = transact(self.redis, txn, adapter_key, k.versions(tenant, name))
         if result.created:

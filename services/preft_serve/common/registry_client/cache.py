@@ -66,7 +66,8 @@ def valid_adapter(tenant: str, name: str) -> bool:
 def parse_ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:
     if not values or values[0] is None:
         return None
-    version, sha256, type_, mode, rank, base_model, created_at = values
+    version, sha256, type_, mode, rank, base_model, created_at, canary = values
+    created = unix_seconds(created_at)
     return AdapterRef(
         tenant,
         name,
@@ -76,8 +77,27 @@ def parse_ref(tenant: str, name: str, values: list[Any]) -> AdapterRef | None:
         AdapterMode(mode),
         int(rank or 0),
         str(base_model or ""),
-        unix_seconds(created_at),
+        created,
+        *(parse_canary(tenant, name, canary, created) if canary else (None, 0.0)),
     )
+
+
+def parse_canary(tenant: str, name: str, raw: str, created: int) -> tuple[AdapterRef | None, float]:
+    """The adapter hash's ``canary`` field (JSON, written by the registry's serving policy)
+    as (the canary version's ref, its weight)."""
+    f = json.loads(raw)
+    ref = AdapterRef(
+        tenant,
+        name,
+        int(f["version"]),
+        str(f["sha256"]),
+        AdapterType(f["type"]),
+        AdapterMode(f["mode"]),
+        int(f.get("rank") or 0),
+        str(f.get("base_model") or ""),
+        created,
+    )
+    return ref, float(f["weight"])
 
 
 def parse_version(tenant: str, name: str, raw: str, created_at: str | None) -> AdapterRef:

@@ -25,7 +25,18 @@ from preft_serve.common.key_roles import DEFAULT_ROLE, KeyRole, parse_role
 
 # The current-version HASH fields a lookup reads (``adapter_created_at``: when the adapter's
 # first version was written, ISO 8601 UTC; it survives later versions).
-ADAPTER_FIELDS = ("version", "sha256", "type", "mode", "rank", "base_model", "adapter_created_at")
+ADAPTER_FIELDS = (
+    "version",
+    "sha256",
+    "type",
+    "mode",
+    "rank",
+    "base_model",
+    "adapter_created_at",
+    # The serving policy's canary, JSON {version, sha256, type, mode, rank, base_model,
+    # weight} or absent (common.version_split picks per user).
+    "canary",
+)
 
 # fullmatch only: `$` would also accept a trailing newline.
 _TENANT = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
@@ -302,6 +313,10 @@ class AdapterRef:
     # Unix seconds when the adapter (its first version) was created; 0 if unknown. Left out
     # of equality, so a ref built without it still equals the same version read from Redis.
     created: int = dataclasses.field(default=0, compare=False)
+    # The serving policy's canary: another version of this adapter for the users whose
+    # stable hash falls under ``canary_weight`` (``common.version_split.pick``).
+    canary: AdapterRef | None = None
+    canary_weight: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,11 @@ class Registered:
     warnings: tuple[str, ...]
 
 
-def register_output(record: JobRecord, adapters: AdapterService, files: FileService) -> Registered:
+def register_output(
+    record: JobRecord, adapters: AdapterService, files: FileService, *, promote: bool = True
+) -> Registered:
+    """Register a finished job's adapter as the next version of its name: served at once
+    (``promote``, today's default) or staged for a serving policy to promote."""
     store = adapters.store
     prefix = output_prefix(record.id)
     with tempfile.TemporaryDirectory(dir=adapters.staging_dir, prefix="preft-ft-") as tmp:
@@ -61,6 +65,7 @@ def register_output(record: JobRecord, adapters: AdapterService, files: FileServ
                 mode,
                 [UploadedFile(OUTPUT_FILES[0], config), UploadedFile(OUTPUT_FILES[1], weights)],
                 create=False,
+                promote=promote,
             )
         result_file = files.put_result(
             record.tenant, f"{record.id}-step_metrics.csv", step_metrics_csv(metrics)

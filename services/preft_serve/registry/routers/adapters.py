@@ -1,4 +1,5 @@
-"""Tenant endpoints for adapters: upload, versions (hot swap), list, show, delete."""
+"""Tenant endpoints for adapters: upload, versions (hot swap or staged), serving policy
+(promote, roll back, canary split), list, show, delete."""
 
 from __future__ import annotations
 
@@ -7,27 +8,33 @@ import tempfile
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
+from fastapi import APIRouter, Depends, File, Form, Query, Response, UploadFile, status
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from preft_serve.adapters.format import AdapterMode
 from preft_serve.common.audit_wire import AuditAction
-from preft_serve.common.domain_errors import NotFound
 from preft_serve.common.errors import error_responses
-from preft_serve.registry.adapters import AdapterService, UploadResult
+from preft_serve.registry.adapters import UploadResult
 from preft_serve.registry.audit_deps import Auditor, TenantAuditDep
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep
 from preft_serve.registry.ingest import UploadedFile
 from preft_serve.registry.names import ADAPTER_PATTERN
+from preft_serve.registry.policy_schemas import (
+    MAX_VERSION,
+    PolicyIn,
+    PolicyOut,
+    VersionUploaded,
+)
 from preft_serve.registry.routers.path_params import AdapterPath
 from preft_serve.registry.schemas import (
     AdapterDetail,
     AdapterPage,
-    AdapterUploaded,
     AdapterVersion,
     RollbackIn,
 )
+from preft_serve.registry.serving_policy import PolicyService
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
@@ -47,6 +54,22 @@ StrictQuery = Annotated[
         "its base_model_name_or_path names another model"
     ),
 ]
+PromoteQuery = Annotated[
+    bool,
+    Query(
+        description="Serve the new version to every user at once (the hot swap); false "
+        "stores it as staged and users keep the version they get until a serving policy "
+        "names it (PUT /v1/adapters/{name}/policy). A new adapter's first version is "
+        "served either way"
+    ),
+]
+
+
+def _policies(adapters: AdaptersDep) -> PolicyService:
+    return PolicyService(adapters.redis, adapters.keys, adapters.store, adapters.maxlen)
+
+
+PoliciesDep = Annotated[PolicyService, Depends(_policies)]
 
 
 def _files(files: list[UploadFile]) -> list[UploadedFile]:
@@ -57,35 +80,32 @@ def _version_id(rec: AdapterVersion) -> str:
     return f"v{rec.version}:{rec.sha256}"
 
 
-def _audit_version(
-    audit: Auditor, action: AuditAction, adapters: AdapterService, tenant: str, result: UploadResult
-) -> None:
-    """Record a committed new version, with the one it replaced (history is append-only,
-    so version n - 1 is exactly what was current)."""
+def _audit_version(audit: Auditor, action: AuditAction, result: UploadResult) -> None:
+    """Record a committed new version, with the served one it replaced (a staged version
+    replaces nothing: its entry says ``staged``)."""
     if not result.created:
         return
-    rec, before = result.version, None
-    if rec.version > 1:
-        try:
-            before = _version_id(adapters.version(tenant, rec.name, rec.version - 1))
-        except NotFound:  # deleted in the meantime: the entry still names the new one
-            before = None
-    audit(action, rec.name, before=before, after=_version_id(rec))
+    rec = result.version
+    before = _version_id(result.replaced) if result.replaced is not None else None
+    after = _version_id(rec) + (f" {result.state.value}" if result.state.value != "serving" else "")
+    audit(action, rec.name, before=before, after=after)
 
 
-def _uploaded(result: UploadResult, response: Response) -> AdapterUploaded:
+def _uploaded(result: UploadResult, response: Response) -> VersionUploaded:
     response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
-    return AdapterUploaded(**result.version.model_dump(), warnings=list(result.warnings))
+    return VersionUploaded(
+        **result.version.model_dump(), warnings=list(result.warnings), state=result.state
+    )
 
 
 @router.post(
     "",
-    response_model=AdapterUploaded,
+    response_model=VersionUploaded,
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {
             "description": "Identical content already uploaded: unchanged",
-            "model": AdapterUploaded,
+            "model": VersionUploaded,
         },
         **_UPLOAD_ERRORS,
     },
@@ -105,23 +125,24 @@ def upload_adapter(
     files: FilesField,
     audit: TenantAuditDep,
     strict: StrictQuery = False,
-) -> AdapterUploaded:
+    promote: PromoteQuery = True,
+) -> VersionUploaded:
     """Upload a new adapter (version 1). Re-uploading identical content is a no-op (200)."""
     result = adapters.upload(
-        principal.tenant, name, mode, _files(files), create=True, strict=strict
+        principal.tenant, name, mode, _files(files), create=True, strict=strict, promote=promote
     )
-    _audit_version(audit, AuditAction.ADAPTER_UPLOAD, adapters, principal.tenant, result)
+    _audit_version(audit, AuditAction.ADAPTER_UPLOAD, result)
     return _uploaded(result, response)
 
 
 @router.put(
     "/{name}",
-    response_model=AdapterUploaded,
+    response_model=VersionUploaded,
     status_code=status.HTTP_201_CREATED,
     responses={
         200: {
             "description": "Identical to the current version: unchanged",
-            "model": AdapterUploaded,
+            "model": VersionUploaded,
         },
         **_UPLOAD_ERRORS,
     },
@@ -135,12 +156,14 @@ def upload_version(
     audit: TenantAuditDep,
     mode: Annotated[AdapterMode | None, Form(description="Defaults to the current mode")] = None,
     strict: StrictQuery = False,
-) -> AdapterUploaded:
-    """Upload the next version (the hot swap: bound users move to it at once)."""
+    promote: PromoteQuery = True,
+) -> VersionUploaded:
+    """Upload the next version: the hot swap (bound users move to it at once, any canary
+    ends), or with ?promote=false a staged version that serves nobody yet."""
     result = adapters.upload(
-        principal.tenant, name, mode, _files(files), create=False, strict=strict
+        principal.tenant, name, mode, _files(files), create=False, strict=strict, promote=promote
     )
-    _audit_version(audit, AuditAction.ADAPTER_VERSION, adapters, principal.tenant, result)
+    _audit_version(audit, AuditAction.ADAPTER_VERSION, result)
     return _uploaded(result, response)
 
 
@@ -209,9 +232,10 @@ def rollback_adapter(
     audit: TenantAuditDep,
 ) -> AdapterVersion:
     """Make an earlier version's content current again, as the next version (history stays
-    append-only; bound users move to it at once, like an upload)."""
+    append-only; bound users move to it at once, like an upload, and any canary ends).
+    PUT /v1/adapters/{name}/policy serves an earlier version without a new one."""
     result = adapters.rollback(principal.tenant, name, body.version)
-    _audit_version(audit, AuditAction.ADAPTER_ROLLBACK, adapters, principal.tenant, result)
+    _audit_version(audit, AuditAction.ADAPTER_ROLLBACK, result)
     response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
     return result.version
 
@@ -248,3 +272,61 @@ def download_adapter(
         headers={"X-Preft-Version": str(rec.version), "X-Preft-Sha256": rec.sha256},
         background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True),
     )
+
+
+_POLICY_ERRORS = error_responses(400, 401, 404, 422)
+
+
+@router.get("/{name}/policy", response_model=PolicyOut, responses=_POLICY_ERRORS)
+def get_policy(
+    name: AdapterPath,
+    principal: PrincipalDep,
+    policies: PoliciesDep,
+    user: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=256,
+            description="Also say which version this user id gets under the policy",
+        ),
+    ] = None,
+) -> PolicyOut:
+    """The serving policy: the version users get, the canary split if any, and every
+    version with its state (staged, serving, retired)."""
+    return policies.get(principal.tenant, name, user)
+
+
+@router.put("/{name}/policy", response_model=PolicyOut, responses=_POLICY_ERRORS)
+def set_policy(
+    name: AdapterPath,
+    body: PolicyIn,
+    principal: PrincipalDep,
+    policies: PoliciesDep,
+    audit: TenantAuditDep,
+) -> PolicyOut:
+    """Serve one version (promote a staged one, or roll back to an older one: no new
+    version is written), optionally with a canary version for a deterministic share of
+    users. Gateways apply it at once. Refused with nothing changed when a version does
+    not exist or its content is gone."""
+    change = policies.set(principal.tenant, name, body)
+    if change.changed:
+        audit(AuditAction.ADAPTER_POLICY, name, before=change.before, after=change.after)
+    return change.policy
+
+
+@router.post(
+    "/{name}/versions/{version}/promote", response_model=PolicyOut, responses=_POLICY_ERRORS
+)
+def promote_version(
+    name: AdapterPath,
+    version: Annotated[int, PathParam(ge=1, le=MAX_VERSION)],
+    principal: PrincipalDep,
+    policies: PoliciesDep,
+    audit: TenantAuditDep,
+) -> PolicyOut:
+    """Serve ``version`` to every user (ends any canary): the policy
+    ``{"version": version, "canary": null}``."""
+    change = policies.set(principal.tenant, name, PolicyIn(version=version, canary=None))
+    if change.changed:
+        audit(AuditAction.ADAPTER_POLICY, name, before=change.before, after=change.after)
+    return change.policy
