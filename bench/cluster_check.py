@@ -44,6 +44,7 @@ import datetime as dt
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -58,6 +59,7 @@ import redis
 
 from bench.results import ROOT, add_result_dir, result_path
 from bench.scale_sim import scenarios
+from bench.scale_sim.gateway import product_settings
 from bench.scale_sim.model import CPU
 from bench.scale_sim.prewarm import top_choice
 from bench.scale_sim.scenarios import CHART_WORKER, Scale, moved
@@ -114,14 +116,15 @@ def compare(cluster: dict[str, Any], simulator: dict[str, Any]) -> list[Row]:
         )
         for r in ROUTES
     ]
-    for key in ("load_max_over_mean", "requests_max_over_mean"):
-        rows.append(Row(key, "ratio", cluster.get(key), simulator.get(key)))
-    rows.append(
-        Row("traffic_moved", "share", cluster.get("traffic_moved"), simulator.get("traffic_moved"))
-    )
-    rows.append(
-        Row("others_moved", "share", cluster.get("others_moved"), simulator.get("others_moved"))
-    )
+    rows += [
+        Row(key, kind, cluster.get(key), simulator.get(key))
+        for key, kind in (
+            ("load_max_over_mean", "ratio"),
+            ("requests_max_over_mean", "ratio"),
+            ("traffic_moved", "share"),
+            ("others_moved", "share"),
+        )
+    ]
     return rows
 
 
@@ -279,26 +282,24 @@ def seed_registry(stack: OneBox, pop: Population) -> list[str]:
 
 
 def start_workers(stack: OneBox, count: int, say: Any) -> list[str]:
-    ports = [free_port() for _ in range(count)]
+    """``count`` fake workers, :data:`PER_PROCESS` to a process, each on a port its
+    process picked; their URLs."""
     env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    children = []
+    started = []
     for k in range(0, count, PER_PROCESS):
-        group = ports[k : k + PER_PROCESS]
-        argv = [
-            sys.executable,
-            "-m",
-            "bench.fake_cluster_worker",
-            "--ports",
-            ",".join(map(str, group)),
-        ]
+        ports_file = stack.config.run_dir / f"fake-workers-{k // PER_PROCESS}.ports"
+        ports_file.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "bench.fake_cluster_worker"]
+        argv += ["--count", str(min(PER_PROCESS, count - k)), "--ports-file", str(ports_file)]
         argv += ["--max-loras", str(CHART_WORKER.max_loras)]
         argv += ["--max-cpu-loras", str(CHART_WORKER.max_cpu_loras)]
-        children.append((stack.start(f"fake-workers-{k // PER_PROCESS}", argv, env), group))
-    for child, group in children:
-        for port in group:
-            child.wait_ready(http_ok(f"http://127.0.0.1:{port}/health"), 60, 0.1)
-    say(f"  {count} fake workers up in {len(children)} processes")
-    return [f"http://127.0.0.1:{p}" for p in ports]
+        started.append((stack.start(f"fake-workers-{k // PER_PROCESS}", argv, env), ports_file))
+    urls: list[str] = []
+    for child, ports_file in started:
+        child.wait_ready(ports_file.exists, 60, 0.1)
+        urls += [f"http://127.0.0.1:{p}" for p in json.loads(ports_file.read_text())]
+    say(f"  {count} fake workers up in {len(started)} processes")
+    return urls
 
 
 def prewarm_workers(pop: Population, urls: list[str]) -> None:
@@ -315,15 +316,30 @@ def prewarm_workers(pop: Population, urls: list[str]) -> None:
 
 
 def start_gateways(stack: OneBox, model: Path, workers: list[str], count: int) -> list[str]:
-    ports = [free_port() for _ in range(count)]
-    children = []
-    for g, port in enumerate(ports):
+    """``count`` gateways, started together; one whose port was taken meanwhile (it was
+    free when picked) starts again on another."""
+
+    def start(g: int) -> tuple[Any, int]:
+        port = free_port()
         argv, env = stack.gateway_command(model, workers, port)
-        env = {**env, "PREFT_GATEWAY_LOG_LEVEL": "warning"}
-        children.append((stack.start(f"gateway-{g}", argv, env), port))
-    for child, port in children:
-        child.wait_ready(http_ok(f"http://127.0.0.1:{port}/readyz"), 120)
-    return [f"http://127.0.0.1:{p}" for p in ports]
+        return stack.start(
+            f"gateway-{g}", argv, {**env, "PREFT_GATEWAY_LOG_LEVEL": "warning"}
+        ), port
+
+    children = [start(g) for g in range(count)]
+    urls = []
+    for g, (first, first_port) in enumerate(children):
+        child, port = first, first_port
+        try:
+            child.wait_ready(http_ok(f"http://127.0.0.1:{port}/readyz"), 120)
+        except StackError:
+            if "address already in use" not in child.log_tail():
+                raise
+            stack.children.remove(child)
+            child, port = start(g)
+            child.wait_ready(http_ok(f"http://127.0.0.1:{port}/readyz"), 120)
+        urls.append(f"http://127.0.0.1:{port}")
+    return urls
 
 
 def gateway_of(user: int, gateways: int) -> int:
@@ -338,9 +354,10 @@ async def replay(
     pop: Population,
     marks: dict[float, Any],
     say: Any,
-) -> Counter[str]:
+) -> tuple[Counter[str], float]:
     """Send each request at its time to its user's gateway; at each mark's time run the
-    mark's callback (in a thread beside the sending: it scrapes). Returns the statuses."""
+    mark's callback (in a thread beside the sending: it scrapes). Returns the statuses and
+    when the replay started (``time.monotonic``)."""
     clients = [
         httpx.AsyncClient(base_url=g, timeout=60, limits=httpx.Limits(max_connections=500))
         for g in gateways
@@ -389,19 +406,23 @@ async def replay(
         await asyncio.wait(tasks, timeout=60)
     for c in clients:
         await c.aclose()
-    return statuses
+    return statuses, start
+
+
+ROUTING_LINE = re.compile(rb'^preft_gateway_routing_total\{result="(\w+)"\} (\S+)$', re.M)
 
 
 def routing_counts(gateway: str) -> dict[str, float]:
-    """The gateway's routing counter by result, from its ``/metrics`` lines (the page is
-    large: per-adapter series; parsing all of it at each mark took seconds)."""
+    """The gateway's routing counter by result, found in its ``/metrics`` page by one
+    regular expression (the page is large, with per-adapter series: parsing it in Python
+    at each mark, beside the client, took tens of seconds on a loaded machine)."""
+    return routing_in_page(httpx.get(f"{gateway}/metrics", timeout=30).content)
+
+
+def routing_in_page(page: bytes) -> dict[str, float]:
     out: dict[str, float] = {}
-    with httpx.stream("GET", f"{gateway}/metrics", timeout=30) as page:
-        for line in page.iter_lines():
-            if line.startswith(ROUTING + "{"):
-                labels, _, value = line.rpartition(" ")
-                result = labels.split('result="', 1)[1].split('"', 1)[0]
-                out[result] = out.get(result, 0.0) + float(value)
+    for result, value in ROUTING_LINE.findall(page):
+        out[result.decode()] = out.get(result.decode(), 0.0) + float(value)
     return out
 
 
@@ -468,7 +489,8 @@ def run_cluster(
             httpx.post(f"{victim}/bench/leave", timeout=10)
             say(f"  worker {victim} left")
 
-        settle = 3 * 2.0  # unhealthy_after (2) health checks of 2 s, and one more
+        gw = product_settings()  # what the gateways run with
+        settle = (gw.unhealthy_after + 1) * gw.health_interval_s  # taken out, and a margin
         marks = {
             w: mark("start"),
             w + m / 2: mark("mid"),
@@ -476,7 +498,7 @@ def run_cluster(
             leave + settle: mark("settled"),
         }
         end = leave + args.after_s
-        statuses = asyncio.run(replay(requests, gateways, tenant_keys, pop, marks, say))
+        statuses, started = asyncio.run(replay(requests, gateways, tenant_keys, pop, marks, say))
         snaps["end"] = snapshot(gateways, workers)
         dead = stack.dead_child()
         if dead is not None:
@@ -485,6 +507,8 @@ def run_cluster(
             "routing_share": routing_share(snaps["start"]["routes"], snaps["leave"]["routes"]),
             **worker_ratios(snaps["start"]["workers"], snaps["leave"]["workers"]),
             "seconds": round(snaps["leave"]["t"] - snaps["start"]["t"], 1),
+            # when each mark's reading finished (a loaded machine makes them late)
+            "marks_s": {k: round(v["t"] - started, 1) for k, v in snaps.items()},
         }
         measured.update(
             observed_moves(

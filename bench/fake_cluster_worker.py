@@ -19,6 +19,7 @@ for small adapters). A bench control surface (``/bench/*``) prewarms, reports an
 one worker; the gateway never calls it.
 
     python -m bench.fake_cluster_worker --ports 9101,9102,9103
+    python -m bench.fake_cluster_worker --count 10 --ports-file /tmp/ports.json
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -211,6 +213,7 @@ class FakeWorker:
     """One worker on one port: an asyncio server speaking just enough HTTP/1.1."""
 
     def __init__(self, port: int, state: WorkerState) -> None:
+        """``port`` 0: any free one (``port`` holds it once started)."""
         self.port, self.state = port, state
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
@@ -218,6 +221,7 @@ class FakeWorker:
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self.connection, "127.0.0.1", self.port)
+        self.port = int(self.server.sockets[0].getsockname()[1])
 
     async def sampler(self) -> None:
         while self.up:
@@ -291,12 +295,26 @@ class FakeWorker:
         return 404, js, b'{"error": {"message": "fake", "type": "NotFoundError", "code": 404}}'
 
 
-async def serve(ports: list[int], max_loras: int, max_cpu_loras: int, report: str) -> None:
+def write_ports(path: str, ports: list[int]) -> None:
+    """All at once (a reader never sees half a list)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(ports, f)
+    os.replace(f"{path}.tmp", path)
+
+
+async def serve(
+    ports: list[int], max_loras: int, max_cpu_loras: int, report: str, ports_file: str | None
+) -> None:
+    """Run one worker per port (0: any free one); ``ports_file`` gets the ports as a JSON
+    list once all of them listen (picking free ports here, not in the parent, leaves no
+    time for another process to take one)."""
     workers = [
         FakeWorker(p, WorkerState(Residency(max_loras, max_cpu_loras, report))) for p in ports
     ]
     for w in workers:
         await w.start()
+    if ports_file:
+        write_ports(ports_file, [w.port for w in workers])
     await asyncio.gather(*(w.sampler() for w in workers))
     await asyncio.Event().wait()  # a worker that left stays gone until the process ends
 
@@ -307,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--ports", required=True, help="comma-separated loopback ports, one worker each")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--ports", help="comma-separated loopback ports, one worker each")
+    where.add_argument("--count", type=int, help="this many workers on free ports")
+    p.add_argument("--ports-file", help="write the workers' ports here (JSON) once they listen")
     p.add_argument("--max-loras", type=int, default=8, help="GPU slots (chart worker.maxLoras)")
     p.add_argument(
         "--max-cpu-loras", type=int, default=64, help="host memory (chart worker.maxCpuLoras)"
@@ -319,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         help="what /v1/models lists: every adapter resolved (vLLM) or the host LRU",
     )
     args = p.parse_args(argv)
-    ports = [int(x) for x in args.ports.split(",") if x]
-    asyncio.run(serve(ports, args.max_loras, args.max_cpu_loras, args.report))
+    ports = [int(x) for x in args.ports.split(",") if x] if args.ports else [0] * args.count
+    asyncio.run(serve(ports, args.max_loras, args.max_cpu_loras, args.report, args.ports_file))
     return 0
 
 

@@ -7,11 +7,13 @@ import random
 from collections import Counter
 
 import pytest
+from prometheus_client import generate_latest
 
 from bench.cluster_check import (
     Row,
     compare,
     observed_moves,
+    routing_in_page,
     routing_share,
     table,
     worker_ratios,
@@ -26,6 +28,7 @@ from bench.fake_cluster_worker import (
 )
 from bench.scale_sim.model import CPU
 from preft_serve.gateway.context_window import ContextWindow
+from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.pool_monitor import LoadCount
 
 
@@ -169,6 +172,16 @@ def test_compare_pairs_every_metric() -> None:
     assert "| routing resident | 80.0 % | 70.0 % | +10.0 pt | **no** |" in text
     assert "| traffic_moved | 2.0 % | - | - | - |" in text
     assert rows["others_moved"].agrees is True
+
+
+def test_routing_counts_read_off_the_gateways_own_page() -> None:
+    metrics = GatewayMetrics()
+    for result, n in (("resident", 7), ("spill", 2), ("replica", 1)):
+        for _ in range(n):
+            metrics.routing.labels(result).inc()
+    metrics.requests.labels("a", "200").inc()  # other series on the page are skipped
+    page = generate_latest(metrics.registry)
+    assert routing_in_page(page) == {"resident": 7.0, "spill": 2.0, "replica": 1.0}
 
 
 def test_routing_share_counts_the_window_only() -> None:
