@@ -178,8 +178,8 @@ def test_an_upload_that_promotes_ends_the_canary(
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
-        ({"version": 9}, 400, "adapter 'bot' has no version 9; its versions are 1 to 3"),
-        ({"version": 1, "canary": {"version": 7, "weight": 0.1}}, 400, "has no version 7"),
+        ({"version": 9}, 404, "adapter 'bot' has no version 9; its versions are 1 to 3"),
+        ({"version": 1, "canary": {"version": 7, "weight": 0.1}}, 404, "has no version 7"),
         ({"version": 2, "canary": {"version": 2, "weight": 0.1}}, 400, "is the served version"),
         ({"version": 1, "canary": {"version": 2, "weight": 0}}, 422, "greater than 0"),
         ({"version": 1, "canary": {"version": 2, "weight": 1}}, 422, "less than 1"),

@@ -156,7 +156,7 @@ class PolicyService:
             records = _records(pipe.hgetall(versions_key))
             for version in wanted:
                 if version not in records:
-                    raise InvalidRequest(
+                    raise NotFound(
                         f"adapter {shown(name)} has no version {version}; its versions are "
                         f"1 to {latest_version(current)}"
                     )
