@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg bench-scale loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz images clean
+.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg bench-scale bench-cluster loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz images clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ bench-disagg: $(STAMP)  ## Two pools vs one worker: TTFT, latency and NIXL KV tr
 
 bench-scale: $(STAMP)  ## Cluster scale simulated on the product's routing and tier code: 100 workers, 1M users (ARGS=--quick)
 	$(PY) -m bench.scale_sim $(ARGS)
+
+bench-cluster: $(STAMP)  ## Real gateways + fake workers on loopback against the simulator (10 x 50, ~5 min)
+	$(PY) -m bench.cluster_check $(ARGS)
 
 bench-cold: $(STAMP)  ## Engine steps (step trace) and running streams' token gaps while cold adapters arrive (store / disk / warm)
 	$(PY) -m bench.cold_bench $(ARGS)
