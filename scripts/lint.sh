@@ -6,14 +6,14 @@
 #   scripts/lint.sh [VENV] [CHECK...]
 #
 # CHECK: ruff, format (ruff format --check), mypy (strict on all of preft_serve and
-# preft_kernels), imports (the import contracts), shellcheck, codespell; all of them by
-# default. Every check runs; the exit
+# preft_kernels), imports (the import contracts), shellcheck, codespell, refs (module and
+# file names in docs and docstrings that resolve to nothing); all of them by default. Every check runs; the exit
 # status is 1 when any failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv}"
 shift || true
-all=(ruff format mypy imports shellcheck codespell)
+all=(ruff format mypy imports shellcheck codespell refs)
 checks=("$@")
 [[ ${#checks[@]} -gt 0 ]] || checks=("${all[@]}")
 
@@ -25,6 +25,7 @@ run() {
     imports) "$venv/bin/lint-imports" --no-cache --no-logo ;;
     shellcheck) "$venv/bin/shellcheck" scripts/*.sh .ci/run ;;
     codespell) "$venv/bin/codespell" ;;
+    refs) "$venv/bin/python" scripts/stale_refs.py ;;
     *) echo "lint.sh: no check named '$1' (${all[*]})" >&2; return 2 ;;
   esac
 }

@@ -1,6 +1,6 @@
 """Where the workers are: a static list, a headless Service's DNS, or its EndpointSlices.
 
-Each source answers "which worker base URLs exist now"; ``gateway.health`` polls it and
+Each source answers "which worker base URLs exist now"; ``gateway.pool_monitor`` polls it and
 hands the answer to the ``WorkerPool``. A failed lookup keeps the previous list (a DNS or
 API-server hiccup must not empty the pool), while a successful empty answer empties it
 (the workers really are gone, e.g. scaled to zero).
