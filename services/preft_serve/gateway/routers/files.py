@@ -13,15 +13,16 @@ from preft_serve.gateway.registry_proxy import forward
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 # No or bad key; over the tenant's share of registry calls; no registry; registry down or
-# busy. A body that stops arriving is a 408.
-FORWARD_ERRORS = (401, 429, 501, 503)
+# busy. A body that stops arriving is a 408. (403: a key whose role does not allow the
+# route, or a quota for an upload.)
+FORWARD_ERRORS = (401, 403, 429, 501, 503)
 
 
 @router.post(
     "",
     response_model=FileObject,
     openapi_extra=UPLOAD_BODY,
-    responses=error_responses(400, 403, 408, 413, *FORWARD_ERRORS),
+    responses=error_responses(400, 408, 413, *FORWARD_ERRORS),
 )
 async def upload_file(request: Request, state: StateDep, owner: TenantDep) -> Response:
     """Upload training or validation data (``purpose`` fine-tune); every bad line is named

@@ -54,7 +54,7 @@ async def get_model(model: str, state: StateDep, owner: TenantDep) -> dict[str, 
     return {**_adapter(ref), "id": model}  # "carol@2" reads back as asked
 
 
-@router.delete("/models/{model:path}", responses=error_responses(400, 401, 404, 409, 501, 503))
+@router.delete("/models/{model:path}", responses=error_responses(400, 401, 403, 404, 409, 501, 503))
 async def delete_model(model: str, request: Request, state: StateDep, owner: TenantDep) -> Response:
     """Delete one of the tenant's adapters, every version (a fine-tuned model: the job's
     ``fine_tuned_model``). The registry deletes it, as ``DELETE /v1/adapters/{name}``, with

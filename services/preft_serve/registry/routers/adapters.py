@@ -167,7 +167,7 @@ def upload_version(
     return _uploaded(result, response)
 
 
-@router.get("", response_model=AdapterPage, responses=error_responses(400, 401))
+@router.get("", response_model=AdapterPage, responses=error_responses(400, 401, 403))
 def list_adapters(
     principal: PrincipalDep,
     adapters: AdaptersDep,
@@ -184,14 +184,16 @@ def list_adapters(
     return AdapterPage(items=items, next_cursor=next_cursor)
 
 
-@router.get("/{name}", response_model=AdapterDetail, responses=error_responses(400, 401, 404))
+@router.get("/{name}", response_model=AdapterDetail, responses=error_responses(400, 401, 403, 404))
 def get_adapter(name: AdapterPath, principal: PrincipalDep, adapters: AdaptersDep) -> AdapterDetail:
     """Current version plus the full version history."""
     return adapters.get(principal.tenant, name)
 
 
 @router.delete(
-    "/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(400, 401, 404, 409)
+    "/{name}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(400, 401, 403, 404, 409),
 )
 def delete_adapter(
     name: AdapterPath,
@@ -220,7 +222,7 @@ def delete_adapter(
             "description": "That version's content is already current: unchanged",
             "model": AdapterVersion,
         },
-        **error_responses(400, 401, 404, 422),
+        **error_responses(400, 401, 403, 404, 422),
     },
 )
 def rollback_adapter(
@@ -249,7 +251,7 @@ def rollback_adapter(
             "adapter_model.safetensors at its root, as stored",
             "content": {"application/gzip": {}},
         },
-        **error_responses(400, 401, 404, 422),
+        **error_responses(400, 401, 403, 404, 422),
     },
 )
 def download_adapter(
@@ -274,7 +276,7 @@ def download_adapter(
     )
 
 
-_POLICY_ERRORS = error_responses(400, 401, 404, 422)
+_POLICY_ERRORS = error_responses(400, 401, 403, 404, 422)
 
 
 @router.get("/{name}/policy", response_model=PolicyOut, responses=_POLICY_ERRORS)

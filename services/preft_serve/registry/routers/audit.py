@@ -52,7 +52,7 @@ def _reader(
     return require_tenant(request, state, key).tenant
 
 
-@router.get("", response_model=AuditPage, responses=error_responses(400, 401, 422))
+@router.get("", response_model=AuditPage, responses=error_responses(400, 401, 403, 422))
 def read_audit_log(
     log: AuditLogDep,
     own: Annotated[str | None, Depends(_reader)],

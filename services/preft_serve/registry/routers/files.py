@@ -34,7 +34,7 @@ def upload_file(
     return stored
 
 
-@router.get("", response_model=FileList, responses=error_responses(401))
+@router.get("", response_model=FileList, responses=error_responses(401, 403))
 def list_files(
     principal: PrincipalDep,
     files: FilesDep,
@@ -46,7 +46,7 @@ def list_files(
     return files.list(principal.tenant, limit, after, purpose)
 
 
-@router.get("/{file_id}", response_model=FileObject, responses=error_responses(401, 404))
+@router.get("/{file_id}", response_model=FileObject, responses=error_responses(401, 403, 404))
 def get_file(file_id: str, principal: PrincipalDep, files: FilesDep) -> FileObject:
     return files.get(principal.tenant, file_id)
 
@@ -54,14 +54,17 @@ def get_file(file_id: str, principal: PrincipalDep, files: FilesDep) -> FileObje
 @router.get(
     "/{file_id}/content",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}}, **error_responses(401, 404)},
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        **error_responses(401, 403, 404),
+    },
 )
 def file_content(file_id: str, principal: PrincipalDep, files: FilesDep) -> Response:
     """The file's bytes as uploaded (result files: a job's per-step metrics CSV)."""
     return Response(files.content(principal.tenant, file_id), media_type="application/octet-stream")
 
 
-@router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(401, 404))
+@router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(401, 403, 404))
 def delete_file(
     file_id: str, principal: PrincipalDep, files: FilesDep, audit: TenantAuditDep
 ) -> FileDeleted:

@@ -29,7 +29,7 @@ After = Annotated[
 ]
 
 
-@router.post("", response_model=FineTuningJob, responses=error_responses(400, 401, 404, 429))
+@router.post("", response_model=FineTuningJob, responses=error_responses(400, 401, 403, 404, 429))
 def create_job(
     body: JobCreate, principal: PrincipalDep, jobs: JobsDep, audit: TenantAuditDep
 ) -> FineTuningJob:
@@ -41,7 +41,7 @@ def create_job(
     return job
 
 
-@router.get("", response_model=JobList, responses=error_responses(400, 401, 404))
+@router.get("", response_model=JobList, responses=error_responses(400, 401, 403, 404))
 def list_jobs(
     request: Request, principal: PrincipalDep, jobs: JobsDep, after: After = None, limit: Limit = 20
 ) -> JobList:
@@ -66,13 +66,13 @@ def metadata_filter(query: QueryParams) -> MetadataFilter:
     return "null" if plain is not None else pairs or None
 
 
-@router.get("/{job_id}", response_model=FineTuningJob, responses=error_responses(401, 404))
+@router.get("/{job_id}", response_model=FineTuningJob, responses=error_responses(401, 403, 404))
 def get_job(job_id: str, principal: PrincipalDep, jobs: JobsDep) -> FineTuningJob:
     return jobs.get(principal.tenant, job_id)
 
 
 @router.post(
-    "/{job_id}/cancel", response_model=FineTuningJob, responses=error_responses(401, 404, 409)
+    "/{job_id}/cancel", response_model=FineTuningJob, responses=error_responses(401, 403, 404, 409)
 )
 def cancel_job(
     job_id: str, principal: PrincipalDep, jobs: JobsDep, audit: TenantAuditDep
@@ -85,7 +85,9 @@ def cancel_job(
     return job
 
 
-@router.get("/{job_id}/events", response_model=EventList, responses=error_responses(400, 401, 404))
+@router.get(
+    "/{job_id}/events", response_model=EventList, responses=error_responses(400, 401, 403, 404)
+)
 def list_events(
     job_id: str, principal: PrincipalDep, jobs: JobsDep, after: After = None, limit: Limit = 20
 ) -> EventList:
@@ -95,7 +97,7 @@ def list_events(
 
 
 @router.get(
-    "/{job_id}/checkpoints", response_model=CheckpointList, responses=error_responses(401, 404)
+    "/{job_id}/checkpoints", response_model=CheckpointList, responses=error_responses(401, 403, 404)
 )
 def list_checkpoints(
     job_id: str, principal: PrincipalDep, jobs: JobsDep, after: After = None, limit: Limit = 10

@@ -41,7 +41,7 @@ _TIME = "RFC 3339 (2026-01-31T12:00:00Z, an offset, or a date) or unix seconds"
     response_model=UsageReport,
     response_model_exclude_none=True,
     description=DESCRIPTION,
-    responses=error_responses(400, 401, 422),
+    responses=error_responses(400, 401, 403, 422),
 )
 def get_usage(
     principal: PrincipalDep,

@@ -27,7 +27,7 @@ def _bound_to(bindings: BindingService, tenant: str, user: str) -> str | None:
         return None
 
 
-@router.get("", response_model=UserList, responses=error_responses(400, 401, 404))
+@router.get("", response_model=UserList, responses=error_responses(400, 401, 403, 404))
 def list_users(
     principal: PrincipalDep,
     bindings: BindingsDep,
@@ -43,7 +43,7 @@ def list_users(
     return UserList(items=bindings.list(principal.tenant, adapter))
 
 
-@router.put("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 404))
+@router.put("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 403, 404))
 def bind_user(
     user_id: UserPath,
     body: BindingIn,
@@ -59,13 +59,15 @@ def bind_user(
     return bound
 
 
-@router.get("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 404))
+@router.get("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 403, 404))
 def get_binding(user_id: UserPath, principal: PrincipalDep, bindings: BindingsDep) -> BindingOut:
     return bindings.get(principal.tenant, user_id)
 
 
 @router.delete(
-    "/{user_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(400, 401, 404)
+    "/{user_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(400, 401, 403, 404),
 )
 def unbind_user(
     user_id: UserPath, principal: PrincipalDep, bindings: BindingsDep, audit: TenantAuditDep
