@@ -83,14 +83,19 @@ def _principal(
     state.tenants.record_use(principal)
 
 
-def tenant_of_header(state: RegistryState, authorization: str | None) -> Principal:
-    """``require_tenant``'s check from a raw ``Authorization`` header (for middleware,
-    which runs before FastAPI's dependencies)."""
+def tenant_of_header(
+    state: RegistryState, authorization: str | None, method: str, path: str
+) -> Principal:
+    """``require_tenant``'s check, key and role, from a raw ``Authorization`` header and
+    the request's method and URL path (for middleware, which runs before routing and
+    FastAPI's dependencies, so there is no route template to classify by)."""
     scheme, token = get_authorization_scheme_param(authorization)
     credentials = (
         HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if scheme and token else None
     )
-    return state.tenants.authenticate(_bearer(credentials, "API key"))
+    principal = state.tenants.authenticate(_bearer(credentials, "API key"))
+    key_roles.check(principal.role, method, key_roles.route_path(None, path))
+    return principal
 
 
 def _tenants(state: StateDep) -> TenantService:

@@ -4,8 +4,10 @@ FastAPI reads a multipart form (spooling its files to disk) before it resolves a
 dependencies, so an upload without a valid tenant key was received in full, up to
 ``PREFT_REGISTRY_MAX_UPLOAD_BYTES``, before its 401: anyone could fill the registry's
 temporary disk. Every multipart body here is a tenant's upload (adapters, fine-tuning
-files), so this middleware checks the tenant key of each one first, with the routes' own
-check (``deps.tenant_of_header``; ``require_tenant`` runs again after it).
+files), so this middleware checks the tenant key of each one first, and the key's role
+for the request's method and path (a valid key whose role may not upload, such as an
+``inference`` key, gets its 403 before the body too), with the routes' own check
+(``deps.tenant_of_header``; ``require_tenant`` runs again after it).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from preft_serve.registry.json_body_guard import is_upload
 
 
 class UploadAuthMiddleware:
-    """401 (503 when Redis is down) for an upload whose tenant key does not check out,
-    before any of its body is read."""
+    """401 (403 for a role that may not, 503 when Redis is down) for an upload whose
+    tenant key does not check out, before any of its body is read."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -42,7 +44,11 @@ async def _refusal(request: Request) -> Response | None:
     app = request.app
     try:
         await anyio.to_thread.run_sync(
-            tenant_of_header, app.state.registry, request.headers.get("authorization")
+            tenant_of_header,
+            app.state.registry,
+            request.headers.get("authorization"),
+            request.method,
+            request.url.path,
         )
     except DomainError as exc:
         return domain_error_response(exc)
