@@ -3,8 +3,8 @@
 Rules (also in the app's OpenAPI description, /docs):
 
 * ``model`` names one of the tenant's adapters -> that adapter (the user is ignored);
-  ``name@version`` pins one version of it (a version that does not exist: 404 naming the
-  current one).
+  ``name@version`` pins one version of it, staged ones included (a version that does
+  not exist: 404 naming the versions that do and the one served).
 * ``model`` equals the base model's public name -> the user's binding if the user has one,
   else the base model, or a 404 where the tenant's ``unbound_user`` setting is
   ``not_found`` (``common.tenant_serving``).
@@ -78,18 +78,47 @@ ADAPTER_VERSION_HEADER = "x-preft-adapter-version"
 ADAPTER_SHA256_HEADER = "x-preft-adapter-sha256"
 
 
+async def latest_version(
+    resolver: Resolver, tenant: str, name: str, served: int, missing: int
+) -> int:
+    """The adapter's highest version, staged ones included, given that ``served`` exists
+    and ``missing`` does not (an adapter's versions are 1 to its latest, none removed
+    singly). Read through ``name@version`` lookups, which are never cached: the cached
+    current version does not change when a version is staged above it, so it cannot say.
+    Probes ``served + 1, + 2, + 4 ...`` then halves the gap: one lookup when nothing is
+    staged, about two per doubling of the staged count otherwise."""
+
+    async def exists(version: int) -> bool:
+        return await resolver.resolve_adapter(tenant, f"{name}@{version}") is not None
+
+    low, step = served, 1  # low exists
+    high = missing  # high does not
+    while low + step < high:
+        if not await exists(low + step):
+            high = low + step
+            break
+        low, step = low + step, step * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if await exists(middle) else (low, middle)
+    return low
+
+
 async def model_not_found(resolver: Resolver, tenant: str, model: str) -> NotFound:
     """The 404 of a ``model`` the tenant does not have; for ``name@version`` of an adapter
-    it has, it says which versions exist."""
+    it has, it says which versions exist (staged ones above the served one included)."""
     pinned = split_pinned(model)
     if (
         pinned is not None
         and (current := await resolver.resolve_adapter(tenant, pinned[0])) is not None
     ):
+        name, wanted = pinned
+        latest = current.version
+        if wanted > current.version:
+            latest = await latest_version(resolver, tenant, name, current.version, wanted)
         return NotFound(
-            f"adapter '{pinned[0]}' has no version {pinned[1]}; its versions are "
-            f"1 to {current.version} ('{pinned[0]}' alone is version "
-            f"{current.version})",
+            f"adapter '{name}' has no version {wanted}; its versions are "
+            f"1 to {latest} ('{name}' alone is version {current.version})",
             code="model_not_found",
             param="model",
         )
