@@ -11,6 +11,10 @@ Examples:
     preft adapter upload ./my-adapter --name support-bot --mode prefill
     preft adapter upload ./my-adapter-v2 --name support-bot --new-version
     preft adapter rollback support-bot 1          # version 1's content, as version 3
+    preft adapter upload ./v4 --name support-bot --new-version --staged   # serves nobody yet
+    preft adapter canary support-bot 4 --weight 0.1   # 10% of users get version 4
+    preft adapter promote support-bot 4           # everyone gets version 4
+    preft adapter policy support-bot --user alice # versions, states, alice's version
     preft adapter download support-bot --out ./support-bot
     preft adapter convert ./old-adapter           # adapter_model.bin -> .safetensors (local)
     preft user bind alice support-bot
@@ -18,6 +22,8 @@ Examples:
     preft adapter list
     preft usage --start 2026-03-01 --end 2026-03-31
     preft usage --by user --group-by hour --since 2026-03-01T00:00:00Z
+    preft key create --role inference --name chat-app --ttl 30d   # printed once
+    preft key list | preft key revoke KEY_ID
     preft audit --since 2026-03-01 --action binding.set --all   # who changed what
     preft fine-tune create data.jsonl --model base --suffix alice --follow
     preft fine-tune checkpoints ftjob-...
@@ -69,6 +75,7 @@ from preft_serve.cli import (
     contexts,
     files,
     finetune,
+    keys,
     tenant,
     usage,
     user,
@@ -156,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(
         dest="group",
         required=True,
-        metavar="{login,logout,context,adapter,user,usage,audit,files,"
+        metavar="{login,logout,context,adapter,key,user,usage,audit,files,"
         "fine-tune,tenant,model,train,completion}",
     )
 
@@ -168,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     contexts.add_parsers(groups, lambda p: _add_common(p, suppress=True, api_key=False))
     adapter.add_parser(groups, leaf)
+    keys.add_parser(groups, leaf)
     user.add_parser(groups, leaf)
     usage.add_parser(groups, leaf)
     audit.add_parser(groups, leaf)

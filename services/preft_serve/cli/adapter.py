@@ -1,4 +1,5 @@
-"""``preft adapter ...``: upload, convert, list, show, download, rollback, delete."""
+"""``preft adapter ...``: upload, convert, list, show, download, rollback, delete, and the
+serving policy (policy, promote, canary)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, file_digest
 from preft_serve.cli.client import CliError, ProgressFile, Registry
+from preft_serve.cli.helptext import with_examples
 from preft_serve.cli.output import progress_bar, show_progress
+from preft_serve.cli.policy import add_policy_parsers
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 PROGRESS_MIN_BYTES = 1 << 20  # on a terminal, smaller transfers finish before a bar helps
@@ -60,7 +63,10 @@ def cmd_upload(reg: Registry, args: argparse.Namespace) -> Any:
     try:
         files = [("files", (p.name, h, "application/octet-stream")) for p, h in zip(parts, handles)]
         data = {"mode": args.mode} if args.mode else {}
-        params = {"strict": "true"} if args.strict else None
+        params = {
+            **({"strict": "true"} if args.strict else {}),
+            **({"promote": "false"} if args.staged else {}),
+        } or None
         if args.new_version:
             result = reg.call(
                 "PUT", f"/v1/adapters/{args.name}", data=data, files=files, params=params
@@ -76,6 +82,12 @@ def cmd_upload(reg: Registry, args: argparse.Namespace) -> Any:
             bar.close()
     for warning in result.get("warnings") or ():
         sys.stderr.write(f"warning: {warning}\n")
+    if args.staged and result.get("state") != "staged":
+        sys.stderr.write(
+            f"note: version {result.get('version')} is {result.get('state')}, not staged: "
+            "a new adapter's first version serves (there is nothing else to serve), and "
+            "content identical to an existing version stores nothing new\n"
+        )
     return result
 
 
@@ -171,7 +183,9 @@ def cmd_rollback(reg: Registry, args: argparse.Namespace) -> Any:
 
 def add_parser(groups: Any, leaf: Any) -> None:
     adapter = groups.add_parser(
-        "adapter", help="upload, list, show, download, roll back and delete adapters"
+        "adapter",
+        help="upload, list, show, download, roll back and delete adapters; stage, "
+        "promote and canary their versions",
     )
     a_sub = adapter.add_subparsers(dest="action", required=True)
     up = leaf(
@@ -200,7 +214,21 @@ def add_parser(groups: Any, leaf: Any) -> None:
         help="refuse the upload instead of accepting it with warnings (e.g. a "
         "base_model_name_or_path naming another model)",
     )
+    up.add_argument(
+        "--staged",
+        action="store_true",
+        help="store the new version without serving it (users keep the version they get); "
+        "try it pinned as NAME@VERSION, then `preft adapter promote` or `canary` it",
+    )
     _progress_flags(up, "upload")
+    with_examples(
+        up,
+        "examples:\n"
+        "  preft adapter upload ./my-adapter --name support-bot --mode prefill\n"
+        "  preft adapter upload ./my-adapter-v2 --name support-bot --new-version\n"
+        "  preft adapter upload ./my-adapter-v3 --name support-bot --new-version --staged\n"
+        "  preft adapter upload ./my-adapter.tar.gz --name other-bot --mode all --strict",
+    )
     conv = a_sub.add_parser(
         "convert",
         help="Convert a PEFT adapter saved as adapter_model.bin to safetensors "
@@ -246,6 +274,14 @@ def add_parser(groups: Any, leaf: Any) -> None:
     )
     back.add_argument("name")
     back.add_argument("version", type=int, help="the version to go back to")
+    with_examples(
+        back,
+        "example:\n"
+        "  preft adapter rollback support-bot 1   # version 1's content, as a new version\n\n"
+        "To serve an earlier version again without writing a new one: "
+        "preft adapter promote NAME VERSION",
+    )
+    add_policy_parsers(a_sub, leaf)
     rm = leaf(
         a_sub,
         "delete",

@@ -31,6 +31,10 @@ _CLI_TERMS: tuple[tuple[re.Pattern[str], str], ...] = (
         "as `preft tenant show TENANT` lists them",
     ),
     (re.compile(r"^field 'mode' is required"), "--mode is required"),
+    (
+        re.compile(r"\(POST /v1/keys with role admin\)"),
+        "(`preft key create --role admin`)",
+    ),
 )
 
 
@@ -166,6 +170,48 @@ def _checkpoints(result: dict[str, Any], out: IO[str]) -> None:
         out.write(f"(more: --after {rows[-1]['id']})\n")
 
 
+KEY_COLUMNS = ["key_id", "role", "name", "created_at", "expires_at", "last_used_at", "created_by"]
+
+
+def _key_rows(keys: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``-`` for an unset field (no name, never expires, never used)."""
+    return [{c: "-" if k.get(c) is None else k[c] for c in KEY_COLUMNS} for k in keys]
+
+
+def _key_created(result: dict[str, Any], out: IO[str]) -> None:
+    for key, value in _key_rows([result])[0].items():
+        if key != "last_used_at":
+            out.write(f"{key + ':':<13}{value}\n")
+    out.write(f"{'api_key:':<13}{result['api_key']}\n")
+
+
+def _policy(result: dict[str, Any], out: IO[str]) -> None:
+    """The served version, the canary, the user's pick (with --user), then every version."""
+    out.write(f"{'name:':<13}{result['name']}\n")
+    out.write(f"{'serving:':<13}version {result['version']} ({result['sha256'][:12]})\n")
+    canary = result.get("canary")
+    out.write(
+        f"{'canary:':<13}"
+        + (
+            f"version {canary['version']} ({canary['sha256'][:12]}) for "
+            f"{canary['weight']:.2%} of users\n"
+            if canary
+            else "none\n"
+        )
+    )
+    if result.get("user"):
+        pick = result["user"]
+        out.write(
+            f"{'user:':<13}{pick['user']} gets version {pick['version']} ({pick['variant']})\n"
+        )
+    out.write(f"{'updated_at:':<13}{result['updated_at']}\n")
+    out.write("versions:\n")
+    rows = [{**v, "sha256": v["sha256"][:12]} for v in result["versions"]]
+    print_table(
+        rows, ["version", "state", "sha256", "mode", "rank", "size_bytes", "created_at"], out
+    )
+
+
 def render(result: Any, command: str, out: IO[str]) -> None:
     """Human output of one command's result."""
     if command == "adapter list":
@@ -193,6 +239,15 @@ def render(result: Any, command: str, out: IO[str]) -> None:
             out.write(f"{key + ':':<13}{result[key]}\n")
         out.write("versions:\n")
         print_table(result["versions"], ["version", "sha256", "mode", "created_at"], out)
+    elif command == "key list":
+        print_table(_key_rows(result), KEY_COLUMNS, out) if result else out.write("no keys\n")
+    elif command == "key show":
+        for key, value in _key_rows([result])[0].items():
+            out.write(f"{key + ':':<13}{value}\n")
+    elif command == "key create":
+        _key_created(result, out)
+    elif command in ("adapter policy", "adapter promote", "adapter canary"):
+        _policy(result, out)
     elif command == "user list":
         print_table(result["items"], ["user", "adapter"], out)
     elif command == "usage show":
