@@ -150,9 +150,9 @@ async def admit(
         unbound_user=functools.partial(state.serving.unbound_user, record.tenant),
     )
     target, variant = policy_version(target, model, user)
-    record.selected(target)
-    if target.adapter is not None:
-        state.metrics.variant_of(record.adapter, variant.value).inc()
+    record.selected(target, None if target.adapter is None else variant.value)
+    if record.variant is not None:
+        state.metrics.variant_of(record.adapter, record.variant).inc()
     return target
 
 

@@ -124,6 +124,31 @@ class GatewayMetrics:
             ["adapter", "variant"],
             registry=self.registry,
         )
+        # A canary is judged by its requests' outcomes beside the serving version's: the
+        # same measures as the per-adapter families, split by the serving policy's variant
+        # (three values, so at most 3x the bounded adapter label's series).
+        self.variant_outcomes = Counter(
+            "preft_gateway_adapter_variant_outcomes_total",
+            "Completion requests to adapters by "
+            "serving-policy variant and outcome (ok: 2xx, client_error: 4xx, "
+            "server_error: 5xx), counted once when the request ends",
+            ["adapter", "variant", "outcome"],
+            registry=self.registry,
+        )
+        self.variant_output_tokens = Counter(
+            "preft_gateway_adapter_variant_output_tokens_total",
+            "Generated tokens reported by workers, by adapter and serving-policy variant",
+            ["adapter", "variant"],
+            registry=self.registry,
+        )
+        self.variant_ttft = Histogram(
+            "preft_gateway_adapter_variant_ttft_seconds",
+            "Time to first token of streamed "
+            "completions to adapters, by adapter and serving-policy variant",
+            ["adapter", "variant"],
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
+        )
         self.rate_limited = Counter(
             "preft_gateway_rate_limited_total",
             "Requests refused with 429 by a rate limit",
@@ -204,6 +229,9 @@ class GatewayMetrics:
         self.latency_of, self.ttft_of = Children(self.latency), Children(self.ttft)
         self.routing_of, self.errors_of = Children(self.routing), Children(self.errors)
         self.variant_of = Children(self.variant_requests)
+        self._variant_outcomes = Children(self.variant_outcomes)
+        self._variant_output_tokens = Children(self.variant_output_tokens)
+        self._variant_ttft = Children(self.variant_ttft)
 
     def watch_registry_cache(self, sizes: Callable[[], dict[str, int]]) -> None:
         """Read the cache sizes at every scrape."""
@@ -240,6 +268,26 @@ class GatewayMetrics:
             self._generation_tokens(label).inc(completion)
             if tenant_label is not None:
                 self._tenant_tokens(tenant_label, "completion").inc(completion)
+
+    def record_variant(
+        self, label: str, variant: str, status: int, completion: int | None, ttft: float | None
+    ) -> None:
+        """Count an adapter request's end under the policy's ``variant`` that served it:
+        its outcome by ``status``, its generated tokens (None: not known) and its time to
+        first token (None: not streamed, or no text was sent)."""
+        self._variant_outcomes(label, variant, outcome_of(status)).inc()
+        if completion is not None:
+            self._variant_output_tokens(label, variant).inc(completion)
+        if ttft is not None:
+            self._variant_ttft(label, variant).observe(ttft)
+
+
+def outcome_of(status: int) -> str:
+    """A status's outcome label: ``ok`` below 400, ``client_error`` for 4xx, else
+    ``server_error``."""
+    if status < 400:
+        return "ok"
+    return "client_error" if status < 500 else "server_error"
 
 
 def token_counts(usage: object) -> tuple[int | None, int | None]:

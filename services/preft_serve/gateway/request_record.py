@@ -1,9 +1,11 @@
 """One record per generating request (completions, chat, responses), counted once.
 
 A request is counted in several places — ``requests_total`` by adapter and tenant, the error
-cause, latency and time to first token, the tokens (metrics, the tenant's per-day usage)
-and the access log's fields — and it can end in many ways: refused before a worker saw it,
-answered whole, streamed to the end, streamed until the client left or the worker broke.
+cause, latency and time to first token, the tokens, for an adapter the outcome, output
+tokens and time to first token by its serving policy's variant (metrics), the tenant's
+per-day usage and the access log's fields — and it can end in many ways: refused before a
+worker saw it, answered whole, streamed to the end, streamed until the client left or the
+worker broke.
 Handlers only note on the record what happened (:meth:`RequestRecord.answered`,
 :meth:`~RequestRecord.fail`, :meth:`~RequestRecord.first_token`, the usage);
 :meth:`RequestRecord.finish` counts it all, once. A handler's ``with record:`` finishes it
@@ -57,6 +59,7 @@ class RequestRecord:
         "target",
         "tenant",
         "tenant_label",
+        "variant",
         "worker",
         "worker_answered",
     )
@@ -72,6 +75,7 @@ class RequestRecord:
         self.tenant_label = self._metrics.tenant_label(tenant)
         self.adapter = NO_ADAPTER  # the adapter's metric label, once selected
         self.target: Target | None = None
+        self.variant: str | None = None  # the serving policy's part that chose the version
         self.worker: str | None = None
         self.decode_worker: str | None = None
         self.status: int | None = None  # None: ended before any answer (client left)
@@ -99,9 +103,11 @@ class RequestRecord:
         if exc is not None or not self.streaming:
             self.finish()
 
-    def selected(self, target: Target) -> None:
-        """The adapter (or base model) that serves the request."""
-        self.target = target
+    def selected(self, target: Target, variant: str | None = None) -> None:
+        """The adapter (or base model) that serves the request, and for an adapter the
+        part of its serving policy that chose the version (``common.version_split``), by
+        which the request's outcome is counted too."""
+        self.target, self.variant = target, variant
         self.adapter = self._metrics.adapter_label(target.public_name)
 
     def answered(self, upstream: Upstream) -> int:
@@ -159,8 +165,12 @@ class RequestRecord:
             metrics.errors_of(self.cause).inc()
         if self.worker_answered:
             metrics.latency_of(adapter).observe(now - self.start)
-        if self.first_token_at is not None:
-            metrics.ttft_of(adapter).observe(self.first_token_at - self.start)
+        ttft = None if self.first_token_at is None else self.first_token_at - self.start
+        if ttft is not None:
+            metrics.ttft_of(adapter).observe(ttft)
+        if self.variant is not None:
+            completion = self.completion_tokens if self.billed else None
+            metrics.record_variant(adapter, self.variant, self.status, completion, ttft)
         if self.billed and self.target is not None:
             prompt, completion = self.prompt_tokens, self.completion_tokens
             metrics.record_tokens(adapter, prompt, completion, self.tenant_label)
