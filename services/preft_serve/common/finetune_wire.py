@@ -98,7 +98,8 @@ class Hyperparameters(BaseModel):
 
 
 class PreftMethod(BaseModel):
-    """Our extension ``method: {"type": "preft", "preft": {...}}``: which adapter to train."""
+    """Our extension ``method: {"type": "preft", "preft": {...}}``: which adapter to train,
+    and whether the version it becomes is served at once."""
 
     model_config = {"extra": "forbid"}
 
@@ -120,6 +121,14 @@ class PreftMethod(BaseModel):
     steps: int | None = Field(None, ge=1, description="Optimizer steps (overrides n_epochs)")
     max_seq_len: int = Field(1024, ge=16, le=MAX_SEQ_LEN)
     hyperparameters: Hyperparameters | None = None
+    promote: bool = Field(
+        True,
+        strict=True,  # "no" or 0 is a mistake to name, not a value to guess
+        description="On success, serve the trained version to every user at once (true), or "
+        "store it staged (false): the adapter name keeps serving its current version until "
+        "POST /v1/adapters/{name}/versions/{version}/promote or a serving policy's canary "
+        "serves it. An adapter's first version is always served",
+    )
 
 
 class Method(BaseModel):

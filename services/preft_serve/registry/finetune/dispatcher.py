@@ -27,6 +27,7 @@ from preft_serve.registry.finetune.runners import Observation, Runner, RunState
 from preft_serve.registry.finetune.settings import FinetuneSettings
 from preft_serve.registry.finetune.spec import OUTPUT_FILES, TrainerSpec, output_prefix
 from preft_serve.registry.metrics import RegistryMetrics
+from preft_serve.registry.policy_schemas import VersionState
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class Dispatcher:
             self._discard_output(record.id)
             return  # cancelled meanwhile: nothing is registered
         try:
-            done = register_output(current, self.adapters, self.files)
+            done = register_output(current, self.adapters, self.files, promote=current.promote)
         except DomainError as exc:
             self._fail(
                 record.id,
@@ -261,7 +262,14 @@ class Dispatcher:
         self.store.add_event(
             record.id,
             f"New fine-tuned model created: {done.name} "
-            f"(version {done.version}, sha256 {done.sha256[:12]})",
+            f"(version {done.version}, sha256 {done.sha256[:12]})"
+            + (
+                f"; staged: '{done.name}' serves its current version until POST "
+                f"/v1/adapters/{done.name}/versions/{done.version}/promote, and "
+                f"'{done.name}@{done.version}' runs this one"
+                if done.state is VersionState.STAGED
+                else ""
+            ),
         )
         if done.result_file is None:
             self.store.add_event(

@@ -41,6 +41,7 @@ class JobRecord(BaseModel):
     training_sha256: str
     validation_sha256: str | None = None
     train_args: dict[str, Any] = Field(default_factory=dict)  # the TrainerSpec's options
+    promote: bool = True  # serve the trained version at once (False: store it staged)
     runner: dict[str, Any] = Field(default_factory=dict)  # backend, instance, pid, ...
     started_at: float | None = None
     checkpoints: list[Checkpoint] = Field(default_factory=list)

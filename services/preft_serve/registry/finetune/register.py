@@ -4,8 +4,8 @@ The adapter files are fetched from ``finetune/<job id>/`` in the object store an
 to the registry's own upload path (``AdapterService.upload``: staging, validation against
 the base model, content-addressed blob, one Redis transaction, the ``adapter.updated``
 event), as a new version of the job's adapter name (a later job with the same suffix is
-the next version, so bound users move to it). The trainer's metrics become the result
-file, OpenAI's per-step CSV (``results.py``).
+the next version, so bound users move to it, unless the job asked for it staged). The
+trainer's metrics become the result file, OpenAI's per-step CSV (``results.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from preft_serve.registry.finetune.jobs import JobRecord
 from preft_serve.registry.finetune.results import step_metrics_csv
 from preft_serve.registry.finetune.spec import OUTPUT_FILES, output_prefix
 from preft_serve.registry.ingest import UploadedFile
+from preft_serve.registry.policy_schemas import VersionState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +37,15 @@ class Registered:
     result_file: str | None  # None: the tenant had no room for it
     checkpoint: Checkpoint
     warnings: tuple[str, ...]
+    state: VersionState = VersionState.SERVING  # STAGED: stored, the name serves another
 
 
 def register_output(
     record: JobRecord, adapters: AdapterService, files: FileService, *, promote: bool = True
 ) -> Registered:
     """Register a finished job's adapter as the next version of its name: served at once
-    (``promote``, today's default) or staged for a serving policy to promote."""
+    (``promote``, the default) or staged for a serving policy to promote (the job's
+    ``method.preft.promote``; an adapter's first version is served either way)."""
     store = adapters.store
     prefix = output_prefix(record.id)
     with tempfile.TemporaryDirectory(dir=adapters.staging_dir, prefix="preft-ft-") as tmp:
@@ -96,4 +99,5 @@ def register_output(
         result_file.id if result_file is not None else None,
         checkpoint,
         result.warnings,
+        result.state,
     )

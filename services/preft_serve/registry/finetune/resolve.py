@@ -10,7 +10,8 @@ examples of a person's facts need more passes and a higher rate than a large fil
 
 The PreFT options come from ``method.preft`` (type ``preft``) or the top-level ``preft``
 (type ``supervised``, sent with the SDK's ``extra_body``); the job reads back the type it
-was sent with, and the options it trained with under ``method.preft``.
+was sent with, and the options it trained with under ``method.preft`` (with ``promote``,
+which the registry reads back from there when it registers the trained version).
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def resolve(
         },
         "steps": steps,
         "hyperparameters": hyper,
+        "promote": preft.promote,
     }
     shown_method: dict[str, Any] = {"type": kind, "preft": shown_preft}
     if kind == "supervised":

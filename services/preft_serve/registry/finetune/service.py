@@ -195,6 +195,7 @@ class FineTuningService:
             adapter_name=body.suffix or f"ft-{job_id[6:]}",
             training_sha256=training.sha256,
             validation_sha256=files[1].sha256 if len(files) > 1 else None,
+            promote=bool(method["preft"]["promote"]),
             train_args={
                 **options,
                 "training_key": blob_key(training.sha256),

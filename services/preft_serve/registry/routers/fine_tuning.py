@@ -29,7 +29,9 @@ After = Annotated[
 ]
 
 
-@router.post("", response_model=FineTuningJob, responses=error_responses(400, 401, 403, 404, 429))
+@router.post(
+    "", response_model=FineTuningJob, responses=error_responses(400, 401, 403, 404, 422, 429)
+)
 def create_job(
     body: JobCreate, principal: PrincipalDep, jobs: JobsDep, audit: TenantAuditDep
 ) -> FineTuningJob:
