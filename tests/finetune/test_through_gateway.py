@@ -11,6 +11,7 @@ setting decides what a user without a binding gets for the base model's name.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -103,11 +104,20 @@ def test_one_openai_client_does_the_whole_flow_through_the_gateway(
     caplog.set_level(logging.INFO, logger="preft_serve.registry.access")
     raw = client.files.with_raw_response.list(extra_headers={"X-Request-Id": "trace-42"})
     assert raw.headers["x-request-id"] == "trace-42"
-    assert any(
-        getattr(r, "request_id", None) == "trace-42"
-        for r in caplog.records
-        if r.name == "preft_serve.registry.access"
-    )
+
+    def registry_logged() -> bool:
+        return any(
+            getattr(r, "request_id", None) == "trace-42"
+            for r in caplog.records
+            if r.name == "preft_serve.registry.access"
+        )
+
+    # The access line is written once the registry's answer is sent, on the registry's own
+    # server thread: on a loaded machine the client can read the answer first.
+    deadline = time.monotonic() + 10
+    while not registry_logged() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert registry_logged()
 
     assert client.files.delete(uploaded.id).deleted is True
     with pytest.raises(openai.NotFoundError) as gone:
