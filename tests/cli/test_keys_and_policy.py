@@ -9,8 +9,6 @@ they were)."""
 from __future__ import annotations
 
 import datetime as dt
-import io
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pytest
 from preft_serve.cli import keys as cli_keys
 from preft_serve.cli import policy as cli_policy
 from preft_serve.registry import policy_schemas, schemas
+from tests.cli.gateway_cli import adapter_dir, cli_json, login, registry_answer
 from tests.fuzz.support import lora_files, upload_parts
 from tests.gateway import test_tenant_forwarding as forwarding
 from tests.gateway.test_tenant_forwarding import BASE, Stack
@@ -28,34 +27,6 @@ from tests.support.gateway import MSGS
 
 model_dir, stack = forwarding.model_dir, forwarding.stack
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: a command that sent anything would say so
-
-
-def _login(s: Stack, key: str, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO(key + "\n"))
-    code, out, err = run_cli(capsys, "login", "--url", s.gateway, "--context", "acme")
-    assert code == 0 and "as context 'acme'" in out, err
-
-
-def _json(capsys: Any, *argv: str) -> Any:
-    code, out, err = run_cli(capsys, "--json", *argv)
-    assert code == 0, err
-    return json.loads(out)
-
-
-def _direct(s: Stack, key: str, path: str, **params: Any) -> Any:
-    """The registry's own answer, without the CLI or the gateway: the reference."""
-    got = s.registry.call(key, "GET", path, params=params)
-    assert got.status_code == 200, got.text
-    return got.json()
-
-
-def _adapter_dir(root: Path, seed: int) -> Path:
-    folder = root / f"adapter-{seed}"
-    folder.mkdir()
-    config, weights = lora_files(seed)
-    (folder / "adapter_config.json").write_bytes(config)
-    (folder / "adapter_model.safetensors").write_bytes(weights)
-    return folder
 
 
 def _refused_locally(capsys: Any, fragment: str, *argv: str, code: int = 2) -> str:
@@ -86,7 +57,7 @@ def test_keys_of_each_role_through_the_gateway(
 ) -> None:
     s = stack()
     admin = s.registry.tenant("acme")
-    _login(s, admin, capsys, monkeypatch)
+    login(s, admin, capsys, monkeypatch, "acme")
 
     # Created with a name and a ttl: the secret once on stdout, the warning on stderr.
     before = dt.datetime.now(dt.UTC)
@@ -99,22 +70,22 @@ def test_keys_of_each_role_through_the_gateway(
     inference = fields["api_key"].strip()
     assert out.count(inference) == 1 and inference not in err
     key_id = fields["key_id"].strip()
-    stored = _direct(s, admin, f"/v1/keys/{key_id}")
+    stored = registry_answer(s, admin, f"/v1/keys/{key_id}")
     assert (stored["role"], stored["name"]) == ("inference", "chat-app")
     expiry = dt.datetime.fromisoformat(stored["expires_at"]) - before
     assert abs(expiry.total_seconds() - 30 * 86400) < 120
     assert inference.startswith(f"pft_{key_id}.")
 
-    developer = _json(capsys, "key", "create", "--role", "developer")["api_key"]
+    developer = cli_json(capsys, "key", "create", "--role", "developer")["api_key"]
     when = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).replace(microsecond=0)
-    second_admin = _json(
+    second_admin = cli_json(
         capsys, "key", "create", "--role", "admin", "--expires-at", when.isoformat()
     )
     assert dt.datetime.fromisoformat(second_admin["expires_at"]) == when
 
     # Listed as the registry lists them, never with a secret.
-    listed = _json(capsys, "key", "list")
-    assert listed == _direct(s, admin, "/v1/keys")
+    listed = cli_json(capsys, "key", "list")
+    assert listed == registry_answer(s, admin, "/v1/keys")
     assert sorted(k["role"] for k in listed) == ["admin", "admin", "developer", "inference"]
     code, out, err = run_cli(capsys, "key", "list")
     assert code == 0, err
@@ -122,7 +93,7 @@ def test_keys_of_each_role_through_the_gateway(
     assert secret not in out and developer.split(".", 1)[1] not in out
     row = next(line for line in out.splitlines() if line.startswith(key_id)).split()
     assert row[1:3] == ["inference", "chat-app"]
-    assert _json(capsys, "key", "show", key_id) == stored
+    assert cli_json(capsys, "key", "show", key_id) == stored
     code, out, err = run_cli(capsys, "key", "show", key_id)
     assert code == 0 and f"key_id:      {key_id}" in out and secret not in out
 
@@ -140,15 +111,15 @@ def test_keys_of_each_role_through_the_gateway(
     assert reference.status_code == 403, reference.text
     reason = reference.json()["error"]["message"]
     code, out, err = run_cli(
-        capsys, "adapter", "upload", str(_adapter_dir(tmp_path, 1)), "--name", "bot",
+        capsys, "adapter", "upload", str(adapter_dir(tmp_path, 1)), "--name", "bot",
         "--mode", "prefill", "--quiet", "--api-key", inference,
     )  # fmt: skip
     assert code == 1 and f"error: {reason} (HTTP 403)" in err, err
     assert "inference" in reason
-    assert _json(capsys, "adapter", "list")["items"] == []
+    assert cli_json(capsys, "adapter", "list")["items"] == []
     # A developer key uploads, but cannot manage keys.
     code, out, err = run_cli(
-        capsys, "adapter", "upload", str(_adapter_dir(tmp_path, 2)), "--name", "bot",
+        capsys, "adapter", "upload", str(adapter_dir(tmp_path, 2)), "--name", "bot",
         "--mode", "prefill", "--quiet", "--api-key", developer,
     )  # fmt: skip
     assert code == 0, err
@@ -156,7 +127,10 @@ def test_keys_of_each_role_through_the_gateway(
     assert code == 1 and "(HTTP 403)" in err and "admin" in err, err
 
     # Bad input against the live gateway: refused, and nothing stored or audited.
-    keys_before, audit_before = _direct(s, admin, "/v1/keys"), _direct(s, admin, "/v1/audit")
+    keys_before, audit_before = (
+        registry_answer(s, admin, "/v1/keys"),
+        registry_answer(s, admin, "/v1/audit"),
+    )
     for argv in (
         ["key", "create", "--role", "owner"],
         ["key", "create", "--role", "inference", "--ttl", "59s"],
@@ -165,13 +139,13 @@ def test_keys_of_each_role_through_the_gateway(
         code, out, err = run_cli(capsys, *argv)
         assert code == 2 and "error:" in err and out == "", (argv, err)
     assert inference not in err  # the key given by mistake is not echoed
-    assert _direct(s, admin, "/v1/keys") == keys_before
-    assert _direct(s, admin, "/v1/audit") == audit_before
+    assert registry_answer(s, admin, "/v1/keys") == keys_before
+    assert registry_answer(s, admin, "/v1/audit") == audit_before
 
     # Revoked: gone from the list, refused at the gateway, a 404 to show.
     code, out, err = run_cli(capsys, "key", "revoke", key_id)
     assert code == 0 and out == "ok\n", err
-    assert key_id not in {k["key_id"] for k in _direct(s, admin, "/v1/keys")}
+    assert key_id not in {k["key_id"] for k in registry_answer(s, admin, "/v1/keys")}
     chat = s.call(inference, "POST", "/v1/chat/completions", json={"model": BASE, "messages": MSGS})
     assert chat.status_code == 401, chat.text
     code, out, err = run_cli(capsys, "key", "show", key_id)
@@ -184,7 +158,7 @@ def test_keys_of_each_role_through_the_gateway(
     code, out, err = run_cli(capsys, "key", "revoke", own)
     assert code == 1 and "(HTTP 409)" in err, err
     assert "last admin key" in err and "`preft key create --role admin`" in err, err
-    assert own in {k["key_id"] for k in _direct(s, admin, "/v1/keys")}
+    assert own in {k["key_id"] for k in registry_answer(s, admin, "/v1/keys")}
 
 
 @pytest.mark.parametrize(
@@ -266,22 +240,22 @@ def test_staged_upload_promote_canary_and_rollback(
 ) -> None:
     s = stack()
     key = s.registry.tenant("acme")
-    _login(s, key, capsys, monkeypatch)
+    login(s, key, capsys, monkeypatch, "acme")
     policy = "/v1/adapters/bot/policy"
 
     def upload(seed: int, *flags: str) -> Any:
-        return _json(
-            capsys, "adapter", "upload", str(_adapter_dir(tmp_path, seed)), "--name", "bot",
+        return cli_json(
+            capsys, "adapter", "upload", str(adapter_dir(tmp_path, seed)), "--name", "bot",
             "--quiet", *flags,
         )  # fmt: skip
 
     upload(1, "--mode", "prefill")
     staged = upload(2, "--new-version", "--staged")
     assert (staged["version"], staged["state"]) == (2, "staged")
-    direct = _direct(s, key, policy)
+    direct = registry_answer(s, key, policy)
     assert direct["version"] == 1 and direct["canary"] is None
     assert {v["version"]: v["state"] for v in direct["versions"]} == {1: "serving", 2: "staged"}
-    assert _json(capsys, "adapter", "policy", "bot") == direct
+    assert cli_json(capsys, "adapter", "policy", "bot") == direct
     code, out, err = run_cli(capsys, "adapter", "policy", "bot")
     assert code == 0, err
     assert "serving:     version 1 (" in out and "canary:      none" in out
@@ -292,13 +266,13 @@ def test_staged_upload_promote_canary_and_rollback(
     code, out, err = run_cli(capsys, "adapter", "canary", "bot", "2", "--weight", "0.1")
     assert code == 0, err
     assert "canary:      version 2 (" in out and "for 10.00% of users" in out
-    direct = _direct(s, key, policy)
+    direct = registry_answer(s, key, policy)
     assert direct["version"] == 1
     assert (direct["canary"]["version"], direct["canary"]["weight"]) == (2, 0.1)
     # Each user's version, as the CLI reports it, is the one the gateway serves them.
     for user in ("alice", "bob", "carol", "dave"):
-        shown = _json(capsys, "adapter", "policy", "bot", "--user", user)
-        assert shown == _direct(s, key, policy, user=user)
+        shown = cli_json(capsys, "adapter", "policy", "bot", "--user", user)
+        assert shown == registry_answer(s, key, policy, user=user)
         chat = s.call(
             key,
             "POST",
@@ -308,29 +282,29 @@ def test_staged_upload_promote_canary_and_rollback(
         assert chat.status_code == 200, chat.text
         assert chat.headers["x-preft-adapter-version"] == str(shown["user"]["version"])
     code, out, err = run_cli(capsys, "adapter", "policy", "bot", "--user", "alice")
-    pick = _direct(s, key, policy, user="alice")["user"]
+    pick = registry_answer(s, key, policy, user="alice")["user"]
     assert f"user:        alice gets version {pick['version']} ({pick['variant']})" in out
 
     # Refused before sending, or by the registry (no version 9): nothing changed.
-    before = _direct(s, key, policy)
-    audit_before = _direct(s, key, "/v1/audit")
+    before = registry_answer(s, key, policy)
+    audit_before = registry_answer(s, key, "/v1/audit")
     for argv in (["2", "--weight", "1.5"], ["2"], ["--off", "--weight", "0.5"]):
         code, out, err = run_cli(capsys, "adapter", "canary", "bot", *argv)
         assert code in (1, 2) and "error:" in err and "HTTP" not in err, (argv, err)
-    assert _direct(s, key, "/v1/audit") == audit_before
+    assert registry_answer(s, key, "/v1/audit") == audit_before
     code, out, err = run_cli(capsys, "adapter", "canary", "bot", "9", "--weight", "0.2")
     assert code == 1 and "(HTTP 404)" in err and "9" in err, err
     code, out, err = run_cli(capsys, "adapter", "promote", "bot", "9")
     assert code == 1 and "(HTTP 404)" in err, err
-    assert _direct(s, key, policy) == before
+    assert registry_answer(s, key, policy) == before
 
     code, out, err = run_cli(capsys, "adapter", "canary", "bot", "--off")
     assert code == 0 and "canary:      none" in out, err
-    direct = _direct(s, key, policy)
+    direct = registry_answer(s, key, policy)
     assert (direct["version"], direct["canary"]) == (1, None)
 
-    promoted = _json(capsys, "adapter", "promote", "bot", "2")
-    assert promoted == _direct(s, key, policy)
+    promoted = cli_json(capsys, "adapter", "promote", "bot", "2")
+    assert promoted == registry_answer(s, key, policy)
     assert promoted["version"] == 2 and promoted["canary"] is None
     assert {v["version"]: v["state"] for v in promoted["versions"]} == {
         1: "retired",
@@ -340,17 +314,17 @@ def test_staged_upload_promote_canary_and_rollback(
     # Rollback still writes version 1's content as a new version, which serves.
     code, out, err = run_cli(capsys, "adapter", "rollback", "bot", "1")
     assert code == 0, err
-    direct = _direct(s, key, policy)
+    direct = registry_answer(s, key, policy)
     assert direct["version"] == 3
     assert direct["sha256"] == next(v["sha256"] for v in direct["versions"] if v["version"] == 1)
 
     # A staged upload to a new adapter serves anyway, and the CLI says so.
     code, out, err = run_cli(
-        capsys, "adapter", "upload", str(_adapter_dir(tmp_path, 5)), "--name", "fresh",
+        capsys, "adapter", "upload", str(adapter_dir(tmp_path, 5)), "--name", "fresh",
         "--mode", "prefill", "--staged", "--quiet",
     )  # fmt: skip
     assert code == 0 and "version 1 is serving, not staged" in err, err
-    assert _direct(s, key, "/v1/adapters/fresh/policy")["version"] == 1
+    assert registry_answer(s, key, "/v1/adapters/fresh/policy")["version"] == 1
 
 
 def test_every_new_command_explains_itself_with_an_example(capsys: Any) -> None:

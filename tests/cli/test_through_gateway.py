@@ -5,7 +5,6 @@ key. The operator's tenant commands, sent to a gateway, say to use the registry'
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli.gateway_cli import adapter_dir, cli_json, login, registry_answer
 from tests.fuzz.support import lora_files
 from tests.gateway import test_tenant_forwarding as forwarding
 from tests.gateway.test_tenant_forwarding import BASE, Stack
@@ -22,35 +22,6 @@ from tests.support.gateway import MSGS
 
 # The real registry and gateway of the forwarding tests (fixtures, found by name).
 model_dir, stack = forwarding.model_dir, forwarding.stack
-
-
-def _login(s: Stack, key: str, capsys: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO(key + "\n"))
-    code, out, err = run_cli(capsys, "login", "--url", s.gateway, "--context", name)
-    assert code == 0, err
-    assert f"logged in to {s.gateway} as context {name!r}" in out
-
-
-def _json(capsys: Any, *argv: str) -> Any:
-    code, out, err = run_cli(capsys, "--json", *argv)
-    assert code == 0, err
-    return json.loads(out)
-
-
-def _direct(s: Stack, key: str, path: str, **params: Any) -> Any:
-    """The registry's own answer, read without the CLI or the gateway: the reference."""
-    got = s.registry.call(key, "GET", path, params=params)
-    assert got.status_code == 200, got.text
-    return got.json()
-
-
-def _adapter_dir(root: Path, seed: int) -> Path:
-    folder = root / f"adapter-{seed}"
-    folder.mkdir()
-    config, weights = lora_files(seed)
-    (folder / "adapter_config.json").write_bytes(config)
-    (folder / "adapter_model.safetensors").write_bytes(weights)
-    return folder
 
 
 def test_every_tenant_command_works_against_the_gateway_alone(
@@ -62,25 +33,25 @@ def test_every_tenant_command_works_against_the_gateway_alone(
 ) -> None:
     s = stack()
     acme, globex = s.registry.tenant("acme"), s.registry.tenant("globex")
-    _login(s, globex, capsys, monkeypatch, "globex")
-    _login(s, acme, capsys, monkeypatch, "acme")  # current from here on
+    login(s, globex, capsys, monkeypatch, "globex")
+    login(s, acme, capsys, monkeypatch, "acme")  # current from here on
     saved = (config_home / "preft" / "config.yaml").read_text()
     assert s.gateway in saved and s.registry.url not in saved  # the gateway's URL only
 
     # Adapters: upload, a new version, list, show, download, rollback.
     code, out, err = run_cli(
-        capsys, "adapter", "upload", str(_adapter_dir(tmp_path, 1)), "--name", "bot", "--mode",
+        capsys, "adapter", "upload", str(adapter_dir(tmp_path, 1)), "--name", "bot", "--mode",
         "prefill", "--quiet",
     )  # fmt: skip
     assert code == 0, err
     code, out, err = run_cli(
-        capsys, "adapter", "upload", str(_adapter_dir(tmp_path, 2)), "--name", "bot",
+        capsys, "adapter", "upload", str(adapter_dir(tmp_path, 2)), "--name", "bot",
         "--new-version", "--quiet",
     )  # fmt: skip
     assert code == 0, err
-    assert _json(capsys, "adapter", "list") == _direct(s, acme, "/v1/adapters")
-    shown = _json(capsys, "adapter", "show", "bot")
-    assert shown == _direct(s, acme, "/v1/adapters/bot") and shown["version"] == 2
+    assert cli_json(capsys, "adapter", "list") == registry_answer(s, acme, "/v1/adapters")
+    shown = cli_json(capsys, "adapter", "show", "bot")
+    assert shown == registry_answer(s, acme, "/v1/adapters/bot") and shown["version"] == 2
     out_dir = tmp_path / "exported"
     code, out, err = run_cli(
         capsys, "adapter", "download", "bot", "--version", "1", "--out", str(out_dir), "--quiet"
@@ -89,29 +60,29 @@ def test_every_tenant_command_works_against_the_gateway_alone(
     assert (out_dir / "adapter_model.safetensors").read_bytes() == lora_files(1)[1]
     code, out, err = run_cli(capsys, "adapter", "rollback", "bot", "1")
     assert code == 0, err
-    assert _direct(s, acme, "/v1/adapters/bot")["version"] == 3
+    assert registry_answer(s, acme, "/v1/adapters/bot")["version"] == 3
 
     # Users.
     code, out, err = run_cli(capsys, "user", "bind", "alice", "bot")
     assert code == 0, err
-    assert _json(capsys, "user", "show", "alice") == _direct(s, acme, "/v1/users/alice")
-    assert _json(capsys, "user", "list") == _direct(s, acme, "/v1/users")
+    assert cli_json(capsys, "user", "show", "alice") == registry_answer(s, acme, "/v1/users/alice")
+    assert cli_json(capsys, "user", "list") == registry_answer(s, acme, "/v1/users")
 
     # Another tenant's objects are not found, through the gateway as directly.
     code, out, err = run_cli(capsys, "--context", "globex", "adapter", "show", "bot")
     assert code == 1 and "bot" in err, (out, err)
     code, out, err = run_cli(capsys, "--context", "globex", "user", "show", "alice")
     assert code == 1 and "alice" in err, (out, err)
-    assert _json(capsys, "--context", "globex", "adapter", "list")["items"] == []
+    assert cli_json(capsys, "--context", "globex", "adapter", "list")["items"] == []
 
     # Files and fine-tuning.
     data = tmp_path / "train.jsonl"
     line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
     data.write_text(json.dumps(line) + "\n")
-    uploaded = _json(capsys, "files", "upload", str(data))
-    assert _json(capsys, "files", "list") == _direct(s, acme, "/v1/files")
-    assert uploaded["id"] in {f["id"] for f in _direct(s, acme, "/v1/files")["data"]}
-    assert _json(capsys, "fine-tune", "list") == _direct(s, acme, "/v1/fine_tuning/jobs")
+    uploaded = cli_json(capsys, "files", "upload", str(data))
+    assert cli_json(capsys, "files", "list") == registry_answer(s, acme, "/v1/files")
+    assert uploaded["id"] in {f["id"] for f in registry_answer(s, acme, "/v1/files")["data"]}
+    assert cli_json(capsys, "fine-tune", "list") == registry_answer(s, acme, "/v1/fine_tuning/jobs")
 
     # Usage: a chat through the same URL, then the per-day report and a breakdown.
     answer = s.call(
@@ -123,11 +94,11 @@ def test_every_tenant_command_works_against_the_gateway_alone(
     assert answer.status_code == 200, answer.text
     tokens = answer.json()["usage"]
     deadline = time.monotonic() + 10
-    while not _json(capsys, "usage", "--by", "user")["buckets"]:
+    while not cli_json(capsys, "usage", "--by", "user")["buckets"]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    breakdown = _json(capsys, "usage", "--by", "user", "--group-by", "hour")
-    assert breakdown == _direct(s, acme, "/v1/usage", by="user", group_by="hour")
+    breakdown = cli_json(capsys, "usage", "--by", "user", "--group-by", "hour")
+    assert breakdown == registry_answer(s, acme, "/v1/usage", by="user", group_by="hour")
     (bucket,) = breakdown["buckets"]
     assert bucket["items"] == [
         {
@@ -141,13 +112,13 @@ def test_every_tenant_command_works_against_the_gateway_alone(
     assert code == 0, err
     row = next(r for r in out.splitlines() if "alice" in r).split()
     assert row[-3:] == ["1", str(tokens["prompt_tokens"]), str(tokens["completion_tokens"])]
-    assert _json(capsys, "usage") == _direct(s, acme, "/v1/usage")
+    assert cli_json(capsys, "usage") == registry_answer(s, acme, "/v1/usage")
     code, out, err = run_cli(capsys, "usage", "--by", "user", "--start", "2026-01-01")
     assert code == 1 and "since/until" in err
 
     # The audit log and the tenant's own keys.
-    audit = _json(capsys, "audit", "--all")
-    assert audit["data"] == _direct(s, acme, "/v1/audit", limit=500)["data"]
+    audit = cli_json(capsys, "audit", "--all")
+    assert audit["data"] == registry_answer(s, acme, "/v1/audit", limit=500)["data"]
     assert {"adapter.upload", "binding.set", "file.upload"} <= {e["action"] for e in audit["data"]}
 
     # The operator's commands are the registry's: a gateway's URL says so.
