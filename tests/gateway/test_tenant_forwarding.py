@@ -27,9 +27,9 @@ from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as registry_app
 from tests.finetune.conftest import ADMIN_TOKEN, Api, registry_settings
 from tests.fuzz.support import base_model, lora_files, upload_parts
-from tests.support.gateway import AUTH, FakeRegistry, Workers
+from tests.gateway import test_registry_forwarding as files_forwarding
+from tests.support.gateway import AUTH, Workers
 from tests.support.inprocess import serving
-from tests.support.ports import free_port
 
 BASE = "tiny-llama"
 # Every family's calls, documented or not (the catch-all forwards the rest of a prefix).
@@ -73,24 +73,8 @@ DOCUMENTED = {
 }
 
 
-def _offline(**settings: object) -> Iterator[TestClient]:
-    app = gateway_app(
-        GatewaySettings(worker_urls=["http://w1:8000"], **settings),  # type: ignore[arg-type]
-        transport=httpx.MockTransport(Workers()),
-        registry=FakeRegistry(),
-    )
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client
-
-
-@pytest.fixture
-def unconfigured() -> Iterator[TestClient]:
-    yield from _offline()
-
-
-@pytest.fixture
-def registry_down() -> Iterator[TestClient]:
-    yield from _offline(registry_url=f"http://127.0.0.1:{free_port()}", connect_timeout_s=2)
+# The gateway with no registry configured and with one that is down (fixtures, by name).
+unconfigured, registry_down = files_forwarding.unconfigured, files_forwarding.registry_down
 
 
 def _send(client: TestClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
