@@ -21,6 +21,11 @@ from preft_serve.gateway import body_rules
 from preft_serve.gateway.body_rules import Rule
 
 
+def request_body(schema: dict[str, Any], content_type: str = "application/json") -> dict[str, Any]:
+    """An operation's required request body of one content type (``openapi_extra``)."""
+    return {"requestBody": {"required": True, "content": {content_type: {"schema": schema}}}}
+
+
 def _properties(rules: dict[str, Rule]) -> dict[str, Any]:
     return {field: rule.openapi() for field, rule in rules.items()}
 
@@ -28,27 +33,20 @@ def _properties(rules: dict[str, Rule]) -> dict[str, Any]:
 def _body(
     rules: dict[str, Rule], required: str, what: str, example: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": [required],
-                        "additionalProperties": True,
-                        "properties": _properties(rules),
-                        "examples": [example],
-                        "description": f"An OpenAI {what} request. prompts x max(n, best_of) x "
-                        "max_tokens "
-                        "is at most this gateway's cap on one request's output, and JSON nests "
-                        "at most its cap on depth (a refusal states both values); other fields "
-                        "go to the worker unchanged.",
-                    }
-                }
-            },
+    return request_body(
+        {
+            "type": "object",
+            "required": [required],
+            "additionalProperties": True,
+            "properties": _properties(rules),
+            "examples": [example],
+            "description": f"An OpenAI {what} request. prompts x max(n, best_of) x "
+            "max_tokens "
+            "is at most this gateway's cap on one request's output, and JSON nests "
+            "at most its cap on depth (a refusal states both values); other fields "
+            "go to the worker unchanged.",
         }
-    }
+    )
 
 
 CHAT_BODY = _body(
@@ -69,24 +67,17 @@ def _tokenizer_body(
     properties: dict[str, Any], example: dict[str, Any], required: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     schema_required = {"required": list(required)} if required else {}
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        **schema_required,
-                        "additionalProperties": True,
-                        "examples": [example],
-                        "properties": {**properties, "model": body_rules.NAMES["model"].openapi()},
-                        "description": "vLLM's tokenizer request; the base model's tokenizer, "
-                        "which every adapter shares",
-                    }
-                }
-            },
+    return request_body(
+        {
+            "type": "object",
+            **schema_required,
+            "additionalProperties": True,
+            "examples": [example],
+            "properties": {**properties, "model": body_rules.NAMES["model"].openapi()},
+            "description": "vLLM's tokenizer request; the base model's tokenizer, "
+            "which every adapter shares",
         }
-    }
+    )
 
 
 TOKENIZE_BODY = _tokenizer_body(
@@ -130,42 +121,35 @@ OK_RESPONSE: dict[int | str, dict[str, Any]] = {
 
 # The routes the gateway forwards to the registry (``gateway.registry_proxy``): the bodies
 # are the registry's to check, so they are documented with the registry's own models.
-UPLOAD_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file", "purpose"],
-                    "properties": {
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": 'JSONL, one {"messages": [...]} per line',
-                        },
-                        "purpose": {"type": "string", "enum": ["fine-tune"]},
-                    },
-                    "description": "At most this gateway's upload limit, streamed to the registry, "
-                    "which validates every line before it stores anything",
-                }
-            }
+UPLOAD_BODY: dict[str, Any] = request_body(
+    {
+        "type": "object",
+        "required": ["file", "purpose"],
+        "properties": {
+            "file": {
+                "type": "string",
+                "format": "binary",
+                "description": 'JSONL, one {"messages": [...]} per line',
+            },
+            "purpose": {"type": "string", "enum": ["fine-tune"]},
         },
-    }
-}
+        "description": "At most this gateway's upload limit, streamed to the registry, "
+        "which validates every line before it stores anything",
+    },
+    "multipart/form-data",
+)
+
+
+def _query_param(name: str, kind: str, description: str | None = None) -> dict[str, Any]:
+    described = {} if description is None else {"description": description}
+    return {"name": name, "in": "query", "required": False, **described, "schema": {"type": kind}}
 
 
 def query(*names: str) -> dict[str, Any]:
     """Query parameters passed to the registry as they are (it checks them)."""
     return {
         "parameters": [
-            {
-                "name": name,
-                "in": "query",
-                "required": False,
-                "schema": {"type": "integer" if name == "limit" else "string"},
-            }
-            for name in names
+            _query_param(name, "integer" if name == "limit" else "string") for name in names
         ]
     }
 
@@ -175,14 +159,7 @@ def typed_query(**params: tuple[str, str]) -> dict[str, Any]:
     does)."""
     return {
         "parameters": [
-            {
-                "name": name,
-                "in": "query",
-                "required": False,
-                "description": description,
-                "schema": {"type": kind},
-            }
-            for name, (kind, description) in params.items()
+            _query_param(name, kind, description) for name, (kind, description) in params.items()
         ]
     }
 
@@ -215,22 +192,16 @@ def _adapter_upload(name_required: bool) -> dict[str, Any]:
             "description": "Adapter name, unique within your tenant",
         }
         required = ["name", "mode", "files"]
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": required,
-                        "properties": properties,
-                        "description": "At most this gateway's upload limit, streamed to the "
-                        "registry, which validates the adapter before it stores anything",
-                    }
-                }
-            },
-        }
-    }
+    return request_body(
+        {
+            "type": "object",
+            "required": required,
+            "properties": properties,
+            "description": "At most this gateway's upload limit, streamed to the "
+            "registry, which validates the adapter before it stores anything",
+        },
+        "multipart/form-data",
+    )
 
 
 ADAPTER_UPLOAD_BODY = _adapter_upload(name_required=True)
@@ -241,21 +212,14 @@ def json_object_body(
     properties: dict[str, Any], required: tuple[str, ...], description: str
 ) -> dict[str, Any]:
     """A small JSON body the registry checks (documented here, not parsed)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": list(required),
-                        "properties": properties,
-                        "description": description,
-                    }
-                }
-            },
+    return request_body(
+        {
+            "type": "object",
+            "required": list(required),
+            "properties": properties,
+            "description": description,
         }
-    }
+    )
 
 
 def json_reply(description: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
@@ -267,14 +231,7 @@ def json_reply(description: str, status: int = 200) -> dict[int | str, dict[str,
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """A JSON request body documented by ``model`` (added to the components by
     :func:`document_models`), without the gateway parsing it."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
-            },
-        }
-    }
+    return request_body({"$ref": f"#/components/schemas/{model.__name__}"})
 
 
 def document_models(app: FastAPI, *models: type[BaseModel]) -> None:
@@ -296,26 +253,16 @@ def document_models(app: FastAPI, *models: type[BaseModel]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
-RESPONSES_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["input"],
-                    "additionalProperties": True,
-                    "properties": _properties(body_rules.RESPONSES),
-                    "examples": [
-                        {"model": "support-bot", "input": "Hello!", "max_output_tokens": 32}
-                    ],
-                    "description": "An OpenAI Responses request; other fields go to the worker "
-                    "unchanged.",
-                }
-            }
-        },
+RESPONSES_BODY: dict[str, Any] = request_body(
+    {
+        "type": "object",
+        "required": ["input"],
+        "additionalProperties": True,
+        "properties": _properties(body_rules.RESPONSES),
+        "examples": [{"model": "support-bot", "input": "Hello!", "max_output_tokens": 32}],
+        "description": "An OpenAI Responses request; other fields go to the worker unchanged.",
     }
-}
+)
 
 # The worker's answer: a response object, or typed server-sent events with "stream": true.
 RESPONSES_OK: dict[int | str, dict[str, Any]] = {
