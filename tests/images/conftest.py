@@ -38,6 +38,7 @@ from tests.images.fake_kube import FakeKube
 from tests.images.pods import Image, Objects, Pod, resolve_env, substitute
 from tests.support.ports import free_port
 from tests.support.processes import ServiceProcess
+from tests.support.worker_process import WORKER_START_TIMEOUT_S
 
 VALUES = Path(__file__).with_name("values.yaml")
 MODEL_NAME = "tiny-llama"
@@ -49,7 +50,6 @@ REGISTRY = "prod-preft-serve-registry.llm.svc:8081"
 S3_SECRET = {"preft-s3": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
 BUCKET = "preft-images-test"
 IMAGES = ("gateway", "registry", "worker-cpu", "trainer")
-START_TIMEOUT = 180  # the worker: vLLM's start from a read-only image on 2 busy cores
 
 
 def _missing_tools() -> str | None:
@@ -303,7 +303,7 @@ def _start(
     for name, pod in s.pods.items():
         s.processes[name] = pod.process(logs, s.url(name)).start()
     for name, path in (("registry", "/healthz"), ("worker", "/health"), ("gateway", "/healthz")):
-        s.processes[name].wait_http(path, START_TIMEOUT)
+        s.processes[name].wait_http(path, WORKER_START_TIMEOUT_S)
     yield s
 
 
