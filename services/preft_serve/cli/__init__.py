@@ -63,9 +63,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from importlib import metadata
-from typing import Any
+from typing import Any, NoReturn
 
 from preft_serve.basemodels.cli import add_parser as add_model_parser
 from preft_serve.cli import (
@@ -149,10 +150,21 @@ def _as_json(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
     return bool(args.json)
 
 
+_SECRET_OPTION = re.compile(r"(--api-key(?:=|\s+))\S+")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse echoes what it did not understand ("unrecognized arguments: --api-key
+    sk-..."): a key given where no command takes one must not reach the terminal or CI logs."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(_SECRET_OPTION.sub(r"\1***", message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     # The docstring's last paragraphs (credentials, exit status) close --help, after the options.
     description, marker, epilog = (__doc__ or "").partition(_EPILOG_START)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="preft",
         description=description,
         epilog=marker + epilog,
