@@ -7,6 +7,7 @@ import enum
 from pydantic import BaseModel, Field, field_validator
 
 from preft_serve.adapters.format import AdapterMode, AdapterType
+from preft_serve.common.evaluation_wire import Metric
 from preft_serve.common.version_split import WEIGHT_DECIMALS, weight_units
 from preft_serve.registry.schemas import AdapterUploaded
 
@@ -60,6 +61,20 @@ class CanaryOut(BaseModel):
     weight: float
 
 
+class EvaluationResult(BaseModel):
+    """A version's last evaluation (``registry.evaluation``), kept in its history record."""
+
+    file_id: str
+    metric: Metric
+    examples: int
+    score: float = Field(description="Share of examples answered right, 0 to 1")
+    serving_version: int | None = Field(description="The version it was compared with")
+    serving_score: float | None
+    margin: float
+    passed: bool = Field(description="Not worse than the serving version by more than margin")
+    evaluated_at: str
+
+
 class PolicyVersion(BaseModel):
     version: int
     sha256: str
@@ -69,6 +84,9 @@ class PolicyVersion(BaseModel):
     size_bytes: int
     created_at: str
     state: VersionState
+    evaluation: EvaluationResult | None = Field(
+        None, description="Its last evaluation on the adapter's evaluation file, if any"
+    )
 
 
 class UserPick(BaseModel):

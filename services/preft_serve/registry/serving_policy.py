@@ -20,11 +20,12 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from preft_serve.common.domain_errors import InvalidRequest, NotFound
+from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
 from preft_serve.common.version_split import in_canary
+from preft_serve.registry.evaluation import gate_refusal
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.names import check_adapter_name, utcnow
 from preft_serve.registry.policy_schemas import (
@@ -117,6 +118,7 @@ class PolicyChange:
     before: str
     after: str
     changed: bool  # False: the policy already was this one, nothing written
+    forced: str | None = None  # the evaluation gate's refusal that force=true overrode
 
 
 class PolicyService:
@@ -135,9 +137,11 @@ class PolicyService:
             raise NotFound(f"adapter {shown(name)} does not exist")
         return _policy_out(name, current, _records(raw), user)
 
-    def set(self, tenant: str, name: str, body: PolicyIn) -> PolicyChange:
+    def set(self, tenant: str, name: str, body: PolicyIn, force: bool = False) -> PolicyChange:
         """Serve ``body.version`` (and its canary); refuses versions that do not exist,
-        whose content is gone, or a canary equal to the served version, changing nothing."""
+        whose content is gone, or a canary equal to the served version, changing nothing.
+        A staged ``body.version`` of an adapter with an evaluation must have passed it
+        (``registry.evaluation``) unless ``force``; a canary needs no evaluation."""
         check_adapter_name(name)
         adapter_key = self.keys.adapter(tenant, name)
         versions_key = self.keys.versions(tenant, name)
@@ -167,6 +171,11 @@ class PolicyService:
                         "longer registered; upload it again"
                     )
             serving = records[body.version]
+            refusal = None
+            if state_of(serving, served_versions(current)) is VersionState.STAGED:
+                refusal = gate_refusal(name, current, serving)
+            if refusal is not None and not force:
+                raise Conflict(refusal, code="evaluation_required")
             after = {**current, **{f: str(serving[f]) for f in VERSION_FIELDS}}
             canary: dict[str, Any] | None = None
             if body.canary is not None:
@@ -207,7 +216,9 @@ class PolicyService:
                 ),
                 self.maxlen,
             )
-            return PolicyChange(_policy_out(name, after, states), before_text, after_text, True)
+            return PolicyChange(
+                _policy_out(name, after, states), before_text, after_text, True, refusal
+            )
 
         return transact(self.redis, txn, adapter_key, versions_key)
 

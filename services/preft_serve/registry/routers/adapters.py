@@ -1,5 +1,5 @@
 """Tenant endpoints for adapters: upload, versions (hot swap or staged), serving policy
-(promote, roll back, canary split), list, show, delete."""
+(promote, roll back, canary split), the evaluation gate, list, show, delete."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ from preft_serve.common.errors import error_responses
 from preft_serve.registry.adapters import UploadResult
 from preft_serve.registry.audit_deps import Auditor, TenantAuditDep
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep
+from preft_serve.registry.evaluation import EvaluationService
+from preft_serve.registry.evaluation_schemas import (
+    EvaluationIn,
+    EvaluationOut,
+    EvaluationResult,
+    ResultIn,
+)
+from preft_serve.registry.finetune.deps import FilesDep
 from preft_serve.registry.ingest import UploadedFile
 from preft_serve.registry.names import ADAPTER_PATTERN
 from preft_serve.registry.policy_schemas import (
@@ -34,7 +42,7 @@ from preft_serve.registry.schemas import (
     AdapterVersion,
     RollbackIn,
 )
-from preft_serve.registry.serving_policy import PolicyService
+from preft_serve.registry.serving_policy import PolicyChange, PolicyService
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
@@ -70,6 +78,20 @@ def _policies(adapters: AdaptersDep) -> PolicyService:
 
 
 PoliciesDep = Annotated[PolicyService, Depends(_policies)]
+
+
+def _evaluations(adapters: AdaptersDep) -> EvaluationService:
+    return EvaluationService(adapters.redis, adapters.keys)
+
+
+EvaluationsDep = Annotated[EvaluationService, Depends(_evaluations)]
+ForceQuery = Annotated[
+    bool,
+    Query(
+        description="Promote a staged version even though the adapter's evaluation has no "
+        "passing result for it (the audit log records that the gate was skipped)"
+    ),
+]
 
 
 def _files(files: list[UploadFile]) -> list[UploadedFile]:
@@ -276,7 +298,7 @@ def download_adapter(
     )
 
 
-_POLICY_ERRORS = error_responses(400, 401, 403, 404, 422)
+_POLICY_ERRORS = error_responses(400, 401, 403, 404, 409, 422)
 
 
 @router.get("/{name}/policy", response_model=PolicyOut, responses=_POLICY_ERRORS)
@@ -305,14 +327,15 @@ def set_policy(
     principal: PrincipalDep,
     policies: PoliciesDep,
     audit: TenantAuditDep,
+    force: ForceQuery = False,
 ) -> PolicyOut:
     """Serve one version (promote a staged one, or roll back to an older one: no new
     version is written), optionally with a canary version for a deterministic share of
     users. Gateways apply it at once. Refused with nothing changed when a version does
-    not exist or its content is gone."""
-    change = policies.set(principal.tenant, name, body)
-    if change.changed:
-        audit(AuditAction.ADAPTER_POLICY, name, before=change.before, after=change.after)
+    not exist or its content is gone, and (409) when the adapter has an evaluation and a
+    staged version has no passing result for it, unless ``force``."""
+    change = policies.set(principal.tenant, name, body, force)
+    _audit_policy(audit, name, change)
     return change.policy
 
 
@@ -325,10 +348,82 @@ def promote_version(
     principal: PrincipalDep,
     policies: PoliciesDep,
     audit: TenantAuditDep,
+    force: ForceQuery = False,
 ) -> PolicyOut:
     """Serve ``version`` to every user (ends any canary): the policy
-    ``{"version": version, "canary": null}``."""
-    change = policies.set(principal.tenant, name, PolicyIn(version=version, canary=None))
-    if change.changed:
-        audit(AuditAction.ADAPTER_POLICY, name, before=change.before, after=change.after)
+    ``{"version": version, "canary": null}``. A staged version of an adapter with an
+    evaluation needs a passing result (409 otherwise, nothing changed) unless ``force``."""
+    change = policies.set(principal.tenant, name, PolicyIn(version=version, canary=None), force)
+    _audit_policy(audit, name, change)
     return change.policy
+
+
+def _audit_policy(audit: Auditor, name: str, change: PolicyChange) -> None:
+    if change.changed:
+        after = change.after + (" (evaluation gate skipped: force)" if change.forced else "")
+        audit(AuditAction.ADAPTER_POLICY, name, before=change.before, after=after)
+
+
+_EVALUATION_ERRORS = error_responses(400, 401, 403, 404, 422)
+
+
+@router.get("/{name}/evaluation", response_model=EvaluationOut, responses=_EVALUATION_ERRORS)
+def get_evaluation(
+    name: AdapterPath, principal: PrincipalDep, evaluations: EvaluationsDep
+) -> EvaluationOut:
+    """The adapter's evaluation: the file, metric, margin and max_tokens staged versions
+    are evaluated with before they may be promoted. Results: GET /v1/adapters/{name}/policy."""
+    return evaluations.get(principal.tenant, name)
+
+
+@router.put("/{name}/evaluation", response_model=EvaluationOut, responses=_EVALUATION_ERRORS)
+def set_evaluation(
+    name: AdapterPath,
+    body: EvaluationIn,
+    principal: PrincipalDep,
+    evaluations: EvaluationsDep,
+    files: FilesDep,
+    audit: TenantAuditDep,
+) -> EvaluationOut:
+    """Attach an evaluation file (chat JSONL; each line's last message is the expected
+    answer). From then on a staged version is promoted only with a passing result (or
+    ``force``). The file is checked whole; nothing is stored when it does not fit."""
+    config = evaluations.set(principal.tenant, name, body, files)
+    audit(AuditAction.ADAPTER_POLICY, name, after=_described(config))
+    return config
+
+
+@router.delete("/{name}/evaluation", response_model=EvaluationOut, responses=_EVALUATION_ERRORS)
+def delete_evaluation(
+    name: AdapterPath, principal: PrincipalDep, evaluations: EvaluationsDep, audit: TenantAuditDep
+) -> EvaluationOut:
+    """Detach the evaluation: promotes no longer need a result. Returns what was attached."""
+    config = evaluations.delete(principal.tenant, name)
+    audit(AuditAction.ADAPTER_POLICY, name, before=_described(config))
+    return config
+
+
+def _described(config: EvaluationOut) -> str:
+    return (
+        f"evaluation {config.file_id} {config.metric.value} margin {config.margin} "
+        f"max_tokens {config.max_tokens}"
+    )
+
+
+@router.put(
+    "/{name}/versions/{version}/evaluation",
+    response_model=EvaluationResult,
+    responses=error_responses(400, 401, 403, 404, 409, 422),
+)
+def record_evaluation(
+    name: AdapterPath,
+    version: Annotated[int, PathParam(ge=1, le=MAX_VERSION)],
+    body: ResultIn,
+    principal: PrincipalDep,
+    evaluations: EvaluationsDep,
+) -> EvaluationResult:
+    """Store a run's counts as the version's result (the gateway's
+    POST /v1/adapters/{name}/evaluations calls this); the registry computes the scores and
+    ``passed`` with the current margin. 409 when the evaluation or the served version
+    changed during the run."""
+    return evaluations.record(principal.tenant, name, version, body)
