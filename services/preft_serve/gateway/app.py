@@ -24,6 +24,7 @@ from preft_serve.gateway.routers import (
     adapters,
     audit,
     completions,
+    evaluations,
     files,
     fine_tuning,
     health,
@@ -120,6 +121,7 @@ def create_app(
         files,
         fine_tuning,
         audit,
+        evaluations,  # before adapters: its catch-all forwards the rest of /v1/adapters
         adapters,
         users,
         usage,

@@ -195,14 +195,19 @@ def _check_path(request: Request) -> None:
 
 
 async def call(
-    registry: RegistryForwarder | None, request: Request, method: str, path: str
+    registry: RegistryForwarder | None,
+    request: Request,
+    method: str,
+    path: str,
+    json: object = None,
 ) -> httpx.Response:
-    """A bodiless registry call of the gateway's own (another route than the request's),
-    on the request's behalf: its key, its request id; the answer read whole."""
+    """A registry call of the gateway's own (another route than the request's), on the
+    request's behalf: its key, its request id, a small JSON body if any; the answer read
+    whole."""
     registry = _configured(registry, request)
     headers = _headers(request, ("authorization", "accept"))
     try:
-        return await registry.http.request(method, path, headers=headers)
+        return await registry.http.request(method, path, headers=headers, json=json)
     except httpx.TransportError as exc:
         raise _unavailable(registry, request, exc) from None
 

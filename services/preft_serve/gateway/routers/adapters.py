@@ -1,12 +1,13 @@
 """The registry's adapter routes, forwarded (``gateway.registry_proxy``): upload, versions
-(the hot swap), list, show, delete, rollback, download, and whatever else the registry
-serves under ``/v1/adapters`` (``forwarded.forward_the_rest``)."""
+(the hot swap), list, show, delete, rollback, download, the evaluation config, and whatever
+else the registry serves under ``/v1/adapters`` (``forwarded.forward_the_rest``)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
 from preft_serve.common.errors import error_responses
+from preft_serve.common.evaluation_wire import MAX_EVAL_TOKENS, MAX_EXAMPLES
 from preft_serve.gateway.deps import StateDep, TenantDep
 from preft_serve.gateway.openapi import (
     ADAPTER_UPLOAD_BODY,
@@ -132,6 +133,55 @@ async def download_adapter(
 ) -> Response:
     """The stored files of one version (the export); uploading them again gives the same
     sha256."""
+    return await forward(state.registry_http, request, owner)
+
+
+EVALUATION = "The evaluation: file_id, metric, margin, max_tokens, examples, updated_at"
+
+
+@router.get(
+    "/{name}/evaluation",
+    responses={**json_reply(EVALUATION), **error_responses(400, 404, *FORWARD_ERRORS)},
+)
+async def get_evaluation(
+    name: str, request: Request, state: StateDep, owner: TenantDep
+) -> Response:
+    """The adapter's evaluation gate; each version's result is in its policy listing."""
+    return await forward(state.registry_http, request, owner)
+
+
+@router.put(
+    "/{name}/evaluation",
+    openapi_extra=json_object_body(
+        {
+            "file_id": {"type": "string", "minLength": 1, "maxLength": 64},
+            "metric": {"type": "string", "enum": ["exact", "contains", "loss"]},
+            "margin": {"type": "number", "minimum": 0, "maximum": 1},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_EVAL_TOKENS},
+        },
+        ("file_id", "metric", "margin"),
+        f"A chat JSONL file of yours (at most {MAX_EXAMPLES} lines, each ending with the "
+        "assistant's expected answer), the metric (loss is refused), and how much lower "
+        "than the serving version a staged version may score (0 to 1)",
+    ),
+    responses={**json_reply(EVALUATION), **error_responses(400, 404, 422, *FORWARD_ERRORS)},
+)
+async def set_evaluation(
+    name: str, request: Request, state: StateDep, owner: TenantDep
+) -> Response:
+    """Attach an evaluation: staged versions are then promoted only with a passing result
+    (POST /v1/adapters/{name}/evaluations) or with ``force=true``."""
+    return await forward(state.registry_http, request, owner)
+
+
+@router.delete(
+    "/{name}/evaluation",
+    responses={**json_reply(EVALUATION), **error_responses(400, 404, *FORWARD_ERRORS)},
+)
+async def delete_evaluation(
+    name: str, request: Request, state: StateDep, owner: TenantDep
+) -> Response:
+    """Detach the evaluation: promotes no longer need a result."""
     return await forward(state.registry_http, request, owner)
 
 

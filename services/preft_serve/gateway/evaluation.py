@@ -1,0 +1,220 @@
+"""Running an adapter's evaluation: every example through this gateway's own completion
+path, for the staged version and the serving one, scored, reported to the registry.
+
+Each example is a ``/v1/chat/completions`` request sent into this gateway's own ASGI app
+with the caller's key: the same authentication, rate limits, routing, two-pool handoff,
+proxy and workers as any client's request, so a version is scored with exactly the PreFT
+semantics it will be served with (``name@version`` pins each version; greedy, so a score
+is reproducible). The requests are billed and counted like any other. At most
+``CONCURRENCY`` examples run at once, and the file is bounded
+(``common.evaluation_wire``), so a run is short enough to answer synchronously.
+
+The registry decides: it stores the counts as the version's result, computes ``passed``
+with the config's margin, and its promote route re-checks that result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from preft_serve.common.evaluation_wire import (
+    MAX_EVAL_BYTES,
+    Example,
+    Metric,
+    correct,
+    parse_examples,
+)
+from preft_serve.gateway.registry_proxy import call
+from preft_serve.gateway.state import GatewayState
+
+CONCURRENCY = 4  # examples in flight at once (each is two completions at most)
+MAX_VERSION = 999_999_999
+_CALL_TIMEOUT_S = 600.0
+
+
+class EvaluateIn(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    version: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_VERSION,
+        description="The version to evaluate; default: the newest staged version",
+        examples=[2],
+    )
+    promote: bool = Field(
+        False, description="Promote it (serve it to every user) if it passes the gate"
+    )
+
+
+class EvaluationRun(BaseModel):
+    name: str
+    version: int
+    result: dict[str, Any] = Field(
+        description="The stored result: metric, examples, score, serving_version, "
+        "serving_score, margin, passed, evaluated_at"
+    )
+    promoted: bool = Field(description="Whether this run promoted the version")
+    policy: dict[str, Any] | None = Field(
+        None, description="The serving policy after the promote, when promoted"
+    )
+
+
+class Refused(Exception):
+    """A step was refused: the answer to relay (status, envelope)."""
+
+    def __init__(self, status: int, payload: Any) -> None:
+        super().__init__(status)
+        self.status, self.payload = status, payload
+
+
+def _error(status: int, message: str, code: str) -> Refused:
+    return Refused(status, {"error": {"message": message, "type": code, "code": code}})
+
+
+async def _registry(
+    state: GatewayState, request: Request, method: str, path: str, json: object = None
+) -> Any:
+    answer = await call(state.registry_http, request, method, path, json)
+    try:
+        payload = orjson.loads(answer.content)
+    except orjson.JSONDecodeError:
+        payload = {"error": {"message": answer.text[:500], "code": "registry_error"}}
+    if answer.status_code >= 400:
+        raise Refused(answer.status_code, payload)
+    return payload
+
+
+async def _file(state: GatewayState, request: Request, file_id: str) -> list[Example]:
+    answer = await call(state.registry_http, request, "GET", f"/v1/files/{file_id}/content")
+    if answer.status_code >= 400:
+        raise Refused(answer.status_code, orjson.loads(answer.content))
+    if len(answer.content) > MAX_EVAL_BYTES:
+        raise _error(400, f"evaluation file {file_id} exceeds {MAX_EVAL_BYTES} bytes", "file")
+    try:
+        return parse_examples(answer.content)
+    except ValueError as exc:  # changed since it was attached? it cannot: files are immutable
+        raise _error(400, f"evaluation file {file_id}: {exc}", "invalid_file_format") from None
+
+
+def _pick_version(policy: dict[str, Any], wanted: int | None, name: str) -> int:
+    versions = {int(v["version"]): v["state"] for v in policy["versions"]}
+    if wanted is None:
+        staged = [v for v, s in versions.items() if s == "staged"]
+        if not staged:
+            raise _error(
+                400,
+                f"adapter {name!r} has no staged version; upload one with ?promote=false "
+                "or name a version",
+                "no_staged_version",
+            )
+        return max(staged)
+    if wanted not in versions:
+        raise _error(
+            404,
+            f"adapter {name!r} has no version {wanted}; its versions are "
+            f"{min(versions)} to {max(versions)}",
+            "not_found",
+        )
+    return wanted
+
+
+async def _answer(
+    client: httpx.AsyncClient, model: str, example: Example, max_tokens: int, line: int
+) -> str:
+    reply = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": example.messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        },
+    )
+    try:
+        payload = reply.json()
+    except ValueError:
+        payload = None
+    if reply.status_code != 200 or not isinstance(payload, dict):
+        message = (payload or {}).get("error", {}).get("message", reply.text[:300])
+        raise _error(
+            reply.status_code if reply.status_code >= 400 else 502,
+            f"example {line} on {model}: {message}",
+            "evaluation_failed",
+        )
+    content = payload["choices"][0]["message"].get("content")
+    return content if isinstance(content, str) else ""
+
+
+async def _count(
+    client: httpx.AsyncClient,
+    model: str,
+    examples: list[Example],
+    metric: Metric,
+    max_tokens: int,
+) -> int:
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(line: int, example: Example) -> bool:
+        async with gate:
+            answer = await _answer(client, model, example, max_tokens, line)
+        return correct(metric, answer, example.expected)
+
+    scored = await asyncio.gather(*(one(n, e) for n, e in enumerate(examples, 1)))
+    return sum(scored)
+
+
+async def run(state: GatewayState, request: Request, name: str, body: EvaluateIn) -> EvaluationRun:
+    """Evaluate one version against the serving one, store the result, promote if asked
+    and passed. Raises :class:`Refused` with the answer for the client otherwise."""
+    config = await _registry(state, request, "GET", f"/v1/adapters/{name}/evaluation")
+    policy = await _registry(state, request, "GET", f"/v1/adapters/{name}/policy")
+    version = _pick_version(policy, body.version, name)
+    serving = int(policy["version"])
+    examples = await _file(state, request, config["file_id"])
+    metric, max_tokens = Metric(config["metric"]), int(config["max_tokens"])
+    headers = {"authorization": request.headers.get("authorization", "")}
+    transport = httpx.ASGITransport(app=request.app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://gateway", headers=headers, timeout=_CALL_TIMEOUT_S
+    ) as client:
+        right = await _count(client, f"{name}@{version}", examples, metric, max_tokens)
+        serving_right = (
+            right
+            if serving == version
+            else await _count(client, f"{name}@{serving}", examples, metric, max_tokens)
+        )
+    result = await _registry(
+        state,
+        request,
+        "PUT",
+        f"/v1/adapters/{name}/versions/{version}/evaluation",
+        {
+            "file_id": config["file_id"],
+            "metric": metric.value,
+            "examples": len(examples),
+            "correct": right,
+            "serving_version": serving,
+            "serving_correct": serving_right,
+        },
+    )
+    promoted = None
+    if body.promote and result["passed"] and version != serving:
+        promoted = await _registry(
+            state, request, "POST", f"/v1/adapters/{name}/versions/{version}/promote"
+        )
+    return EvaluationRun(
+        name=name, version=version, result=result, promoted=promoted is not None, policy=promoted
+    )
+
+
+def relay(refused: Refused) -> Response:
+    """The refusal as the client's answer (the registry's or a worker's envelope)."""
+    return Response(orjson.dumps(refused.payload), refused.status, media_type="application/json")
