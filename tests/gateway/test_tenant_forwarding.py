@@ -61,6 +61,10 @@ DOCUMENTED = {
     ("DELETE", "/v1/adapters/{name}"),
     ("POST", "/v1/adapters/{name}/rollback"),
     ("GET", "/v1/adapters/{name}/download"),
+    ("GET", "/v1/adapters/{name}/evaluation"),
+    ("PUT", "/v1/adapters/{name}/evaluation"),
+    ("DELETE", "/v1/adapters/{name}/evaluation"),
+    ("POST", "/v1/adapters/{name}/evaluations"),  # the gateway's own: it runs the examples
     ("GET", "/v1/users"),
     ("PUT", "/v1/users/{user_id}"),
     ("GET", "/v1/users/{user_id}"),

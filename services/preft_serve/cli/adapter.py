@@ -1,5 +1,5 @@
 """``preft adapter ...``: upload, convert, list, show, download, rollback, delete, and the
-serving policy (policy, promote, canary)."""
+serving policy (policy, promote, canary) and the evaluation gate (evaluation, evaluate)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, file_digest
 from preft_serve.cli.client import CliError, ProgressFile, Registry
+from preft_serve.cli.evaluation import add_evaluation_parsers
 from preft_serve.cli.helptext import with_examples
 from preft_serve.cli.output import progress_bar, show_progress
 from preft_serve.cli.policy import add_policy_parsers
@@ -282,6 +283,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "preft adapter promote NAME VERSION",
     )
     add_policy_parsers(a_sub, leaf)
+    add_evaluation_parsers(a_sub, leaf)
     rm = leaf(
         a_sub,
         "delete",

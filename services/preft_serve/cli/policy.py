@@ -71,7 +71,10 @@ def cmd_policy(reg: Registry, args: argparse.Namespace) -> Any:
 
 
 def cmd_promote(reg: Registry, args: argparse.Namespace) -> Any:
-    return reg.call("POST", f"/v1/adapters/{args.name}/versions/{args.version}/promote")
+    params = {"force": "true"} if args.force else None
+    return reg.call(
+        "POST", f"/v1/adapters/{args.name}/versions/{args.version}/promote", params=params
+    )
 
 
 def cmd_canary(reg: Registry, args: argparse.Namespace) -> Any:
@@ -115,6 +118,11 @@ def add_policy_parsers(a_sub: Any, leaf: Any) -> None:
     )
     prom.add_argument("name", type=adapter_name)
     prom.add_argument("version", type=version, help="the version to serve")
+    prom.add_argument(
+        "--force",
+        action="store_true",
+        help="promote a staged version without a passing evaluation result (audited)",
+    )
     with_examples(
         prom,
         "examples:\n"

@@ -1,0 +1,94 @@
+"""``preft adapter evaluation set | show | delete``, ``preft adapter evaluate`` and
+``preft adapter promote --force`` against a real registry behind a real gateway (its worker
+answers every completion with the same text, so both versions score alike and the staged one
+passes): what the CLI prints is the registry's own answer, the gate refuses a promote
+without a result, and bad input is refused before anything is sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.gateway_cli import adapter_dir, cli_json, login, registry_answer
+from tests.gateway import test_tenant_forwarding as forwarding
+from tests.gateway.test_tenant_forwarding import Stack
+from tests.support.cli import run_cli
+
+model_dir, stack = forwarding.model_dir, forwarding.stack
+NOWHERE = "http://127.0.0.1:9"
+EXAMPLES = 3
+
+
+def test_set_show_evaluate_promote_and_force(
+    stack: Callable[..., Stack],
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    s = stack()
+    key = s.registry.tenant("acme")
+    login(s, key, capsys, monkeypatch, "acme")
+
+    def upload(seed: int, *flags: str) -> Any:
+        folder = str(adapter_dir(tmp_path, seed))
+        return cli_json(capsys, "adapter", "upload", folder, "--name", "bot", "--quiet", *flags)
+
+    upload(1, "--mode", "prefill")
+    v2 = upload(2, "--new-version", "--staged")
+    data = tmp_path / "eval.jsonl"
+    line = {
+        "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    }
+    data.write_text((json.dumps(line) + "\n") * EXAMPLES)
+    file_id = cli_json(capsys, "files", "upload", str(data))["id"]
+
+    config = cli_json(
+        capsys, "adapter", "evaluation", "set", "bot", "--file", file_id, "--margin", "0.1"
+    )
+    assert config == registry_answer(s, key, "/v1/adapters/bot/evaluation")
+    assert (config["metric"], config["margin"], config["examples"]) == ("exact", 0.1, EXAMPLES)
+    assert cli_json(capsys, "adapter", "evaluation", "show", "bot") == config
+
+    # The gate: no result yet.
+    code, _out, err = run_cli(capsys, "adapter", "promote", "bot", "2")
+    assert code == 1 and "(HTTP 409)" in err and "no evaluation result" in err, err
+    assert registry_answer(s, key, "/v1/adapters/bot/policy")["version"] == 1
+
+    run = cli_json(capsys, "adapter", "evaluate", "bot", "--promote")
+    assert (run["version"], run["promoted"]) == (2, True)
+    assert (run["result"]["score"], run["result"]["serving_score"]) == (1.0, 1.0)
+    policy = registry_answer(s, key, "/v1/adapters/bot/policy")
+    assert (policy["version"], policy["sha256"]) == (2, v2["sha256"])
+    assert {v["version"]: v["evaluation"] for v in policy["versions"]}[2] == run["result"]
+
+    # Version 3 staged: --force promotes it without a result.
+    upload(3, "--new-version", "--staged")
+    forced = cli_json(capsys, "adapter", "promote", "bot", "3", "--force")
+    assert forced["version"] == 3
+    assert cli_json(capsys, "adapter", "evaluation", "delete", "bot") == config
+    code, _out, err = run_cli(capsys, "adapter", "evaluation", "show", "bot")
+    assert code == 1 and "(HTTP 404)" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "1.5"], "--margin"),
+        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "0.1", "--metric", "loss"],
+         "invalid choice"),
+        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "0", "--max-tokens", "0"],
+         "--max-tokens"),
+        (["evaluate", "bot", "--version", "0"], "use a version number"),
+        (["evaluate", "bad name!"], "adapter name"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused_before_sending(
+    capsys: Any, argv: list[str], fragment: str
+) -> None:
+    code, out, err = run_cli(capsys, "adapter", *argv, "--url", NOWHERE, "--api-key", "pft_x.y")
+    assert code == 2, (out, err)
+    assert fragment in err and "cannot reach" not in err, err
