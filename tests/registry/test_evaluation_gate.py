@@ -105,7 +105,7 @@ def test_attach_show_and_detach(client, acme, staged):
         ("margin above 1", 422, "margin"),
         ("negative margin", 422, "margin"),
         ("max_tokens too large", 422, "max_tokens"),
-        ("loss metric", 400, "'loss' is not offered"),
+        ("loss metric", 422, "'loss' is not offered"),
         ("last message not the answer", 400, "line 2: the last message must be the assistant"),
         ("too many examples", 400, f"at most {MAX_EXAMPLES}"),
         ("unknown adapter", 404, "does not exist"),

@@ -20,8 +20,6 @@ from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound
 from preft_serve.common.evaluation_wire import (
     MAX_EVAL_BYTES,
     MAX_EXAMPLES,
-    UNSUPPORTED_LOSS,
-    Metric,
     parse_examples,
     passes,
 )
@@ -91,8 +89,6 @@ class EvaluationService:
         """Attach ``body.file_id`` (checked line by line) as the adapter's evaluation;
         refused with nothing stored when the metric, the file or the adapter is wrong."""
         check_adapter_name(name)
-        if body.metric is Metric.LOSS:
-            raise InvalidRequest(UNSUPPORTED_LOSS, param="metric")
         info = files.info(tenant, body.file_id, param="file_id")  # 404: not this tenant's
         if info.get("purpose") != FINE_TUNE_PURPOSE:
             raise InvalidRequest(

@@ -3,12 +3,15 @@ config and a version's evaluation result."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
 
 from preft_serve.common.evaluation_wire import (
     DEFAULT_EVAL_TOKENS,
     MAX_EVAL_TOKENS,
     MAX_EXAMPLES,
+    UNSUPPORTED_LOSS,
     Metric,
 )
 from preft_serve.registry.policy_schemas import MAX_VERSION, EvaluationResult
@@ -30,7 +33,8 @@ class EvaluationIn(BaseModel):
     file_id: str = _FILE_ID
     metric: Metric = Field(
         description="exact: the answer equals the expected one (both stripped); contains: "
-        "the answer contains it. loss is refused (400): see the docs",
+        "the answer contains it (loss is not offered: the serving path cannot score an "
+        "answer with PreFT semantics)",
         examples=["exact"],
     )
     margin: float = Field(
@@ -46,6 +50,13 @@ class EvaluationIn(BaseModel):
         le=MAX_EVAL_TOKENS,
         description="Tokens each example's answer may have (greedy)",
     )
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _no_loss(cls, metric: Any) -> Any:
+        if metric == "loss":
+            raise ValueError(UNSUPPORTED_LOSS)
+        return metric
 
 
 class EvaluationOut(EvaluationIn):

@@ -155,13 +155,13 @@ async def get_evaluation(
     openapi_extra=json_object_body(
         {
             "file_id": {"type": "string", "minLength": 1, "maxLength": 64},
-            "metric": {"type": "string", "enum": ["exact", "contains", "loss"]},
+            "metric": {"type": "string", "enum": ["exact", "contains"]},
             "margin": {"type": "number", "minimum": 0, "maximum": 1},
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_EVAL_TOKENS},
         },
         ("file_id", "metric", "margin"),
         f"A chat JSONL file of yours (at most {MAX_EXAMPLES} lines, each ending with the "
-        "assistant's expected answer), the metric (loss is refused), and how much lower "
+        "assistant's expected answer), the metric, and how much lower "
         "than the serving version a staged version may score (0 to 1)",
     ),
     responses={**json_reply(EVALUATION), **error_responses(400, 404, 422, *FORWARD_ERRORS)},
