@@ -74,6 +74,27 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
         f"preft_registry_finetune_trained_tokens_total {float(job['trained_tokens'])}" in exported
     )
 
+    # Another job on the same name, --staged: version 2 is stored, version 1 keeps serving.
+    code, out, err = run_cli(
+        capsys, *common, "--json", "fine-tune", "create", str(data), "--model", "tiny-llama",
+        "--suffix", "cli-facts", "--steps", "1", "--staged", "--follow",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["method"]["preft"]["promote"] is False
+    policy = api.call(key, "GET", "/v1/adapters/cli-facts/policy").json()
+    assert policy["version"] == 1 and policy["canary"] is None
+    states = {v["version"]: v["state"] for v in policy["versions"]}
+    assert states == {1: "serving", 2: "staged"}
+
+    # Each trained version is in the audit log, by the key that created the job.
+    (key_id,) = [k["key_id"] for k in api.call(key, "GET", "/v1/keys").json()]
+    log = api.call(key, "GET", "/v1/audit", params={"action": "adapter.version"}).json()["data"]
+    shas = {v["version"]: v["sha256"] for v in policy["versions"]}
+    assert sorted((e["actor"], e["target"], e["before"], e["after"]) for e in log) == [
+        (key_id, "cli-facts", None, f"v1:{shas[1]}"),
+        (key_id, "cli-facts", None, f"v2:{shas[2]} staged"),
+    ]
+
 
 def test_progress_line() -> None:
     line = _progress({"status": "running"}, {"step": 15, "total_steps": 60, "train_loss": 1.23456})

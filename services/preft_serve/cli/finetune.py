@@ -39,6 +39,8 @@ def cmd_create(reg: Registry, args: argparse.Namespace) -> Any:
     preft: dict[str, Any] = {"adapter": args.type, "mode": args.mode, "rank": args.rank}
     if args.steps is not None:
         preft["steps"] = args.steps
+    if args.staged:
+        preft["promote"] = False
     body: dict[str, Any] = {
         "model": args.model,
         "training_file": _file_id(reg, args.training_file),
@@ -179,6 +181,13 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "--lr-multiplier", type=float, help="learning_rate_multiplier (x 2e-3; default auto: 1)"
     )
     create.add_argument("--seed", type=int)
+    create.add_argument(
+        "--staged",
+        action="store_true",
+        help="store the trained version staged (promote it later with `preft adapter "
+        "promote`, or evaluate it first); default: it serves at once (a new name's first "
+        "version serves either way)",
+    )
     create.add_argument("--follow", action="store_true", help="then follow its events")
     ls = leaf(sub, "list", "List your jobs, newest first", cmd_list)
     ls.add_argument("--limit", type=int, default=20)

@@ -31,6 +31,7 @@ from preft_serve.common.domain_errors import InvalidRequest
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.common.text import shown
 from preft_serve.registry.names import check_tenant_name
+from preft_serve.registry.settings import RegistrySettings
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,14 @@ def _clip(value: str | None) -> str | None:
 
 
 class AuditLog:
+    @classmethod
+    def for_settings(cls, client: Any, settings: RegistrySettings, failures: Counter) -> AuditLog:
+        """The log as the settings size it (the routes' and the fine-tuning dispatcher's)."""
+        retention = AuditRetention(
+            settings.audit_max_entries, settings.audit_max_entries_all, settings.audit_max_age_s
+        )
+        return cls(client, RegistryKeys(settings.namespace), retention, failures)
+
     def __init__(
         self, client: Any, keys: RegistryKeys, retention: AuditRetention, failures: Counter
     ) -> None:

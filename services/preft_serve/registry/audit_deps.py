@@ -10,8 +10,7 @@ from fastapi import Depends, Request
 
 from preft_serve.common.access_log import request_id_of
 from preft_serve.common.audit_wire import AuditAction
-from preft_serve.common.registry_client import RegistryKeys
-from preft_serve.registry.audit import OPERATOR, AuditLog, AuditRetention
+from preft_serve.registry.audit import OPERATOR, AuditLog
 from preft_serve.registry.deps import AdminDep, PrincipalDep, StateDep
 
 
@@ -50,14 +49,8 @@ class Auditor:
 
 
 def audit_log(request: Request, state: StateDep) -> AuditLog:
-    settings = state.settings
-    return AuditLog(
-        state.redis,
-        RegistryKeys(settings.namespace),
-        AuditRetention(
-            settings.audit_max_entries, settings.audit_max_entries_all, settings.audit_max_age_s
-        ),
-        request.app.state.metrics.audit_write_failures,
+    return AuditLog.for_settings(
+        state.redis, state.settings, request.app.state.metrics.audit_write_failures
     )
 
 

@@ -17,9 +17,11 @@ import time
 import uuid
 from collections import Counter
 
+from preft_serve.common.audit_wire import AuditAction
 from preft_serve.common.domain_errors import DomainError
 from preft_serve.common.finetune_wire import JobError, JobStatus
 from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.audit import AuditLog
 from preft_serve.registry.finetune.files import FileService
 from preft_serve.registry.finetune.jobs import JobRecord, JobStore
 from preft_serve.registry.finetune.register import register_output
@@ -47,8 +49,9 @@ class Dispatcher:
         model_path: str,
         instance: str,
         metrics: RegistryMetrics,
+        audit: AuditLog,
     ) -> None:
-        self.metrics = metrics
+        self.metrics, self.audit = metrics, audit
         self.store, self.files, self.adapters, self.runner = store, files, adapters, runner
         self.settings, self.model_path, self.instance = settings, model_path, instance
         self._stop = threading.Event()
@@ -247,6 +250,14 @@ class Dispatcher:
                 record.id, f"registering the adapter failed: {exc}"[:500], "registration_failed"
             )
             return
+
+        if done.created:
+            before, after = done.audit_change()
+            actor = current.actor or f"fine_tuning:{record.id}"
+            self.audit.record(
+                current.tenant, actor, AuditAction.ADAPTER_VERSION, done.name,
+                before=before, after=after,
+            )  # fmt: skip
 
         def change(r: JobRecord) -> JobRecord | None:
             if r.status is not JobStatus.RUNNING:

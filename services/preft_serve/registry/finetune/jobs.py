@@ -42,6 +42,7 @@ class JobRecord(BaseModel):
     validation_sha256: str | None = None
     train_args: dict[str, Any] = Field(default_factory=dict)  # the TrainerSpec's options
     promote: bool = True  # serve the trained version at once (False: store it staged)
+    actor: str | None = None  # the key id that created the job (its audit entries' actor)
     runner: dict[str, Any] = Field(default_factory=dict)  # backend, instance, pid, ...
     started_at: float | None = None
     checkpoints: list[Checkpoint] = Field(default_factory=list)

@@ -127,7 +127,7 @@ class FineTuningService:
             file_id, param, info["sha256"], int(info.get("examples", "0")), longest, shortest
         )
 
-    def create(self, tenant: str, body: JobCreate) -> FineTuningJob:
+    def create(self, tenant: str, body: JobCreate, actor: str | None = None) -> FineTuningJob:
         check_metadata(body.metadata)
         if body.integrations:
             raise InvalidRequest(
@@ -196,6 +196,7 @@ class FineTuningService:
             training_sha256=training.sha256,
             validation_sha256=files[1].sha256 if len(files) > 1 else None,
             promote=bool(method["preft"]["promote"]),
+            actor=actor,
             train_args={
                 **options,
                 "training_key": blob_key(training.sha256),

@@ -9,6 +9,7 @@ import redis
 
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.registry.adapters import AdapterService
+from preft_serve.registry.audit import AuditLog
 from preft_serve.registry.finetune.budget import ModelShape, longest_token_bytes
 from preft_serve.registry.finetune.dispatcher import Dispatcher, new_instance
 from preft_serve.registry.finetune.files import FileService
@@ -55,7 +56,10 @@ def build_finetune(
     model_path = (
         ft.kubernetes.model_path if ft.backend is Backend.KUBERNETES else str(model_dir.resolve())
     )
-    dispatcher = Dispatcher(store, files, adapters, runner, ft, model_path, instance, metrics)
+    audit = AuditLog.for_settings(client, settings, metrics.audit_write_failures)
+    dispatcher = Dispatcher(
+        store, files, adapters, runner, ft, model_path, instance, metrics, audit
+    )
     # The base model's one public name, set to the gateway's (the chart and make run feed
     # both from one value), so the name /v1/models lists is the one accepted here.
     jobs = FineTuningService(

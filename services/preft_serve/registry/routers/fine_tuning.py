@@ -38,7 +38,7 @@ def create_job(
     """Queue a job that trains a PreFT adapter (``method.type`` ``preft``: LoRA, DiReFT or
     LoReFT) on a file; on success the adapter is registered under ``suffix`` (the job's
     ``fine_tuned_model``), ready for ``PUT /v1/users/{user}``."""
-    job = jobs.create(principal.tenant, body)
+    job = jobs.create(principal.tenant, body, actor=principal.key_id)
     audit(AuditAction.JOB_CREATE, job.id, after=job.status.value)
     return job
 
