@@ -145,6 +145,15 @@ def test_promote_canary_and_roll_back_reach_the_reader_with_events(
             "version": want,
             "variant": "canary" if want == 3 else "serving",
         }
+        # ... and a bound user's binding names the version that user is served.
+        bound = client.put(f"/v1/users/{user}", json={"adapter": "bot"}, headers=acme)
+        assert bound.status_code == 200, bound.text
+        for binding in (bound.json(), client.get(f"/v1/users/{user}", headers=acme).json()):
+            assert (binding["version"], binding["sha256"], binding["variant"]) == (
+                want,
+                (v3 if want == 3 else v2)["sha256"],
+                "canary" if want == 3 else "serving",
+            )
     # Roll back: name the old version; no new version is written.
     back = client.put("/v1/adapters/bot/policy", json={"version": 1}, headers=acme).json()
     assert (back["version"], back["canary"]) == (1, None)

@@ -18,6 +18,7 @@ from preft_serve.common.registry_client import (
     RegistryKeys,
 )
 from preft_serve.common.text import shown
+from preft_serve.common.version_split import pick
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.names import check_adapter_name, check_user_id
 from preft_serve.registry.schemas import BindingOut, UserBinding
@@ -47,13 +48,17 @@ def queue_binding(
 
 
 def _out(user: str, ref: AdapterRef) -> BindingOut:
+    """The version this user is served: under a canary split, the user's side of it (the
+    gateway's own pick, ``common.version_split``)."""
+    served, variant = pick(ref, user)
     return BindingOut(
         user=user,
-        adapter=ref.name,
-        version=ref.version,
-        sha256=ref.sha256,
-        type=ref.type,
-        mode=ref.mode,
+        adapter=served.name,
+        version=served.version,
+        sha256=served.sha256,
+        type=served.type,
+        mode=served.mode,
+        variant=variant.value,
     )
 
 

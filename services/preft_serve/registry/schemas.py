@@ -214,10 +214,18 @@ class BindingIn(BaseModel):
 class BindingOut(BaseModel):
     user: str
     adapter: str
-    version: int
+    version: int = Field(
+        description="The version this user is served (under a canary split: the user's side of it)"
+    )
     sha256: str
     type: AdapterType
     mode: AdapterMode
+    variant: str = Field(
+        "serving",
+        description="Which part of the adapter's serving policy serves this user: serving "
+        "or canary",
+        json_schema_extra={"enum": ["serving", "canary"]},
+    )
 
 
 class UserBinding(BaseModel):
