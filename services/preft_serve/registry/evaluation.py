@@ -27,10 +27,10 @@ from preft_serve.common.finetune_wire import FINE_TUNE_PURPOSE
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.common.text import shown
 from preft_serve.registry.evaluation_schemas import (
+    EvaluationCounts,
     EvaluationIn,
     EvaluationOut,
     EvaluationResult,
-    ResultIn,
 )
 from preft_serve.registry.finetune.files import FileService
 from preft_serve.registry.names import check_adapter_name, utcnow
@@ -145,7 +145,9 @@ class EvaluationService:
 
         return transact(self.redis, txn, adapter_key)
 
-    def record(self, tenant: str, name: str, version: int, body: ResultIn) -> EvaluationResult:
+    def record(
+        self, tenant: str, name: str, version: int, body: EvaluationCounts
+    ) -> EvaluationResult:
         """Store what a run measured as ``version``'s result; 409 (nothing stored) when the
         config or the served version changed since the run began."""
         check_adapter_name(name)

@@ -16,7 +16,7 @@ from preft_serve.common.evaluation_wire import (
 )
 from preft_serve.registry.policy_schemas import MAX_VERSION, EvaluationResult
 
-__all__ = ["EvaluationIn", "EvaluationOut", "EvaluationResult", "ResultIn"]
+__all__ = ["EvaluationCounts", "EvaluationIn", "EvaluationOut", "EvaluationResult"]
 _FILE_ID = Field(
     min_length=1,
     max_length=64,
@@ -65,7 +65,7 @@ class EvaluationOut(EvaluationIn):
     updated_at: str
 
 
-class ResultIn(BaseModel):
+class EvaluationCounts(BaseModel):
     """What the gateway measured; the registry decides ``passed`` itself."""
 
     model_config = {"extra": "forbid"}

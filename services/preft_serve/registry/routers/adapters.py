@@ -21,10 +21,10 @@ from preft_serve.registry.audit_deps import Auditor, TenantAuditDep
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep
 from preft_serve.registry.evaluation import EvaluationService
 from preft_serve.registry.evaluation_schemas import (
+    EvaluationCounts,
     EvaluationIn,
     EvaluationOut,
     EvaluationResult,
-    ResultIn,
 )
 from preft_serve.registry.finetune.deps import FilesDep
 from preft_serve.registry.ingest import UploadedFile
@@ -418,7 +418,7 @@ def _described(config: EvaluationOut) -> str:
 def record_evaluation(
     name: AdapterPath,
     version: Annotated[int, PathParam(ge=1, le=MAX_VERSION)],
-    body: ResultIn,
+    body: EvaluationCounts,
     principal: PrincipalDep,
     evaluations: EvaluationsDep,
 ) -> EvaluationResult:
