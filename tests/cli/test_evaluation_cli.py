@@ -58,6 +58,12 @@ def test_set_show_evaluate_promote_and_force(
     assert code == 1 and "(HTTP 409)" in err and "no evaluation result" in err, err
     assert registry_answer(s, key, "/v1/adapters/bot/policy")["version"] == 1
 
+    # An inference key may chat but not run an evaluation (it would change the policy).
+    made = s.registry.call(key, "POST", "/v1/keys", json={"role": "inference"})
+    assert made.status_code == 201, made.text
+    denied = s.call(made.json()["api_key"], "POST", "/v1/adapters/bot/evaluations", json={})
+    assert denied.status_code == 403 and denied.json()["error"]["code"] == "insufficient_role"
+
     run = cli_json(capsys, "adapter", "evaluate", "bot", "--promote")
     assert (run["version"], run["promoted"]) == (2, True)
     assert (run["result"]["score"], run["result"]["serving_score"]) == (1.0, 1.0)

@@ -83,19 +83,23 @@ async def _registry(
     state: GatewayState, request: Request, method: str, path: str, json: object = None
 ) -> Any:
     answer = await call(state.registry_http, request, method, path, json)
-    try:
-        payload = orjson.loads(answer.content)
-    except orjson.JSONDecodeError:
-        payload = {"error": {"message": answer.text[:500], "code": "registry_error"}}
+    payload = _payload(answer)
     if answer.status_code >= 400:
         raise Refused(answer.status_code, payload)
     return payload
 
 
+def _payload(answer: httpx.Response) -> Any:
+    try:
+        return orjson.loads(answer.content)
+    except orjson.JSONDecodeError:
+        return {"error": {"message": answer.text[:500], "code": "registry_error"}}
+
+
 async def _file(state: GatewayState, request: Request, file_id: str) -> list[Example]:
     answer = await call(state.registry_http, request, "GET", f"/v1/files/{file_id}/content")
     if answer.status_code >= 400:
-        raise Refused(answer.status_code, orjson.loads(answer.content))
+        raise Refused(answer.status_code, _payload(answer))
     if len(answer.content) > MAX_EVAL_BYTES:
         raise _error(400, f"evaluation file {file_id} exceeds {MAX_EVAL_BYTES} bytes", "file")
     try:
