@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ports-file", help="write the workers' ports here (JSON) once they listen")
     p.add_argument("--max-loras", type=int, default=8, help="GPU slots (chart worker.maxLoras)")
     p.add_argument(
-        "--max-cpu-loras", type=int, default=64, help="host memory (chart worker.maxCpuLoras)"
+        "--max-cpu-loras", type=int, default=1024, help="host memory (chart worker.maxCpuLoras)"
     )
     p.add_argument(
         "--report",

@@ -39,6 +39,9 @@ REFUSED_S = 0.001  # a terminated pod's address refuses at once
 SAMPLE_S = 0.5
 MAX_TRIES = 3  # routing attempts of one request (choose, then its order)
 DRAIN_S = 300.0  # after the last arrival, how long running requests may still take
+# The OpenAI Python client's retries of a 429 or 503 (openai._constants): 2 more tries,
+# 0.5 s x 2^n (at most 8 s) apart, less up to a quarter of jitter.
+CLIENT_RETRIES, RETRY_DELAY_S, RETRY_DELAY_MAX_S = 2, 0.5, 8.0
 
 
 @dataclass
@@ -266,10 +269,10 @@ class Cluster:
     def engine_requests(self, worker: SimWorker) -> int:
         """What vLLM's ``num_requests_running`` + ``num_requests_waiting`` count: not a
         request whose adapter is still being fetched (the resolver holds it in the API
-        server, before the engine)."""
-        loading = worker.loading
-        fetching = sum(1 for r in worker.running.values() if loading.get(r.sha, 0.0) > self.t)
-        return len(worker.running) - fetching + len(worker.waiting)
+        server, before the engine); one whose adapter is being parsed waits in the engine."""
+        t = self.t
+        fetching = sum(1 for r in worker.waiting if r.fetched > t) if worker.waiting else 0
+        return len(worker.running) + len(worker.waiting) - fetching
 
     # -- requests ------------------------------------------------------------------------
 
@@ -320,13 +323,13 @@ class Cluster:
         try:
             choice = pool.choose(req.key)
         except ServiceUnavailable:
-            self.fail(req, "gateway_busy")
+            self.refused(req, gw, "gateway_busy")
             return
         if choice.cold and not req.cold_tenant:  # a retry keeps the slot it holds
             try:
                 pool.cold.acquire(f"t{req.tenant}")
             except TooManyRequests:
-                self.fail(req, "too_many_cold_loads")
+                self.refused(req, gw, "too_many_cold_loads")
                 return
             req.cold_tenant = f"t{req.tenant}"
         for url in choice.order:
@@ -346,6 +349,17 @@ class Cluster:
                 self._start(req, worker, self.t + delay)
             return
         self.fail(req, "no_worker")
+
+    def refused(self, req: Req, gw: SimGateway, why: str) -> None:
+        """A 429 or 503 from the gateway: the client sends the request again (to the same
+        gateway, its keep-alive connection) after its backoff, or gives up."""
+        if req.retries >= CLIENT_RETRIES:
+            self.fail(req, why)
+            return
+        backoff = min(RETRY_DELAY_S * 2**req.retries, RETRY_DELAY_MAX_S)
+        req.retries += 1
+        wait = backoff * (1 - 0.25 * self.rng.random()) + self.profile.gateway_cpu_s
+        self.at(self.t + wait, lambda: self.route(req, gw, 0.0))
 
     def _arrive_worker(self, req: Req, url: str) -> None:
         worker = self.workers.get(url)

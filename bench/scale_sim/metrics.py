@@ -88,6 +88,7 @@ def summarize(
         "requests": len(reqs),
         "done": len(done),
         "failed": dict(Counter(r.error for r in reqs if r.state == "failed")),
+        "retried": sum(1 for r in reqs if r.retries),
         "rps": round(len(reqs) / max(end - start, 1e-9), 1),
         "tier_share": {t: round(tiers[t] / served, 4) for t in TIERS},
         "warm_hit": round(sum(tiers[t] for t in WARM_TIERS) / served, 4),

@@ -63,7 +63,8 @@ class Req:
     ready: float = 0.0  # on its worker: when its adapter can run (the parse gate's hold)
     computed: int = 0  # prompt tokens computed (chunked prefill)
     left: int = 0  # tokens still to produce
-    copy: bool = False  # its adapter moves into a slot when it is first scheduled
+    fetched: float = 0.0  # on its worker: when its adapter is on disk (the resolver's hold)
+    retries: int = 0  # the client's retries of a 429 or 503
 
 
 def s3_gets(size: int) -> int:
@@ -101,7 +102,8 @@ class SimWorker:
         self.parse_free = [born] * config.parse_threads
         self.fetch_free = [born] * config.resolver_threads
         self.prefetch_free = [born] * 2  # RegistryPrefetcher's own pool (threads=2)
-        self.loading: dict[str, float] = {}  # sha -> when its load completes
+        self.loading: dict[str, float] = {}  # sha -> parsed at, until its first step
+        self.fetched: dict[str, float] = {}  # sha -> on disk at, for a fetch not yet scheduled
         self.max_seqs = config.max_num_seqs or profile.max_num_seqs
         self.max_batched_tokens = config.max_num_batched_tokens or profile.max_num_batched_tokens
         # the step under way: (request, prompt tokens: 0 for a decode) scheduled in it, begun
@@ -120,24 +122,20 @@ class SimWorker:
 
     # -- adapters ------------------------------------------------------------------------
 
-    def load(self, sha: str, t: float) -> tuple[str, float]:
-        """Where the adapter was found and when it is ready; moves it through the tiers."""
-        pending = self.loading.get(sha)
-        if pending is not None:
-            if pending > t:
-                self.slots.add(sha)
-                self.host.touch(sha)
-                return "inflight", pending
-            del self.loading[sha]
+    def load(self, sha: str, t: float) -> tuple[str, float, float]:
+        """The API server's lookup when a request arrives: where the adapter was found, when
+        it is on disk and when it is parsed (the parse gate's hold). Slots and host memory
+        are only read here: vLLM moves an adapter through them when the request is
+        scheduled (:meth:`_schedule`); a new one is parsed ahead, off the engine loop, and
+        waits for that step (``AdapterPreloader``)."""
         self.reported.add(sha)
-        if self.slots.touch(sha):
-            self.host.touch(sha)
+        if sha in self.slots or sha in self.host:
             self.disk.note_use(sha)  # the resolver's on_use hook
-            return "slot", t
-        if self.host.touch(sha):
-            self.slots.add(sha)
-            self.disk.note_use(sha)
-            return "host", t
+            return ("slot" if sha in self.slots else "host"), t, t
+        pending = self.loading.get(sha)
+        if pending is not None:  # parsing, or parsed and waiting for its first step
+            fetched = self.fetched.get(sha, t)
+            return ("inflight", fetched, pending) if pending > t else ("host", t, t)
         if self.disk.note_use(sha):
             tier, available = "disk", t
         else:
@@ -146,6 +144,7 @@ class SimWorker:
             start = max(t, self.fetch_free[k])
             available = start + self.profile.fetch_s.draw(self.rng)
             self.fetch_free[k] = available
+            self.fetched[sha] = available
             self.disk.insert(sha, self.profile.adapter_bytes)
             self.fetches.append(available)
             self.s3_gets += self.gets_per_fetch
@@ -155,9 +154,27 @@ class SimWorker:
         self.parse_free[k] = ready
         self.parses += 1
         self.loading[sha] = ready
-        self.host.add(sha)
-        self.slots.add(sha)
-        return tier, ready
+        return tier, available, ready
+
+    def _schedule(self, shas: dict[str, None]) -> tuple[int, int]:
+        """The adapters of a step, as vLLM's model runner activates them: each is used in
+        host memory (``LRUCacheWorkerLoRAManager.add_adapter``: a hit is most recent, a miss
+        is inserted, evicting the least recent) and in a slot (``LRUCacheLoRAModelManager``).
+        Returns the slot copies and the adapters parsed inside the step (evicted from host
+        memory since their request arrived, none parsed ahead: stock vLLM parses them in
+        the step)."""
+        copies = reparsed = 0
+        for sha in shas:
+            if sha not in self.slots:
+                copies += 1
+            if sha not in self.host and self.loading.pop(sha, None) is None:
+                reparsed += 1
+                self.parses += 1
+            self.loading.pop(sha, None)
+            self.fetched.pop(sha, None)
+            self.host.add(sha)
+            self.slots.add(sha)
+        return copies, reparsed
 
     def prefetch(self, sha: str, older: list[str], t: float) -> bool:
         """``RegistryPrefetcher``: when an older version is on disk, demote it and fetch the
@@ -197,9 +214,8 @@ class SimWorker:
         if self.role == "decode":  # the KV arrived: one token a step from the second on
             req.computed, req.left, req.ready = req.prompt, max(1, req.output - 1), t
         else:
-            req.tier, ready = self.load(req.sha, t)
+            req.tier, req.fetched, ready = self.load(req.sha, t)
             req.ready, req.computed, req.left = max(ready, t), 0, req.output
-            req.copy = req.tier != "slot"
         req.state = "waiting"
         self.waiting.append(req)
         if self.busy_until is None:  # idle (or only gated requests waiting): step now
@@ -267,7 +283,7 @@ class SimWorker:
         self.gen += 1
         p, cfg = self.profile, self.config
         budget = self.max_batched_tokens
-        loras: set[str] = set()
+        loras: dict[str, None] = {}  # in order (a set's order would vary by run)
         batch: list[tuple[Req, int]] = []
         tokens = 0.0
         prefill = False
@@ -279,15 +295,14 @@ class SimWorker:
                 budget -= chunk
                 tokens += chunk
                 batch.append((req, chunk))
-                loras.add(req.sha)
+                loras[req.sha] = None
                 prefill = True
             else:
                 budget -= 1
                 tokens += p.all_token_decode_factor if req.all_token else 1.0
                 batch.append((req, 0))
                 if req.all_token and self.role != "decode":
-                    loras.add(req.sha)
-        copies: set[str] = set()
+                    loras[req.sha] = None
         skipped: deque[Req] = deque()
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             req = self.waiting.popleft()
@@ -297,9 +312,7 @@ class SimWorker:
                 continue
             self.running[req.id] = req
             if adapter:
-                loras.add(req.sha)
-                if req.copy:
-                    copies.add(req.sha)
+                loras[req.sha] = None
                 if req.all_token:
                     self.all_adapters[req.sha] += 1
                     self.all_running += 1
@@ -319,7 +332,13 @@ class SimWorker:
             self.batch, self.span = [], 0
             gated = [r.ready for r in self.waiting if r.ready > t]
             return min(gated) if gated else None  # a timer: no step runs until then
-        self.step_len = p.step_base_s + p.token_s * tokens + p.slot_copy_s * len(copies)
+        copies, reparsed = self._schedule(loras) if self.role != "decode" else (0, 0)
+        self.step_len = (
+            p.step_base_s
+            + p.token_s * tokens
+            + p.slot_copy_s * copies
+            + sum(p.parse_s.draw(self.rng) for _ in range(reparsed))
+        )
         self.span = 1 if prefill or self.waiting else min(r.left for r, _ in batch)
         self.span_start, self.batch = t, batch
         self.busy_until = self.after(t, self.span * self.step_len)
