@@ -260,14 +260,17 @@ def sizing(
     s3_mb_per_request: float,
     gets_per_request: float,
     redis_per_request: float,
+    min_cpu_loras: int,
 ) -> dict[str, Any]:
-    """One row of the operator's table (formulas in docs/scale.md)."""
+    """One row of the operator's table (formulas in docs/scale.md); ``min_cpu_loras``: the
+    chart's host memory, below which a smaller share of the hot set fits than the target
+    needs (host memory is an LRU, not the hot set itself)."""
     profile = PROFILES[profile_name]
     rps = users * PEAK_REQUESTS_PER_USER_S
     adapters = max(1, users // USERS_PER_ADAPTER)
     workers = max(2, math.ceil(rps / per_worker_rps))
     hot = hot_set(pop, WARM_TARGET)
-    cpu_loras = max(64, 2 ** math.ceil(math.log2(max(1, hot * HOST_COPIES / workers))))
+    cpu_loras = max(min_cpu_loras, 2 ** math.ceil(math.log2(max(1, hot * HOST_COPIES / workers))))
     gateways = max(2, math.ceil(rps * profile.gateway_cpu_s / GATEWAY_CORE_SHARE))
     redis_mb = (users * REDIS_BYTES_PER_USER + adapters * REDIS_BYTES_PER_ADAPTER) / 1e6
     return {
@@ -275,6 +278,7 @@ def sizing(
         "profile": profile_name,
         "peak_rps": rps,
         "adapters": adapters,
+        "per_worker_rps": per_worker_rps,
         "workers": workers,
         "hot_adapters_90pct": hot,
         "max_cpu_loras": cpu_loras,
@@ -290,19 +294,21 @@ def sizing(
 
 def sizing_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| users | profile | peak req/s | adapters | workers | --max-cpu-loras (host GiB) "
-        "| gateways | registry | Redis MB | Redis cmd/s | S3 GET/s | S3 MB/s | simulated "
-        "warm hit |",
-        "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| users | profile | peak req/s | adapters | req/s a worker | workers | "
+        "--max-cpu-loras (host GiB) | gateways | registry | Redis MB | Redis cmd/s | S3 GET/s "
+        "| S3 MB/s | simulated warm hit | simulated busiest / mean |",
+        "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        warm, busiest = r.get("simulated_warm_hit"), r.get("simulated_load_max_over_mean")
         lines.append(
             f"| {r['users']:,} | {r['profile']} | {r['peak_rps']:g} | "
-            f"{r['adapters']:,} | {r['workers']} | {r['max_cpu_loras']} "
-            f"({r['host_memory_gib']}) | {r['gateways']} | {r['registry_replicas']} | "
-            f"{r['redis_memory_mb']} | {r['redis_cmds_per_s']} | "
+            f"{r['adapters']:,} | {r['per_worker_rps']:.4g} | {r['workers']} | "
+            f"{r['max_cpu_loras']} ({r['host_memory_gib']}) | {r['gateways']} | "
+            f"{r['registry_replicas']} | {r['redis_memory_mb']} | {r['redis_cmds_per_s']} | "
             f"{r['s3_gets_per_s']} | {r['s3_mb_per_s']} | "
-            f"{r.get('simulated_warm_hit', 0):.1%} |"
+            f"{'not simulated' if warm is None else f'{warm:.2%}'} | "
+            f"{'-' if busiest is None else busiest} |"
         )
     return "\n".join(lines)
 
