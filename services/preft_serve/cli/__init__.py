@@ -11,7 +11,7 @@ Examples:
     preft adapter upload ./my-adapter --name support-bot --mode prefill
     preft adapter upload ./my-adapter-v2 --name support-bot --new-version
     preft adapter rollback support-bot 1          # version 1's content, as version 3
-    preft adapter upload ./v4 --name support-bot --new-version --staged   # serves nobody yet
+    preft adapter upload ./v4 --name support-bot --new-version   # staged: serves nobody yet
     preft adapter canary support-bot 4 --weight 0.1   # 10% of users get version 4
     preft adapter promote support-bot 4           # everyone gets version 4
     preft adapter policy support-bot --user alice # versions, states, alice's version
@@ -150,6 +150,7 @@ def _as_json(parser: argparse.ArgumentParser, args: argparse.Namespace) -> bool:
     return bool(args.json)
 
 
+_UNRECOGNIZED = "unrecognized arguments: "
 _SECRET_OPTION = re.compile(r"(--api-key(?:=|\s+))\S+")
 
 
@@ -158,7 +159,8 @@ class _Parser(argparse.ArgumentParser):
     sk-..."): a key given where no command takes one must not reach the terminal or CI logs."""
 
     def error(self, message: str) -> NoReturn:
-        super().error(_SECRET_OPTION.sub(r"\1***", message))
+        head, echoed, rest = message.partition(_UNRECOGNIZED)
+        super().error(head + echoed + _SECRET_OPTION.sub(r"\1***", rest) if echoed else message)
 
 
 def build_parser() -> argparse.ArgumentParser:
