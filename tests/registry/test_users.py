@@ -17,6 +17,7 @@ def test_bind_show_rebind_unbind(client, acme, lora_dir, lora_dir2, state_snapsh
         "sha256": a["sha256"],
         "type": "lora",
         "mode": "prefill",
+        "variant": "serving",
     }
     before = state_snapshot()
     same = client.put("/v1/users/alice@example.com", json={"adapter": "a"}, headers=acme)
