@@ -70,7 +70,7 @@ class Tenants:
             for n in (CONFIG_FILE, WEIGHTS_FILE)
         ]
         method, url = (
-            ("PUT", f"{self.registry}/v1/adapters/{name}")
+            ("PUT", f"{self.registry}/v1/adapters/{name}?promote=true")
             if new_version
             else ("POST", f"{self.registry}/v1/adapters")
         )

@@ -38,7 +38,7 @@ def test_set_show_evaluate_promote_and_force(
         return cli_json(capsys, "adapter", "upload", folder, "--name", "bot", "--quiet", *flags)
 
     upload(1, "--mode", "prefill")
-    v2 = upload(2, "--new-version", "--staged")
+    v2 = upload(2, "--new-version")
     data = tmp_path / "eval.jsonl"
     line = {
         "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
@@ -70,9 +70,13 @@ def test_set_show_evaluate_promote_and_force(
     policy = registry_answer(s, key, "/v1/adapters/bot/policy")
     assert (policy["version"], policy["sha256"]) == (2, v2["sha256"])
     assert {v["version"]: v["evaluation"] for v in policy["versions"]}[2] == run["result"]
+    code, out, err = run_cli(capsys, "adapter", "policy", "bot")
+    assert code == 0, err
+    cells = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line[:1].isdigit()}
+    assert cells == {"1": "-", "2": "passed:1.00/v1:1.00"}  # the table's evaluation column
 
     # Version 3 staged: --force promotes it without a result.
-    upload(3, "--new-version", "--staged")
+    upload(3, "--new-version")
     forced = cli_json(capsys, "adapter", "promote", "bot", "3", "--force")
     assert forced["version"] == 3
     assert cli_json(capsys, "adapter", "evaluation", "delete", "bot") == config

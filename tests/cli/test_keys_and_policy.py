@@ -1,4 +1,4 @@
-"""``preft key ...`` and ``preft adapter policy | promote | canary | upload --staged`` against
+"""``preft key ...`` and ``preft adapter policy | promote | canary | upload`` against
 a real registry behind a real gateway, through the gateway's URL alone: what the CLI prints
 is compared with the registry's own answer read directly, each key's role holds at the
 gateway (an inference key chats but cannot upload, and sees the server's reason), a key's
@@ -250,7 +250,7 @@ def test_staged_upload_promote_canary_and_rollback(
         )  # fmt: skip
 
     upload(1, "--mode", "prefill")
-    staged = upload(2, "--new-version", "--staged")
+    staged = upload(2, "--new-version")
     assert (staged["version"], staged["state"]) == (2, "staged")
     direct = registry_answer(s, key, policy)
     assert direct["version"] == 1 and direct["canary"] is None
@@ -318,13 +318,20 @@ def test_staged_upload_promote_canary_and_rollback(
     assert direct["version"] == 3
     assert direct["sha256"] == next(v["sha256"] for v in direct["versions"] if v["version"] == 1)
 
-    # A staged upload to a new adapter serves anyway, and the CLI says so.
-    code, out, err = run_cli(
-        capsys, "adapter", "upload", str(adapter_dir(tmp_path, 5)), "--name", "fresh",
-        "--mode", "prefill", "--staged", "--quiet",
-    )  # fmt: skip
-    assert code == 0 and "version 1 is serving, not staged" in err, err
-    assert registry_answer(s, key, "/v1/adapters/fresh/policy")["version"] == 1
+    # A new adapter's first version serves; a later one is staged unless --promote, and
+    # the CLI says how to go on.
+    def fresh(seed: int, *flags: str) -> tuple[int, str]:
+        code, _, err = run_cli(
+            capsys, "adapter", "upload", str(adapter_dir(tmp_path, seed)), "--name", "fresh",
+            "--quiet", *flags,
+        )  # fmt: skip
+        assert code == 0, err
+        return registry_answer(s, key, "/v1/adapters/fresh/policy")["version"], err
+
+    assert fresh(5, "--mode", "prefill") == (1, "")
+    served, err = fresh(6, "--new-version")
+    assert served == 1 and "version 2 is staged" in err and "fresh@2" in err, err
+    assert fresh(7, "--new-version", "--promote") == (3, "")
 
 
 def test_every_new_command_explains_itself_with_an_example(capsys: Any) -> None:

@@ -46,7 +46,7 @@ def test_every_tenant_command_works_against_the_gateway_alone(
     assert code == 0, err
     code, out, err = run_cli(
         capsys, "adapter", "upload", str(adapter_dir(tmp_path, 2)), "--name", "bot",
-        "--new-version", "--quiet",
+        "--new-version", "--promote", "--quiet",
     )  # fmt: skip
     assert code == 0, err
     assert cli_json(capsys, "adapter", "list") == registry_answer(s, acme, "/v1/adapters")

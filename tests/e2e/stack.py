@@ -85,6 +85,7 @@ class Registry:
         if new_version:
             reply = httpx.put(
                 f"{self.url}/v1/adapters/{name}",
+                params={"promote": "true"},
                 data={"mode": mode},
                 files=files,
                 headers=_bearer(api_key),

@@ -74,10 +74,10 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
         f"preft_registry_finetune_trained_tokens_total {float(job['trained_tokens'])}" in exported
     )
 
-    # Another job on the same name, --staged: version 2 is stored, version 1 keeps serving.
+    # Another job on the same name: version 2 is stored staged, version 1 keeps serving.
     code, out, err = run_cli(
         capsys, *common, "--json", "fine-tune", "create", str(data), "--model", "tiny-llama",
-        "--suffix", "cli-facts", "--steps", "1", "--staged", "--follow",
+        "--suffix", "cli-facts", "--steps", "1", "--follow",
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["method"]["preft"]["promote"] is False

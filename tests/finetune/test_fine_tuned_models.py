@@ -26,7 +26,12 @@ def upload(s: Stack, key: str, model_dir: Path, tmp_path: Path, name: str, seed:
         for p in sorted(folder.iterdir())
     ]
     reply = s.registry.call(
-        key, "PUT", f"/v1/adapters/{name}", data={"mode": "prefill"}, files=files
+        key,
+        "PUT",
+        f"/v1/adapters/{name}",
+        params={"promote": "true"},
+        data={"mode": "prefill"},
+        files=files,
     )
     assert reply.status_code == 201, reply.text
     return str(reply.json()["sha256"])

@@ -1,5 +1,5 @@
-"""A fine-tuning job asked for ``method.preft.promote: false`` stores its trained adapter
-as a staged version: the adapter's name keeps serving the version it served, and the new
+"""A fine-tuning job stores its trained adapter as a staged version by default
+(``method.preft.promote: false``): the adapter's name keeps serving the version it served, and the new
 one is promoted later (``POST /v1/adapters/{name}/versions/{version}/promote``). A real
 trainer runs (two steps on the toy model)."""
 
@@ -54,7 +54,7 @@ def _job(api: Api, key: str, file_id: str, preft: dict[str, Any]) -> dict[str, A
     return reply.json()  # type: ignore[no-any-return]
 
 
-def test_promote_false_stages_the_trained_version_and_serving_is_unchanged(
+def test_the_default_stages_the_trained_version_and_serving_is_unchanged(
     serve: Callable[..., Api], model_dir: Path, tmp_path: Path
 ) -> None:
     api = serve(max_steps=60)
@@ -64,8 +64,8 @@ def test_promote_false_stages_the_trained_version_and_serving_is_unchanged(
     assert bound.status_code == 200, bound.text
     file_id = api.upload(key, chat_jsonl()).json()["id"]
 
-    created = _job(api, key, file_id, {"promote": False})
-    assert created["method"]["preft"]["promote"] is False  # read back as sent
+    created = _job(api, key, file_id, {})
+    assert created["method"]["preft"]["promote"] is False  # the default, read back
     job = api.wait(key, created["id"], lambda j: j["status"] in ("failed", "succeeded"))
     assert job["status"] == "succeeded", job
     assert job["fine_tuned_model"] == "bot"
@@ -89,14 +89,14 @@ def test_promote_false_stages_the_trained_version_and_serving_is_unchanged(
     assert promoted.json()["sha256"] != served_sha
 
 
-def test_the_default_promotes_the_trained_version(
+def test_promote_true_serves_the_trained_version_at_once(
     serve: Callable[..., Api], model_dir: Path, tmp_path: Path
 ) -> None:
     api = serve(max_steps=60)
     key = api.tenant("acme")
     served_sha = _upload_adapter(api, key, model_dir, tmp_path)
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    created = _job(api, key, file_id, {})
+    created = _job(api, key, file_id, {"promote": True})
     assert created["method"]["preft"]["promote"] is True
     job = api.wait(key, created["id"], lambda j: j["status"] in ("failed", "succeeded"))
     assert job["status"] == "succeeded", job

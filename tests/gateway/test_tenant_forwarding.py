@@ -261,7 +261,7 @@ def test_adapters_through_the_gateway_are_the_registrys(stack: Callable[..., Sta
     )
     assert again.status_code == 200 and again.json()["sha256"] == first["sha256"]
 
-    bumped = s.call(acme, "PUT", "/v1/adapters/bot", files=_adapter(2))
+    bumped = s.call(acme, "PUT", "/v1/adapters/bot", params={"promote": "true"}, files=_adapter(2))
     assert bumped.status_code == 201, bumped.text
     assert bumped.json()["version"] == 2
 

@@ -56,10 +56,12 @@ def test_tenant_adapter_user_workflow(
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(lora_dir2, arcname="v2")
     code, out, err = run_cli(
-        capsys, "adapter", "upload", str(archive), "--name", "bot", "--new-version", "--json"
-    )
+        capsys, "adapter", "upload", str(archive), "--name", "bot", "--new-version", "--promote",
+        "--json",
+    )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["version"] == 2 and json.loads(out)["mode"] == "prefill"
+    assert json.loads(out)["state"] == "serving"  # --promote: the hot swap
     code, out, _ = run_cli(capsys, "adapter", "list")
     assert code == 0
     header, row = out.splitlines()[:2]
@@ -254,8 +256,9 @@ def test_download_rollback_and_user_list(
     )
     v1 = json.loads(out)["sha256"]
     code, out, _ = run_cli(
-        capsys, "adapter", "upload", str(lora_dir2), "--name", "bot", "--new-version", "--json"
-    )
+        capsys, "adapter", "upload", str(lora_dir2), "--name", "bot", "--new-version", "--promote",
+        "--json",
+    )  # fmt: skip
     v2 = json.loads(out)["sha256"]
     assert code == 0 and v1 != v2
     # Download v1 and upload the folder back unchanged: the same content (sha256).

@@ -44,7 +44,12 @@ def test_concurrent_puts_give_consecutive_versions(
         with httpx.Client(base_url=live_server, headers=bearer(key), timeout=60) as http:
             files = _files(d)
             barrier.wait()
-            resp = http.put("/v1/adapters/bot", data={"mode": "prefill"}, files=files)
+            resp = http.put(
+                "/v1/adapters/bot",
+                params={"promote": "true"},
+                data={"mode": "prefill"},
+                files=files,
+            )
             (results if resp.status_code == 201 else errors).append(
                 resp.json() if resp.status_code == 201 else resp.text
             )

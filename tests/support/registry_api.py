@@ -34,7 +34,8 @@ def upload(
     mode: str = "prefill",
     method: str = "POST",
 ) -> Any:
-    """Multipart upload of an adapter directory's two files."""
+    """Multipart upload of an adapter directory's two files; a PUT (next version) is the
+    hot swap (``?promote=true``: served at once)."""
     files = [
         ("files", (p.name, p.read_bytes(), "application/octet-stream"))
         for p in sorted(adapter_dir.iterdir())
@@ -44,7 +45,13 @@ def upload(
     if method == "POST":
         data["name"] = name
         return client.post("/v1/adapters", data=data, files=files, headers=headers)
-    return client.put(f"/v1/adapters/{name}", data=data, files=files, headers=headers)
+    return client.put(
+        f"/v1/adapters/{name}",
+        params={"promote": "true"},
+        data=data,
+        files=files,
+        headers=headers,
+    )
 
 
 def error_message(resp: Any) -> str:

@@ -66,7 +66,7 @@ def cmd_upload(reg: Registry, args: argparse.Namespace) -> Any:
         data = {"mode": args.mode} if args.mode else {}
         params = {
             **({"strict": "true"} if args.strict else {}),
-            **({"promote": "false"} if args.staged else {}),
+            **({"promote": "true"} if args.promote else {}),
         } or None
         if args.new_version:
             result = reg.call(
@@ -83,11 +83,11 @@ def cmd_upload(reg: Registry, args: argparse.Namespace) -> Any:
             bar.close()
     for warning in result.get("warnings") or ():
         sys.stderr.write(f"warning: {warning}\n")
-    if args.staged and result.get("state") != "staged":
+    if args.new_version and result.get("state") == "staged":
         sys.stderr.write(
-            f"note: version {result.get('version')} is {result.get('state')}, not staged: "
-            "a new adapter's first version serves (there is nothing else to serve), and "
-            "content identical to an existing version stores nothing new\n"
+            f"note: version {result.get('version')} is staged: users keep the version they "
+            f"get; try it as {args.name}@{result.get('version')}, then `preft adapter "
+            "evaluate`, `canary` or `promote` it (--promote serves an upload at once)\n"
         )
     return result
 
@@ -207,7 +207,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
     up.add_argument(
         "--new-version",
         action="store_true",
-        help="upload the next version of an existing adapter (hot swap)",
+        help="upload the next version of an existing adapter (staged unless --promote)",
     )
     up.add_argument(
         "--strict",
@@ -216,10 +216,11 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "base_model_name_or_path naming another model)",
     )
     up.add_argument(
-        "--staged",
+        "--promote",
         action="store_true",
-        help="store the new version without serving it (users keep the version they get); "
-        "try it pinned as NAME@VERSION, then `preft adapter promote` or `canary` it",
+        help="serve the new version to every user at once (the hot swap; it skips the "
+        "evaluation gate). Default: staged, users keep the version they get; try it as "
+        "NAME@VERSION, then `preft adapter evaluate`, `canary` or `promote` it",
     )
     _progress_flags(up, "upload")
     with_examples(
@@ -227,7 +228,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "examples:\n"
         "  preft adapter upload ./my-adapter --name support-bot --mode prefill\n"
         "  preft adapter upload ./my-adapter-v2 --name support-bot --new-version\n"
-        "  preft adapter upload ./my-adapter-v3 --name support-bot --new-version --staged\n"
+        "  preft adapter upload ./my-adapter-v3 --name support-bot --new-version --promote\n"
         "  preft adapter upload ./my-adapter.tar.gz --name other-bot --mode all --strict",
     )
     conv = a_sub.add_parser(

@@ -122,7 +122,7 @@ def add_evaluation_parsers(a_sub: Any, leaf: Any) -> None:
     with_examples(
         run,
         "examples:\n"
-        "  preft adapter upload ./v2 --name support-bot --new-version --staged\n"
+        "  preft adapter upload ./v2 --name support-bot --new-version\n"
         "  preft adapter evaluate support-bot --promote   # served only if it passes\n"
         "  preft adapter policy support-bot               # each version's result",
     )

@@ -39,8 +39,8 @@ def cmd_create(reg: Registry, args: argparse.Namespace) -> Any:
     preft: dict[str, Any] = {"adapter": args.type, "mode": args.mode, "rank": args.rank}
     if args.steps is not None:
         preft["steps"] = args.steps
-    if args.staged:
-        preft["promote"] = False
+    if args.promote:
+        preft["promote"] = True
     body: dict[str, Any] = {
         "model": args.model,
         "training_file": _file_id(reg, args.training_file),
@@ -182,11 +182,11 @@ def add_parser(groups: Any, leaf: Any) -> None:
     )
     create.add_argument("--seed", type=int)
     create.add_argument(
-        "--staged",
+        "--promote",
         action="store_true",
-        help="store the trained version staged (promote it later with `preft adapter "
-        "promote`, or evaluate it first); default: it serves at once (a new name's first "
-        "version serves either way)",
+        help="serve the trained version to every user at once; default: a later version of "
+        "the name is stored staged (`preft adapter evaluate`, `canary` or `promote` it), "
+        "and a new name's first version serves",
     )
     create.add_argument("--follow", action="store_true", help="then follow its events")
     ls = leaf(sub, "list", "List your jobs, newest first", cmd_list)

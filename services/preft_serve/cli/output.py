@@ -206,10 +206,28 @@ def _policy(result: dict[str, Any], out: IO[str]) -> None:
         )
     out.write(f"{'updated_at:':<13}{result['updated_at']}\n")
     out.write("versions:\n")
-    rows = [{**v, "sha256": v["sha256"][:12]} for v in result["versions"]]
+    rows = [
+        {**v, "sha256": v["sha256"][:12], "evaluation": _evaluation(v.get("evaluation"))}
+        for v in result["versions"]
+    ]
     print_table(
-        rows, ["version", "state", "sha256", "mode", "rank", "size_bytes", "created_at"], out
+        rows,
+        ["version", "state", "sha256", "mode", "rank", "size_bytes", "created_at", "evaluation"],
+        out,
     )
+
+
+def _evaluation(result: dict[str, Any] | None) -> str:
+    """A version's last evaluation in one cell: verdict, its score against the serving one."""
+    if not result:
+        return "-"
+    verdict = "passed" if result["passed"] else "failed"
+    versus = (
+        f"/v{result['serving_version']}:{result['serving_score']:.2f}"
+        if result.get("serving_version") is not None
+        else ""
+    )
+    return f"{verdict}:{result['score']:.2f}{versus}"
 
 
 def render(result: Any, command: str, out: IO[str]) -> None:

@@ -126,7 +126,7 @@ def add_policy_parsers(a_sub: Any, leaf: Any) -> None:
     with_examples(
         prom,
         "examples:\n"
-        "  preft adapter upload ./v2 --name support-bot --new-version --staged\n"
+        "  preft adapter upload ./v2 --name support-bot --new-version\n"
         "  preft adapter promote support-bot 2   # everyone gets version 2\n"
         "  preft adapter promote support-bot 1   # back to version 1",
     )

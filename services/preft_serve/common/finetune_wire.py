@@ -122,12 +122,13 @@ class PreftMethod(BaseModel):
     max_seq_len: int = Field(1024, ge=16, le=MAX_SEQ_LEN)
     hyperparameters: Hyperparameters | None = None
     promote: bool = Field(
-        True,
+        False,
         strict=True,  # "no" or 0 is a mistake to name, not a value to guess
-        description="On success, serve the trained version to every user at once (true), or "
-        "store it staged (false): the adapter name keeps serving its current version until "
-        "POST /v1/adapters/{name}/versions/{version}/promote or a serving policy's canary "
-        "serves it. An adapter's first version is always served",
+        description="On success, store the trained version staged (false, the default): the "
+        "adapter name keeps serving its current version until POST /v1/adapters/{name}/"
+        "versions/{version}/promote (after its evaluation if the name has one) or a serving "
+        "policy's canary serves it; or serve it to every user at once (true). An adapter's "
+        "first version is always served",
     )
 
 

@@ -4,7 +4,7 @@ The adapter files are fetched from ``finetune/<job id>/`` in the object store an
 to the registry's own upload path (``AdapterService.upload``: staging, validation against
 the base model, content-addressed blob, one Redis transaction, the ``adapter.updated``
 event), as a new version of the job's adapter name (a later job with the same suffix is
-the next version, so bound users move to it, unless the job asked for it staged). The
+the next version, staged unless the job asked to promote it). The
 trainer's metrics become the result file, OpenAI's per-step CSV (``results.py``).
 """
 
@@ -52,8 +52,8 @@ def register_output(
     record: JobRecord, adapters: AdapterService, files: FileService, *, promote: bool = True
 ) -> Registered:
     """Register a finished job's adapter as the next version of its name: served at once
-    (``promote``, the default) or staged for a serving policy to promote (the job's
-    ``method.preft.promote``; an adapter's first version is served either way)."""
+    (``promote``) or staged for a serving policy to promote (the job's
+    ``method.preft.promote``, false by default; a name's first version serves either way)."""
     store = adapters.store
     prefix = output_prefix(record.id)
     with tempfile.TemporaryDirectory(dir=adapters.staging_dir, prefix="preft-ft-") as tmp:

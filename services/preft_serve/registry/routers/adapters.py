@@ -65,10 +65,11 @@ StrictQuery = Annotated[
 PromoteQuery = Annotated[
     bool,
     Query(
-        description="Serve the new version to every user at once (the hot swap); false "
-        "stores it as staged and users keep the version they get until a serving policy "
-        "names it (PUT /v1/adapters/{name}/policy). A new adapter's first version is "
-        "served either way"
+        description="true: serve the new version to every user at once (the hot swap, any "
+        "canary ends). Default false: the version is stored staged and users keep the "
+        "version they get until it is promoted (POST /v1/adapters/{name}/versions/{version}"
+        "/promote, after its evaluation if the name has one) or a canary names it. A new "
+        "adapter's first version is served either way"
     ),
 ]
 
@@ -147,7 +148,7 @@ def upload_adapter(
     files: FilesField,
     audit: TenantAuditDep,
     strict: StrictQuery = False,
-    promote: PromoteQuery = True,
+    promote: PromoteQuery = False,
 ) -> VersionUploaded:
     """Upload a new adapter (version 1). Re-uploading identical content is a no-op (200)."""
     result = adapters.upload(
@@ -178,10 +179,11 @@ def upload_version(
     audit: TenantAuditDep,
     mode: Annotated[AdapterMode | None, Form(description="Defaults to the current mode")] = None,
     strict: StrictQuery = False,
-    promote: PromoteQuery = True,
+    promote: PromoteQuery = False,
 ) -> VersionUploaded:
-    """Upload the next version: the hot swap (bound users move to it at once, any canary
-    ends), or with ?promote=false a staged version that serves nobody yet."""
+    """Upload the next version: staged (it serves nobody until promoted, so an evaluation
+    or a canary can come first), or with ?promote=true the hot swap (bound users move to
+    it at once, any canary ends)."""
     result = adapters.upload(
         principal.tenant, name, mode, _files(files), create=False, strict=strict, promote=promote
     )
