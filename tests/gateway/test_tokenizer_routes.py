@@ -208,6 +208,25 @@ def test_detokenize_of_anything_but_token_ids_is_400(
     assert worker.seen == []
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({"prompt": [2.5, {"a": 1}]}, "prompt", "'prompt' must be a string"),
+        ({"prompt": 7}, "prompt", "'prompt' must be a string"),
+        ({"messages": {"role": "user"}}, "messages", "non-empty list of chat messages"),
+        ({"messages": []}, "messages", "non-empty list of chat messages"),
+    ],
+)
+def test_tokenize_of_text_in_another_shape_is_400_before_any_worker(
+    client: TestClient, worker: Tokenizer, body: dict[str, Any], param: str, says: str
+) -> None:
+    reply = client.post("/tokenize", headers=AUTH, json=body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and says in error["message"]
+    assert worker.seen == []
+
+
 @pytest.mark.parametrize("field", ["user", "safety_identifier", "model"])
 def test_a_name_that_is_not_a_string_is_400(
     client: TestClient, worker: Tokenizer, field: str

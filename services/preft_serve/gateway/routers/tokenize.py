@@ -63,11 +63,23 @@ def _check_token_ids(body: dict[str, Any], state: GatewayState) -> None:
         )
 
 
+def _check_tokenize_body(body: dict[str, Any]) -> None:
+    """``/tokenize``'s text: ``prompt`` a string, ``messages`` a non-empty list (the shapes
+    its OpenAPI document states), refused here rather than handed to a worker."""
+    if "prompt" in body and not isinstance(body["prompt"], str):
+        raise BadRequest("'prompt' must be a string (the text to tokenize)", param="prompt")
+    messages = body.get("messages")
+    if "messages" in body and not (isinstance(messages, list) and messages):
+        raise BadRequest("'messages' must be a non-empty list of chat messages", param="messages")
+
+
 async def _pass_through(state: GatewayState, tenant: str, request: Request, path: str) -> Response:
     body = parse_body(await request.body(), state.caps.max_json_depth)
     check_names(body)
     if path == "/detokenize":
         _check_token_ids(body, state)
+    else:
+        _check_tokenize_body(body)
     _, model = await charge(state, tenant, request, body, 0, access_fields(request))
     if model is not None:  # resolved as for a completion: an unknown name is its 404
         await select_target(
