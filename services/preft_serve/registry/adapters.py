@@ -194,7 +194,7 @@ class AdapterService:
         """Validate, store and commit one adapter version.
 
         ``create=True`` (POST) refuses to add a version to an existing name unless the
-        content is identical; ``create=False`` (PUT) adds a version (the hot swap) or
+        content is identical; ``create=False`` (PUT) adds a version or
         creates the adapter. ``mode=None`` keeps the current version's mode. ``strict``
         refuses what would otherwise be accepted with warnings. ``promote=False`` stores
         the version as ``staged``: users keep the served one until a policy names it (a

@@ -1,5 +1,5 @@
 """The registry's adapter routes, forwarded (``gateway.registry_proxy``): upload, versions
-(the hot swap), list, show, delete, rollback, download, the evaluation config, and whatever
+(staged, or the hot swap), list, show, delete, rollback, download, the evaluation config, and whatever
 else the registry serves under ``/v1/adapters`` (``forwarded.forward_the_rest``)."""
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ async def get_adapter(name: str, request: Request, state: StateDep, owner: Tenan
 async def upload_version(
     name: str, request: Request, state: StateDep, owner: TenantDep
 ) -> Response:
-    """Upload the next version (the hot swap: bound users move to it at once)."""
+    """Upload the next version: staged, or with ?promote=true the hot swap (bound users
+    move to it at once)."""
     return await forward(state.registry_http, request, owner)
 
 

@@ -258,7 +258,8 @@ def rollback_adapter(
     audit: TenantAuditDep,
 ) -> AdapterVersion:
     """Make an earlier version's content current again, as the next version (history stays
-    append-only; bound users move to it at once, like an upload, and any canary ends).
+    append-only; bound users move to it at once, like a promoted upload, and any canary
+    ends).
     PUT /v1/adapters/{name}/policy serves an earlier version without a new one."""
     result = adapters.rollback(principal.tenant, name, body.version)
     _audit_version(audit, AuditAction.ADAPTER_ROLLBACK, result)
