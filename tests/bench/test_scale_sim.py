@@ -565,3 +565,26 @@ def test_a_cold_storm_is_measured_against_the_same_served_load_with_its_adapters
     assert p99["warm_control"] == warm["windows"]["storm"]["others_latency"]["ttft_p99_ms"]
     assert p99["storm"] == cold["windows"]["storm"]["others_latency"]["ttft_p99_ms"]
     assert out["others_ttft_p99_ratio"] == round(p99["storm"] / p99["warm_control"], 3)
+
+
+def test_the_simulated_worker_and_client_run_their_defaults() -> None:
+    """A simulated worker's defaults are ``serve.py``'s and ``WorkerSettings``' (what the
+    validation's load test runs), and a client retries as the OpenAI client does."""
+    from openai import _constants
+
+    from bench.scale_sim import cluster
+    from preft_serve.worker.serve import parser
+    from preft_serve.worker.settings import WorkerSettings
+
+    serve = parser()
+    sim = WorkerConfig()
+    assert (sim.max_loras, sim.max_cpu_loras) == (
+        serve.get_default("max_loras"),
+        serve.get_default("max_cpu_loras"),
+    )
+    assert sim.resolver_threads == WorkerSettings.model_fields["resolver_threads"].default
+    assert (cluster.CLIENT_RETRIES, cluster.RETRY_DELAY_S, cluster.RETRY_DELAY_MAX_S) == (
+        _constants.DEFAULT_MAX_RETRIES,
+        _constants.INITIAL_RETRY_DELAY,
+        _constants.MAX_RETRY_DELAY,
+    )
