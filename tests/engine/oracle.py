@@ -96,3 +96,25 @@ def peft_generate(
         pad_token_id=0,
     )
     return out[0, len(prompt) :].tolist()
+
+
+@torch.no_grad()
+def answer_logprobs(
+    model_dir: str | Path, adapter_dir: str | Path, prompt: list[int], answer: list[int], mode: str
+) -> list[float]:
+    """Log-probability of each ``answer`` token after ``prompt``, teacher-forced.
+
+    mode ``prefill``: the prompt through the adapted model with ``use_cache=True``, the answer
+    through the base model on that cache (the first answer token scored from the last prompt
+    position's logits). mode ``all``: prompt and answer through the adapted model."""
+    model = _peft_model(str(model_dir), str(adapter_dir))
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    rest = torch.tensor([answer])
+    if mode == "prefill":
+        with model.disable_adapter():
+            tail = model(input_ids=rest, past_key_values=out.past_key_values, use_cache=True)
+    else:
+        tail = model(input_ids=rest, past_key_values=out.past_key_values, use_cache=True)
+    logits = torch.cat([out.logits[0, -1:], tail.logits[0, :-1]]).double()
+    picked = logits.log_softmax(-1).gather(1, rest.T)
+    return [float(x) for x in picked[:, 0]]

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from preft_serve.common.adapter_boundary import ADAPTER_TOKENS_XARG
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers, message
@@ -216,6 +217,7 @@ def test_clients_cannot_name_kv_blocks(client: TestClient, workers: Workers) -> 
         {"kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [[1, 2]]}},
         {"ec_transfer_params": {"x": 1}},
         {"kv_cache_report_mode": "all"},
+        {ADAPTER_TOKENS_XARG: 3},  # the evaluation gate's adapter boundary
     ],
 )
 def test_clients_cannot_reach_worker_internal_fields_through_vllm_xargs(

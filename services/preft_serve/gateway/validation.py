@@ -11,11 +11,13 @@ their shapes and caps, are one table (``body_rules``) that the OpenAPI document 
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from preft_serve.common.adapter_boundary import ADAPTER_TOKENS_XARG
 from preft_serve.common.errors import BadRequest
 from preft_serve.common.jsondepth import json_nests_deeper
 from preft_serve.gateway import body_rules
@@ -251,9 +253,16 @@ def _check_fields(body: dict[str, Any]) -> None:
 # scheduler, top-level or through ``vllm_xargs`` (vLLM 0.32: ``to_sampling_params``,
 # ``v1/request.py``). They name KV blocks on a worker (a client could read another
 # request's prompt KV) and are set by the gateway between its prefill and decode workers.
+# The adapter boundary (``common.adapter_boundary``) is the gateway's own: its evaluation
+# runner sets it to score an expected answer; a client setting it would change what a
+# served adapter computes.
 WORKER_INTERNAL_FIELDS = ("kv_transfer_params", "ec_transfer_params")
-WORKER_INTERNAL_XARGS = (*WORKER_INTERNAL_FIELDS, "kv_cache_report_mode")
+WORKER_INTERNAL_XARGS = (*WORKER_INTERNAL_FIELDS, "kv_cache_report_mode", ADAPTER_TOKENS_XARG)
 XARGS = "vllm_xargs"
+GATEWAY_XARGS: ContextVar[frozenset[str]] = ContextVar("gateway_xargs", default=frozenset())
+"""Worker-internal xargs that requests sent from this task may carry: the gateway's own
+requests into its app (``gateway.evaluation``) set it; a client's request never runs in
+such a task."""
 
 
 def _check_worker_internal(body: dict[str, Any]) -> None:
@@ -271,7 +280,7 @@ def _check_worker_internal(body: dict[str, Any]) -> None:
     if not isinstance(xargs, dict):
         raise BadRequest(f"'{XARGS}' must be an object of extension arguments", param=XARGS)
     for key in WORKER_INTERNAL_XARGS:
-        if key in xargs:
+        if key in xargs and key not in GATEWAY_XARGS.get():
             raise BadRequest(
                 f"'{XARGS}.{key}' is set by the gateway between its workers, "
                 "never by clients; remove it",

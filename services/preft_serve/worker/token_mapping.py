@@ -5,6 +5,11 @@ For a request with a ``prefill``-mode adapter, a token at position ``p`` gets th
 the first output token), in whatever chunks the scheduler splits the prompt into, and also
 when a preempted request recomputes its prompt. Tokens at ``p >= num_prompt_tokens`` are
 decode tokens and run on the base model. ``all``-mode adapters apply to every token.
+
+A request may end its adapter earlier, at a boundary ``b`` inside its prompt
+(:mod:`preft_serve.common.adapter_boundary`): the seams then pass
+:func:`adapter_end` (``min(prompt length, b)``) wherever they would pass the prompt
+length, and prompt tokens from ``b`` on are treated exactly as decode tokens.
 """
 
 from __future__ import annotations
@@ -61,6 +66,12 @@ def step_mapping(
     sample_start = num_computed + num_scheduled - num_sampled
     sampled_ids = ids_at(*_positions(sample_start, num_sampled))
     return StepMapping(token_ids, sampled_ids)
+
+
+def adapter_end(num_prompt: int, boundary: int | None) -> int:
+    """Where a prefill-only adapter stops: the prompt's end, or the request's boundary
+    when that comes first."""
+    return num_prompt if boundary is None else min(num_prompt, boundary)
 
 
 def in_prompt_phase(num_computed: int, num_prompt: int) -> bool:

@@ -7,7 +7,8 @@ Relies on:
   num_sampled_tokens, mapping_type)`` and ``_set_active_loras(prompt_mapping,
   token_mapping, lora_requests, mapping_type)``; the ``InputBatch`` fields
   ``request_lora_mapping``, ``lora_id_to_lora_request``, ``num_computed_tokens_cpu`` and
-  ``num_prompt_tokens``. Tokens are mapped to adapters per PreFT
+  ``num_prompt_tokens``; ``GPUModelRunner.requests`` (``CachedRequestState.sampling_params``,
+  for a request's adapter boundary). Tokens are mapped to adapters per PreFT
   (:mod:`preft_serve.worker.token_mapping`); adapters without tokens in the step are not
   activated. It runs once per executed step, so it also marks step starts for
   :mod:`preft_serve.worker.step_trace`.
@@ -47,7 +48,11 @@ from preft_serve.worker.vllm_compat.lora_manager import (
     preloader_of,
     start_background_parse,
 )
-from preft_serve.worker.vllm_compat.lora_request import adapter_info_of, adapter_kinds
+from preft_serve.worker.vllm_compat.lora_request import (
+    adapter_ends,
+    adapter_info_of,
+    adapter_kinds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +111,14 @@ class PreftLoRAMappingMixin:
         reft_ids = [i for i, (reft, _) in kinds.items() if reft]
         lora_ids = np.where(is_reft, NO_ADAPTER, adapter_ids)
         num_computed = input_batch.num_computed_tokens_cpu[:n]
-        num_prompt = input_batch.num_prompt_tokens[:n]
+        # "Prompt" below means the tokens the adapter covers: a request's boundary may end
+        # it inside the prompt (the rest then runs as decode tokens do).
+        num_prompt = adapter_ends(
+            self.requests,  # type: ignore[attr-defined]
+            input_batch.req_ids,
+            input_batch.num_prompt_tokens[:n],
+            prefill_only,
+        )
         in_prompt = num_computed < num_prompt
         if np.any((lora_ids != NO_ADAPTER) & (in_prompt | ~prefill_only)):
             mapping = step_mapping(

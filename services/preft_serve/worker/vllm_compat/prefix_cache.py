@@ -5,7 +5,10 @@ Relies on ``_gen_lora_extra_hash_keys(request)`` and
 being looked up as module globals by the block hasher, so replacing them there changes
 every block's key. Keys are by the adapter's content digest instead of its name and path,
 and blocks of prefill-only adapters that reach past the prompt are also keyed on the
-prompt length.
+prompt length. A request whose adapter boundary ends the adapter inside its prompt is keyed as
+if its prompt ended there (its later prompt tokens' KV is base-model KV, as decoded tokens'
+is), so it never shares a block with one whose adapter covered those tokens, nor the
+reverse; a boundary at the prompt's end keys blocks as no boundary does.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from vllm.v1.core import kv_cache_utils
 
-from preft_serve.worker.vllm_compat.lora_request import adapter_info_of
+from preft_serve.worker.vllm_compat.lora_request import adapter_end_of, adapter_info_of
 
 _STOCK_BLOCK_EXTRA_KEYS = kv_cache_utils.generate_block_hash_extra_keys
 
@@ -38,7 +41,7 @@ def _block_extra_keys_with_phase(
     if lora_request is None:
         return keys, next_mm_idx
     info = adapter_info_of(lora_request)
-    prompt_len = request.num_prompt_tokens
+    prompt_len = adapter_end_of(request)  # the request's boundary, when before the prompt's end
     if info.prompt_length_dependent:
         extra: tuple[Any, ...] = (("prompt_len", prompt_len),)
     elif info.prefill_only and end_token_idx > prompt_len:

@@ -5,7 +5,8 @@ Relies on:
 - ``Scheduler.schedule``: its ``max_loras`` admission check counts the ``lora_request`` of
   every scheduled running request, and only the running loop reads it there (block hashes
   are computed outside ``schedule()``). A prefill-only adapter whose prompt is computed
-  needs no slot, so its ``lora_request`` is hidden from that count for the call.
+  needs no slot, so its ``lora_request`` is hidden from that count for the call (as is one
+  past its adapter boundary: ``Request.sampling_params.extra_args``).
 - ``Scheduler._handle_blocked_waiting_request``: the hook vLLM uses to skip a waiting request
   for a step (grammars, remote KV). The parse gate
   (:mod:`preft_serve.worker.adapter_tiers.parse_gate`) skips a request whose adapter the
@@ -28,7 +29,11 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from preft_serve.worker.adapter_tiers.parse_gate import AdapterGate
 from preft_serve.worker.settings import WorkerSettings
 from preft_serve.worker.token_mapping import in_prompt_phase
-from preft_serve.worker.vllm_compat.lora_request import adapter_info_of, adapter_kinds
+from preft_serve.worker.vllm_compat.lora_request import (
+    adapter_end_of,
+    adapter_info_of,
+    adapter_kinds,
+)
 
 ANNOUNCE_ATTR = "preft_announce"
 """Attribute of a ``SchedulerOutput``: the ``LoRARequest`` objects to parse ahead."""
@@ -37,7 +42,8 @@ REPORT_ATTR = "preft_adapter_report"
 
 
 class PreftSchedulerMixin:
-    """Frees a prefill-only adapter's slot once its request's prompt is computed, and
+    """Frees a prefill-only adapter's slot once its request's prompt (or the part before its
+    adapter boundary) is computed, and
     holds a waiting request back while its adapter is parsed (``parse_gate.py``).
 
     Combined with vLLM's ``Scheduler`` below, which mypy cannot see as its base: the
@@ -94,7 +100,7 @@ class PreftSchedulerMixin:
             (request, request.lora_request)
             for request in self.running
             if request.lora_request is not None
-            and not in_prompt_phase(request.num_computed_tokens, request.num_prompt_tokens)
+            and not in_prompt_phase(request.num_computed_tokens, adapter_end_of(request))
             and adapter_info_of(request.lora_request).prefill_only
         ]
         for request, _ in hidden:
