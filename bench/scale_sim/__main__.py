@@ -9,12 +9,12 @@ modelled from the model's shape and the paper's ratios). Simulates, never sleeps
 Default run (100 workers, 10 gateways, 1M users, 100k adapters, ~1,000 req/s): steady state
 at Zipf s = 0.8 / 1.0 / 1.2, scale-out 10 -> 20, a lost worker, a rolling upgrade, a cold
 storm of 50k new users, one tenant x10, a hot swap of 10k adapters, the GPU profile, the two
-pools against unified workers, the sizing runs, and the check against the recorded
+pools against unified workers, host memory per --max-cpu-loras, the sizing runs, and the check against the recorded
 2,000-adapter load tests (exit status 1 if the one-worker or the two-worker reference run
 disagrees). Writes ``--out`` (.json and .png) and prints markdown tables.
 
-    python -m bench.scale_sim                       # everything, 3-8 minutes
-    python -m bench.scale_sim --quick               # small cluster, ~15 s (the test's)
+    python -m bench.scale_sim                       # everything, ~10 minutes
+    python -m bench.scale_sim --quick               # small cluster, every scenario, ~1 minute
     python -m bench.scale_sim --scenario worker_loss --profile gpu --out /tmp/gpu_loss
 """
 
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help="10 workers, 3 gateways, 20k users, 2k adapters, 100 req/s, short "
-        "windows (every scenario, ~30 s; no sizing; the chart's host memory then holds "
+        "windows (every scenario, ~1 minute; no sizing; the chart's host memory then holds "
         "every adapter, so its warm-hit goal says nothing about the full size); writes "
         "scale_sim_quick.* unless --out",
     )
