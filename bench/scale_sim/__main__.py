@@ -9,9 +9,9 @@ modelled from the model's shape and the paper's ratios). Simulates, never sleeps
 Default run (100 workers, 10 gateways, 1M users, 100k adapters, ~1,000 req/s): steady state
 at Zipf s = 0.8 / 1.0 / 1.2, scale-out 10 -> 20, a lost worker, a rolling upgrade, a cold
 storm of 50k new users, one tenant x10, a hot swap of 10k adapters, the GPU profile, the two
-pools against unified workers, host memory per --max-cpu-loras, the sizing runs, and the check against the recorded
-2,000-adapter load tests (exit status 1 if the one-worker or the two-worker reference run
-disagrees). Writes ``--out`` (.json and .png) and prints markdown tables.
+pools against unified workers, host memory per --max-cpu-loras, the sizing runs, and the
+check against the recorded 2,000-adapter load tests (exit status 1 if the one-worker or the
+two-worker reference run disagrees). Writes ``--out`` (.json and .png) and prints markdown tables.
 
     python -m bench.scale_sim                       # everything, ~10 minutes
     python -m bench.scale_sim --quick               # small cluster, every scenario, ~1 minute
