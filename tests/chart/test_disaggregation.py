@@ -167,10 +167,15 @@ def test_decode_pods_are_worker_pods_without_adapters(on: Rendered) -> None:
         "livenessProbe",
         "lifecycle",
         "securityContext",
-        "resources",
     ):
         assert d[key] == w[key], key
+    assert d["resources"]["limits"] == w["resources"]["limits"]
     assert d["resources"]["limits"]["nvidia.com/gpu"] == 1
+    # A decode worker holds no adapters, so it asks for less memory than the host slots need.
+    assert (d["resources"]["requests"]["memory"], w["resources"]["requests"]["memory"]) == (
+        "32Gi",
+        "48Gi",
+    )
     for key in ("securityContext", "terminationGracePeriodSeconds", "tolerations"):
         assert pod_spec(decode)[key] == pod_spec(worker)[key], key
     assert decode["spec"]["strategy"] == worker["spec"]["strategy"]
