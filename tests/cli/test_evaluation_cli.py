@@ -87,8 +87,10 @@ def test_set_show_evaluate_promote_and_force(
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "1.5"], "--margin"),
-        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "0.1", "--metric", "loss"],
+        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "10.5"], "--margin"),
+        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "11", "--metric", "loss"],
+         "nats per answer token"),
+        (["evaluation", "set", "bot", "--file", "file-x", "--margin", "0.1", "--metric", "f1"],
          "invalid choice"),
         (["evaluation", "set", "bot", "--file", "file-x", "--margin", "0", "--max-tokens", "0"],
          "--max-tokens"),
@@ -102,3 +104,12 @@ def test_bad_arguments_are_refused_before_sending(
     code, out, err = run_cli(capsys, "adapter", *argv, "--url", NOWHERE, "--api-key", "pft_x.y")
     assert code == 2, (out, err)
     assert fragment in err and "cannot reach" not in err, err
+
+
+def test_a_share_margin_above_one_is_refused_before_sending(capsys: Any) -> None:
+    """Margins up to 10 parse (nats, for loss); exact and contains take a share."""
+    argv = ["evaluation", "set", "bot", "--file", "file-x", "--margin", "1.5"]
+    code, out, err = run_cli(capsys, "adapter", *argv, "--url", NOWHERE, "--api-key", "pft_x.y")
+    assert code == 1, (out, err)
+    assert "for --metric exact it is a share of the examples" in err, err
+    assert "cannot reach" not in err

@@ -7,6 +7,9 @@ The expected answers come from the worker itself, asked directly for one version
 content (``sha256:<hex>``): an independent run, outside the gateway, the registry and the
 evaluation code. Answers taken from the serving version make the staged one fail (when it
 answers differently, which is asserted); answers taken from the staged version make it pass.
+Metric ``loss`` scores the expected answers with PreFT semantics (the adapter on the prompt,
+the answer on the base model): the version whose own greedy answers they are has the lower
+loss, and the summed loss equals the HF+peft oracle's on the same token ids.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +27,7 @@ from preft_serve.adapters.format import AdapterMode
 from preft_serve.toymodels import LoraSpec, make_lora_adapter
 from tests.e2e.stack import Base, Registry, metric_total, running_gateway
 from tests.support.processes import ServiceProcess
+from tests.training.oracle import lora_nll
 
 PROMPTS = ["Hello there", "What is PreFT?", "Name a colour", "Count to three"]
 MAX_TOKENS = 6
@@ -35,6 +40,8 @@ class Setup:
     key: str
     other_key: str
     sha: dict[int, str]  # version -> content hash
+    scorer: dict[int, Path]  # adapter "scorer": version -> its folder (for the oracle)
+    model: Path
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -54,12 +61,30 @@ def setup(
         for s in (61, 62)
     ]
     sha = {1: registry.upload(key, "bot", folders[0], "prefill")["sha256"]}
+    sha[2] = _stage(registry, key, "bot", folders[1])
+    scorer = {
+        v: make_lora_adapter(
+            base.model, root / f"scorer{v}", seed=s, spec=LoraSpec(mode=AdapterMode.PREFILL)
+        )
+        for v, s in ((1, 71), (2, 72))
+    }
+    registry.upload(key, "scorer", scorer[1], "prefill")
+    _stage(registry, key, "scorer", scorer[2])
+    env = {"PREFT_GATEWAY_REGISTRY_URL": registry.url}
+    with running_gateway(
+        base.root, redis_server, namespace, base.model, [worker.url], "gateway-eval", env
+    ) as gateway:
+        yield Setup(gateway.url, key, other, sha, scorer, base.model)
+
+
+def _stage(registry: Registry, key: str, name: str, folder: Path) -> str:
+    """Upload ``folder`` as a staged version of ``name``; its content hash."""
     files = [
         ("files", (p.name, p.read_bytes(), "application/octet-stream"))
-        for p in sorted(folders[1].iterdir())
+        for p in sorted(folder.iterdir())
     ]
     staged = httpx.put(
-        f"{registry.url}/v1/adapters/bot",
+        f"{registry.url}/v1/adapters/{name}",
         params={"promote": "false"},
         data={"mode": "prefill"},
         files=files,
@@ -67,12 +92,7 @@ def setup(
         timeout=60,
     )
     assert staged.status_code == 201 and staged.json()["state"] == "staged", staged.text
-    sha[2] = staged.json()["sha256"]
-    env = {"PREFT_GATEWAY_REGISTRY_URL": registry.url}
-    with running_gateway(
-        base.root, redis_server, namespace, base.model, [worker.url], "gateway-eval", env
-    ) as gateway:
-        yield Setup(gateway.url, key, other, sha)
+    return str(staged.json()["sha256"])
 
 
 def _worker_answer(worker: str, sha256: str, prompt: str) -> str:
@@ -91,7 +111,13 @@ def _worker_answer(worker: str, sha256: str, prompt: str) -> str:
     return str(reply.json()["choices"][0]["message"]["content"])
 
 
-def _attach(setup: Setup, answers: list[str]) -> dict[str, Any]:
+def _attach(
+    setup: Setup,
+    answers: list[str],
+    name: str = "bot",
+    metric: str = "exact",
+    margin: float = MARGIN,
+) -> dict[str, Any]:
     lines = "".join(
         json.dumps(
             {
@@ -114,12 +140,12 @@ def _attach(setup: Setup, answers: list[str]) -> dict[str, Any]:
     assert uploaded.status_code == 200, uploaded.text
     body = {
         "file_id": uploaded.json()["id"],
-        "metric": "exact",
-        "margin": MARGIN,
+        "metric": metric,
+        "margin": margin,
         "max_tokens": MAX_TOKENS,
     }
     attached = httpx.put(
-        f"{setup.gateway}/v1/adapters/bot/evaluation",
+        f"{setup.gateway}/v1/adapters/{name}/evaluation",
         json=body,
         headers=_bearer(setup.key),
         timeout=60,
@@ -128,15 +154,18 @@ def _attach(setup: Setup, answers: list[str]) -> dict[str, Any]:
     return dict(attached.json())
 
 
-def _evaluate(setup: Setup, key: str, **body: Any) -> httpx.Response:
+def _evaluate(setup: Setup, key: str, name: str = "bot", **body: Any) -> httpx.Response:
     return httpx.post(
-        f"{setup.gateway}/v1/adapters/bot/evaluations", json=body, headers=_bearer(key), timeout=600
+        f"{setup.gateway}/v1/adapters/{name}/evaluations",
+        json=body,
+        headers=_bearer(key),
+        timeout=600,
     )
 
 
-def _policy(setup: Setup) -> dict[str, Any]:
+def _policy(setup: Setup, name: str = "bot") -> dict[str, Any]:
     reply = httpx.get(
-        f"{setup.gateway}/v1/adapters/bot/policy", headers=_bearer(setup.key), timeout=30
+        f"{setup.gateway}/v1/adapters/{name}/policy", headers=_bearer(setup.key), timeout=30
     )
     assert reply.status_code == 200, reply.text
     return dict(reply.json())
@@ -231,3 +260,78 @@ def test_another_tenant_cannot_run_or_read_the_evaluation(setup: Setup):
         httpx.post(f"{setup.gateway}/v1/adapters/bot/evaluations", json={}, timeout=30).status_code
         == 401
     )
+
+
+def _token_ids(worker: str, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+    reply = httpx.post(
+        f"{worker}/tokenize",
+        json={"messages": messages, "add_generation_prompt": generation_prompt},
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    return list(reply.json()["tokens"])
+
+
+def test_loss_prefers_the_version_the_answers_came_from_and_agrees_with_the_oracle(
+    setup: Setup, worker: ServiceProcess
+):
+    sha = {v["version"]: v["sha256"] for v in _policy(setup, "scorer")["versions"]}
+    served = [_worker_answer(worker.url, sha[1], p) for p in PROMPTS]
+    staged = [_worker_answer(worker.url, sha[2], p) for p in PROMPTS]
+    assert served != staged  # else both versions fit the answers alike
+
+    # Expected answers = the serving version's: the staged one has the higher loss.
+    config = _attach(setup, served, "scorer", "loss", margin=0.0)
+    assert (config["metric"], config["margin"]) == ("loss", 0.0)
+    reply = _evaluate(setup, setup.key, "scorer", promote=True)
+    assert reply.status_code == 200, reply.text
+    run = reply.json()
+    result = run["result"]
+    assert (run["version"], run["promoted"], result["passed"]) == (2, False, False)
+    assert result["score"] > result["serving_score"] > 0
+    assert result["score"] == pytest.approx(result["loss_sum"] / result["tokens"])
+    # The sums are the oracle's: each answer's tokens (as the worker's chat template renders
+    # them) scored teacher-forced, the LoRA on the prompt only.
+    oracle = {1: 0.0, 2: 0.0}
+    tokens = 0
+    for prompt, answer in zip(PROMPTS, served, strict=True):
+        messages = [{"role": "user", "content": prompt}]
+        head = _token_ids(worker.url, messages, True)
+        full = _token_ids(worker.url, [*messages, {"role": "assistant", "content": answer}], False)
+        assert full[: len(head)] == head
+        tokens += len(full) - len(head)
+        for version in oracle:
+            oracle[version] += lora_nll(
+                setup.model, setup.scorer[version], head, full[len(head) :], "prefill"
+            )
+    assert (result["tokens"], result["serving_tokens"]) == (tokens, tokens)
+    assert result["loss_sum"] == pytest.approx(oracle[2], rel=1e-4)
+    assert result["serving_loss_sum"] == pytest.approx(oracle[1], rel=1e-4)
+    refused = httpx.post(
+        f"{setup.gateway}/v1/adapters/scorer/versions/2/promote",
+        headers=_bearer(setup.key),
+        timeout=30,
+    )
+    assert refused.status_code == 409, refused.text
+    assert "(loss (lower is better))" in refused.json()["error"]["message"]
+    assert _policy(setup, "scorer")["version"] == 1
+
+    # Expected answers = the staged version's own: its loss is lower, so it is promoted.
+    _attach(setup, staged, "scorer", "loss", margin=0.0)
+    reply = _evaluate(setup, setup.key, "scorer", promote=True)
+    assert reply.status_code == 200, reply.text
+    run = reply.json()
+    assert run["result"]["score"] < run["result"]["serving_score"]
+    assert (run["result"]["passed"], run["promoted"]) == (True, True)
+    assert _policy(setup, "scorer")["version"] == 2
+
+
+def test_clients_cannot_set_the_adapter_boundary(setup: Setup):
+    reply = httpx.post(
+        f"{setup.gateway}/v1/completions",
+        json={"model": "bot", "prompt": "hi", "vllm_xargs": {"preft_adapter_tokens": 1}},
+        headers=_bearer(setup.key),
+        timeout=60,
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "vllm_xargs.preft_adapter_tokens"

@@ -105,7 +105,8 @@ def test_attach_show_and_detach(client, acme, staged):
         ("margin above 1", 422, "margin"),
         ("negative margin", 422, "margin"),
         ("max_tokens too large", 422, "max_tokens"),
-        ("loss metric", 422, "'loss' is not offered"),
+        ("loss margin above 10", 422, "margin"),
+        ("share margin above 1 with a loss-sized margin", 422, "margins up to 10 are nats"),
         ("last message not the answer", 400, "line 2: the last message must be the assistant"),
         ("too many examples", 400, f"at most {MAX_EXAMPLES}"),
         ("unknown adapter", 404, "does not exist"),
@@ -131,7 +132,8 @@ def test_a_bad_config_is_refused_and_stores_nothing(
         "margin above 1": {"margin": 1.5},
         "negative margin": {"margin": -0.1},
         "max_tokens too large": {"max_tokens": 100_000},
-        "loss metric": {"metric": "loss"},
+        "loss margin above 10": {"metric": "loss", "margin": 10.5},
+        "share margin above 1 with a loss-sized margin": {"metric": "contains", "margin": 2},
     }.get(case, {})
     before = state_snapshot()
     reply = client.put(path, json=body, headers=acme)
@@ -219,3 +221,49 @@ def test_another_tenant_can_neither_read_nor_write_the_evaluation(
     assert _attach(client, other, staged["file"]).status_code == 404
     assert _result(client, other, staged["file"], 2, 4, 0).status_code == 404
     assert state_snapshot() == before
+
+
+def _loss_result(client, headers, file_id, version, sums, serving_sums) -> Any:
+    body = {
+        "file_id": file_id,
+        "metric": "loss",
+        "examples": 4,
+        "loss_sum": sums[0],
+        "tokens": sums[1],
+        "serving_version": 1,
+        "serving_loss_sum": serving_sums[0],
+        "serving_tokens": serving_sums[1],
+    }
+    return client.put(f"/v1/adapters/bot/versions/{version}/evaluation", json=body, headers=headers)
+
+
+def test_loss_scores_per_token_and_lower_is_better(client, acme, staged, state_snapshot):
+    reply = _attach(client, acme, staged["file"], margin=0.5, metric="loss")
+    assert reply.status_code == 200 and reply.json()["metric"] == "loss", reply.text
+    # 30 nats over 12 tokens (2.5 per token) against 24 over 12 (2.0): worse by 0.5, passes.
+    at_margin = _loss_result(client, acme, staged["file"], 2, (30.0, 12), (24.0, 12))
+    assert at_margin.status_code == 200, at_margin.text
+    result = at_margin.json()
+    assert (result["score"], result["serving_score"], result["passed"]) == (2.5, 2.0, True)
+    assert (result["loss_sum"], result["tokens"]) == (30.0, 12)
+    # 31 nats: 2.5833 per token, worse by more than the margin; the promote waits.
+    worse = _loss_result(client, acme, staged["file"], 2, (31.0, 12), (24.0, 12))
+    assert worse.json()["passed"] is False
+    refused = client.post("/v1/adapters/bot/versions/2/promote", headers=acme)
+    assert refused.status_code == 409
+    assert "scored 2.5833 (loss (lower is better)) against 2.0000" in error_message(refused)
+    # A lower loss than the serving version's passes whatever the margin.
+    better = _loss_result(client, acme, staged["file"], 2, (6.0, 12), (24.0, 12))
+    assert better.json()["passed"] is True
+    # Counts for a loss metric, or no sums, are refused with nothing stored.
+    before = state_snapshot()
+    for bad, says in (
+        (_result(client, acme, staged["file"], 2, 4, 4), "changed while this run went on"),
+        (_loss_result(client, acme, staged["file"], 2, (6.0, None), (24.0, 12)), "tokens"),
+        (_loss_result(client, acme, staged["file"], 2, (-1.0, 12), (24.0, 12)), "loss_sum"),
+    ):
+        assert bad.status_code in (400, 409, 422), bad.text
+        assert says in error_message(bad)
+    assert state_snapshot() == before
+    promoted = client.post("/v1/adapters/bot/versions/2/promote", headers=acme)
+    assert promoted.status_code == 200, promoted.text

@@ -10,12 +10,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from preft_serve.cli.client import Registry
+from preft_serve.cli.client import CliError, Registry
 from preft_serve.cli.helptext import with_examples
 from preft_serve.cli.policy import adapter_name, version
-from preft_serve.common.evaluation_wire import MAX_EVAL_TOKENS, MAX_EXAMPLES, Metric
+from preft_serve.common.evaluation_wire import (
+    MAX_EVAL_TOKENS,
+    MAX_EXAMPLES,
+    MAX_LOSS_MARGIN,
+    MAX_SHARE_MARGIN,
+    Metric,
+)
 
-_METRICS = [Metric.EXACT.value, Metric.CONTAINS.value]
+_METRICS = [m.value for m in Metric]
 
 
 def margin(text: str) -> float:
@@ -23,9 +29,11 @@ def margin(text: str) -> float:
         value = float(text) if len(text) <= 32 else -1.0
     except ValueError:
         value = -1.0
-    if not 0 <= value <= 1:
+    if not 0 <= value <= MAX_LOSS_MARGIN:
         raise argparse.ArgumentTypeError(
-            f"--margin {text[:32]!r} is invalid: use a share of examples from 0 to 1, e.g. 0.05"
+            f"--margin {text[:32]!r} is invalid: use a share of examples from 0 to "
+            f"{MAX_SHARE_MARGIN:g} (exact, contains), e.g. 0.05, or nats per answer token "
+            f"from 0 to {MAX_LOSS_MARGIN:g} (loss), e.g. 0.1"
         )
     return value
 
@@ -44,6 +52,12 @@ def _path(name: str) -> str:
 
 
 def cmd_set(reg: Registry, args: argparse.Namespace) -> Any:
+    if args.metric != Metric.LOSS.value and args.margin > MAX_SHARE_MARGIN:
+        raise CliError(
+            f"--margin {args.margin:g} is above {MAX_SHARE_MARGIN:g}: for --metric "
+            f"{args.metric} it is a share of the examples (margins up to "
+            f"{MAX_LOSS_MARGIN:g} are nats, for --metric loss)"
+        )
     body = {
         "file_id": args.file,
         "metric": args.metric,
@@ -74,25 +88,34 @@ def add_evaluation_parsers(a_sub: Any, leaf: Any) -> None:
     )
     put.add_argument("name", type=adapter_name)
     put.add_argument("--file", required=True, help="the file id (file-...)")
-    put.add_argument("--metric", choices=_METRICS, default=Metric.EXACT.value)
+    put.add_argument(
+        "--metric",
+        choices=_METRICS,
+        default=Metric.EXACT.value,
+        help="exact or contains: the greedy answer matches the expected one; loss: nats per "
+        "token of the expected answer with PreFT semantics (lower is better)",
+    )
     put.add_argument(
         "--margin",
         type=margin,
         required=True,
-        help="how much lower than the serving version (a share of examples, 0 to 1) a "
-        "staged version may score and still pass",
+        help="how much worse than the serving version a staged version may score and still "
+        "pass: a share of examples (0 to 1) for exact and contains, nats per answer token "
+        f"(0 to {MAX_LOSS_MARGIN:g}) for loss",
     )
     put.add_argument(
         "--max-tokens",
         type=max_tokens,
         default=64,
-        help=f"tokens per answer (1 to {MAX_EVAL_TOKENS}, default 64)",
+        help=f"tokens per answer (1 to {MAX_EVAL_TOKENS}, default 64; exact and contains)",
     )
     with_examples(
         put,
         "example:\n"
         "  preft adapter evaluation set support-bot --file file-abc123 --metric exact "
-        "--margin 0.05",
+        "--margin 0.05\n"
+        "  preft adapter evaluation set support-bot --file file-abc123 --metric loss "
+        "--margin 0.1",
     )
     show = leaf(
         ev_sub,

@@ -26,15 +26,19 @@ _PARTS_TYPE = "text"
 class Metric(enum.StrEnum):
     EXACT = "exact"  # the answer, stripped, equals the expected answer, stripped
     CONTAINS = "contains"  # the answer contains the expected answer, stripped
-    # "loss" is not offered: see UNSUPPORTED_LOSS
+    # Mean negative log-likelihood (nats) per token of the expected answer, teacher-forced
+    # with PreFT semantics: the adapter on the prompt, the answer on the base model.
+    LOSS = "loss"
 
 
-UNSUPPORTED_LOSS = (
-    "metric 'loss' is not offered: scoring an expected answer with PreFT semantics needs "
-    "the answer's tokens run by the base model on the adapted prompt's KV, which the serving "
-    "path does not expose (prompt logprobs would apply the adapter to the answer too); use "
-    "'exact' or 'contains'"
-)
+MAX_SHARE_MARGIN = 1.0  # exact/contains: a share of the examples
+MAX_LOSS_MARGIN = 10.0  # loss: nats per answer token
+MAX_LOSS_TOKENS = MAX_EXAMPLES * 8192  # answer tokens of one run, for the bounds on sums
+MAX_LOSS_SUM = 1e9  # summed nats of one run (a float32 logprob is above -1e4 per token)
+
+
+def lower_is_better(metric: Metric) -> bool:
+    return metric is Metric.LOSS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +117,11 @@ def correct(metric: Metric, answer: str, expected: str) -> bool:
     return expected.strip() in answer
 
 
-def passes(score: float, serving_score: float | None, margin: float) -> bool:
+def passes(metric: Metric, score: float, serving_score: float | None, margin: float) -> bool:
     """The gate: not worse than the serving version by more than ``margin`` (no serving
-    version to compare with: passes). Rounded, so a tie at the margin passes."""
+    version to compare with: passes). Worse is a lower share right, or a higher loss.
+    Rounded, so a tie at the margin passes."""
     if serving_score is None:
         return True
-    return round(serving_score - score, 9) <= round(margin, 9)
+    worse_by = score - serving_score if lower_is_better(metric) else serving_score - score
+    return round(worse_by, 9) <= round(margin, 9)

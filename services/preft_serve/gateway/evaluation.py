@@ -9,8 +9,11 @@ is reproducible). The requests are billed and counted like any other. At most
 ``CONCURRENCY`` examples run at once, and the file is bounded
 (``common.evaluation_wire``), so a run is short enough to answer synchronously.
 
-The registry decides: it stores the counts as the version's result, computes ``passed``
-with the config's margin, and its promote route re-checks that result.
+Metric ``loss`` scores the expected answers instead, with PreFT semantics
+(``gateway.evaluation_loss``).
+
+The registry decides: it stores the counts (or sums) as the version's result, computes
+``passed`` with the config's margin, and its promote route re-checks that result.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from preft_serve.common.evaluation_wire import (
     correct,
     parse_examples,
 )
+from preft_serve.gateway import evaluation_loss
+from preft_serve.gateway.evaluation_calls import CONCURRENCY, Refused, error, post
 from preft_serve.gateway.registry_proxy import call
 from preft_serve.gateway.state import GatewayState
 
-CONCURRENCY = 4  # examples in flight at once (each is two completions at most)
+__all__ = ["EvaluateIn", "EvaluationRun", "Refused", "relay", "run"]
 MAX_VERSION = 999_999_999
 _CALL_TIMEOUT_S = 600.0
 
@@ -67,18 +72,6 @@ class EvaluationRun(BaseModel):
     )
 
 
-class Refused(Exception):
-    """A step was refused: the answer to relay (status, envelope)."""
-
-    def __init__(self, status: int, payload: Any) -> None:
-        super().__init__(status)
-        self.status, self.payload = status, payload
-
-
-def _error(status: int, message: str, code: str) -> Refused:
-    return Refused(status, {"error": {"message": message, "type": code, "code": code}})
-
-
 async def _registry(
     state: GatewayState, request: Request, method: str, path: str, json: object = None
 ) -> Any:
@@ -101,11 +94,11 @@ async def _file(state: GatewayState, request: Request, file_id: str) -> list[Exa
     if answer.status_code >= 400:
         raise Refused(answer.status_code, _payload(answer))
     if len(answer.content) > MAX_EVAL_BYTES:
-        raise _error(400, f"evaluation file {file_id} exceeds {MAX_EVAL_BYTES} bytes", "file")
+        raise error(400, f"evaluation file {file_id} exceeds {MAX_EVAL_BYTES} bytes", "file")
     try:
         return parse_examples(answer.content)
     except ValueError as exc:  # changed since it was attached? it cannot: files are immutable
-        raise _error(400, f"evaluation file {file_id}: {exc}", "invalid_file_format") from None
+        raise error(400, f"evaluation file {file_id}: {exc}", "invalid_file_format") from None
 
 
 def _pick_version(policy: dict[str, Any], wanted: int | None, name: str) -> int:
@@ -113,7 +106,7 @@ def _pick_version(policy: dict[str, Any], wanted: int | None, name: str) -> int:
     if wanted is None:
         staged = [v for v, s in versions.items() if s == "staged"]
         if not staged:
-            raise _error(
+            raise error(
                 400,
                 f"adapter {name!r} has no staged version; upload one with ?promote=false "
                 "or name a version",
@@ -121,7 +114,7 @@ def _pick_version(policy: dict[str, Any], wanted: int | None, name: str) -> int:
             )
         return max(staged)
     if wanted not in versions:
-        raise _error(
+        raise error(
             404,
             f"adapter {name!r} has no version {wanted}; its versions are "
             f"{min(versions)} to {max(versions)}",
@@ -133,26 +126,13 @@ def _pick_version(policy: dict[str, Any], wanted: int | None, name: str) -> int:
 async def _answer(
     client: httpx.AsyncClient, model: str, example: Example, max_tokens: int, line: int
 ) -> str:
-    reply = await client.post(
-        "/v1/chat/completions",
-        json={
-            "model": model,
-            "messages": example.messages,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        },
-    )
-    try:
-        payload = reply.json()
-    except ValueError:
-        payload = None
-    if reply.status_code != 200 or not isinstance(payload, dict):
-        message = (payload or {}).get("error", {}).get("message", reply.text[:300])
-        raise _error(
-            reply.status_code if reply.status_code >= 400 else 502,
-            f"example {line} on {model}: {message}",
-            "evaluation_failed",
-        )
+    body = {
+        "model": model,
+        "messages": example.messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    payload = await post(client, "/v1/chat/completions", body, model, line)
     content = payload["choices"][0]["message"].get("content")
     return content if isinstance(content, str) else ""
 
@@ -189,12 +169,16 @@ async def run(state: GatewayState, request: Request, name: str, body: EvaluateIn
     async with httpx.AsyncClient(
         transport=transport, base_url="http://gateway", headers=headers, timeout=_CALL_TIMEOUT_S
     ) as client:
-        right = await _count(client, f"{name}@{version}", examples, metric, max_tokens)
-        serving_right = (
-            right
-            if serving == version
-            else await _count(client, f"{name}@{serving}", examples, metric, max_tokens)
-        )
+        if metric is Metric.LOSS:
+            measured = await evaluation_loss.measure_loss(client, name, version, serving, examples)
+        else:
+            right = await _count(client, f"{name}@{version}", examples, metric, max_tokens)
+            serving_right = (
+                right
+                if serving == version
+                else await _count(client, f"{name}@{serving}", examples, metric, max_tokens)
+            )
+            measured = {"correct": right, "serving_correct": serving_right}
     result = await _registry(
         state,
         request,
@@ -204,9 +188,8 @@ async def run(state: GatewayState, request: Request, name: str, body: EvaluateIn
             "file_id": config["file_id"],
             "metric": metric.value,
             "examples": len(examples),
-            "correct": right,
             "serving_version": serving,
-            "serving_correct": serving_right,
+            **measured,
         },
     )
     promoted = None

@@ -5,8 +5,9 @@ The config lives in the adapter's Redis hash (field ``evaluation``, JSON), so it
 the adapter when it is deleted and is read in the same snapshot as the policy; a version's
 result lives in its history record (key ``evaluation``), which policy changes rewrite
 whole, so it stays with the version. The gateway runs an evaluation (it has the serving
-path) and reports what it measured; the registry decides ``passed`` from the counts and
-the config's margin, and the gate re-decides it on every promote, with the margin and
+path) and reports what it measured; the registry computes the scores from the counts (or,
+for loss, the summed nats over the summed answer tokens), decides ``passed`` with the
+config's margin, and the gate re-decides it on every promote, with the margin and
 serving version of that moment.
 """
 
@@ -20,6 +21,7 @@ from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound
 from preft_serve.common.evaluation_wire import (
     MAX_EVAL_BYTES,
     MAX_EXAMPLES,
+    Metric,
     parse_examples,
     passes,
 )
@@ -71,14 +73,41 @@ def gate_refusal(name: str, current: Mapping[str, str], record: Mapping[str, Any
             f"version {version} was compared with version {result.serving_version}, but "
             f"version {serving} is served now; {run}"
         )
-    if not passes(result.score, result.serving_score, config.margin):
+    if not passes(result.metric, result.score, result.serving_score, config.margin):
+        lower = " (lower is better)" if result.metric is Metric.LOSS else ""
         return (
-            f"version {version} scored {result.score:.4f} ({result.metric.value}) against "
+            f"version {version} scored {result.score:.4f} ({result.metric.value}{lower}) against "
             f"{result.serving_score:.4f} for the serving version {serving}: worse by more "
             f"than the margin {config.margin}; improve it, raise the margin, or promote with "
             "force=true"
         )
     return None
+
+
+def _scores(body: EvaluationCounts) -> dict[str, Any]:
+    """The version's and the serving version's scores from what the run measured: the share
+    right (exact, contains), or summed nats over summed answer tokens (loss)."""
+    if body.metric is Metric.LOSS:
+        if body.loss_sum is None or body.tokens is None:
+            raise InvalidRequest("a loss result needs loss_sum and tokens")
+        if body.serving_loss_sum is None or body.serving_tokens is None:
+            raise InvalidRequest("a loss result needs serving_loss_sum and serving_tokens")
+        return {
+            "score": body.loss_sum / body.tokens,
+            "serving_score": body.serving_loss_sum / body.serving_tokens,
+            "loss_sum": body.loss_sum,
+            "tokens": body.tokens,
+            "serving_loss_sum": body.serving_loss_sum,
+            "serving_tokens": body.serving_tokens,
+        }
+    if body.correct is None or body.serving_correct is None:
+        raise InvalidRequest(f"a {body.metric.value} result needs correct and serving_correct")
+    if max(body.correct, body.serving_correct) > body.examples:
+        raise InvalidRequest("correct counts cannot exceed examples")
+    return {
+        "score": body.correct / body.examples,
+        "serving_score": body.serving_correct / body.examples,
+    }
 
 
 class EvaluationService:
@@ -170,25 +199,21 @@ class EvaluationService:
                     f"(now {config.file_id}, {config.metric.value}); run it again"
                 )
             served = int(current["version"])
-            if body.serving_version != served or body.serving_correct is None:
+            if body.serving_version != served:
                 raise Conflict(
                     f"version {served} of adapter {shown(name)} is served now, not "
                     f"{body.serving_version}; run the evaluation again"
                 )
-            if max(body.correct, body.serving_correct) > body.examples:
-                raise InvalidRequest("correct counts cannot exceed examples")
-            score = body.correct / body.examples
-            serving_score = body.serving_correct / body.examples
+            scores = _scores(body)
             result = EvaluationResult(
                 file_id=body.file_id,
                 metric=body.metric,
                 examples=body.examples,
-                score=score,
                 serving_version=served,
-                serving_score=serving_score,
                 margin=config.margin,
-                passed=passes(score, serving_score, config.margin),
+                passed=passes(body.metric, scores["score"], scores["serving_score"], config.margin),
                 evaluated_at=utcnow(),
+                **scores,
             )
             record = {**json.loads(raw), RESULT_KEY: result.model_dump(mode="json")}
             pipe.multi()

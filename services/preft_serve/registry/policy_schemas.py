@@ -67,9 +67,17 @@ class EvaluationResult(BaseModel):
     file_id: str
     metric: Metric
     examples: int
-    score: float = Field(description="Share of examples answered right, 0 to 1")
+    score: float = Field(
+        description="exact, contains: the share of examples answered right, 0 to 1; loss: "
+        "nats per answer token over every example (the summed loss over the summed tokens; "
+        "lower is better)"
+    )
     serving_version: int | None = Field(description="The version it was compared with")
     serving_score: float | None
+    loss_sum: float | None = Field(None, description="loss: the summed nats of every answer token")
+    tokens: int | None = Field(None, description="loss: the answer tokens scored")
+    serving_loss_sum: float | None = None
+    serving_tokens: int | None = None
     margin: float
     passed: bool = Field(description="Not worse than the serving version by more than margin")
     evaluated_at: str

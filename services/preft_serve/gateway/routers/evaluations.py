@@ -29,7 +29,8 @@ async def evaluate(
 ) -> evaluation.EvaluationRun | Response:
     """Serve every example of the adapter's evaluation file (PUT
     /v1/adapters/{name}/evaluation) to a version and to the serving version, through this
-    gateway's completion path (greedy, ``name@version``), score both, store the result on
+    gateway's completion path (greedy, ``name@version``; for metric loss, the expected
+    answer scored with PreFT semantics instead), score both, store the result on
     the version and, with ``promote``, promote it if it is not worse than the serving
     version by more than the margin. Synchronous: at most 200 examples, a few at a time;
     each completion is billed and rate-limited like any other."""
