@@ -1,7 +1,7 @@
 """A fine-tuning job stores its trained adapter as a staged version by default
-(``method.preft.promote: false``): the adapter's name keeps serving the version it served, and the new
-one is promoted later (``POST /v1/adapters/{name}/versions/{version}/promote``). A real
-trainer runs (two steps on the toy model)."""
+(``method.preft.promote: false``): the adapter's name keeps serving the version it served,
+and the new one is promoted later (``POST /v1/adapters/{name}/versions/{version}/promote``).
+A real trainer runs (two steps on the toy model)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The registry's adapter routes, forwarded (``gateway.registry_proxy``): upload, versions
-(staged, or the hot swap), list, show, delete, rollback, download, the evaluation config, and whatever
-else the registry serves under ``/v1/adapters`` (``forwarded.forward_the_rest``)."""
+(staged, or the hot swap), list, show, delete, rollback, download, the evaluation config,
+and whatever else the registry serves under ``/v1/adapters``
+(``forwarded.forward_the_rest``)."""
 
 from __future__ import annotations
 
