@@ -10,6 +10,7 @@ stock NIXL crashes the decode engine on (``vllm_compat.kv_connector``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import random
 import threading
@@ -265,6 +266,64 @@ def test_two_pools_equal_the_oracle(
     for length in LENGTHS:  # the adapters make a difference, or this proves nothing
         assert len({tuple(got[kind, length]) for kind in ("lora", "direft", "loreft", "base")}) == 4
     assert handoffs(gateway, "decoded") - before == len(got)
+
+
+def test_a_canary_split_is_served_through_both_pools_streamed_or_not(
+    base: Base,
+    adapters: dict[str, Path],
+    stack: tuple[Registry, ServiceProcess],
+) -> None:
+    """Version 1 (``lora``) serves, version 2 (``lora2``, staged) is a 50% canary: each
+    user's answer, whole or streamed, is their version's oracle answer, prefilled with that
+    version and decoded on the adapter-free pool, and says which version answered."""
+    registry, gateway = stack
+    key = registry.create_tenant("pools-split")
+    registry.upload(key, "split", adapters["lora"], "prefill")
+    staged = httpx.put(
+        f"{registry.url}/v1/adapters/split",
+        data={"mode": "prefill"},
+        files=[("files", (p.name, p.read_bytes())) for p in sorted(adapters["lora2"].iterdir())],
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    assert staged.status_code == 201 and staged.json()["state"] == "staged", staged.text
+    policy = httpx.put(
+        f"{registry.url}/v1/adapters/split/policy",
+        json={"version": 1, "canary": {"version": 2, "weight": 0.5}},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert policy.status_code == 200, policy.text
+
+    def in_canary(user: str) -> bool:  # the split restated: SHA-256 of "name:user"
+        head = hashlib.sha256(f"split:{user}".encode()).digest()[:8]
+        return int.from_bytes(head, "big") / 2**64 < 0.5
+
+    users = [f"split-{i}" for i in range(12)]
+    picked = {next(u for u in users if in_canary(u)): ("2", "lora2"),
+              next(u for u in users if not in_canary(u)): ("1", "lora")}  # fmt: skip
+    prompt = prompt_of(45, seed=45)
+    before = handoffs(gateway, "decoded")
+    for user, (version, kind) in picked.items():
+        registry.bind(key, user, "split")
+        want = expected(base, adapters, kind, prompt)
+        whole = complete(gateway.url, api_key=key, user=user, prompt=prompt, max_tokens=MAX_TOKENS)
+        assert token_ids(whole) == want
+        assert whole.headers["x-preft-adapter-version"] == version
+        streamed = httpx.post(
+            f"{gateway.url}/v1/completions",
+            json={"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                  "ignore_eos": True, "user": user, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+        )  # fmt: skip
+        assert streamed.status_code == 200, streamed.text
+        assert streamed.headers["x-preft-adapter-version"] == version
+        alone = complete(gateway.url, api_key=key, user=user, prompt=prompt,
+                         max_tokens=MAX_TOKENS)  # fmt: skip
+        assert stream_text(streamed, chat=False)[0] == alone.json()["choices"][0]["text"]
+    assert expected(base, adapters, "lora", prompt) != expected(base, adapters, "lora2", prompt)
+    assert handoffs(gateway, "decoded") - before == 6  # every request decoded on the pool
 
 
 def stream_text(reply: httpx.Response, chat: bool) -> tuple[str, dict[str, Any] | None, str]:
