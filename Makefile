@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 # Where generated models/adapters and local state live (ignored by git).
 VAR ?= var
 
-.PHONY: help venv helm lint test test-fast run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg bench-scale bench-cluster loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz images clean
+.PHONY: help venv helm lint test test-fast console-shots run worker model bench-engine bench-engine-ab profile-engine bench-kernels bench-registry bench-disagg bench-scale bench-cluster loadtest soak bench-gateway bench-gateway-ab bench-cold bench-quality bench-rl chart-readme fuzz images clean
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -49,6 +49,10 @@ test: $(STAMP) $(HELM)  ## Run the whole test suite (starts its own Redis, S3 se
 test-fast: $(STAMP)  ## The edit loop: every test outside the slow tiers (engine, stack, trainer, helm ...)
 	@scripts/system-packages.sh test
 	$(PY) -m pytest -m "not slow" $(XDIST) $(ARGS)
+
+console-shots: $(STAMP)  ## Screenshots of the web console's pages for docs/console.md (docs/console/*.png)
+	@scripts/system-packages.sh test
+	PREFT_CONSOLE_SHOTS=docs/console $(PY) -m pytest tests/browser/test_journey.py -p no:cacheprovider $(ARGS)
 
 run: $(STAMP)  ## The whole stack locally (redis, registry, worker, gateway) + demo tenant; Ctrl-C stops
 	@scripts/system-packages.sh run

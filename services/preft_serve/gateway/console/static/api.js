@@ -1,0 +1,154 @@
+// The console's only way to the server: the same JSON routes the SDK calls, with the key
+// as a bearer token. The key lives in this module's memory: never in a cookie or in
+// storage, so a reload signs out and no other site's request can carry it.
+
+let apiKey = null;
+const TIMEOUT_MS = 30000; // a page shows an error rather than wait on a stalled call
+
+export class ApiError extends Error {
+  constructor(status, message, code) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+export function signIn(key) {
+  apiKey = key;
+}
+
+export function signOut() {
+  apiKey = null;
+}
+
+export function signedIn() {
+  return apiKey !== null;
+}
+
+function headers(extra = {}) {
+  return { Authorization: `Bearer ${apiKey}`, ...extra };
+}
+
+/** The server's own words for an error: OpenAI's envelope, FastAPI's detail, or the status. */
+export function errorMessage(status, text) {
+  try {
+    const body = JSON.parse(text);
+    if (body && body.error && body.error.message) return String(body.error.message);
+    if (body && body.detail !== undefined) {
+      return typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+    }
+  } catch {
+    // not JSON: the text itself, cut short
+  }
+  return `HTTP ${status}: ${String(text).slice(0, 300) || "no answer"}`;
+}
+
+async function failure(response) {
+  const text = await response.text();
+  let code = null;
+  try {
+    code = JSON.parse(text).error.code;
+  } catch {
+    // no code
+  }
+  return new ApiError(response.status, errorMessage(response.status, text), code);
+}
+
+/** ``path`` with its query (undefined or empty values left out). */
+export function url(path, query = {}) {
+  const params = new URLSearchParams();
+  for (const [name, value] of Object.entries(query)) {
+    if (value !== undefined && value !== null && value !== "") params.set(name, String(value));
+  }
+  const text = params.toString();
+  return text ? `${path}?${text}` : path;
+}
+
+/** A JSON call; the parsed answer (null for 204). Throws ApiError with the server's message. */
+export async function call(method, path, { json, query } = {}) {
+  const init = { method, headers: headers(), signal: AbortSignal.timeout(TIMEOUT_MS) };
+  if (json !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(json);
+  }
+  let response;
+  try {
+    response = await fetch(url(path, query), init);
+  } catch (error) {
+    throw new ApiError(0, `the gateway did not answer: ${error.message}`, null);
+  }
+  if (!response.ok) throw await failure(response);
+  if (response.status === 204) return null;
+  return response.json();
+}
+
+/** The raw answer of a GET (a CSV or archive download), as text. */
+export async function text(path, query) {
+  const response = await fetch(url(path, query), {
+    headers: headers(),
+    signal: AbortSignal.timeout(TIMEOUT_MS),
+  });
+  if (!response.ok) throw await failure(response);
+  return response.text();
+}
+
+/** A multipart upload with progress (fetch reports none for request bodies, XHR does). */
+export function upload(method, path, form, onProgress) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open(method, path);
+    xhr.setRequestHeader("Authorization", `Bearer ${apiKey}`);
+    xhr.upload.addEventListener("progress", (event) => {
+      if (event.lengthComputable) onProgress(event.loaded, event.total);
+    });
+    xhr.addEventListener("load", () => {
+      if (xhr.status >= 200 && xhr.status < 300) resolve(JSON.parse(xhr.responseText || "null"));
+      else reject(new ApiError(xhr.status, errorMessage(xhr.status, xhr.responseText), null));
+    });
+    xhr.addEventListener("error", () => reject(new ApiError(0, "the upload failed: no answer", null)));
+    xhr.send(form);
+  });
+}
+
+/**
+ * A streamed chat completion: ``onHeaders(headers)`` once, ``onDelta(text)`` per piece,
+ * the final usage (when sent) returned. Server-sent events read from fetch's body stream.
+ */
+export async function streamChat(body, { onHeaders, onDelta, signal, user }) {
+  const extra = { "Content-Type": "application/json" };
+  if (user) extra["X-User-Id"] = user;
+  const response = await fetch("/v1/chat/completions", {
+    method: "POST",
+    headers: headers(extra),
+    body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+    signal,
+  });
+  onHeaders(response.headers);
+  if (!response.ok) throw await failure(response);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffered = "";
+  let usage = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffered += value;
+    let end;
+    while ((end = buffered.indexOf("\n\n")) >= 0) {
+      const event = buffered.slice(0, end);
+      buffered = buffered.slice(end + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") continue;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw new ApiError(502, String(chunk.error.message), chunk.error.code);
+        if (chunk.usage) usage = chunk.usage;
+        for (const choice of chunk.choices || []) {
+          const piece = choice.delta && choice.delta.content;
+          if (piece) onDelta(piece);
+        }
+      }
+    }
+  }
+  return usage;
+}

@@ -1,0 +1,95 @@
+// The console's shell: sign in and out, and a hash router that renders one page at a time.
+// A page draws its frame at once and fills it as its calls answer, so none waits on a
+// slow API; navigating away abandons the old page's late answers.
+
+import * as api from "./api.js";
+import { h, fill, field, notices } from "./dom.js";
+import * as adapters from "./pages/adapters.js";
+import * as upload from "./pages/upload.js";
+import * as users from "./pages/users.js";
+import * as playground from "./pages/playground.js";
+import * as usage from "./pages/usage.js";
+import * as keys from "./pages/keys.js";
+import * as audit from "./pages/audit.js";
+
+const PAGES = { adapters, upload, users, playground, usage, keys, audit };
+const view = document.getElementById("view");
+const nav = document.getElementById("nav");
+let generation = 0;
+
+/** Whether the page rendered by generation ``token`` is still the one shown. */
+export function current(token) {
+  return token === generation;
+}
+
+function signInPage() {
+  const input = h("input", {
+    type: "password",
+    name: "api-key",
+    autocomplete: "off",
+    required: true,
+    spellcheck: "false",
+  });
+  const note = notices();
+  const form = h(
+    "form",
+    { class: "row", "aria-label": "Sign in" },
+    field("API key", input),
+    h("button", { type: "submit" }, "Sign in"),
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    note.say("Checking the key…");
+    api.signIn(input.value.trim());
+    try {
+      await api.call("GET", "/v1/models");
+    } catch (error) {
+      api.signOut();
+      note.fail(error);
+      return;
+    }
+    input.value = "";
+    nav.hidden = false;
+    if (!location.hash || location.hash === "#/signin") location.hash = "#/adapters";
+    else route();
+  });
+  fill(
+    view,
+    h("h1", {}, "Sign in"),
+    h(
+      "p",
+      { class: "muted" },
+      "Your tenant API key is kept in this page's memory only: reloading or closing the page signs you out.",
+    ),
+    form,
+    ...note.nodes,
+  );
+  input.focus();
+}
+
+function route() {
+  generation += 1;
+  const token = generation;
+  if (!api.signedIn()) {
+    nav.hidden = true;
+    signInPage();
+    return;
+  }
+  const [name, ...rest] = location.hash.replace(/^#\/?/, "").split("/");
+  const page = PAGES[name] || adapters;
+  for (const link of nav.querySelectorAll("a")) {
+    link.toggleAttribute("aria-current", link.getAttribute("href") === `#/${name || "adapters"}`);
+    if (link.hasAttribute("aria-current")) link.setAttribute("aria-current", "page");
+  }
+  fill(view);
+  page.render(view, rest.map(decodeURIComponent), () => current(token));
+  view.focus({ preventScroll: true });
+}
+
+document.getElementById("sign-out").addEventListener("click", () => {
+  api.signOut();
+  location.hash = "#/signin";
+  route();
+});
+window.addEventListener("hashchange", route);
+route();
