@@ -69,7 +69,9 @@ def test_an_injected_inline_script_is_blocked(browser: Browser, gateway: Service
     try:
         page = context.new_page()
         page.goto(f"{gateway.url}/console/")
-        with page.expect_event("console") as message:
+        with page.expect_event(
+            "console", predicate=lambda line: "Content Security Policy" in line.text
+        ) as message:
             page.evaluate(
                 """() => {
                     const s = document.createElement("script");
@@ -94,6 +96,7 @@ def test_narrow_window(browser: Browser, gateway: ServiceProcess, registry: Regi
         for section, heading in (
             ("Adapters", "Adapters"),
             ("Upload", "Upload an adapter"),
+            ("Fine-tuning", "Fine-tuning"),
             ("Users", "Users"),
             ("Playground", "Playground"),
             ("Usage", "Usage"),

@@ -11,8 +11,9 @@ import * as playground from "./pages/playground.js";
 import * as usage from "./pages/usage.js";
 import * as keys from "./pages/keys.js";
 import * as audit from "./pages/audit.js";
+import * as finetune from "./pages/finetune.js";
 
-const PAGES = { adapters, upload, users, playground, usage, keys, audit };
+const PAGES = { adapters, upload, users, playground, usage, keys, audit, "fine-tuning": finetune };
 const view = document.getElementById("view");
 const nav = document.getElementById("nav");
 let generation = 0;

@@ -98,3 +98,12 @@ export function when(iso) {
   const date = new Date(iso);
   return Number.isNaN(date.getTime()) ? String(iso) : date.toISOString().replace(".000Z", "Z");
 }
+
+/** Offer ``text`` as a download named ``name`` (a blob URL, revoked once clicked). */
+export function saveFile(name, text, type = "text/csv") {
+  const link = h("a", { href: URL.createObjectURL(new Blob([text], { type })), download: name });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+}

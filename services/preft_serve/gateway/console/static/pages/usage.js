@@ -2,36 +2,8 @@
 // /v1/usage reports them; a chart of requests per bucket and a CSV of the table.
 
 import * as api from "../api.js";
-import { h, fill, field, table, notices } from "../dom.js";
-
-const SVG = "http://www.w3.org/2000/svg";
-
-function svg(tag, attrs, text) {
-  const el = document.createElementNS(SVG, tag);
-  for (const [name, value] of Object.entries(attrs)) el.setAttribute(name, String(value));
-  if (text !== undefined) el.textContent = text;
-  return el;
-}
-
-/** Requests per bucket as bars (an SVG built node by node, labels as text). */
-export function barChart(label, points) {
-  const width = 640;
-  const height = 160;
-  const max = Math.max(1, ...points.map((p) => p.value));
-  const step = width / Math.max(1, points.length);
-  const chart = svg("svg", { viewBox: `0 0 ${width} ${height + 20}`, role: "img", "aria-label": label, class: "chart" });
-  points.forEach((p, i) => {
-    const tall = (p.value / max) * height;
-    const bar = svg("rect", { class: "bar", x: i * step + 2, y: height - tall, width: Math.max(1, step - 4), height: tall });
-    bar.append(svg("title", {}, `${p.label}: ${p.value}`));
-    chart.append(bar);
-  });
-  if (points.length) {
-    chart.append(svg("text", { x: 0, y: height + 16, "font-size": 12 }, points[0].label));
-    chart.append(svg("text", { x: width, y: height + 16, "font-size": 12, "text-anchor": "end" }, points[points.length - 1].label));
-  }
-  return chart;
-}
+import { h, fill, field, table, notices, saveFile } from "../dom.js";
+import { barChart } from "../charts.js";
 
 function csvCell(value) {
   const text = String(value);
@@ -67,12 +39,7 @@ export function render(view, _params, alive) {
 
   csv.addEventListener("click", () => {
     const lines = [["bucket", "name", "requests", "prompt_tokens", "completion_tokens"], ...rows];
-    const blob = new Blob([lines.map((r) => r.map(csvCell).join(",")).join("\n") + "\n"], { type: "text/csv" });
-    const link = h("a", { href: URL.createObjectURL(blob), download: `usage-${groupBy.value}-${by.value}.csv` });
-    document.body.append(link);
-    link.click();
-    link.remove();
-    setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+    saveFile(`usage-${groupBy.value}-${by.value}.csv`, lines.map((r) => r.map(csvCell).join(",")).join("\n") + "\n");
   });
 
   async function load() {
