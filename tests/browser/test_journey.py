@@ -139,12 +139,22 @@ def test_tenant_journey(
         assert text, "the reference answer is empty: nothing to compare"
         assert pane.locator(".answer").text_content() == text
 
+    # As a user: the base model's name with the user runs the user's binding.
+    facts = adapter_pane.locator("dd")  # adapter, version, sha256, request id, stream
+    before = facts.nth(3).text_content() or ""
+    page.get_by_label("or as user (their binding)").fill("alice")
+    page.get_by_role("button", name="Send").click()
+    expect(facts.nth(3)).not_to_have_text(before, timeout=120_000)
+    expect(adapter_pane.locator(".stream-done")).to_contain_text("completion tokens")
+    expect(facts.nth(0)).to_have_text(NAME)
+    expect(facts.nth(1)).to_have_text("2")
+
     # Usage: the page's count for the adapter is the registry's.
     deadline = time.monotonic() + 30
-    while _usage_requests(registry, key) < 2 and time.monotonic() < deadline:
+    while _usage_requests(registry, key) < 3 and time.monotonic() < deadline:
         time.sleep(0.5)
     counted = _usage_requests(registry, key)
-    assert counted >= 2
+    assert counted >= 3
     go(page, "Usage", "Usage")
     row = page.get_by_role("row").filter(has_text=NAME)
     expect(row.locator("td").nth(2)).to_have_text(str(counted))
