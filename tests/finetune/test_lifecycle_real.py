@@ -196,10 +196,6 @@ def test_fine_tune_evaluate_canary_promote_roll_back(
     share = sum(v == "3" for v in served.values()) / USERS
     bound = 4 * math.sqrt(CANARY * (1 - CANARY) / USERS)  # 4 standard errors
     assert abs(share - CANARY) < bound, share
-    print(
-        f"\nlifecycle: contains-score v1 {v1_score:.2f}, v2 (1 step) {v2_score:.2f}, "
-        f"v3 {v3_score:.2f}; canary share {share:.3f} of {USERS} users (target {CANARY})"
-    )
 
     # Promote v3 for everyone, then roll back to v1 without a new version.
     cli("adapter", "promote", NAME, "3")
@@ -211,3 +207,7 @@ def test_fine_tune_evaluate_canary_promote_roll_back(
         1: "serving", 2: "staged", 3: "retired"}  # fmt: skip
     answer, version = ask(_label(model_dir), question, user=users[0])
     assert version == "1" and pet.value in answer, answer
+    print(  # last: run_cli reads what the test prints through capsys
+        f"\nlifecycle: contains-score v1 {v1_score:.2f}, v2 (1 step) {v2_score:.2f}, "
+        f"v3 {v3_score:.2f}; canary share {share:.3f} of {USERS} users (target {CANARY})"
+    )

@@ -92,8 +92,12 @@ def test_new_version_of_a_held_adapter_is_prefetched_and_the_old_demoted(
             holder.get(sha_other)  # ... and, more recently, another adapter
             assert holder.lru_order() == [sha1, sha_other]
 
-            second = registry.put(
-                "/v1/adapters/bot", data={"mode": "prefill"}, files=_files(v2), headers=auth
+            second = registry.put(  # the hot swap: served at once, so its event prefetches
+                "/v1/adapters/bot",
+                params={"promote": "true"},
+                data={"mode": "prefill"},
+                files=_files(v2),
+                headers=auth,
             )
             assert second.status_code == 201, second.text
             sha2 = second.json()["sha256"]
