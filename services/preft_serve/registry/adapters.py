@@ -57,6 +57,21 @@ class UploadResult:
     state: VersionState = VersionState.SERVING  # the version's state once committed
     replaced: AdapterVersion | None = None  # the version served before it was promoted
 
+    def audit_change(self) -> tuple[str | None, str] | None:
+        """(before, after) as the audit log states a committed new version: the served one
+        it replaced, and itself (with its state when it does not serve); None when nothing
+        new was stored. Shared by uploads and fine-tuning's registration."""
+        if not self.created:
+            return None
+        before = version_id(self.replaced) if self.replaced is not None else None
+        after = version_id(self.version)
+        return before, after if self.state is VersionState.SERVING else f"{after} {self.state}"
+
+
+def version_id(rec: AdapterVersion) -> str:
+    """A version as audit entries name it: ``v<n>:<sha256>``."""
+    return f"v{rec.version}:{rec.sha256}"
+
 
 def version_record(name: str, v: ValidatedAdapter, version: int, now: str) -> AdapterVersion:
     return AdapterVersion(

@@ -251,8 +251,8 @@ class Dispatcher:
             )
             return
 
-        if done.created:
-            before, after = done.audit_change()
+        if done.audit_change is not None:
+            before, after = done.audit_change
             actor = current.actor or f"fine_tuning:{record.id}"
             self.audit.record(
                 current.tenant, actor, AuditAction.ADAPTER_VERSION, done.name,

@@ -38,14 +38,8 @@ class Registered:
     checkpoint: Checkpoint
     warnings: tuple[str, ...]
     state: VersionState = VersionState.SERVING  # STAGED: stored, the name serves another
-    created: bool = True  # False: identical to the current version, nothing changed
-    replaced: str | None = None  # ``v<n>:<sha256>`` of the version served before it
-
-    def audit_change(self) -> tuple[str | None, str]:
-        """(before, after) as an audit entry states a new version: the one it replaced,
-        and itself (``staged`` when it does not serve)."""
-        after = f"v{self.version}:{self.sha256}"
-        return self.replaced, after if self.state is VersionState.SERVING else f"{after} staged"
+    # (before, after) for the audit log (``UploadResult.audit_change``); None: nothing new
+    audit_change: tuple[str | None, str] | None = None
 
 
 def register_output(
@@ -108,6 +102,5 @@ def register_output(
         checkpoint,
         result.warnings,
         result.state,
-        result.created,
-        f"v{result.replaced.version}:{result.replaced.sha256}" if result.replaced else None,
+        result.audit_change(),
     )

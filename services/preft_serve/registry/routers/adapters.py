@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from preft_serve.adapters.format import AdapterMode
 from preft_serve.common.audit_wire import AuditAction
 from preft_serve.common.errors import error_responses
-from preft_serve.registry.adapters import UploadResult
+from preft_serve.registry.adapters import UploadResult, version_id
 from preft_serve.registry.audit_deps import Auditor, TenantAuditDep
 from preft_serve.registry.deps import AdaptersDep, PrincipalDep
 from preft_serve.registry.evaluation import EvaluationService
@@ -99,19 +99,12 @@ def _files(files: list[UploadFile]) -> list[UploadedFile]:
     return [UploadedFile(f.filename or "", f.file) for f in files]
 
 
-def _version_id(rec: AdapterVersion) -> str:
-    return f"v{rec.version}:{rec.sha256}"
-
-
 def _audit_version(audit: Auditor, action: AuditAction, result: UploadResult) -> None:
     """Record a committed new version, with the served one it replaced (a staged version
     replaces nothing: its entry says ``staged``)."""
-    if not result.created:
-        return
-    rec = result.version
-    before = _version_id(result.replaced) if result.replaced is not None else None
-    after = _version_id(rec) + (f" {result.state.value}" if result.state.value != "serving" else "")
-    audit(action, rec.name, before=before, after=after)
+    change = result.audit_change()
+    if change is not None:
+        audit(action, result.version.name, before=change[0], after=change[1])
 
 
 def _uploaded(result: UploadResult, response: Response) -> VersionUploaded:
@@ -231,7 +224,7 @@ def delete_adapter(
     audit(
         AuditAction.ADAPTER_DELETE,
         name,
-        before=_version_id(current),
+        before=version_id(current),
         after=f"{unbound} user(s) unbound" if unbound else None,
     )
     return Response(status_code=status.HTTP_204_NO_CONTENT)
