@@ -83,7 +83,7 @@ def add_evaluation_parsers(a_sub: Any, leaf: Any) -> None:
         ev_sub,
         "set",
         "Attach an evaluation file (chat JSONL, each line ending with the assistant's "
-        f"expected answer, at most {MAX_EXAMPLES} lines; `preft file upload` it first)",
+        f"expected answer, at most {MAX_EXAMPLES} lines; `preft files upload` it first)",
         cmd_set,
     )
     put.add_argument("name", type=adapter_name)
