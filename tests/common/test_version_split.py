@@ -4,7 +4,6 @@ weights outside (0, 1) or with more than four decimals are refused."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import subprocess
 import sys
@@ -14,14 +13,9 @@ import pytest
 from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.common.registry_client import AdapterRef
 from preft_serve.common.version_split import Variant, in_canary, pick, weight_units
+from tests.support.canary_split import in_canary as reference
 
 USERS = [f"user-{i}" for i in range(20_000)]
-
-
-def _reference(adapter: str, user: str, weight: float) -> bool:
-    """SHA-256 of "adapter:user", its first 8 bytes as a fraction of 2**64, under weight."""
-    head = hashlib.sha256(f"{adapter}:{user}".encode()).hexdigest()[:16]
-    return int(head, 16) / 2**64 < weight
 
 
 def _ref(version: int, canary: AdapterRef | None = None, weight: float = 0.0) -> AdapterRef:
@@ -50,7 +44,7 @@ def test_share_over_20k_users_is_within_binomial_bounds(weight: float) -> None:
 @pytest.mark.parametrize("adapter", ["bot", "support.v2", "x"])
 def test_each_users_pick_agrees_with_the_independent_hash(adapter: str) -> None:
     for user in USERS[:2000]:
-        assert in_canary(adapter, user, 0.3) == _reference(adapter, user, 0.3), user
+        assert in_canary(adapter, user, 0.3) == reference(adapter, user, 0.3), user
 
 
 def test_picks_are_stable_across_calls_and_processes() -> None:
@@ -110,7 +104,7 @@ def test_pick_without_a_canary_or_user_is_the_served_version() -> None:
     assert pick(split, None) == (split, Variant.SERVING)
     for user in USERS[:200]:
         chosen, variant = pick(split, user)
-        if _reference("bot", user, 0.5):
+        if reference("bot", user, 0.5):
             assert (chosen, variant) == (canary, Variant.CANARY)
         else:
             assert (chosen, variant) == (split, Variant.SERVING)

@@ -10,7 +10,6 @@ stock NIXL crashes the decode engine on (``vllm_compat.kv_connector``).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import ipaddress
 import random
 import threading
@@ -45,6 +44,7 @@ from tests.e2e.stack import (
     token_ids,
 )
 from tests.engine import oracle, reft_oracle
+from tests.support.canary_split import in_canary
 from tests.support.ports import free_port
 from tests.support.processes import ServiceProcess
 from tests.support.worker_process import start_worker
@@ -295,13 +295,9 @@ def test_a_canary_split_is_served_through_both_pools_streamed_or_not(
     )
     assert policy.status_code == 200, policy.text
 
-    def in_canary(user: str) -> bool:  # the split restated: SHA-256 of "name:user"
-        head = hashlib.sha256(f"split:{user}".encode()).digest()[:8]
-        return int.from_bytes(head, "big") / 2**64 < 0.5
-
     users = [f"split-{i}" for i in range(12)]
-    picked = {next(u for u in users if in_canary(u)): ("2", "lora2"),
-              next(u for u in users if not in_canary(u)): ("1", "lora")}  # fmt: skip
+    picked = {next(u for u in users if in_canary("split", u, 0.5)): ("2", "lora2"),
+              next(u for u in users if not in_canary("split", u, 0.5)): ("1", "lora")}  # fmt: skip
     prompt = prompt_of(45, seed=45)
     before = handoffs(gateway, "decoded")
     for user, (version, kind) in picked.items():

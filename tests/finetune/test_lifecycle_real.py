@@ -13,7 +13,6 @@ with ``pets@N`` pins; the expected answers are the training data's facts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -29,6 +28,7 @@ from openai import OpenAI
 from preft_serve.training.synthetic import PERSONAS, QUESTIONS, training_records
 from tests.e2e.stack import running_gateway
 from tests.finetune.conftest import Api
+from tests.support.canary_split import in_canary
 from tests.support.cli import run_cli
 from tests.support.real_model import real_model_dir
 from tests.support.worker_process import running_worker
@@ -86,12 +86,6 @@ def _eval_records() -> list[dict[str, Any]]:
         for f in PERSONA.facts
         for q in QUESTIONS[f.key]
     ]
-
-
-def _in_canary(user: str, weight: float) -> bool:
-    """The split restated independently: SHA-256("name:user")'s first 8 bytes / 2**64."""
-    head = hashlib.sha256(f"{NAME}:{user}".encode()).digest()[:8]
-    return int.from_bytes(head, "big") / 2**64 < weight
 
 
 def test_fine_tune_evaluate_canary_promote_roll_back(
@@ -192,7 +186,7 @@ def test_fine_tune_evaluate_canary_promote_roll_back(
     with ThreadPoolExecutor(4) as pool:
         served = dict(zip(users, pool.map(
             lambda u: ask(_label(model_dir), question, user=u)[1], users)))  # fmt: skip
-    assert served == {u: "3" if _in_canary(u, CANARY) else "1" for u in users}
+    assert served == {u: "3" if in_canary(NAME, u, CANARY) else "1" for u in users}
     share = sum(v == "3" for v in served.values()) / USERS
     bound = 4 * math.sqrt(CANARY * (1 - CANARY) / USERS)  # 4 standard errors
     assert abs(share - CANARY) < bound, share

@@ -7,7 +7,6 @@ under test, and the expected token counts are read from the answers the clients 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import uuid
@@ -32,6 +31,7 @@ from tests.gateway.test_disconnect import EndlessStream, SilentStream
 from tests.gateway.test_handoff import DECODE, PREFILL, TwoPools
 from tests.gateway.test_responses import ResponsesWorker
 from tests.registry import factories
+from tests.support.canary_split import in_canary as _in_canary
 from tests.support.gateway import MSGS, Workers
 from tests.support.inprocess import serving
 from tests.support.leaving_client import leave_after_headers
@@ -45,11 +45,6 @@ TTFT = "preft_gateway_adapter_variant_ttft_seconds_count"
 PICKS = "preft_gateway_adapter_variant_requests_total"
 FAMILIES = (OUTCOMES, TOKENS, TTFT, PICKS)
 Transport = Callable[[httpx.Request], httpx.Response]
-
-
-def _in_canary(adapter: str, user: str, weight: float) -> bool:
-    head = hashlib.sha256(f"{adapter}:{user}".encode()).digest()[:8]
-    return int(head.hex(), 16) / 2**64 < weight
 
 
 CANARY = [u for u in USERS if _in_canary("bot", u, WEIGHT)]

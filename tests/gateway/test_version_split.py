@@ -6,7 +6,6 @@ computed here independently of the code under test."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import uuid
 from collections.abc import Iterator
@@ -25,17 +24,13 @@ from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.toymodels import make_model
 from tests.registry import factories
+from tests.support.canary_split import in_canary as _in_canary
 from tests.support.gateway import MSGS, Workers
 from tests.support.registry_writer import eventually
 
 ADMIN = "split-admin-0123456789abcdef"
 USERS = [f"user-{i}" for i in range(40)]
 WEIGHT = 0.5
-
-
-def _in_canary(adapter: str, user: str, weight: float) -> bool:
-    head = hashlib.sha256(f"{adapter}:{user}".encode()).digest()[:8]
-    return int(head.hex(), 16) / 2**64 < weight
 
 
 @dataclass

@@ -4,7 +4,6 @@ uploads, promote, roll back, canary split; checked against what the registry's R
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from preft_serve.common.registry_client import RegistryClient, RegistryKeys
 from tests.registry import factories
+from tests.support.canary_split import in_canary as _in_canary
 from tests.support.registry_api import error_message, upload
 
 
@@ -46,13 +46,6 @@ def _served(redis_url: str, namespace: str, name: str) -> Any:
         return reader.resolve_adapter("acme", name)
     finally:
         reader.close()
-
-
-def _in_canary(adapter: str, user: str, weight: float) -> bool:
-    """An independent re-statement of the split: SHA-256 of "adapter:user", first 8 bytes
-    big-endian, as a fraction of 2**64, under the weight."""
-    head = hashlib.sha256(f"{adapter}:{user}".encode()).digest()[:8]
-    return int(head.hex(), 16) / 2**64 < weight
 
 
 def _states(policy: dict[str, Any]) -> dict[int, str]:
