@@ -62,6 +62,39 @@ def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, text=True, check=True, **kwargs)
 
 
+# Errors of the build host's container runtime, not of the Dockerfile: the same step passes when
+# run again. buildah's chroot isolation seals a memfd copy of its own binary before each RUN;
+# the kernel answers EBUSY while another process still maps it writable.
+TRANSIENT_BUILD_ERRORS = ("sealing memfd copy: Device or resource busy",)
+BUILD_ATTEMPTS = 3
+
+
+def run_echoed(argv: list[str]) -> tuple[int, str]:
+    """Run ``argv`` with its output echoed as it comes; the exit code and the output's end."""
+    tail: list[str] = []
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            tail = [*tail[-199:], line]
+    sys.stdout.flush()
+    return proc.returncode, "".join(tail)
+
+
+def build_with_retry(argv: list[str]) -> None:
+    """A build, run again (its finished layers cached) only when the runtime failed it."""
+    for attempt in range(1, BUILD_ATTEMPTS + 1):
+        code, tail = run_echoed(argv)
+        if code == 0:
+            return
+        transient = next((e for e in TRANSIENT_BUILD_ERRORS if e in tail), None)
+        if transient is None or attempt == BUILD_ATTEMPTS:
+            raise subprocess.CalledProcessError(code, argv)
+        log(f"the container runtime failed the build ({transient!r}); attempt {attempt + 1}")
+
+
 def works(argv: list[str]) -> bool:
     try:
         return subprocess.run(argv, capture_output=True, timeout=60, check=False).returncode == 0
@@ -131,7 +164,7 @@ class Builder:
         else:  # chroot isolation: no OCI runtime needed, which is what fails on such hosts
             cmd = ["buildah", "bud", "--isolation=chroot", "--layers", "--network=host"]
         volumes = [f"--volume={m}" for m in self.mounts] if self.name != "docker" else []
-        run([*cmd, *volumes, *args, "-f", str(dockerfile), "-t", tag, str(ROOT)])
+        build_with_retry([*cmd, *volumes, *args, "-f", str(dockerfile), "-t", tag, str(ROOT)])
 
     def import_rootfs(self, rootfs: Path, tag: str) -> None:
         """A filesystem tree as a one-layer image with the upstream base's PATH/LANG/CMD."""
