@@ -38,7 +38,7 @@ def builder(tmp_path: Path, outputs: list[tuple[int, str]]) -> tuple[list[str], 
     )
     script = tmp_path / "build.sh"
     script.write_text(
-        f'n=$(cat {runs}); echo $((n + 1)) > {runs}\ncase $n in\n{cases}\n  *) exit 99;;\nesac\n'
+        f"n=$(cat {runs}); echo $((n + 1)) > {runs}\ncase $n in\n{cases}\n  *) exit 99;;\nesac\n"
     )
     return ["sh", str(script)], runs
 
