@@ -20,7 +20,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from preft_serve.common.errors import ServiceUnavailable, TooManyRequests
 from preft_serve.gateway.app import create_app as gateway_app
+from preft_serve.gateway.registry_slots import RegistrySlots
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as registry_app
 from tests.finetune.conftest import Api, chat_jsonl, registry_settings
@@ -155,6 +157,7 @@ def test_a_tenant_over_its_upload_share_gets_429_and_other_tenants_are_served(
     s = stack(
         registry_connections=4,
         registry_uploads=3,
+        registry_upload_reserve=1,
         registry_tenant_uploads=2,
         upload_idle_timeout_s=20,
     )
@@ -256,3 +259,29 @@ def test_a_stalled_job_body_is_cut_off_without_a_registry_connection(
 def test_uploads_must_leave_connections_for_other_calls() -> None:
     with pytest.raises(ValueError, match="must be below"):
         GatewaySettings(worker_urls=["http://w1:8000"], registry_connections=8, registry_uploads=8)
+    with pytest.raises(ValueError, match=r"UPLOAD_RESERVE .* must be below"):
+        GatewaySettings(
+            worker_urls=["http://w1:8000"], registry_uploads=8, registry_upload_reserve=8
+        )
+
+
+def test_tenants_filling_their_shares_together_leave_uploads_for_a_new_tenant() -> None:
+    """Tenants within their own shares of 4 cannot take the last 2 of 6 upload slots: those
+    go to tenants with no upload yet, one each, and then the gateway is full."""
+    slots = RegistrySlots(tenant_calls=10, tenant_uploads=4, uploads=6, upload_reserve=2)
+    releases = [slots.take(t, upload=True) for t in ("a", "a", "a", "b")]
+    for greedy in ("a", "b"):  # a holds 3 of its 4, b 1: both within their shares
+        with pytest.raises(TooManyRequests) as refused:
+            slots.take(greedy, upload=True)
+        assert "keeps its last 2 upload slots for tenants with none" in str(refused.value)
+    releases += [slots.take("c", upload=True), slots.take("d", upload=True)]
+    with pytest.raises(ServiceUnavailable, match="already forwarding 6 uploads"):
+        slots.take("e", upload=True)
+    slots.take("b", upload=False)  # other calls are not reserved
+    releases[0]()
+    releases[1]()  # 4 uploads left, the shared part still full for b
+    with pytest.raises(TooManyRequests):
+        slots.take("b", upload=True)
+    releases[2]()
+    slots.take("b", upload=True)
+    assert slots.uploading == 4

@@ -96,6 +96,7 @@ class RegistryForwarder:
             settings.registry_tenant_calls,
             settings.registry_tenant_uploads,
             settings.registry_uploads,
+            settings.registry_upload_reserve,
         )
         slots = self.slots
         metrics.watch_registry_calls(lambda: slots.uploading, lambda: slots.open - slots.uploading)

@@ -5,7 +5,9 @@ The gateway reaches the registry over a bounded connection pool. Without a bound
 tenant, one tenant's stalled uploads (a few bytes, then nothing) held every connection and
 everyone's forwarded calls failed as if the registry were down. Each tenant
 gets a share of calls and of uploads; all tenants' uploads together stay below the pool,
-so the rest of the connections are always there for other calls. Counted in this process
+so the rest of the connections are always there for other calls. The last few upload slots
+are kept for tenants with no upload in progress: tenants that each fill their own share
+cannot, together, leave a new tenant without one. Counted in this process
 (each gateway replica has its own shares): the point is this process's pool.
 """
 
@@ -21,12 +23,17 @@ RETRY_AFTER = {"Retry-After": "1"}
 
 class RegistrySlots:
     """Shares of the registry connections: ``tenant_calls`` open calls and
-    ``tenant_uploads`` uploads per tenant, ``uploads`` uploads in all."""
+    ``tenant_uploads`` uploads per tenant, ``uploads`` uploads in all, of which the last
+    ``upload_reserve`` go only to tenants with no upload in progress."""
 
-    def __init__(self, tenant_calls: int, tenant_uploads: int, uploads: int) -> None:
+    def __init__(
+        self, tenant_calls: int, tenant_uploads: int, uploads: int, upload_reserve: int = 0
+    ) -> None:
+        assert 0 <= upload_reserve < uploads, (upload_reserve, uploads)
         self.tenant_calls = tenant_calls
         self.tenant_uploads = tenant_uploads
         self.uploads = uploads
+        self.upload_reserve = upload_reserve
         self._calls: Counter[str] = Counter()
         self._tenant_uploads: Counter[str] = Counter()
         self.open = 0  # calls, all tenants
@@ -34,8 +41,9 @@ class RegistrySlots:
 
     def take(self, tenant: str, upload: bool) -> Callable[[], None]:
         """A slot for one call (an upload when ``upload``); returns its release, to call
-        exactly once when the call's answer is done. Over a share: 429 naming the
-        tenant's own limit; all uploads slots taken: 503 (this gateway is busy)."""
+        exactly once when the call's answer is done. Over a share, or asking for a
+        reserved upload slot while holding one: 429 naming the tenant's own limit; all
+        upload slots taken: 503 (this gateway is busy)."""
         if self._calls[tenant] >= self.tenant_calls:
             raise TooManyRequests(
                 f"this API key's tenant already has {self._calls[tenant]} calls to the "
@@ -50,6 +58,15 @@ class RegistrySlots:
                     f"this API key's tenant already has {self._tenant_uploads[tenant]} "
                     f"uploads in progress; at most {self.tenant_uploads} at once: retry "
                     "when one of them finishes",
+                    headers=RETRY_AFTER,
+                )
+            held = self._tenant_uploads[tenant]
+            shared = self.uploads - self.upload_reserve
+            if held and self.uploading >= shared:
+                raise TooManyRequests(
+                    f"this API key's tenant already has {held} uploads in progress and "
+                    f"this gateway keeps its last {self.upload_reserve} upload slots for "
+                    "tenants with none: retry when one of yours finishes",
                     headers=RETRY_AFTER,
                 )
             if self.uploading >= self.uploads:

@@ -254,6 +254,14 @@ class GatewaySettings(ServiceSettings):
         "registry at once, all tenants together; must be below registry_connections, so "
         "the rest stay free for other calls. One more gets 503 uploads_busy",
     )
+    registry_upload_reserve: int = Field(
+        16,
+        ge=0,
+        description="Of registry_uploads, how many only a tenant with no upload in "
+        "progress may take, so tenants that fill their own shares together still leave "
+        "room for others; a tenant that already uploads gets 429 for one of them. Must "
+        "be below registry_uploads",
+    )
     registry_tenant_uploads: int = Field(
         8,
         ge=1,
@@ -351,6 +359,12 @@ class GatewaySettings(ServiceSettings):
                 f"PREFT_GATEWAY_REGISTRY_UPLOADS ({self.registry_uploads}) must be below "
                 f"PREFT_GATEWAY_REGISTRY_CONNECTIONS ({self.registry_connections}): stalled "
                 "uploads would otherwise take every connection to the registry"
+            )
+        if self.registry_upload_reserve >= self.registry_uploads:
+            raise ValueError(
+                f"PREFT_GATEWAY_REGISTRY_UPLOAD_RESERVE ({self.registry_upload_reserve}) "
+                f"must be below PREFT_GATEWAY_REGISTRY_UPLOADS ({self.registry_uploads}): "
+                "some upload slots must be open to every tenant"
             )
         return self
 
