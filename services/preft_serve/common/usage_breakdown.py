@@ -3,8 +3,10 @@ the gateway (``gateway.usage``) and read by the registry (``registry.usage``).
 
 Beside the per day x model hash (``RegistryKeys.usage``), each request adds to:
 
-- ``{usage}:{dimension}`` (``dimension`` user or key): the day's counts per user id / key id;
-- ``{usage}:{HH}:{dimension}`` (``dimension`` model, user or key): the same per UTC hour,
+- ``{usage}:{dimension}`` (``dimension`` user, key or version): the day's counts per user
+  id / key id / served adapter version;
+- ``{usage}:{HH}:{dimension}`` (``dimension`` model, user, key or version): the same per UTC
+  hour,
 
 ``{usage}`` being the day's ``RegistryKeys.usage`` key, so every key holds ``:usage:``.
 Fields are ``{name}:{kind}`` as in the day hash.
@@ -14,23 +16,33 @@ limit): a user or key hash names at most ``NAMED_PER_BUCKET`` distinct users (ke
 first ones seen in that day (hour) are counted exactly under their own name, every later
 one under ``OTHER``. Requests that named no user are counted under ``NO_USER``. Both are
 spelled with ``*``, which no user id, key id or model name contains. Model hashes are not
-capped: a tenant's models are its adapters and the base model. Hourly hashes are kept
+capped: a tenant's models are its adapters and the base model.
+
+Version hashes count per adapter version that served (``{name}@{version}``; the base model
+under its public name): beside the :data:`USAGE_KINDS`, the requests that ended in an error
+(status 400 or more) after the version was chosen, and the time to first token of streamed
+requests as a sum in microseconds and a count (so a reader can take the mean over any set of
+buckets). Their names come from the registry (versions that exist), not from the client, so
+they are bounded as the model hashes are and not capped. Hourly hashes are kept
 ``HOURLY_DAYS`` days (their TTL), day hashes ``USAGE_TTL_S`` as the day x model one.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
-from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.common.registry_client import USAGE_KINDS, RegistryKeys
 
-DIMENSIONS = ("model", "user", "key")
+DIMENSIONS = ("model", "user", "key", "version")
 CAPPED = ("user", "key")  # the dimensions whose names a tenant picks freely
 NAMED_PER_BUCKET = 100
 HOURLY_DAYS = 7
 HOURLY_TTL_S = HOURLY_DAYS * 86_400
 OTHER = "*other*"
 NO_USER = "*none*"
+VERSION_KINDS = (*USAGE_KINDS, "errors", "ttft_us_sum", "ttft_count")
 NAMES_FIELD = "*named*"  # how many names the hash counts under their own name
 _HOUR = re.compile(r"[0-9]{2}")
 _KEY_ID = re.compile(r"[0-9a-f]{1,64}")
@@ -89,6 +101,23 @@ def hour_key(keys: RegistryKeys, tenant: str, hour: str, dimension: str) -> str:
     if _HOUR.fullmatch(hh) is None or int(hh) > 23:
         raise ValueError(f"invalid usage hour {hour!r}: give YYYYMMDDHH")
     return f"{keys.usage(tenant, day)}:{hh}:{_dimension(dimension)}"
+
+
+def parse_versions(raw: Mapping[Any, Any]) -> dict[str, dict[str, int]]:
+    """A version hash as ``{name@version: {kind: count}}`` (every :data:`VERSION_KINDS`
+    present; unknown or malformed fields skipped)."""
+    found: dict[str, dict[str, int]] = {}
+    for key, value in raw.items():
+        field = key.decode() if isinstance(key, bytes) else str(key)
+        name, _, kind = field.rpartition(":")
+        if not name or kind not in VERSION_KINDS:
+            continue
+        try:
+            count = int(value)
+        except ValueError:
+            continue
+        found.setdefault(name, dict.fromkeys(VERSION_KINDS, 0))[kind] = count
+    return found
 
 
 def key_id_of(authorization: str | None) -> str | None:

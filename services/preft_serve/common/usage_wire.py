@@ -1,6 +1,6 @@
 """Wire models of ``GET /v1/usage``: the per day x model report, and the breakdowns (per
-model, user or key; per day or hour). The registry answers with them; the gateway, which
-forwards the route, documents it with them."""
+model, user, key or served adapter version; per day or hour). The registry answers with
+them; the gateway, which forwards the route, documents it with them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 GroupBy = Literal["day", "hour"]
-By = Literal["model", "user", "key"]
+By = Literal["model", "user", "key", "version"]
 
 
 class UsageModel(BaseModel):
@@ -32,7 +32,24 @@ class UsageCounts(BaseModel):
 
 
 class UsageItem(UsageCounts):
-    name: str = Field(description="The model (adapter or base model), user id or key id")
+    name: str = Field(
+        description="The model (adapter or base model), user id or key id; by=version: "
+        "the adapter version that served, name@version (the base model: its name)"
+    )
+    errors: int | None = Field(
+        None,
+        description="by=version: requests that ended in an error (status 400 or more) "
+        "after the version was chosen; not among requests",
+    )
+    ttft_count: int | None = Field(
+        None, description="by=version: streamed requests whose time to first token is known"
+    )
+    ttft_seconds_sum: float | None = Field(
+        None, description="by=version: their times to first token, summed (seconds)"
+    )
+    ttft_seconds_mean: float | None = Field(
+        None, description="by=version: ttft_seconds_sum / ttft_count (absent when none)"
+    )
 
 
 class UsageBucket(BaseModel):

@@ -3,9 +3,9 @@
 A request is counted in several places — ``requests_total`` by adapter and tenant, the error
 cause, latency and time to first token, the tokens, for an adapter the outcome, output
 tokens and time to first token by its serving policy's variant (metrics), the tenant's
-per-day usage and the access log's fields — and it can end in many ways: refused before a
-worker saw it, answered whole, streamed to the end, streamed until the client left or the
-worker broke.
+usage (per version also its errors and time to first token) and the access log's fields —
+and it can end in many ways: refused before a worker saw it, answered whole, streamed to
+the end, streamed until the client left or the worker broke.
 Handlers only note on the record what happened (:meth:`RequestRecord.answered`,
 :meth:`~RequestRecord.fail`, :meth:`~RequestRecord.first_token`, the usage);
 :meth:`RequestRecord.finish` counts it all, once. A handler's ``with record:`` finishes it
@@ -171,17 +171,23 @@ class RequestRecord:
         if self.variant is not None:
             completion = self.completion_tokens if self.billed else None
             metrics.record_variant(adapter, self.variant, self.status, completion, ttft)
-        if self.billed and self.target is not None:
+        target = self.target
+        if target is not None and (self.billed or self.status >= 400):
             prompt, completion = self.prompt_tokens, self.completion_tokens
-            metrics.record_tokens(adapter, prompt, completion, self.tenant_label)
+            if self.billed:
+                metrics.record_tokens(adapter, prompt, completion, self.tenant_label)
+            served = target.adapter
             self._usage.record(
                 self.tenant,
-                self.target.public_name,
-                requests=1,
+                target.public_name,
+                requests=1 if self.billed else 0,
                 prompt_tokens=prompt or 0,
                 completion_tokens=completion or 0,
                 user=self.log.get("user"),
                 key_id=self.key_id,
+                version=None if served is None else f"{served.name}@{served.version}",
+                errors=1 if self.status >= 400 else 0,
+                ttft_s=ttft,
             )
 
     def _log_fields(self) -> None:

@@ -3,8 +3,11 @@
 Each request a worker answered with 200 adds one to ``{model}:requests`` and its token counts
 to ``{model}:prompt_tokens`` / ``{model}:completion_tokens`` of the hash
 ``RegistryKeys.usage(tenant, day)``, kept ``USAGE_TTL_S``, and the same counts to the
-per-user, per-key and per-hour hashes of ``common.usage_breakdown`` (bounded there).
-Requests only add to counts in memory; a background task writes what accumulated once per
+per-user, per-key and per-hour hashes of ``common.usage_breakdown`` (bounded there). The
+per-version hashes also count requests that failed after a version was chosen, and the time
+to first token of streamed ones (sum and count).
+Requests only add to counts in memory (one row per tenant, hour, model, user, key and version,
+spread over the hashes at flush time); a background task writes what accumulated once per
 ``flush_interval_s`` (1 s) as one pipeline, and once more at shutdown. A Redis round trip
 per request was ~6% of the gateway's CPU per request (profile in docs/benchmarks.md); the
 price is that a crash loses up to a second of counts. A slow or unreachable Redis never
@@ -25,7 +28,13 @@ from collections.abc import Callable
 import redis
 import redis.asyncio as aioredis
 
-from preft_serve.common.registry_client import USAGE_TTL_S, RegistryKeys, is_user_id, usage_field
+from preft_serve.common.registry_client import (
+    USAGE_KINDS,
+    USAGE_TTL_S,
+    RegistryKeys,
+    is_user_id,
+    usage_field,
+)
 from preft_serve.common.usage_breakdown import (
     CAPPED,
     CAPPED_INCREMENT,
@@ -34,6 +43,7 @@ from preft_serve.common.usage_breakdown import (
     NAMED_PER_BUCKET,
     NO_USER,
     OTHER,
+    VERSION_KINDS,
     capped_args,
     day_key,
     hour_key,
@@ -86,6 +96,7 @@ class UtcHour:
 
 
 HOUR_S = 3600
+ROW_KINDS = VERSION_KINDS  # requests, prompt and completion tokens, errors, TTFT sum, count
 
 
 class UsageRecorder:
@@ -106,10 +117,9 @@ class UsageRecorder:
         self.flush_interval_s = flush_interval_s
         self.keys = RegistryKeys(namespace)
         self.named_per_bucket = named_per_bucket
-        self._counts: dict[str, Counter[str]] = {}  # usage hash key -> field -> amount
-        # Hashes whose names are capped (per user, per key) and the hourly ones (their TTL).
-        self._capped: set[str] = set()
-        self._hourly: set[str] = set()
+        # What requests added since the last flush: one row per tenant, hour, model, user,
+        # key and version, holding the amounts of ROW_KINDS; spread over the hashes at flush.
+        self._rows: dict[tuple[str, str, str, str, str, str], list[int]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._failing = False  # log outages once, not once per batch
         self._hour = UtcHour(clock)
@@ -125,34 +135,64 @@ class UsageRecorder:
         completion_tokens: int = 0,
         user: str | None = None,
         key_id: str | None = None,
+        version: str | None = None,
+        errors: int = 0,
+        ttft_s: float | None = None,
     ) -> None:
         """Add to the counts; returns at once (the next flush writes them). ``user``: the
-        request's user id (None: it named none); ``key_id``: the id of the key it used."""
+        request's user id (None: it named none); ``key_id``: the id of the key it used;
+        ``version``: what served (``name@version``; None: ``model``), whose hashes also
+        count ``errors`` and the time to first token ``ttft_s`` (None: not streamed)."""
         if self.redis is None:
             return
-        hour = self._hour()
-        names = {
-            "model": model,
-            "user": user if user is not None and is_user_id(user) else NO_USER,
-            "key": key_id or OTHER,
-        }
-        amounts = (
-            ("requests", requests),
-            ("prompt_tokens", prompt_tokens),
-            ("completion_tokens", completion_tokens),
+        row = (
+            tenant,
+            self._hour(),
+            model,
+            user if user is not None and is_user_id(user) else NO_USER,
+            key_id or OTHER,
+            version or model,
         )
-        for dimension, key, hourly in self._hashes(tenant, hour):
-            name = names[dimension]
-            counts = self._counts.setdefault(key, Counter())
-            if dimension in CAPPED:
-                self._capped.add(key)
-            if hourly:
-                self._hourly.add(key)
-            for kind, n in amounts:
-                if n > 0:
-                    counts[usage_field(name, kind)] += n
+        amounts = self._rows.get(row)
+        if amounts is None:
+            amounts = self._rows[row] = [0] * len(ROW_KINDS)
+        amounts[0] += requests
+        amounts[1] += prompt_tokens
+        amounts[2] += completion_tokens
+        amounts[3] += errors
+        if ttft_s is not None:
+            amounts[4] += max(1, round(ttft_s * 1e6))
+            amounts[5] += 1
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_every_interval())
+
+    def _batch(
+        self, rows: dict[tuple[str, str, str, str, str, str], list[int]]
+    ) -> tuple[dict[str, Counter[str]], set[str], set[str]]:
+        """The rows spread over the hashes they add to: hash key -> field -> amount; the
+        keys of the capped hashes; those of the hourly ones."""
+        batch: dict[str, Counter[str]] = {}
+        capped: set[str] = set()
+        hourly: set[str] = set()
+        for (tenant, hour, model, user, key_id, version), amounts in rows.items():
+            names = {"model": model, "user": user, "key": key_id, "version": version}
+            try:
+                hashes = self._hashes(tenant, hour)
+            except ValueError as exc:  # not a tenant name a key could hold: not counted
+                logger.warning("usage of %r not counted: %s", tenant, exc)
+                continue
+            for dimension, key, is_hourly in hashes:
+                counts = batch.setdefault(key, Counter())
+                if dimension in CAPPED:
+                    capped.add(key)
+                if is_hourly:
+                    hourly.add(key)
+                name = names[dimension]
+                kinds = ROW_KINDS if dimension == "version" else USAGE_KINDS
+                for kind, n in zip(kinds, amounts, strict=False):
+                    if n > 0:
+                        counts[usage_field(name, kind)] += n
+        return batch, capped, hourly
 
     def _hashes(self, tenant: str, hour: str) -> list[tuple[str, str, bool]]:
         """(dimension, hash key, hourly) of every hash a request of ``tenant`` adds to this
@@ -179,9 +219,8 @@ class UsageRecorder:
 
     async def flush(self) -> None:
         """Write what accumulated since the last flush, as one pipeline."""
-        batch, self._counts = self._counts, {}
-        capped, self._capped = self._capped, set()
-        hourly, self._hourly = self._hourly, set()
+        rows, self._rows = self._rows, {}
+        batch, capped, hourly = self._batch(rows)
         batch = {key: fields for key, fields in batch.items() if fields}
         if not batch or self.redis is None:
             return

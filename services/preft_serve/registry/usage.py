@@ -1,5 +1,6 @@
 """A tenant's usage, as the gateway counts it: per day and model (``RegistryKeys.usage``),
-and broken down per model, user or key, per day or hour (``common.usage_breakdown``)."""
+and broken down per model, user, key or served adapter version, per day or hour
+(``common.usage_breakdown``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from preft_serve.common.usage_breakdown import (
     OTHER,
     day_key,
     hour_key,
+    parse_versions,
 )
 from preft_serve.common.usage_wire import (
     By,
@@ -143,6 +145,23 @@ def breakdown_range(
     return Buckets(group_by, first, count)
 
 
+def _item(name: str, counts: dict[str, int]) -> UsageItem:
+    """One name's counts; a version's with its errors and time to first token."""
+    if "errors" not in counts:
+        return UsageItem(name=name, **counts)
+    ttft_count, ttft_us = counts["ttft_count"], counts["ttft_us_sum"]
+    return UsageItem(
+        name=name,
+        requests=counts["requests"],
+        prompt_tokens=counts["prompt_tokens"],
+        completion_tokens=counts["completion_tokens"],
+        errors=counts["errors"],
+        ttft_count=ttft_count,
+        ttft_seconds_sum=ttft_us / 1e6,
+        ttft_seconds_mean=ttft_us / 1e6 / ttft_count if ttft_count else None,
+    )
+
+
 class UsageService:
     def __init__(self, client: redis.Redis, keys: RegistryKeys) -> None:
         self.redis, self.keys = client, keys
@@ -179,12 +198,12 @@ class UsageService:
                 pipe.hgetall(hour_key(self.keys, tenant, f"{start:%Y%m%d%H}", by))
         found = []
         for start, raw in zip(starts, pipe.execute(), strict=True):
-            counts = parse_usage(raw)
+            counts = parse_versions(raw) if by == "version" else parse_usage(raw)
             if not counts:
                 continue
             other, no_user = counts.pop(OTHER, None), counts.pop(NO_USER, None)
             items = sorted(
-                (UsageItem(name=name, **c) for name, c in counts.items()),
+                (_item(name, c) for name, c in counts.items()),
                 key=lambda item: (-item.requests, item.name),
             )
             found.append(

@@ -24,7 +24,7 @@ TIME = "RFC 3339 or unix seconds"
         start=("string", "Per-day report: first UTC day (YYYY-MM-DD)"),
         end=("string", "Per-day report: last UTC day (YYYY-MM-DD)"),
         group_by=("string", "Breakdown: day (default) or hour"),
-        by=("string", "Breakdown: model (default), user or key"),
+        by=("string", "Breakdown: model (default), user, key or version (name@version)"),
         since=("string", f"Breakdown: from the bucket holding this time ({TIME})"),
         until=("string", f"Breakdown: to the bucket holding this time ({TIME}); default now"),
     ),

@@ -1,5 +1,5 @@
 """Tenant endpoint for the usage the gateway counted: per day and model, or broken down
-per model, user or key and per day or hour."""
+per model, user, key or served adapter version and per day or hour."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"])
 DESCRIPTION = (
     "Your requests and tokens as the gateway counted them (buckets without any are left "
     f"out). With `start`/`end` (or nothing): per UTC day and model, at most {MAX_DAYS} days. "
-    "With `group_by`, `by`, `since` or `until`: a breakdown per model, user or key, per UTC "
+    "With `group_by`, `by`, `since` or `until`: a breakdown per model, user, key or served "
+    "adapter version (`by=version`: `name@version`, with the errors after the version was "
+    "chosen and the time to first token of streamed requests), per UTC "
     f"day (at most {MAX_DAYS} at once) or hour (the last {HOURLY_DAYS} days are kept, at most "
     f"{MAX_HOURS} hours at once). Each day and each hour counts its first {NAMED_PER_BUCKET} "
     "users (keys) by name and the rest together as `other`."
@@ -68,7 +70,10 @@ def get_usage(
     ] = None,
     by: Annotated[
         By | None,
-        Query(description="Breakdown: counts per model (default), user id or key id"),
+        Query(
+            description="Breakdown: counts per model (default), user id, key id or the "
+            "adapter version that served (name@version)"
+        ),
     ] = None,
     since: Annotated[
         str | None,
