@@ -3,8 +3,9 @@ membership, health and residency as each gateway sees them.
 
 Time only moves between events (a heap); nothing sleeps. Per request: the product's
 ``select_target`` through the gateway's :class:`ResolveCache`, one routing decision by the
-gateway's own :class:`WorkerPool` (``choose``, its open-request limit, then ``acquire`` /
-``mark_ok`` / ``release`` around the request, as ``gateway/proxy.py`` does), the worker's
+product's ``take_route`` (the gateway's own :class:`WorkerPool` choice, its open-request
+limit, the tenant's cold-load slot), then ``acquire`` / ``mark_ok`` / ``release`` around the
+request, as ``gateway/proxy.py`` does), the worker's
 tiers and step model. A client keeps its keep-alive connection to one gateway, so each user
 is pinned to one (a fixed hash of the user). Background events: each gateway's health and
 residency poll, load poll and discovery refresh (each with its own phase), usage flushes,
@@ -31,6 +32,7 @@ from bench.scale_sim.model import Pauses, Profile, WorkerConfig
 from bench.scale_sim.worker import Req, SimWorker
 from bench.scale_sim.workload import Population, Requests
 from preft_serve.common.errors import ServiceUnavailable, TooManyRequests
+from preft_serve.gateway.proxy import take_route
 from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -317,21 +319,21 @@ class Cluster:
         return gw.decode_pool if req.decode_worker else gw.pool
 
     def route(self, req: Req, gw: SimGateway, delay: float, tries: int = 0) -> None:
-        """``open_upstream``: the pool's choice (a 503 at its open-request limit), then its
-        order past unreachable workers."""
+        """``open_upstream``: the product's routing decision (``take_route``: a 503 at the
+        pool's open-request limit, a 429 past the tenant's cold loads), then its order past
+        unreachable workers."""
         pool = gw.pool
-        try:
-            choice = pool.choose(req.key)
+        try:  # a retry keeps the cold-load slot it holds
+            route = take_route(pool, req.key, None if req.cold_tenant else f"t{req.tenant}")
         except ServiceUnavailable:
             self.refused(req, gw, "gateway_busy")
             return
-        if choice.cold and not req.cold_tenant:  # a retry keeps the slot it holds
-            try:
-                pool.cold.acquire(f"t{req.tenant}")
-            except TooManyRequests:
-                self.refused(req, gw, "too_many_cold_loads")
-                return
-            req.cold_tenant = f"t{req.tenant}"
+        except TooManyRequests:
+            self.refused(req, gw, "too_many_cold_loads")
+            return
+        choice = route.choice
+        if route.cold_tenant is not None:
+            req.cold_tenant = route.cold_tenant
         for url in choice.order:
             worker = self.workers.get(url)
             if worker is None or not worker.accepting:

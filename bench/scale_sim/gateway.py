@@ -6,9 +6,10 @@ product's ``select_target`` (which adapter and routing key a request gets) and i
 own view: its own in-flight counts, the loads and resident sets it polled last, the
 membership it discovered last.
 
-What the gateway does with them mirrors ``gateway/proxy.py:open_upstream`` (try
-``choice.order`` in turn; a worker that cannot be reached is marked failed and the next one
-is tried, one that answers is marked ok; ``Choice.landed`` says how it was routed) and
+The routing decision is the product's ``gateway/proxy.py:take_route``, the one
+``open_upstream`` makes; what follows mirrors ``open_upstream`` (try ``choice.order`` in
+turn; a worker that cannot be reached is marked failed and the next one is tried, one that
+answers is marked ok; ``Choice.landed`` says how it was routed) and
 ``gateway/pool_monitor.py`` (health and ``/v1/models`` every ``health_interval_s``, the
 workers' load every ``load_poll_interval_s``, membership every ``discovery_interval_s``).
 Redis commands are counted per kind.

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from bench.scale_sim import cluster as cluster_module
 from bench.scale_sim import outside, report, scenarios, stalls, validate
 from bench.scale_sim.cluster import Cluster, Options
 from bench.scale_sim.gateway import USAGE_FLUSH_S, product_settings
@@ -26,6 +27,7 @@ from bench.scale_sim.prewarm import top_choice
 from bench.scale_sim.tiers import DiskTier
 from bench.scale_sim.worker import Req, SimWorker
 from bench.scale_sim.workload import Population, Requests
+from preft_serve.gateway import proxy
 from preft_serve.gateway.routing import WorkerPool, rendezvous_order
 from preft_serve.gateway.selection import adapter_target
 from preft_serve.gateway.settings import GatewaySettings
@@ -511,6 +513,29 @@ def test_the_routing_key_is_the_one_select_target_gives() -> None:
     req = cluster.submit(11, 32, 4, False)
     ref = cluster.pop.ref(int(cluster.pop.user_adapter[11]))
     assert req.key == adapter_target(ref).routing_key == ref.sha256
+
+
+def test_each_routing_decision_is_the_products_take_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulator routes a request (and each client retry) through the function the
+    gateway's ``open_upstream`` calls, with the request's key and its tenant for the
+    cold-load slot; a retry that holds a slot asks for none."""
+    calls: list[tuple[str, str | None]] = []
+
+    def spy(pool: WorkerPool, key: str, cold_tenant: str | None = None) -> proxy.Route:
+        calls.append((key, cold_tenant))
+        return proxy.take_route(pool, key, cold_tenant)
+
+    monkeypatch.setattr(cluster_module, "take_route", spy)
+    cluster = small_cluster(max_open_requests=1)
+    users = [u for u in range(400) if cluster.gateway_of(u) == 0][:2]
+    reqs = [cluster.submit(u, 32, 4, False) for u in users]
+    drain(cluster)
+    assert [r.state for r in reqs] == ["done", "done"] and reqs[1].retries == 1
+    tenants = [f"t{r.tenant}" for r in reqs]
+    assert calls[:2] == [(reqs[0].key, tenants[0]), (reqs[1].key, tenants[1])]
+    assert len(calls) == 3 and calls[2][0] == reqs[1].key  # the retry
 
 
 def test_goals_say_not_run_for_scenarios_that_did_not_run() -> None:

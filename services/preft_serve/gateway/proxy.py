@@ -70,15 +70,33 @@ async def open_upstream(
     (a 429 when none is free) until the worker answers: vLLM loads the adapter before it
     sends a stream's headers, so that is how long the load takes (a whole answer's
     headers come at its end: longer)."""
+    route = take_route(pool, key, cold_tenant)
+    try:
+        return await _open(calls, pool, route.choice, path, body, request_id)
+    finally:
+        if route.cold_tenant is not None:
+            pool.cold.release(route.cold_tenant)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes before any byte is sent: the workers to try, in order, and the
+    tenant whose cold-load slot it holds (None: none; release it once the worker answers)."""
+
+    choice: Choice
+    cold_tenant: str | None
+
+
+def take_route(pool: WorkerPool, key: str, cold_tenant: str | None = None) -> Route:
+    """The routing decision of one request, without I/O: the pool's choice for ``key``
+    (503 ``gateway_busy`` at its open-request limit) and, when the first worker has not
+    reported the adapter loaded, one of ``cold_tenant``'s cold-load slots (429 when none is
+    free). ``open_upstream`` and the scale simulator both decide through it."""
     choice = pool.choose(key)
     cold = cold_tenant if cold_tenant is not None and choice.cold else None
     if cold is not None:
         pool.cold.acquire(cold)
-    try:
-        return await _open(calls, pool, choice, path, body, request_id)
-    finally:
-        if cold is not None:
-            pool.cold.release(cold)
+    return Route(choice, cold)
 
 
 async def _open(
