@@ -46,7 +46,7 @@ def detokenize_refusal(
             f"length of {max_model_len} tokens; send at most {max_model_len}"
         )
     if vocab_size is not None:
-        outside = next((t for t in tokens if t >= vocab_size), None)
+        outside = next((t for t in tokens if not 0 <= t < vocab_size), None)
         if outside is not None:
             return (
                 f"token id {outside} is outside the vocabulary of {vocab_size} tokens; "
