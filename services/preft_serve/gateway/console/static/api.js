@@ -152,3 +152,50 @@ export async function streamChat(body, { onHeaders, onDelta, signal, user }) {
   }
   return usage;
 }
+
+/**
+ * A streamed Responses call (``POST /v1/responses``, stream=true): ``onHeaders(headers)``
+ * once, ``onDelta(text)`` per ``response.output_text.delta`` event, the final response's
+ * usage (``input_tokens``, ``output_tokens``; from ``response.completed``) returned. A
+ * ``response.failed`` or ``error`` event throws with its message.
+ */
+export async function streamResponses(body, { onHeaders, onDelta, signal, user }) {
+  const extra = { "Content-Type": "application/json" };
+  if (user) extra["X-User-Id"] = user;
+  const response = await fetch("/v1/responses", {
+    method: "POST",
+    headers: headers(extra),
+    body: JSON.stringify({ ...body, stream: true }),
+    signal,
+  });
+  onHeaders(response.headers);
+  if (!response.ok) throw await failure(response);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffered = "";
+  let usage = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffered += value;
+    let end;
+    while ((end = buffered.indexOf("\n\n")) >= 0) {
+      const block = buffered.slice(0, end);
+      buffered = buffered.slice(end + 2);
+      const data = block
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).trim())
+        .join("\n");
+      if (!data || data === "[DONE]") continue;
+      const event = JSON.parse(data);
+      if (event.type === "response.output_text.delta" && event.delta) onDelta(event.delta);
+      else if (event.type === "response.completed" || event.type === "response.incomplete") {
+        if (event.response && event.response.usage) usage = event.response.usage;
+      } else if (event.type === "response.failed" || event.type === "error" || event.error) {
+        const failed = (event.response && event.response.error) || event.error || event;
+        throw new ApiError(502, String(failed.message || "the response failed"), failed.code || null);
+      }
+    }
+  }
+  return usage;
+}

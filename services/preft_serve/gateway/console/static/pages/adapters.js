@@ -1,10 +1,18 @@
 // Adapters: the list, and one adapter's versions, serving policy, evaluation results and
-// usage, with promote, split, roll back and delete.
+// usage (per day, and per version served: requests, tokens, errors, mean time to first
+// token over a chosen window), with promote, split, roll back and delete.
 
 import * as api from "../api.js";
 import { h, fill, field, table, notices, confirmDialog, when } from "../dom.js";
 
 const PAGE = 50;
+const HOUR_MS = 3600 * 1000;
+// The per-version window: its label, the usage breakdown's bucket and how far back it goes.
+const WINDOWS = [
+  { value: "24h", label: "Last 24 hours", group_by: "hour", hours: 24 },
+  { value: "7d", label: "Last 7 days", group_by: "day", hours: 7 * 24 },
+  { value: "30d", label: "Last 30 days", group_by: "day", hours: 30 * 24 },
+];
 
 export function render(view, [name], alive) {
   if (name) detail(view, name, alive);
@@ -92,6 +100,13 @@ function detail(view, name, alive) {
   const versions = h("div");
   const split = h("div");
   const usage = h("div", {}, h("p", { class: "loading" }, "Loading usage…"));
+  const perVersion = h("div", {}, h("p", { class: "loading" }, "Loading usage per version…"));
+  const windowSelect = h(
+    "select",
+    { name: "version-window" },
+    WINDOWS.map((w) => h("option", { value: w.value, selected: w.value === "7d" }, w.label)),
+  );
+  windowSelect.addEventListener("change", () => loadVersionUsage());
   const remove = h("button", { type: "button", class: "danger" }, "Delete adapter");
   fill(
     view,
@@ -103,6 +118,9 @@ function detail(view, name, alive) {
     versions,
     h("h2", {}, "Split (canary)"),
     split,
+    h("h2", {}, "Usage per version"),
+    h("div", { class: "row" }, field("Window", windowSelect)),
+    perVersion,
     h("h2", {}, "Usage, last 7 days"),
     usage,
     h("h2", {}, "Delete"),
@@ -245,6 +263,65 @@ function detail(view, name, alive) {
         : h("p", { class: "muted" }, "No requests in the last 7 days."),
     );
   }
+  // Each version's requests, tokens, errors and mean time to first token over the window,
+  // summed over the breakdown's buckets (the mean from the sums, not a mean of means).
+  let versionCall = 0;
+  async function loadVersionUsage() {
+    const chosen = WINDOWS.find((w) => w.value === windowSelect.value) || WINDOWS[1];
+    const call = ++versionCall;
+    // The window's first bucket: this hour (UTC day) and the ones before it.
+    const step = chosen.group_by === "day" ? 24 * HOUR_MS : HOUR_MS;
+    const buckets = chosen.group_by === "day" ? chosen.hours / 24 : chosen.hours;
+    const since = new Date((Math.floor(Date.now() / step) - (buckets - 1)) * step);
+    let report;
+    try {
+      report = await api.call("GET", "/v1/usage", {
+        query: { by: "version", group_by: chosen.group_by, since: since.toISOString() },
+      });
+    } catch (error) {
+      if (alive() && call === versionCall) fill(perVersion, h("p", { class: "error", role: "alert" }, error.message));
+      return;
+    }
+    if (!alive() || call !== versionCall) return;
+    const prefix = `${name}@`;
+    const totals = new Map();
+    for (const bucket of report.buckets) {
+      for (const item of bucket.items) {
+        if (!item.name.startsWith(prefix)) continue;
+        const version = Number(item.name.slice(prefix.length));
+        if (!Number.isInteger(version)) continue;
+        const t = totals.get(version) || { requests: 0, prompt: 0, completion: 0, errors: 0, ttftSum: 0, ttftCount: 0 };
+        t.requests += item.requests;
+        t.prompt += item.prompt_tokens;
+        t.completion += item.completion_tokens;
+        t.errors += item.errors || 0;
+        t.ttftSum += item.ttft_seconds_sum || 0;
+        t.ttftCount += item.ttft_count || 0;
+        totals.set(version, t);
+      }
+    }
+    const rows = [...totals.entries()]
+      .sort((a, b) => b[0] - a[0])
+      .map(([version, t]) => [
+        `v${version}`,
+        String(t.requests),
+        String(t.prompt),
+        String(t.completion),
+        String(t.errors),
+        t.ttftCount ? `${Math.round((t.ttftSum / t.ttftCount) * 1000)} ms (${t.ttftCount} streamed)` : "–",
+      ]);
+    fill(
+      perVersion,
+      rows.length
+        ? table(
+            "Errors: requests that failed after the version was chosen. Time to first token: streamed requests.",
+            ["Version", "Requests", "Prompt tokens", "Completion tokens", "Errors", "Mean time to first token"],
+            rows,
+          )
+        : h("p", { class: "muted" }, `No requests to ${name} in this window.`),
+    );
+  }
   load();
+  loadVersionUsage();
   loadUsage();
 }

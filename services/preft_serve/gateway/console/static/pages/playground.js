@@ -1,5 +1,6 @@
 // Playground: one prompt streamed to an adapter (or a user's binding) and to the base
-// model side by side, each answer with the x-preft-adapter* headers that say what ran.
+// model side by side, each answer with the x-preft-adapter* headers that say what ran;
+// through chat completions or the Responses API (a switch).
 
 import * as api from "../api.js";
 import { h, fill, field, notices } from "../dom.js";
@@ -24,11 +25,21 @@ export function render(view, _params, alive) {
   const maxTokens = h("input", { type: "number", name: "max-tokens", min: "1", max: "512", value: "32" });
   const extra = h("input", { name: "extra", autocomplete: "off", value: "{}", spellcheck: "false" });
   const send = h("button", { type: "submit" }, "Send");
+  const chatApi = h("input", { type: "radio", name: "api", value: "chat", checked: true });
+  const responsesApi = h("input", { type: "radio", name: "api", value: "responses" });
+  const apiSwitch = h(
+    "fieldset",
+    { class: "row" },
+    h("legend", {}, "API"),
+    field("Chat completions", chatApi),
+    field("Responses", responsesApi),
+  );
   const left = pane("pane-adapter", "With the adapter");
   const right = pane("pane-base", "Base model");
   const form = h(
     "form",
     { "aria-label": "Chat" },
+    apiSwitch,
     h(
       "div",
       { class: "row" },
@@ -42,7 +53,7 @@ export function render(view, _params, alive) {
   );
   fill(view, h("h1", {}, "Playground"), form, ...note.nodes, h("div", { class: "panes" }, left.node, right.node));
 
-  async function run(target, body, who) {
+  async function run(target, body, who, responses) {
     fill(target.answer);
     fill(target.facts);
     target.error.textContent = "";
@@ -50,7 +61,8 @@ export function render(view, _params, alive) {
     let first = null;
     let pieces = 0;
     try {
-      const usage = await api.streamChat(body, {
+      const stream = responses ? api.streamResponses : api.streamChat;
+      const usage = await stream(body, {
         user: who,
         onHeaders(headers) {
           for (const name of FACTS) {
@@ -65,7 +77,8 @@ export function render(view, _params, alive) {
         },
       });
       const parts = [`first token after ${first === null ? "-" : Math.round(first)} ms`, `${pieces} pieces`];
-      if (usage) parts.push(`${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`);
+      if (usage && responses) parts.push(`${usage.input_tokens} input + ${usage.output_tokens} output tokens`);
+      else if (usage) parts.push(`${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`);
       target.facts.append(h("dt", {}, "stream"), h("dd", { class: "stream-done" }, parts.join(", ")));
     } catch (error) {
       target.error.textContent = error.message;
@@ -84,14 +97,21 @@ export function render(view, _params, alive) {
       return;
     }
     note.clear();
-    const messages = [{ role: "user", content: prompt.value }];
-    const common = { temperature: 0, ...more, messages, max_tokens: Number(maxTokens.value) };
+    const responses = responsesApi.checked;
+    const common = responses
+      ? { temperature: 0, ...more, input: prompt.value, max_output_tokens: Number(maxTokens.value) }
+      : {
+          temperature: 0,
+          ...more,
+          messages: [{ role: "user", content: prompt.value }],
+          max_tokens: Number(maxTokens.value),
+        };
     const who = user.value.trim();
     const chosen = who ? base : model.value;
     send.disabled = true;
     await Promise.all([
-      run(left, { ...common, model: chosen, ...(who ? { user: who } : {}) }, null),
-      run(right, { ...common, model: base }, null),
+      run(left, { ...common, model: chosen, ...(who ? { user: who } : {}) }, null, responses),
+      run(right, { ...common, model: base }, null, responses),
     ]);
     send.disabled = false;
   });
