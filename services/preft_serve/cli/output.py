@@ -114,9 +114,15 @@ def _usage(result: dict[str, Any], out: IO[str]) -> None:
 
 
 def _usage_breakdown(result: dict[str, Any], out: IO[str]) -> None:
+    """Per version also the errors after the version was chosen and the mean time to first
+    token of its streamed requests (the total's mean weighs every stream alike)."""
     by, group_by = result["by"], result["group_by"]
-    columns = [group_by, by, "requests", "prompt_tokens", "completion_tokens"]
+    counted = ["requests", "prompt_tokens", "completion_tokens"]
+    if by == "version":
+        counted.append("errors")
+    columns = [group_by, by, *counted]
     rows = []
+    streams, ttft_sum = 0, 0.0
     for bucket in result["buckets"]:
         start = bucket["start"][: 10 if group_by == "day" else 16]
         named = [(item["name"], item) for item in bucket["items"]]
@@ -124,8 +130,16 @@ def _usage_breakdown(result: dict[str, Any], out: IO[str]) -> None:
             (f"({extra})", bucket[extra]) for extra in ("no_user", "other") if extra in bucket
         ]
         for name, counts in named:
-            rows.append({group_by: start, by: name, **{c: counts[c] for c in columns[2:]}})
-    totals = {c: sum(r[c] for r in rows) for c in columns[2:]}
+            row = {group_by: start, by: name, **{c: counts.get(c, 0) for c in counted}}
+            if by == "version":
+                row["ttft_ms_mean"] = _mean_ms(counts.get("ttft_seconds_sum"), counts)
+                streams += counts.get("ttft_count") or 0
+                ttft_sum += counts.get("ttft_seconds_sum") or 0.0
+            rows.append(row)
+    totals: dict[str, Any] = {c: sum(r[c] for r in rows) for c in counted}
+    if by == "version":
+        columns.append("ttft_ms_mean")
+        totals["ttft_ms_mean"] = _mean_ms(ttft_sum, {"ttft_count": streams})
     print_table([*rows, {group_by: "total", by: "", **totals}], columns, out)
     bound = result["bounds"]["named_per_bucket"]
     out.write(
@@ -134,6 +148,12 @@ def _usage_breakdown(result: dict[str, Any], out: IO[str]) -> None:
         if by in ("user", "key")
         else f"({result['tenant']}, {result['since']} .. {result['until']}, UTC {group_by}s)\n"
     )
+
+
+def _mean_ms(seconds: float | None, counts: dict[str, Any]) -> str:
+    """Mean milliseconds over ``counts["ttft_count"]`` streams; ``-`` without any."""
+    n = counts.get("ttft_count") or 0
+    return f"{seconds / n * 1000:.1f}" if n and seconds is not None else "-"
 
 
 def _audit(result: dict[str, Any], out: IO[str]) -> None:

@@ -1,5 +1,5 @@
 """``preft usage``: the requests and tokens the gateway counted, per UTC day and model, or
-broken down per model, user or API key and per UTC day or hour."""
+broken down per model, user, API key or served adapter version and per UTC day or hour."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def add_parser(groups: Any, leaf: Any) -> None:
         groups,
         "usage",
         "Show requests and tokens per UTC day and model (default: the last 7 days; at most "
-        "92 at once), or with --by/--group-by/--since/--until per model, user or key and "
-        "per day or hour",
+        "92 at once), or with --by/--group-by/--since/--until per model, user, key or "
+        "adapter version and per day or hour",
         cmd_usage,
     )
     usage.set_defaults(action="show")
@@ -32,9 +32,10 @@ def add_parser(groups: Any, leaf: Any) -> None:
     when = "RFC 3339 (2026-03-01T12:00:00Z), a date, or unix seconds"
     usage.add_argument(
         "--by",
-        choices=["model", "user", "key"],
-        help="break down per model, user id or API key id (the first 100 of each day or "
-        "hour by name, the rest as other)",
+        choices=["model", "user", "key", "version"],
+        help="break down per model, user id, API key id (the first 100 of each day or "
+        "hour by name, the rest as other) or served adapter version (name@version, with "
+        "its errors and mean time to first token)",
     )
     usage.add_argument(
         "--group-by",
