@@ -52,7 +52,7 @@ test-fast: $(STAMP)  ## The edit loop: every test outside the slow tiers (engine
 
 console-shots: $(STAMP)  ## Screenshots of the web console's pages for docs/console.md (docs/console/*.png)
 	@scripts/system-packages.sh test
-	PREFT_CONSOLE_SHOTS=docs/console $(PY) -m pytest tests/browser/test_journey.py tests/browser/test_fine_tuning.py -p no:cacheprovider $(ARGS)
+	PREFT_CONSOLE_SHOTS=docs/console $(PY) -m pytest tests/browser/test_journey.py tests/browser/test_fine_tuning.py tests/browser/test_operator.py -p no:cacheprovider $(ARGS)
 
 run: $(STAMP)  ## The whole stack locally (redis, registry, worker, gateway) + demo tenant; Ctrl-C stops
 	@scripts/system-packages.sh run

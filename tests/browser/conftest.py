@@ -30,8 +30,9 @@ def gateway(
     base: Base, redis_server: str, namespace: str, worker: ServiceProcess, registry: Registry
 ) -> Iterator[ServiceProcess]:
     """The gateway, forwarding the tenant routes (adapters, users, usage, keys, audit) to
-    the registry, as a deployment's one URL."""
-    env = {"PREFT_GATEWAY_REGISTRY_URL": registry.url}
+    the registry, as a deployment's one URL; the registry's admin token opens its operator
+    view."""
+    env = {"PREFT_GATEWAY_REGISTRY_URL": registry.url, "PREFT_GATEWAY_ADMIN_TOKEN": registry.admin}
     with running_gateway(
         base.root, redis_server, namespace, base.model, [worker.url], extra_env=env
     ) as process:

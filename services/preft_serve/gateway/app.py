@@ -31,6 +31,7 @@ from preft_serve.gateway.routers import (
     health,
     keys,
     models,
+    operator,
     responses,
     tokenize,
     usage,
@@ -129,6 +130,7 @@ def create_app(
         keys,
         tokenize,
         health,
+        operator,  # admin token: workers, routing, tenants (read-only)
         console,  # the web console's static files at /console/
     ):
         app.include_router(module.router)

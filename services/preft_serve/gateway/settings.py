@@ -10,7 +10,7 @@ import enum
 import json
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from preft_serve.common.service_settings import ServiceSettings
@@ -227,6 +227,12 @@ class GatewaySettings(ServiceSettings):
         "/v1/files and /v1/fine_tuning/jobs are forwarded there, so one OpenAI base URL "
         "serves the whole flow; unset: those routes answer 501",
     )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="The registry's admin token (PREFT_REGISTRY_ADMIN_TOKEN): a bearer of "
+        "it may read the operator routes (/v1/operator/*, GET /v1/tenants*); unset: "
+        "those routes answer 501",
+    )
     registry_timeout_s: float = Field(
         120.0,
         gt=0,
@@ -351,6 +357,15 @@ class GatewaySettings(ServiceSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"registry URL {value!r} must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        if len(value.get_secret_value()) < 16:
+            raise ValueError("admin_token must be at least 16 characters (the registry's)")
+        return value
 
     @model_validator(mode="after")
     def _registry_headroom(self) -> Self:

@@ -12,11 +12,39 @@ import * as usage from "./pages/usage.js";
 import * as keys from "./pages/keys.js";
 import * as audit from "./pages/audit.js";
 import * as finetune from "./pages/finetune.js";
+import * as operator from "./pages/operator.js";
 
 const PAGES = { adapters, upload, users, playground, usage, keys, audit, "fine-tuning": finetune };
 const view = document.getElementById("view");
 const nav = document.getElementById("nav");
+// The operator's one page, signed in with the admin token: the tenant pages are hidden then
+// (their routes take a tenant's key), and this link is hidden for a tenant's key.
+const operatorLink = h("a", { href: "#/operator", hidden: true }, "Operator");
+nav.insertBefore(operatorLink, document.getElementById("sign-out"));
 let generation = 0;
+let operatorMode = false;
+
+/** Show the links of the signed-in kind: the operator's, or a tenant's. */
+function showLinks() {
+  for (const link of nav.querySelectorAll("a")) link.hidden = (link === operatorLink) !== operatorMode;
+}
+
+/** Which kind of secret was signed in with: "tenant" (an API key), "operator" (the admin token); or
+ * the tenant check's refusal is thrown when it is neither. */
+async function kindOf() {
+  try {
+    await api.call("GET", "/v1/models");
+    return "tenant";
+  } catch (refused) {
+    if (refused.status !== 401) throw refused;
+    try {
+      await api.call("GET", "/v1/operator/routing");
+    } catch {
+      throw refused; // not the admin token either: the tenant check's words
+    }
+    return "operator";
+  }
+}
 
 /** Whether the page rendered by generation ``token`` is still the one shown. */
 export function current(token) {
@@ -43,7 +71,7 @@ function signInPage() {
     note.say("Checking the key…");
     api.signIn(input.value.trim());
     try {
-      await api.call("GET", "/v1/models");
+      operatorMode = (await kindOf()) === "operator";
     } catch (error) {
       api.signOut();
       note.fail(error);
@@ -51,7 +79,9 @@ function signInPage() {
     }
     input.value = "";
     nav.hidden = false;
-    if (!location.hash || location.hash === "#/signin") location.hash = "#/adapters";
+    showLinks();
+    const home = operatorMode ? "#/operator" : "#/adapters";
+    if (!location.hash || location.hash === "#/signin") location.hash = home;
     else route();
   });
   fill(
@@ -62,6 +92,7 @@ function signInPage() {
       { class: "muted" },
       "Your tenant API key is kept in this page's memory only: reloading or closing the page signs you out.",
     ),
+    h("p", { class: "muted" }, "Operators: sign in with the deployment's admin token for the operator view."),
     form,
     ...note.nodes,
   );
@@ -76,10 +107,12 @@ function route() {
     signInPage();
     return;
   }
-  const [name, ...rest] = location.hash.replace(/^#\/?/, "").split("/");
-  const page = PAGES[name] || adapters;
+  let [name, ...rest] = location.hash.replace(/^#\/?/, "").split("/");
+  if (operatorMode) name = "operator";
+  else if (!PAGES[name]) name = "adapters";
+  const page = operatorMode ? operator : PAGES[name];
   for (const link of nav.querySelectorAll("a")) {
-    link.toggleAttribute("aria-current", link.getAttribute("href") === `#/${name || "adapters"}`);
+    link.toggleAttribute("aria-current", link.getAttribute("href") === `#/${name}`);
     if (link.hasAttribute("aria-current")) link.setAttribute("aria-current", "page");
   }
   fill(view);
@@ -89,6 +122,7 @@ function route() {
 
 document.getElementById("sign-out").addEventListener("click", () => {
   api.signOut();
+  operatorMode = false;
   location.hash = "#/signin";
   route();
 });
