@@ -5,5 +5,6 @@ Modules, one job each: ``model`` (service-time profiles, worker and gateway sett
 ``worker`` (the engine's step model), ``gateway`` (the product's WorkerPool and
 ResolveCache per gateway), ``cluster`` (the event loop and pod lifecycle), ``prewarm``,
 ``scenarios``, ``metrics``, ``validate`` (against recorded load tests), ``stalls`` (a recorded
-run's measured pauses and fetch time), ``report``.
+run's measured pauses and fetch time), ``report``, ``misses`` (what a steady run's store
+fetches are: instrumentation of one run).
 """

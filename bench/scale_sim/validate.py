@@ -216,6 +216,10 @@ def simulate(
         ),
         spent,
     )
+    # The recorded gateways predate the resident slack (a warm worker one past the cap
+    # before a cold spill): route as they did unless the summary records the slack.
+    for gw in cluster.gateways:
+        gw.pool.resident_slack = int(setup.get("resident_slack", 0))
     rng = np.random.default_rng([seed, 8])
 
     def send() -> None:

@@ -190,6 +190,56 @@ def test_a_worker_with_the_adapter_resident_wins_under_the_cap() -> None:
     assert over.order[0] == top[2] and over.result is RouteResult.RESIDENT
 
 
+def test_a_warm_worker_one_past_the_cap_takes_the_key_before_a_cold_spill() -> None:
+    # Every worker holds 8 requests (the workers' own gauges); the favourite has the key.
+    key = "56" * 32
+    top = rendezvous_order(key, WORKERS)
+    pool = WorkerPool(WORKERS, worker_load=True)
+    for worker in WORKERS:
+        pool.set_worker_load(worker, 8)
+    pool.set_resident(top[0], frozenset({key}))
+    pool.set_worker_load(top[0], 12)  # at the cap: ceil((36 + 1) / 4 x 1.25) = 12
+    assert pool.cap() == 12
+    choice = pool.choose(key)
+    assert (choice.order[0], choice.result) == (top[0], RouteResult.RESIDENT)
+    strict = WorkerPool(WORKERS, worker_load=True, resident_slack=0)
+    for worker in WORKERS:
+        strict.set_worker_load(worker, 12 if worker == top[0] else 8)
+    strict.set_resident(top[0], frozenset({key}))
+    assert strict.choose(key).order[0] == top[1]  # no slack: a cold spill at the cap
+    pool.set_worker_load(top[0], 13)  # one past the cap (ceil(38 / 4 x 1.25) = 12)
+    assert pool.cap() == 12
+    spilled = pool.choose(key)
+    assert (spilled.order[0], spilled.result) == (top[1], RouteResult.SPILL)
+    # A worker under the cap that has the key comes before the favourite past it.
+    pool.set_worker_load(top[0], 12)
+    pool.set_resident(top[2], frozenset({key}))
+    assert pool.choose(key).order[0] == top[2]
+
+
+def test_the_slack_is_for_warm_workers_only_and_bounds_their_load() -> None:
+    # A cold key spills at the cap as before; a warm one fills its favourite to cap + 1
+    # and no further, whatever this gateway sends (no poll in between).
+    key = "78" * 32
+    top = rendezvous_order(key, WORKERS)
+    pool = WorkerPool(WORKERS)  # this gateway's own counts: cap ceil(avg x 1.25) + 1
+    while pool.inflight[top[0]] < pool.cap():
+        pool.acquire(top[0])
+    assert pool.choose(key).spilled
+    pool.set_resident(top[0], frozenset({key}))
+    assert pool.choose(key).order[0] == top[0]  # warm, at the cap: it takes one more
+    spills = 0
+    for _ in range(40):
+        cap, load = pool.cap(), pool.inflight[top[0]]
+        first = pool.choose(key).order[0]
+        assert (first == top[0]) == (load < cap + 1)  # spills only past cap + 1
+        spills += first != top[0]
+        pool.acquire(first)
+    others = [pool.inflight[w] for w in top[1:]]
+    assert spills == sum(others) > 0
+    assert sum(others) > 0 and pool.inflight[top[0]] - max(others) <= 2
+
+
 def test_on_worker_load_the_cap_counts_other_gateways_requests() -> None:
     # Ten gateways, each with one request on each of four workers: alone, a gateway's cap
     # is ceil(5/4 x 1.25) + 1 = 3, so all ten could put 20 more on one hot worker.

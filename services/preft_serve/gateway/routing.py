@@ -17,6 +17,11 @@ loads (SODA 2018), whose cap assumes every router sees the same, current loads: 
 workers' own gauges are that shared view, as fresh as the poll. Workers report which adapters they
 have loaded (``/v1/models``, polled by ``gateway.pool_monitor``); among the workers under the cap
 one that already has the adapter wins, so a spilled or re-homed adapter is not loaded twice.
+When none of those has it, a worker that has it may go ``resident_slack`` (1) requests past
+the cap before the request spills to one that must fetch it: a spill costs the worker it
+lands on a store fetch and a parse, one more queued request costs the warm worker a share
+of a step. In the simulated cluster (docs/scale.md) nearly every store fetch at Zipf 0.8
+was such a spill, its adapter warm on a favourite at the cap or one over it.
 Workers failing health checks get no new requests until they pass again.
 
 One adapter can take more of the traffic than one worker should carry (Zipf-distributed
@@ -50,6 +55,7 @@ from preft_serve.gateway.hot_keys import HotKeys
 from preft_serve.gateway.settings import GatewaySettings
 
 MIN_HEADROOM = 0.05  # the replica target when load_factor leaves (almost) none
+RESIDENT_SLACK = 1  # requests over the cap a worker with the key resident may take
 
 
 def rendezvous_order(key: str, workers: Sequence[str]) -> list[str]:
@@ -135,6 +141,7 @@ class WorkerPool:
         hot_window: int = 4096,
         hot_headroom: float | None = None,
         tenant_cold_loads: int = 0,
+        resident_slack: int = RESIDENT_SLACK,
     ) -> None:
         """``max_open``: most requests open to workers at once (None: no limit); more are
         refused with a 503 rather than queued for a connection. ``worker_load``: the cap
@@ -143,8 +150,11 @@ class WorkerPool:
         measured over about the last ``hot_window`` requests; ``hot_headroom``: the share of
         a mean worker's load one hot key may put on each replica (None: the cap's headroom,
         ``load_factor - 1``); ``tenant_cold_loads``: most cold requests one tenant has
-        open (:class:`~preft_serve.gateway.cold_loads.ColdLoads`; 0: no limit)."""
+        open (:class:`~preft_serve.gateway.cold_loads.ColdLoads`; 0: no limit);
+        ``resident_slack``: requests past the cap a worker with the key resident may take
+        before the request spills to a worker without it."""
         self.hot_headroom = hot_headroom
+        self.resident_slack = resident_slack
         self.cold = ColdLoads(tenant_cold_loads)
         self.load_factor = load_factor
         self.hot_replicas = hot_replicas
@@ -196,7 +206,8 @@ class WorkerPool:
 
     def choose(self, key: str) -> Choice:
         """The first healthy worker under the cap, preferring ones that have ``key``
-        resident, in the key's rendezvous order; then the rest as retry fallbacks."""
+        resident, in the key's rendezvous order (failing those, one with ``key`` resident
+        under ``cap + resident_slack``); then the rest as retry fallbacks."""
         if not self.status:
             raise ServiceUnavailable(
                 "no worker is registered yet (discovery found none); retry shortly"
@@ -225,7 +236,11 @@ class WorkerPool:
                 result = RouteResult.PREFERRED if first == order[0] else RouteResult.REPLICA
             return Choice([first, *(w for w in order if w != first), *down], order[0], result)
         under = [w for w in order if self.status[w].load < cap] or order
-        warm = [w for w in under if key in self.status[w].resident]
+        warm = [w for w in under if key in self.status[w].resident] or [
+            w
+            for w in order
+            if key in self.status[w].resident and self.status[w].load < cap + self.resident_slack
+        ]
         first = warm[0] if warm else under[0]
         if warm:
             result = RouteResult.RESIDENT
