@@ -64,9 +64,12 @@ export function url(path, query = {}) {
   return text ? `${path}?${text}` : path;
 }
 
-/** A JSON call; the parsed answer (null for 204). Throws ApiError with the server's message. */
-export async function call(method, path, { json, query } = {}) {
-  const init = { method, headers: headers(), signal: AbortSignal.timeout(TIMEOUT_MS) };
+/**
+ * A JSON call; the parsed answer (null for 204). Throws ApiError with the server's message.
+ * ``timeout`` (ms) for the few calls that work for long by design (an evaluation run).
+ */
+export async function call(method, path, { json, query, timeout = TIMEOUT_MS } = {}) {
+  const init = { method, headers: headers(), signal: AbortSignal.timeout(timeout) };
   if (json !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(json);

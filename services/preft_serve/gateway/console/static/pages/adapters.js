@@ -1,12 +1,20 @@
-// Adapters: the list, and one adapter's versions, serving policy, evaluation results and
-// usage (per day, and per version served: requests, tokens, errors, mean time to first
-// token over a chosen window), with promote, split, roll back and delete.
+// Adapters: the list, and one adapter's versions, serving policy, evaluation gate and
+// results, and usage (per day, and per version served: requests, tokens, errors, mean time
+// to first token over a chosen window), with promote (and force past the gate), split,
+// roll back and delete.
 
 import * as api from "../api.js";
 import { h, fill, field, table, notices, confirmDialog, when } from "../dom.js";
 
 const PAGE = 50;
 const HOUR_MS = 3600 * 1000;
+// An evaluation run serves every example (at most 200) to two versions: minutes, not 30 s.
+const RUN_TIMEOUT_MS = 10 * 60 * 1000;
+const METRICS = [
+  { value: "exact", label: "exact (answer equals the expected one)", maxMargin: "1" },
+  { value: "contains", label: "contains (answer contains the expected one)", maxMargin: "1" },
+  { value: "loss", label: "loss (nats per expected-answer token)", maxMargin: "10" },
+];
 // The per-version window: its label, the usage breakdown's bucket and how far back it goes.
 const WINDOWS = [
   { value: "24h", label: "Last 24 hours", group_by: "hour", hours: 24 },
@@ -79,13 +87,18 @@ function badge(state) {
   return h("span", { class: `badge ${state}` }, state);
 }
 
+/** A score as the metric means it: a share of examples, or nats per token for loss. */
+function scored(metric, score) {
+  return metric === "loss" ? `${score.toFixed(3)} nats/token` : `${(score * 100).toFixed(1)}%`;
+}
+
 function evaluation(result) {
   if (!result) return "";
-  const score = `${(result.score * 100).toFixed(1)}%`;
+  const score = scored(result.metric, result.score);
   const against =
     result.serving_version === null
       ? ""
-      : ` vs v${result.serving_version} ${(result.serving_score * 100).toFixed(1)}%`;
+      : ` vs v${result.serving_version} ${scored(result.metric, result.serving_score)}`;
   return h(
     "span",
     { class: result.passed ? "ok" : "error" },
@@ -98,6 +111,13 @@ function detail(view, name, alive) {
   const note = notices();
   const summary = h("div", {}, h("p", { class: "loading" }, "Loading…"));
   const versions = h("div");
+  const gate = h("div", {}, h("p", { class: "loading" }, "Loading the evaluation…"));
+  const attach = attachForm();
+  // The run's form is redrawn with the versions; its waiting line, error and outcome stay.
+  const run = h("div");
+  const runBusy = h("p", { class: "loading", hidden: true });
+  const runError = h("p", { class: "error", role: "alert", id: "evaluation-run-error", hidden: true });
+  const runOutcome = h("p", { id: "evaluation-run-result", hidden: true });
   const split = h("div");
   const usage = h("div", {}, h("p", { class: "loading" }, "Loading usage…"));
   const perVersion = h("div", {}, h("p", { class: "loading" }, "Loading usage per version…"));
@@ -116,6 +136,22 @@ function detail(view, name, alive) {
     summary,
     h("h2", {}, "Versions"),
     versions,
+    h("h2", {}, "Evaluation gate"),
+    h(
+      "p",
+      { class: "muted" },
+      "With an evaluation attached, a staged version is promoted only after a passing run " +
+        "(its score at most the margin below the serving version's, on the same file).",
+    ),
+    gate,
+    h("h3", {}, "Attach an evaluation"),
+    attach.form,
+    attach.error,
+    h("h3", {}, "Run the evaluation"),
+    run,
+    runBusy,
+    runError,
+    runOutcome,
     h("h2", {}, "Split (canary)"),
     split,
     h("h2", {}, "Usage per version"),
@@ -138,12 +174,15 @@ function detail(view, name, alive) {
     location.hash = "#/adapters";
   });
 
-  async function act(label, method, suffix, json, query) {
+  // ``refused(error)`` may take an error for itself (true); the page's alert shows the rest.
+  async function act(label, method, suffix, json, query, refused) {
     note.say(`${label}…`);
     try {
       await api.call(method, `${path}${suffix}`, { json, query });
     } catch (error) {
-      if (alive()) note.fail(error);
+      if (!alive()) return;
+      if (refused && refused(error)) note.clear();
+      else note.fail(error);
       return;
     }
     if (!alive()) return;
@@ -176,15 +215,7 @@ function detail(view, name, alive) {
       .slice()
       .reverse()
       .map((v) => {
-        const actions = h("div", { class: "row" });
-        if (v.version !== policy.version) {
-          const promote = h("button", { type: "button" }, v.state === "retired" ? "Roll back to this" : "Promote");
-          promote.setAttribute("aria-label", `${promote.textContent} version ${v.version}`);
-          promote.addEventListener("click", () =>
-            act(`Serving version ${v.version}`, "POST", `/versions/${v.version}/promote`),
-          );
-          actions.append(promote);
-        }
+        const actions = v.version === policy.version ? "" : promoteControls(v);
         return [
           `v${v.version}`,
           badge(v.state),
@@ -198,6 +229,234 @@ function detail(view, name, alive) {
       });
     fill(versions, table(null, ["Version", "State", "sha256", "Kind", "Size", "Created", "Evaluation", "Actions"], rows));
     drawSplit(policy);
+    drawRun(policy);
+  }
+
+  // Promote (or roll back); a staged version the gate holds back gets the registry's
+  // refusal next to its button and a force button, which asks first.
+  function promoteControls(v) {
+    const label = v.state === "retired" ? "Roll back to this" : "Promote";
+    const refusalId = `promote-refusal-${v.version}`;
+    const promote = h(
+      "button",
+      { type: "button", "aria-label": `${label} version ${v.version}`, "aria-describedby": refusalId },
+      label,
+    );
+    const refusal = h("p", { class: "error", role: "alert", id: refusalId, hidden: true });
+    const force = h(
+      "button",
+      { type: "button", class: "danger", hidden: true, "aria-label": `Force promote of version ${v.version}` },
+      "Force…",
+    );
+    const held = (error) => {
+      if (error.code !== "evaluation_required") return false;
+      refusal.textContent = error.message;
+      refusal.hidden = false;
+      force.hidden = false;
+      return true;
+    };
+    promote.addEventListener("click", () => {
+      refusal.hidden = true;
+      force.hidden = true;
+      act(`Serving version ${v.version}`, "POST", `/versions/${v.version}/promote`, undefined, undefined, held);
+    });
+    force.addEventListener("click", async () => {
+      const question =
+        `Promote version ${v.version} without a passing evaluation? Every user gets it now, ` +
+        "and the audit log records that the gate was skipped.";
+      if (!(await confirmDialog(question, "Promote anyway"))) return;
+      act(`Serving version ${v.version} (gate skipped)`, "POST", `/versions/${v.version}/promote`, undefined, {
+        force: "true",
+      });
+    });
+    return h("div", {}, h("div", { class: "row" }, promote, force), refusal);
+  }
+
+  // The attached evaluation (GET; 404: none) and its remove button.
+  async function loadGate() {
+    let config;
+    try {
+      config = await api.call("GET", `${path}/evaluation`);
+    } catch (error) {
+      if (!alive()) return;
+      if (error.status === 404) {
+        fill(gate, h("p", { class: "muted", id: "evaluation-none" }, "No evaluation attached: staged versions are promoted without one."));
+      } else fill(gate, h("p", { class: "error", role: "alert" }, error.message));
+      return;
+    }
+    if (!alive()) return;
+    const remove = h("button", { type: "button", class: "secondary" }, "Remove evaluation");
+    remove.addEventListener("click", async () => {
+      const question = `Remove the evaluation from ${name}? Staged versions can then be promoted without a result.`;
+      if (!(await confirmDialog(question, "Remove"))) return;
+      try {
+        await api.call("DELETE", `${path}/evaluation`);
+      } catch (error) {
+        if (alive()) note.fail(error);
+        return;
+      }
+      if (!alive()) return;
+      note.say("Removed the evaluation.");
+      loadGate();
+    });
+    fill(
+      gate,
+      h(
+        "dl",
+        { class: "row", id: "evaluation-config", "aria-label": "Attached evaluation" },
+        h("div", {}, h("dt", {}, "File"), h("dd", {}, config.file_id)),
+        h("div", {}, h("dt", {}, "Metric"), h("dd", {}, config.metric)),
+        h("div", {}, h("dt", {}, "Margin"), h("dd", {}, String(config.margin))),
+        h("div", {}, h("dt", {}, "Max tokens"), h("dd", {}, String(config.max_tokens))),
+        h("div", {}, h("dt", {}, "Examples"), h("dd", {}, String(config.examples))),
+        h("div", {}, h("dt", {}, "Attached"), h("dd", {}, when(config.updated_at))),
+      ),
+      remove,
+    );
+  }
+
+  // Upload the file (purpose fine-tune), then attach it; a refused file is deleted again,
+  // so a refusal stores nothing.
+  function attachForm() {
+    const picker = h("input", {
+      type: "file",
+      name: "evaluation-file",
+      accept: ".jsonl,application/jsonl",
+      "aria-describedby": "evaluation-file-error",
+    });
+    const metric = h("select", { name: "evaluation-metric" }, METRICS.map((m) => h("option", { value: m.value }, m.label)));
+    const margin = h("input", { type: "number", name: "evaluation-margin", min: "0", max: "1", step: "any", value: "0.05", required: true });
+    const maxTokens = h("input", { type: "number", name: "evaluation-max-tokens", min: "1", max: "512", value: "64", required: true });
+    metric.addEventListener("change", () => {
+      margin.max = METRICS.find((m) => m.value === metric.value).maxMargin;
+    });
+    const progress = h("progress", { max: "100", value: "0", hidden: true, "aria-label": "Upload progress" });
+    const submit = h("button", { type: "submit" }, "Attach evaluation");
+    const error = h("p", { class: "error", role: "alert", id: "evaluation-file-error", hidden: true });
+    const form = h(
+      "form",
+      { "aria-label": "Attach an evaluation" },
+      h("div", { class: "row" }, field("Evaluation file (chat JSONL; each line ends with the expected answer)", picker)),
+      h(
+        "div",
+        { class: "row" },
+        field("Metric", metric),
+        field("Margin", margin),
+        field("Max tokens per answer", maxTokens),
+        submit,
+        progress,
+      ),
+    );
+    const refuse = (text) => {
+      error.textContent = text;
+      error.hidden = false;
+    };
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      error.hidden = true;
+      const file = picker.files[0];
+      if (!file) {
+        refuse("Choose a JSONL file first.");
+        return;
+      }
+      const body = new FormData();
+      body.set("purpose", "fine-tune");
+      body.set("file", file, file.name);
+      submit.disabled = true;
+      progress.hidden = false;
+      try {
+        let stored;
+        try {
+          stored = await api.upload("POST", "/v1/files", body, (loaded, total) => {
+            progress.value = Math.round((100 * loaded) / total);
+          });
+        } catch (failure) {
+          if (alive()) refuse(failure.message);
+          return;
+        }
+        let config;
+        try {
+          config = await api.call("PUT", `${path}/evaluation`, {
+            json: { file_id: stored.id, metric: metric.value, margin: Number(margin.value), max_tokens: Number(maxTokens.value) },
+          });
+        } catch (failure) {
+          api.call("DELETE", `/v1/files/${encodeURIComponent(stored.id)}`).catch(() => {});
+          if (alive()) refuse(failure.message);
+          return;
+        }
+        if (!alive()) return;
+        note.say(`Attached ${file.name} (${config.examples} examples, ${config.metric}) as the evaluation.`);
+        loadGate();
+        load(); // results on another file or metric no longer open the gate
+      } finally {
+        submit.disabled = false;
+        progress.hidden = true;
+      }
+    });
+    return { form, error };
+  }
+
+  // Run the evaluation on a version (default: the newest staged one) and the serving one.
+  let running = false;
+  function drawRun(policy) {
+    if (running) return; // keep the form that is waiting for its answer
+    const version = h(
+      "select",
+      { name: "evaluation-version" },
+      h("option", { value: "" }, "the newest staged version"),
+      policy.versions
+        .slice()
+        .reverse()
+        .map((v) => h("option", { value: String(v.version) }, `v${v.version} (${v.state})`)),
+    );
+    const promote = h("input", { type: "checkbox", name: "evaluation-promote" });
+    const submit = h("button", { type: "submit" }, "Run evaluation");
+    const form = h(
+      "form",
+      { class: "row", "aria-label": "Run the evaluation" },
+      field("Version to evaluate", version),
+      field("Promote it if it passes", promote, "inline"),
+      submit,
+    );
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const chosen = version.value ? Number(version.value) : undefined;
+      runError.hidden = true;
+      runOutcome.hidden = true;
+      submit.disabled = true;
+      running = true;
+      form.setAttribute("aria-busy", "true");
+      runBusy.textContent = `Evaluating ${chosen ? `v${chosen}` : "the newest staged version"} and v${policy.version}: every example is served to both, so this takes a while…`;
+      runBusy.hidden = false;
+      let answer;
+      try {
+        answer = await api.call("POST", `${path}/evaluations`, {
+          json: { version: chosen, promote: promote.checked },
+          timeout: RUN_TIMEOUT_MS,
+        });
+      } catch (failure) {
+        if (alive()) {
+          runError.textContent = failure.message;
+          runError.hidden = false;
+        }
+        return;
+      } finally {
+        running = false;
+        submit.disabled = false;
+        form.removeAttribute("aria-busy");
+        runBusy.hidden = true;
+      }
+      if (!alive()) return;
+      const verdict = answer.promoted
+        ? " Promoted: it serves every user now."
+        : promote.checked && !answer.result.passed
+          ? " Not promoted."
+          : "";
+      fill(runOutcome, `v${answer.version}: `, evaluation(answer.result), verdict);
+      runOutcome.hidden = false;
+      load();
+    });
+    fill(run, form);
   }
 
   function drawSplit(policy) {
@@ -322,6 +581,7 @@ function detail(view, name, alive) {
     );
   }
   load();
+  loadGate();
   loadVersionUsage();
   loadUsage();
 }
