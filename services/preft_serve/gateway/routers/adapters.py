@@ -8,7 +8,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from preft_serve.common.errors import error_responses
-from preft_serve.common.evaluation_wire import MAX_EVAL_TOKENS, MAX_EXAMPLES
+from preft_serve.common.evaluation_wire import (
+    MAX_EVAL_TOKENS,
+    MAX_EXAMPLES,
+    MAX_LOSS_MARGIN,
+    Metric,
+)
 from preft_serve.gateway.deps import StateDep, TenantDep
 from preft_serve.gateway.openapi import (
     ADAPTER_UPLOAD_BODY,
@@ -157,14 +162,15 @@ async def get_evaluation(
     openapi_extra=json_object_body(
         {
             "file_id": {"type": "string", "minLength": 1, "maxLength": 64},
-            "metric": {"type": "string", "enum": ["exact", "contains"]},
-            "margin": {"type": "number", "minimum": 0, "maximum": 1},
+            "metric": {"type": "string", "enum": [m.value for m in Metric]},
+            "margin": {"type": "number", "minimum": 0, "maximum": MAX_LOSS_MARGIN},
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_EVAL_TOKENS},
         },
         ("file_id", "metric", "margin"),
         f"A chat JSONL file of yours (at most {MAX_EXAMPLES} lines, each ending with the "
-        "assistant's expected answer), the metric, and how much lower "
-        "than the serving version a staged version may score (0 to 1)",
+        "assistant's expected answer), the metric, and how much worse than the serving "
+        "version a staged version may score (exact, contains: a share, 0 to 1; loss: nats "
+        f"per answer token, 0 to {MAX_LOSS_MARGIN:g})",
     ),
     responses={**json_reply(EVALUATION), **error_responses(400, 404, 422, *FORWARD_ERRORS)},
 )
