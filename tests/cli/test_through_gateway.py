@@ -125,3 +125,4 @@ def test_every_tenant_command_works_against_the_gateway_alone(
     monkeypatch.setenv("PREFT_ADMIN_TOKEN", "whatever")
     code, out, err = run_cli(capsys, "tenant", "list", "--url", s.gateway)
     assert code == 1 and "registry's URL, not the gateway's" in err, err
+    assert "the gateway has no admin token configured" in err  # the gateway's own reason

@@ -91,6 +91,11 @@ OUTPUTS = ("table", "json")
 _EPILOG_START = "Where the URL and key come from"
 
 
+# What a gateway answers a tenant command: no such route (an older gateway), a write (the
+# gateway reads tenants only), or no admin token configured there.
+GATEWAY_TENANT_REFUSALS = ("unknown_url", "method_not_allowed", "operator_not_configured")
+
+
 def _version() -> str:
     try:
         return metadata.version("preft-serve")
@@ -230,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(registry, args)
     except CliError as exc:
-        if admin and exc.error.get("code") == "unknown_url":  # a gateway's URL
+        if admin and exc.error.get("code") in GATEWAY_TENANT_REFUSALS:  # a gateway's URL
             exc = CliError(
-                f"{target.url} has no tenant routes: tenant commands are the operator's and "
-                "go to the adapter registry's URL, not the gateway's; pass --url REGISTRY_URL",
+                f"{target.url} does not serve this tenant command ({exc}): a gateway only "
+                "reads tenants, with the admin token it was given; tenant commands go to the "
+                "adapter registry's URL, not the gateway's; pass --url REGISTRY_URL",
                 code="not_the_registry",
                 status=exc.status,
             )
