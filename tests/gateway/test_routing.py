@@ -222,22 +222,36 @@ def test_the_slack_is_for_warm_workers_only_and_bounds_their_load() -> None:
     # and no further, whatever this gateway sends (no poll in between).
     key = "78" * 32
     top = rendezvous_order(key, WORKERS)
-    pool = WorkerPool(WORKERS)  # this gateway's own counts: cap ceil(avg x 1.25) + 1
-    while pool.inflight[top[0]] < pool.cap():
+    pool = WorkerPool(WORKERS, worker_load=True)
+    for worker in WORKERS:
+        pool.set_worker_load(worker, 8)  # cap ceil(33 / 4 x 1.25) = 11: headroom for one
+    while pool.status[top[0]].load < pool.cap():
         pool.acquire(top[0])
     assert pool.choose(key).spilled
     pool.set_resident(top[0], frozenset({key}))
     assert pool.choose(key).order[0] == top[0]  # warm, at the cap: it takes one more
     spills = 0
     for _ in range(40):
-        cap, load = pool.cap(), pool.inflight[top[0]]
+        cap, load = pool.cap(), pool.status[top[0]].load
         first = pool.choose(key).order[0]
         assert (first == top[0]) == (load < cap + 1)  # spills only past cap + 1
         spills += first != top[0]
         pool.acquire(first)
-    others = [pool.inflight[w] for w in top[1:]]
-    assert spills == sum(others) > 0
-    assert sum(others) > 0 and pool.inflight[top[0]] - max(others) <= 2
+    assert spills == sum(pool.inflight[w] for w in top[1:]) > 0
+
+
+def test_no_slack_where_the_cap_is_too_small_to_hold_it() -> None:
+    # This gateway's own counts, two requests on the favourite: the cap is
+    # ceil(3 / 4 x 1.25) + 1 = 2, and 2 x 0.25 leaves no room for a request past it.
+    key = "9a" * 32
+    top = rendezvous_order(key, WORKERS)
+    pool = WorkerPool(WORKERS)
+    pool.set_resident(top[0], frozenset({key}))
+    pool.acquire(top[0])
+    pool.acquire(top[0])
+    assert pool.cap() == 2
+    choice = pool.choose(key)
+    assert (choice.order[0], choice.result) == (top[1], RouteResult.SPILL)
 
 
 def test_on_worker_load_the_cap_counts_other_gateways_requests() -> None:

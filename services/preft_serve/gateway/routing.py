@@ -20,8 +20,10 @@ one that already has the adapter wins, so a spilled or re-homed adapter is not l
 When none of those has it, a worker that has it may go ``resident_slack`` (1) requests past
 the cap before the request spills to one that must fetch it: a spill costs the worker it
 lands on a store fetch and a parse, one more queued request costs the warm worker a share
-of a step. In the simulated cluster (docs/scale.md) nearly every store fetch at Zipf 0.8
-was such a spill, its adapter warm on a favourite at the cap or one over it.
+of a step. Only where the cap's own headroom holds that much (``cap x (load_factor - 1)``
+>= the slack): where the cap is two or three requests, one more is a third or half of a
+worker's share. In the simulated cluster (docs/scale.md) nearly every store fetch at Zipf
+0.8 was such a spill, its adapter warm on a favourite at the cap or one over it.
 Workers failing health checks get no new requests until they pass again.
 
 One adapter can take more of the traffic than one worker should carry (Zipf-distributed
@@ -207,7 +209,8 @@ class WorkerPool:
     def choose(self, key: str) -> Choice:
         """The first healthy worker under the cap, preferring ones that have ``key``
         resident, in the key's rendezvous order (failing those, one with ``key`` resident
-        under ``cap + resident_slack``); then the rest as retry fallbacks."""
+        under ``cap + resident_slack``, the slack at most ``cap x (load_factor - 1)``); then
+        the rest as retry fallbacks."""
         if not self.status:
             raise ServiceUnavailable(
                 "no worker is registered yet (discovery found none); retry shortly"
@@ -236,10 +239,9 @@ class WorkerPool:
                 result = RouteResult.PREFERRED if first == order[0] else RouteResult.REPLICA
             return Choice([first, *(w for w in order if w != first), *down], order[0], result)
         under = [w for w in order if self.status[w].load < cap] or order
+        slack = min(self.resident_slack, math.floor(cap * (self.load_factor - 1.0)))
         warm = [w for w in under if key in self.status[w].resident] or [
-            w
-            for w in order
-            if key in self.status[w].resident and self.status[w].load < cap + self.resident_slack
+            w for w in order if key in self.status[w].resident and self.status[w].load < cap + slack
         ]
         first = warm[0] if warm else under[0]
         if warm:
