@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.chart.manifests import workloads
+from tests.chart.manifests import container, env, workloads
 from tests.chart.support import Rendered
 
 # Named Secrets: nothing random in the render, so any difference is the values' doing.
@@ -100,3 +100,24 @@ def test_pods_carry_the_checksum_of_the_generated_secrets_they_read(
         assert one[component] != two[component], component
     # The Redis password alone: the same checksum for all its readers in one render.
     assert one["gateway"] == one["worker"] == one["redis"] != one["registry"]
+
+
+def test_the_operator_view_gives_the_gateways_the_registrys_admin_token(
+    render: Callable[..., Rendered],
+) -> None:
+    """Off by default (the public gateways then hold no admin secret); on, the gateways read
+    the registry's own token from its Secret and roll when it changes, as the registry
+    does."""
+    default = render([], {})
+    gateway = container(default.component("Deployment", "gateway"))
+    assert "PREFT_GATEWAY_ADMIN_TOKEN" not in env(gateway)
+
+    first, second = (render([], {"gateway.operatorView": "true"}) for _ in range(2))
+    registry_token = env(container(first.component("Deployment", "registry")))[
+        "PREFT_REGISTRY_ADMIN_TOKEN"
+    ]
+    gateway_env = env(container(first.component("Deployment", "gateway")))
+    assert gateway_env["PREFT_GATEWAY_ADMIN_TOKEN"] == registry_token
+    assert registry_token.startswith("secret.")  # from the Secret, never a plain value
+    one, two = checksums(first), checksums(second)
+    assert one["gateway"] != two["gateway"]  # new admin token (offline render): rolls

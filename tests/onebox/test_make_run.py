@@ -171,6 +171,28 @@ def test_printed_examples_work_against_the_running_stack(stack: RunningStack) ->
     assert direct.json()["choices"][0]["message"]["content"] == content
 
 
+def test_the_printed_admin_token_opens_the_gateways_operator_view(stack: RunningStack) -> None:
+    """The local stack's gateway serves the operator routes to the admin token it prints
+    (the console's operator view), and to no tenant key."""
+    gateway = f"http://127.0.0.1:{stack.ports['gateway']}"
+    match = re.search(r"admin token (\S+)", stack.output)
+    assert match, stack.output
+    workers = httpx.get(
+        f"{gateway}/v1/operator/workers",
+        timeout=30,
+        headers={"Authorization": f"Bearer {match.group(1)}"},
+    )
+    assert workers.status_code == 200, workers.text
+    (worker,) = workers.json()["data"]
+    assert worker["url"] == f"http://127.0.0.1:{stack.ports['worker']}"
+    as_tenant = httpx.get(
+        f"{gateway}/v1/operator/workers",
+        timeout=30,
+        headers={"Authorization": f"Bearer {_api_key(stack.output)}"},
+    )
+    assert as_tenant.status_code == 401, as_tenant.text
+
+
 def test_printed_openai_example_reaches_every_demo_user(stack: RunningStack) -> None:
     done = subprocess.run(
         ["bash", "-c", _heredoc(stack.output)],

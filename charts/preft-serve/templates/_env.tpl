@@ -98,6 +98,15 @@ Each entry is a Kubernetes EnvVar plus one field the rendered pod spec does not 
 - name: PREFT_GATEWAY_REGISTRY_URL
   value: {{ printf "http://%s.%s.svc:%v" (include "preft-serve.componentName" (dict "root" . "component" "registry")) .Release.Namespace .Values.registry.service.port | quote }}
   set: registry.service.port
+{{- if $g.operatorView }}
+{{- /* The operator routes check their bearer against the registry's admin token. */}}
+- name: PREFT_GATEWAY_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "preft-serve.adminTokenSecret" . }}
+      key: {{ include "preft-serve.adminTokenKey" . }}
+  set: gateway.operatorView
+{{- end }}
 {{- $registryUpload := .Values.registry.settings.MAX_UPLOAD_BYTES }}
 {{- if and $registryUpload (not (hasKey $g.settings "MAX_UPLOAD_BYTES")) }}
 {{- /* Uploads are streamed to the registry under the registry's own limit, unless the

@@ -216,7 +216,10 @@ def bring_up(stack: OneBox, toy: bool, models_dir: Path) -> None:
     say(f"  worker: healthy at {stack.worker_url} (after {waited:.0f} s more)")
     stack.start_gateway(model)
     say(f"  gateway: ready at {stack.gateway_url}")
-    say(f"  console: {stack.gateway_url}/console/ (sign in with the demo tenant's API key)")
+    say(
+        f"  console: {stack.gateway_url}/console/ (sign in with the demo tenant's API key; "
+        "with the admin token: the operator view)"
+    )
     if toy:
         say("[7/7] one chat completion through the gateway (user alice)")
         reply = first_reply(stack, tenant.api_key)

@@ -234,7 +234,10 @@ class OneBox:
             "--registry-url",
             self.registry_url,
         ]
-        return argv, {"PREFT_GATEWAY_DISCOVERY": "static", **self.config.gateway_env}
+        # One machine, one operator: the gateway gets the admin token for its read-only
+        # operator routes (the console's operator view).
+        env = {"PREFT_GATEWAY_DISCOVERY": "static", "PREFT_GATEWAY_ADMIN_TOKEN": self.admin_token}
+        return argv, {**env, **self.config.gateway_env}
 
     def start_gateway(
         self,
