@@ -49,6 +49,7 @@ from bench.results import add_result_dir, result_path
 from bench.scale_sim import outside, stalls
 from bench.stack_setup import make_adapters, scrape, seed_tenants
 from bench.stats import percentile
+from preft_serve.gateway.routing import RESIDENT_SLACK
 from preft_serve.onebox import OneBox, StackConfig, StackError, free_port
 from preft_serve.onebox.stack import http_ok
 from preft_serve.worker.step_trace import ENV as STEP_TRACE_ENV
@@ -478,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": args.seed,
                 "gateway_env": gateway_env,
                 "cap_on_worker_load": cap_on_worker_load(gateway_env),
+                # the simulator replays a recording with the routing its gateways had
+                "resident_slack": RESIDENT_SLACK,
                 "worker_args": args.worker_args,
                 "seed_s": round(seed_s, 1),
                 "locust_exit_code": code,
