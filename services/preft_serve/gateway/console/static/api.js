@@ -118,39 +118,17 @@ export function upload(method, path, form, onProgress) {
  * the final usage (when sent) returned. Server-sent events read from fetch's body stream.
  */
 export async function streamChat(body, { onHeaders, onDelta, signal, user }) {
-  const extra = { "Content-Type": "application/json" };
-  if (user) extra["X-User-Id"] = user;
-  const response = await fetch("/v1/chat/completions", {
-    method: "POST",
-    headers: headers(extra),
-    body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
-    signal,
-  });
-  onHeaders(response.headers);
-  if (!response.ok) throw await failure(response);
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffered = "";
+  const stream = { ...body, stream: true, stream_options: { include_usage: true } };
+  const response = await openStream("/v1/chat/completions", stream, { onHeaders, signal, user });
   let usage = null;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffered += value;
-    let end;
-    while ((end = buffered.indexOf("\n\n")) >= 0) {
-      const event = buffered.slice(0, end);
-      buffered = buffered.slice(end + 2);
-      for (const line of event.split("\n")) {
-        if (!line.startsWith("data:")) continue;
-        const data = line.slice(5).trim();
-        if (data === "[DONE]") continue;
-        const chunk = JSON.parse(data);
-        if (chunk.error) throw new ApiError(502, String(chunk.error.message), chunk.error.code);
-        if (chunk.usage) usage = chunk.usage;
-        for (const choice of chunk.choices || []) {
-          const piece = choice.delta && choice.delta.content;
-          if (piece) onDelta(piece);
-        }
-      }
+  for await (const data of sseData(response)) {
+    if (data === "[DONE]") continue;
+    const chunk = JSON.parse(data);
+    if (chunk.error) throw new ApiError(502, String(chunk.error.message), chunk.error.code);
+    if (chunk.usage) usage = chunk.usage;
+    for (const choice of chunk.choices || []) {
+      const piece = choice.delta && choice.delta.content;
+      if (piece) onDelta(piece);
     }
   }
   return usage;
@@ -163,22 +141,45 @@ export async function streamChat(body, { onHeaders, onDelta, signal, user }) {
  * ``response.failed`` or ``error`` event throws with its message.
  */
 export async function streamResponses(body, { onHeaders, onDelta, signal, user }) {
+  const stream = { ...body, stream: true };
+  const response = await openStream("/v1/responses", stream, { onHeaders, signal, user });
+  let usage = null;
+  for await (const data of sseData(response)) {
+    if (data === "[DONE]") continue;
+    const event = JSON.parse(data);
+    if (event.type === "response.output_text.delta" && event.delta) onDelta(event.delta);
+    else if (event.type === "response.completed" || event.type === "response.incomplete") {
+      if (event.response && event.response.usage) usage = event.response.usage;
+    } else if (event.type === "response.failed" || event.type === "error" || event.error) {
+      const failed = (event.response && event.response.error) || event.error || event;
+      throw new ApiError(502, String(failed.message || "the response failed"), failed.code || null);
+    }
+  }
+  return usage;
+}
+
+/** POST a streamed request; ``onHeaders(headers)`` once; an error answer throws. */
+async function openStream(path, body, { onHeaders, signal, user }) {
   const extra = { "Content-Type": "application/json" };
   if (user) extra["X-User-Id"] = user;
-  const response = await fetch("/v1/responses", {
+  const response = await fetch(path, {
     method: "POST",
     headers: headers(extra),
-    body: JSON.stringify({ ...body, stream: true }),
+    body: JSON.stringify(body),
     signal,
   });
   onHeaders(response.headers);
   if (!response.ok) throw await failure(response);
+  return response;
+}
+
+/** The ``data:`` payload of each server-sent event of ``response`` (its lines joined). */
+async function* sseData(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffered = "";
-  let usage = null;
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) break;
+    if (done) return;
     buffered += value;
     let end;
     while ((end = buffered.indexOf("\n\n")) >= 0) {
@@ -189,16 +190,7 @@ export async function streamResponses(body, { onHeaders, onDelta, signal, user }
         .filter((line) => line.startsWith("data:"))
         .map((line) => line.slice(5).trim())
         .join("\n");
-      if (!data || data === "[DONE]") continue;
-      const event = JSON.parse(data);
-      if (event.type === "response.output_text.delta" && event.delta) onDelta(event.delta);
-      else if (event.type === "response.completed" || event.type === "response.incomplete") {
-        if (event.response && event.response.usage) usage = event.response.usage;
-      } else if (event.type === "response.failed" || event.type === "error" || event.error) {
-        const failed = (event.response && event.response.error) || event.error || event;
-        throw new ApiError(502, String(failed.message || "the response failed"), failed.code || null);
-      }
+      if (data) yield data;
     }
   }
-  return usage;
 }
