@@ -95,16 +95,6 @@ def _record_preemptions(
     return seen
 
 
-def _settle_adapters(engine: Engine, names: list[str | None]) -> None:
-    """Serve each adapter once, so the batch below starts whole. The worker parses a new
-    adapter in the background and the scheduler holds its requests until then: on a slow
-    machine the first requests could finish before the held ones start, and nothing would
-    be preempted. (Eight tokens fill no KV block, so the prefix cache keeps nothing.)"""
-    adapters = sorted({n for n in names if n is not None})
-    warm_up = [prompt(900 + i, 8) for i in range(len(adapters))]
-    engine.tokens(warm_up, [engine.lora(n) for n in adapters], 1)
-
-
 def _expected(engine: Engine, name: str | None, tokens: list[int]) -> list[int]:
     if name is None:
         return oracle.generate_base(engine.model_dir, tokens, OUTPUT_TOKENS)
@@ -123,7 +113,7 @@ def test_preempted_requests_match_oracle(
     names = [None, "all-1", "prefill-1", "prefill-2", "prefill-3", "prefill-1"]
     # Request 5 repeats request 2's adapter and prompt: prefix-cache hits across requests.
     prompts = [prompt(300 + i, PROMPT_TOKENS) for i in range(5)] + [prompt(302, PROMPT_TOKENS)]
-    _settle_adapters(engine, names)
+    engine.settle(names)  # the batch starts whole: preemptions are certain
     preempted = _record_preemptions(engine, monkeypatch)
 
     got = engine.tokens(prompts, [engine.lora(n) for n in names], OUTPUT_TOKENS)

@@ -10,6 +10,7 @@ DECODE_TOKENS = 24
 def test_prefill_only_requests_decode_together_beyond_max_loras(engine: Engine) -> None:
     names = ["prefill-1", "prefill-2", "prefill-3", "prefill-4"]
     assert len(names) > MAX_LORAS
+    engine.settle(names)  # none held back while its adapter is parsed
     outs = engine.generate(
         [prompt(200 + i, 10) for i in range(4)], [engine.lora(n) for n in names], DECODE_TOKENS
     )
@@ -21,6 +22,7 @@ def test_prefill_only_requests_decode_together_beyond_max_loras(engine: Engine) 
 
 def test_all_token_adapters_still_queue_for_slots(engine: Engine) -> None:
     names = ["all-1", "all-2", "all-3", "all-4"]
+    engine.settle(names)
     outs = engine.generate(
         [prompt(300 + i, 10) for i in range(4)], [engine.lora(n) for n in names], DECODE_TOKENS
     )

@@ -61,6 +61,16 @@ class Engine:
         self._requests[(name, str(path))] = request
         return request
 
+    def settle(self, names: list[str | None]) -> None:
+        """Serve each adapter of ``names`` once, so that a batch of them starts whole. The
+        worker parses an adapter it does not hold in host memory in the background and the
+        scheduler holds its requests until then: on a slow machine a batch's first
+        requests could finish before its held ones start. (Eight-token prompts fill no KV
+        block, so the prefix cache keeps nothing of these.)"""
+        adapters = sorted({n for n in names if n is not None})
+        warm_up = [prompt(900 + i, 8) for i in range(len(adapters))]
+        self.tokens(warm_up, [self.lora(n) for n in adapters], 1)
+
     def generate(
         self, prompts: list[list[int]], loras: list[Any], max_tokens: int = 16
     ) -> list[Any]:
