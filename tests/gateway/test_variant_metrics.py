@@ -62,6 +62,32 @@ class Stack:
     url: str
 
 
+def canary_tenant(registry: TestClient, model: Path, tmp_path: Path, admin: str) -> dict[str, str]:
+    """Tenant 'acme' with adapter 'bot': version 1 serving, version 2 the canary at WEIGHT,
+    every user of USERS bound; the tenant's auth header."""
+    made = registry.post(
+        "/v1/tenants", json={"name": "acme"}, headers={"Authorization": f"Bearer {admin}"}
+    )
+    auth = {"Authorization": f"Bearer {made.json()['api_key']}"}
+    for seed, promote in ((1, "true"), (2, "false")):
+        folder = factories.lora(model, tmp_path / f"lora{seed}", seed=seed)
+        resp = registry.put(
+            "/v1/adapters/bot",
+            params={"promote": promote},
+            data={"mode": "prefill"},
+            files=_files(folder),
+            headers=auth,
+        )
+        assert resp.status_code == 201, resp.text
+    policy = {"version": 1, "canary": {"version": 2, "weight": WEIGHT}}
+    resp = registry.put("/v1/adapters/bot/policy", json=policy, headers=auth)
+    assert resp.status_code == 200, resp.text
+    for user in USERS:
+        bound = registry.put(f"/v1/users/{user}", json={"adapter": "bot"}, headers=auth)
+        assert bound.status_code == 200, bound.text
+    return auth
+
+
 def _files(folder: Path) -> list[tuple[str, tuple[str, bytes, str]]]:
     return [
         ("files", (p.name, p.read_bytes(), "application/octet-stream"))
@@ -86,27 +112,7 @@ def _stack(
         staging_dir=tmp_path,
     )
     with TestClient(create_registry(registry_settings)) as registry:
-        tenant = registry.post(
-            "/v1/tenants", json={"name": "acme"}, headers={"Authorization": f"Bearer {ADMIN}"}
-        )
-        key = tenant.json()["api_key"]
-        auth = {"Authorization": f"Bearer {key}"}
-        for seed, promote in ((1, "true"), (2, "false")):
-            folder = factories.lora(model, tmp_path / f"lora{seed}", seed=seed)
-            resp = registry.put(
-                "/v1/adapters/bot",
-                params={"promote": promote},
-                data={"mode": "prefill"},
-                files=_files(folder),
-                headers=auth,
-            )
-            assert resp.status_code == 201, resp.text
-        policy = {"version": 1, "canary": {"version": 2, "weight": WEIGHT}}
-        resp = registry.put("/v1/adapters/bot/policy", json=policy, headers=auth)
-        assert resp.status_code == 200, resp.text
-        for user in USERS:
-            bound = registry.put(f"/v1/users/{user}", json={"adapter": "bot"}, headers=auth)
-            assert bound.status_code == 200, bound.text
+        auth = canary_tenant(registry, model, tmp_path, ADMIN)
         settings = GatewaySettings(
             base_model_name="tiny",
             worker_base_model="/models/tiny",
@@ -116,7 +122,7 @@ def _stack(
         )
         app = create_gateway(settings, transport=httpx.MockTransport(transport))
         with serving(app) as url, httpx.Client(base_url=url, headers=auth, timeout=30) as client:
-            yield Stack(client, key, url)
+            yield Stack(client, auth["Authorization"].removeprefix("Bearer "), url)
 
 
 def _scrape(stack: Stack) -> Counter[tuple[str, str, str]]:

@@ -24,19 +24,17 @@ from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.toymodels import make_model
-from tests.gateway.test_variant_metrics import CANARY, SERVING, USERS, WEIGHT, Worker, _sse_usage
-from tests.registry import factories
+from tests.gateway.test_variant_metrics import (
+    CANARY,
+    SERVING,
+    Worker,
+    _sse_usage,
+    canary_tenant,
+)
 from tests.support.gateway import MSGS
 from tests.support.inprocess import serving
 
 ADMIN = "usage-versions-admin-0123456789"
-
-
-def _files(folder: Path) -> list[tuple[str, tuple[str, bytes, str]]]:
-    return [
-        ("files", (p.name, p.read_bytes(), "application/octet-stream"))
-        for p in sorted(folder.iterdir())
-    ]
 
 
 @contextmanager
@@ -55,24 +53,7 @@ def _stack(
         staging_dir=tmp_path,
     )
     with TestClient(create_registry(settings)) as registry:
-        made = registry.post(
-            "/v1/tenants", json={"name": "acme"}, headers={"Authorization": f"Bearer {ADMIN}"}
-        )
-        auth = {"Authorization": f"Bearer {made.json()['api_key']}"}
-        for seed, promote in ((1, "true"), (2, "false")):
-            folder = factories.lora(model, tmp_path / f"lora{seed}", seed=seed)
-            stored = registry.put(
-                "/v1/adapters/bot",
-                params={"promote": promote},
-                data={"mode": "prefill"},
-                files=_files(folder),
-                headers=auth,
-            )
-            assert stored.status_code == 201, stored.text
-        policy = {"version": 1, "canary": {"version": 2, "weight": WEIGHT}}
-        assert registry.put("/v1/adapters/bot/policy", json=policy, headers=auth).is_success
-        for user in USERS:
-            assert registry.put(f"/v1/users/{user}", json={"adapter": "bot"}, headers=auth)
+        auth = canary_tenant(registry, model, tmp_path, ADMIN)
         gateway = GatewaySettings(
             base_model_name="tiny",
             worker_base_model="/models/tiny",
