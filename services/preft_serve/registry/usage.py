@@ -45,6 +45,9 @@ BOUNDS = UsageBounds(
     max_hours=MAX_HOURS,
 )
 _STEP = {"day": 86_400, "hour": 3_600}
+# 9999-12-31T00:00:00Z: the latest ``until`` whose last bucket (a day or an hour) ends
+# within the calendar; ``datetime`` has no year 10000.
+LATEST_UNTIL = 253_402_214_400
 DAY_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 
 
@@ -116,6 +119,12 @@ def breakdown_range(
     now = time.time() if now is None else now
     step = _STEP[group_by]
     last_t = parse_time(until, "until") if until is not None else now
+    if last_t >= LATEST_UNTIL:  # the last bucket's end would fall in year 10000
+        raise InvalidRequest(
+            "until must be before 9999-12-31: the range's end has to lie within the "
+            "calendar (years 1-9999); give an earlier until",
+            param="until",
+        )
     default = DEFAULT_DAYS if group_by == "day" else DEFAULT_HOURS
     last = int(last_t // step * step)
     first = int(parse_time(since, "since") // step * step) if since is not None else None
