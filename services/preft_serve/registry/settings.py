@@ -87,6 +87,13 @@ class RegistrySettings(ServiceSettings):
         "store; an upload going over is refused (403 "
         "quota_exceeded)",
     )
+    tenant_max_keys: int = Field(
+        1000,
+        ge=1,
+        description="API keys one tenant may hold (revoked keys are deleted and do not "
+        "count; expired ones do until revoked); POST /v1/keys creating one more is refused "
+        "(409 key_limit_reached)",
+    )
     staging_dir: Path | None = Field(
         None, description="Where uploads are unpacked; defaults to the system temp dir"
     )

@@ -247,19 +247,35 @@ class TenantService:
         return key_info(json.loads(raw), self.redis.hget(self.keys.key_use(tenant), key_id))
 
     def create_key(
-        self, tenant: str, spec: KeySpec | None = None, created_by: str = OPERATOR
+        self,
+        tenant: str,
+        spec: KeySpec | None = None,
+        created_by: str = OPERATOR,
+        max_keys: int | None = None,
     ) -> ApiKeyCreated:
         """Issue an additional key (rotation step 1); existing keys stay valid. Without a
-        ``spec``: an admin key that does not expire."""
+        ``spec``: an admin key that does not expire. ``max_keys``: refuse (409) when the
+        tenant already holds that many keys (expired ones included; revoked ones are
+        deleted). The count is read under WATCH of the tenant's key hash, so two concurrent
+        creations cannot both pass it."""
         check_tenant_name(tenant)
+        keys_key = self.keys.tenant_keys(tenant)
 
         def txn(pipe: Any) -> ApiKeyCreated:
             if not pipe.exists(self.keys.tenant(tenant)):
                 raise NotFound(f"tenant {shown(tenant)} does not exist")
+            if max_keys is not None and (held := int(pipe.hlen(keys_key))) >= max_keys:
+                raise Conflict(
+                    f"tenant {shown(tenant)} holds {held} API keys, the most it may hold "
+                    f"({max_keys}): revoke keys it no longer uses, expired ones first "
+                    "(GET /v1/keys lists them, DELETE /v1/keys/{key_id} revokes one), "
+                    "then create this one",
+                    code="key_limit_reached",
+                )
             pipe.multi()
             return self._queue_key(pipe, tenant, spec or KeySpec(), created_by)
 
-        created = transact(self.redis, txn, self.keys.tenant(tenant))
+        created = transact(self.redis, txn, self.keys.tenant(tenant), keys_key)
         logger.info(
             "created %s key %s of tenant %s (by %s)",
             created.role,

@@ -13,7 +13,7 @@ from preft_serve.common.errors import error_responses
 from preft_serve.common.key_roles import InsufficientRole, at_least
 from preft_serve.registry.api_keys import key_spec
 from preft_serve.registry.audit_deps import TenantAuditDep
-from preft_serve.registry.deps import PrincipalDep, TenantsDep
+from preft_serve.registry.deps import PrincipalDep, StateDep, TenantsDep
 from preft_serve.registry.routers.path_params import KeyIdPath
 from preft_serve.registry.schemas import ApiKeyCreate, ApiKeyCreated, ApiKeyInfo
 
@@ -31,20 +31,31 @@ def _described(key: ApiKeyInfo) -> str:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ApiKeyCreated,
-    responses=error_responses(400, 401, 403, 422),
+    responses=error_responses(400, 401, 403, 409, 422),
 )
 def create_key(
-    body: ApiKeyCreate, principal: PrincipalDep, tenants: TenantsDep, audit: TenantAuditDep
+    body: ApiKeyCreate,
+    principal: PrincipalDep,
+    tenants: TenantsDep,
+    audit: TenantAuditDep,
+    state: StateDep,
 ) -> ApiKeyCreated:
     """Issue a key for the caller's tenant; the response carries it, shown only this once
-    (only its hash is stored). ``role`` may be at most the caller's own."""
+    (only its hash is stored). ``role`` may be at most the caller's own. A tenant holding
+    ``PREFT_REGISTRY_TENANT_MAX_KEYS`` keys is refused (409 ``key_limit_reached``):
+    revoke unused keys first."""
     spec = key_spec(body, dt.datetime.now(dt.UTC))
     if not at_least(principal.role, spec.role):
         raise InsufficientRole(
             f"this key's role '{principal.role.value}' cannot create a key with role "
             f"'{spec.role.value}': a key may create keys of its own role or lower"
         )
-    created = tenants.create_key(principal.tenant, spec, created_by=principal.key_id)
+    created = tenants.create_key(
+        principal.tenant,
+        spec,
+        created_by=principal.key_id,
+        max_keys=state.settings.tenant_max_keys,
+    )
     audit(AuditAction.KEY_CREATE, created.key_id, after=_described(created))
     return created
 
