@@ -183,3 +183,134 @@ def test_a_tenant_key_gets_no_operator_view(
     page.evaluate("() => { location.hash = '#/operator'; }")
     expect(page.get_by_role("heading", name="Adapters")).to_be_visible()
     expect(page.get_by_role("heading", name="Operator", exact=True)).to_have_count(0)
+
+
+def _workers_page(label: str, more: bool) -> str:
+    """A workers answer of one row (``label`` in its URL), as the operator route words it."""
+    row = {
+        "url": f"http://{label}:8000",
+        "healthy": True,
+        "failures": 0,
+        "inflight": 0,
+        "others": 0,
+        "resident_count": 0,
+        "resident": [],
+    }
+    body = {"data": [row], "total": 2, "healthy": 2, "cap": None, "has_more": more}
+    return json.dumps({**body, "last": row["url"]})
+
+
+def _tenant_answer(url: str) -> str:
+    """The answer of a tenant route: the list, a tenant's limits or its details."""
+    path = url.split("/v1/tenants", 1)[1].split("?", 1)[0]
+    if path == "":
+        return json.dumps(
+            [
+                {"name": n, "created_at": "2026-01-01T00:00:00Z", "adapters": 0, "quota": {}}
+                for n in ("late-a", "late-b")
+            ]
+        )
+    if path.endswith("/limits"):
+        return json.dumps({"tenant_rps": None})
+    name = path.strip("/")
+    created = "2026-01-01T00:00:00Z"
+    return json.dumps(
+        {"name": name, "created_at": created, "quota": {}, "unbound_user": "reject", "keys": []}
+    )
+
+
+def test_late_answers_are_dropped_and_each_whole_served_reason_shows(
+    page: Page, gateway: ServiceProcess, registry: Registry
+) -> None:
+    """With the answers replaced in the browser: a decode pool's lines (each reason for
+    serving a request whole on its own line); a workers page 1 that answers after Next drew
+    page 2, and tenant A's details that answer after tenant B's, are not drawn."""
+    routing = {
+        "decisions": {"resident": 1, "preferred": 1, "replica": 0, "spill": 0},
+        "warm_hit_share": 0.5,
+        "handoffs": {"decoded": 1, "first_token": 2, "fallback": 3, "decode_failed": 4},
+        "unified": {"all_token_adapter": 5, "one_token": 6, "option": 7},
+        "decode_pool": True,
+        "started_at": 1_700_000_000,
+    }
+    held: list[Route] = []  # answers the test releases after later ones were drawn
+    hold_first_pages = [False]
+
+    def workers(route: Route) -> None:
+        url = route.request.url
+        if "pool=decode" in url:
+            body = json.dumps(
+                {"data": [], "total": 0, "healthy": 0, "cap": None, "has_more": False}
+            )
+        elif "after=" in url:
+            body = _workers_page("page-two", False)
+        elif hold_first_pages[0]:
+            held.append(route)
+            return
+        else:
+            body = _workers_page("page-one", True)
+        route.fulfill(status=200, content_type="application/json", body=body)
+
+    def tenant_routes(route: Route) -> None:
+        if "/v1/tenants/late-a" in route.request.url:
+            held.append(route)
+            return
+        route.fulfill(
+            status=200, content_type="application/json", body=_tenant_answer(route.request.url)
+        )
+
+    def wait_held(count: int) -> None:
+        for _ in range(200):
+            if len(held) >= count:
+                return
+            page.wait_for_timeout(50)
+        raise AssertionError(f"{len(held)} calls held, {count} expected")
+
+    page.route("**/v1/operator/routing", lambda r: r.fulfill(json=routing))
+    page.route("**/v1/operator/workers**", workers)
+    page.route("**/v1/tenants**", tenant_routes)
+    _sign_in_as_operator(page, gateway.url, registry.admin)
+
+    region = page.get_by_role("region", name="Routing")
+    expect(region.locator("dt").last).to_have_text("Served whole: an option spans both hops")
+    terms = region.locator("dt").all_inner_texts()
+    values = region.locator("dd").all_inner_texts()
+    shown = dict(zip(terms, values, strict=True))
+    assert {k: v for k, v in shown.items() if k.startswith("Served whole")} == {
+        "Served whole: all-token adapter": "5",
+        "Served whole: max_tokens 1": "6",
+        "Served whole: an option spans both hops": "7",
+    }
+
+    # Workers: a refresh of page 1 is held, Next draws page 2, then page 1 answers.
+    pool = page.get_by_role("region", name="Workers")
+    expect(pool.locator("tbody")).to_contain_text("page-one")
+    hold_first_pages[0] = True
+    page.get_by_role("button", name="Refresh").click()
+    wait_held(1)
+    pool.get_by_role("button", name="Next").click()
+    expect(pool.locator("tbody")).to_contain_text("page-two")
+    for route in held:
+        route.fulfill(
+            status=200, content_type="application/json", body=_workers_page("page-one", True)
+        )
+    held.clear()
+    page.wait_for_timeout(500)
+    expect(pool.locator("tbody")).to_contain_text("page-two")
+    expect(pool.get_by_role("button", name="Previous")).to_be_enabled()
+    expect(pool.get_by_role("button", name="Next")).to_be_disabled()
+
+    # Tenants: A's details are held, B's drawn, then A's answer.
+    tenants = page.get_by_role("region", name="Tenants")
+    tenants.get_by_role("button", name="late-a", exact=True).click()
+    wait_held(2)
+    tenants.get_by_role("button", name="late-b", exact=True).click()
+    expect(tenants.get_by_role("heading", name="Tenant late-b")).to_be_visible()
+    for route in held:
+        route.fulfill(
+            status=200, content_type="application/json", body=_tenant_answer(route.request.url)
+        )
+    held.clear()
+    page.wait_for_timeout(500)
+    expect(tenants.get_by_role("heading", name="Tenant late-b")).to_be_visible()
+    expect(tenants.get_by_role("heading", name="Tenant late-a")).to_have_count(0)

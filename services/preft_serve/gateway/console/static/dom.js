@@ -93,6 +93,19 @@ export function confirmDialog(question, action = "Delete") {
   });
 }
 
+/**
+ * A latest-call guard for one part of a page: ``const latest = latestCall();`` once, then
+ * ``const current = latest();`` as each call starts and, once it answers, draw only if
+ * ``current()`` is still true: an answer that a later call overtook is dropped.
+ */
+export function latestCall() {
+  let counter = 0;
+  return () => {
+    const mine = ++counter;
+    return () => mine === counter;
+  };
+}
+
 export function when(iso) {
   if (!iso) return "";
   const date = new Date(iso);

@@ -4,9 +4,12 @@
 // roll back and delete.
 
 import * as api from "../api.js";
-import { h, fill, field, table, notices, confirmDialog, when } from "../dom.js";
+import { h, fill, field, table, notices, confirmDialog, when, latestCall } from "../dom.js";
 
 const PAGE = 50;
+// Answers by which the registry refused an evaluation and stored nothing; any other failure
+// (no answer in time, a 502/503/504 on the way) leaves open whether it was attached.
+const REFUSED = new Set([400, 404, 409, 413, 422]);
 const HOUR_MS = 3600 * 1000;
 // An evaluation run serves every example (at most 200) to two versions: minutes, not 30 s.
 const RUN_TIMEOUT_MS = 10 * 60 * 1000;
@@ -190,16 +193,19 @@ function detail(view, name, alive) {
     load();
   }
 
+  // Each reader draws only its latest call's answer (a slower, earlier one is dropped).
+  const latestLoad = latestCall();
   async function load() {
+    const current = latestLoad();
     let adapter;
     let policy;
     try {
       [adapter, policy] = await Promise.all([api.call("GET", path), api.call("GET", `${path}/policy`)]);
     } catch (error) {
-      if (alive()) fill(summary), note.fail(error);
+      if (alive() && current()) fill(summary), note.fail(error);
       return;
     }
-    if (!alive()) return;
+    if (!alive() || !current()) return;
     fill(
       summary,
       h(
@@ -273,18 +279,20 @@ function detail(view, name, alive) {
   }
 
   // The attached evaluation (GET; 404: none) and its remove button.
+  const latestGate = latestCall();
   async function loadGate() {
+    const current = latestGate();
     let config;
     try {
       config = await api.call("GET", `${path}/evaluation`);
     } catch (error) {
-      if (!alive()) return;
+      if (!alive() || !current()) return;
       if (error.status === 404) {
         fill(gate, h("p", { class: "muted", id: "evaluation-none" }, "No evaluation attached: staged versions are promoted without one."));
       } else fill(gate, h("p", { class: "error", role: "alert" }, error.message));
       return;
     }
-    if (!alive()) return;
+    if (!alive() || !current()) return;
     const remove = h("button", { type: "button", class: "secondary" }, "Remove evaluation");
     remove.addEventListener("click", async () => {
       const question = `Remove the evaluation from ${name}? Staged versions can then be promoted without a result.`;
@@ -316,7 +324,8 @@ function detail(view, name, alive) {
   }
 
   // Upload the file (purpose fine-tune), then attach it; a refused file is deleted again,
-  // so a refusal stores nothing.
+  // so a refusal stores nothing. A failure that is no refusal (no answer in time, a 502,
+  // 503 or 504) keeps the file: the registry may have attached it.
   function attachForm() {
     const picker = h("input", {
       type: "file",
@@ -380,8 +389,17 @@ function detail(view, name, alive) {
             json: { file_id: stored.id, metric: metric.value, margin: Number(margin.value), max_tokens: Number(maxTokens.value) },
           });
         } catch (failure) {
-          api.call("DELETE", `/v1/files/${encodeURIComponent(stored.id)}`).catch(() => {});
-          if (alive()) refuse(failure.message);
+          if (REFUSED.has(failure.status)) {
+            api.call("DELETE", `/v1/files/${encodeURIComponent(stored.id)}`).catch(() => {});
+            if (alive()) refuse(failure.message);
+            return;
+          }
+          if (!alive()) return;
+          refuse(
+            `${failure.message.replace(/\.$/, "")}. The uploaded file ${stored.id} was kept: the evaluation may ` +
+              "or may not have been attached to it (the gate above is read again).",
+          );
+          loadGate();
           return;
         }
         if (!alive()) return;
@@ -488,14 +506,35 @@ function detail(view, name, alive) {
     );
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      act("Setting the split", "PUT", "/policy", {
-        version: policy.version,
-        canary: { version: Number(version.value), weight: Number(weight.value) },
-      });
+      setSplit(policy, "Setting the split", { version: Number(version.value), weight: Number(weight.value) });
     });
     const clear = h("button", { type: "button", class: "secondary", disabled: !policy.canary }, "Remove split");
-    clear.addEventListener("click", () => act("Removing the split", "PUT", "/policy", { version: policy.version, canary: null }));
+    clear.addEventListener("click", () => setSplit(policy, "Removing the split", null));
     fill(split, form, clear);
+  }
+
+  // The policy PUT names the serving version, and the registry serves whichever version it
+  // names: sent with a version another tab or the CLI has since replaced, it would serve the
+  // replaced one again. So the policy is read again first, and a changed one is only shown.
+  async function setSplit(shown, label, canary) {
+    note.say(`${label}…`);
+    let current;
+    try {
+      current = await api.call("GET", `${path}/policy`);
+    } catch (error) {
+      if (alive()) note.fail(error);
+      return;
+    }
+    if (!alive()) return;
+    if (current.version !== shown.version) {
+      note.fail(
+        `The serving version changed to v${current.version} since this page loaded: the split ` +
+          `was not changed. The page now shows v${current.version}; set the split again to apply it there.`,
+      );
+      load();
+      return;
+    }
+    act(label, "PUT", "/policy", { version: shown.version, canary });
   }
 
   async function loadUsage() {
@@ -524,10 +563,10 @@ function detail(view, name, alive) {
   }
   // Each version's requests, tokens, errors and mean time to first token over the window,
   // summed over the breakdown's buckets (the mean from the sums, not a mean of means).
-  let versionCall = 0;
+  const latestVersionUsage = latestCall();
   async function loadVersionUsage() {
     const chosen = WINDOWS.find((w) => w.value === windowSelect.value) || WINDOWS[1];
-    const call = ++versionCall;
+    const current = latestVersionUsage();
     // The window's first bucket: this hour (UTC day) and the ones before it.
     const step = chosen.group_by === "day" ? 24 * HOUR_MS : HOUR_MS;
     const buckets = chosen.group_by === "day" ? chosen.hours / 24 : chosen.hours;
@@ -538,10 +577,10 @@ function detail(view, name, alive) {
         query: { by: "version", group_by: chosen.group_by, since: since.toISOString() },
       });
     } catch (error) {
-      if (alive() && call === versionCall) fill(perVersion, h("p", { class: "error", role: "alert" }, error.message));
+      if (alive() && current()) fill(perVersion, h("p", { class: "error", role: "alert" }, error.message));
       return;
     }
-    if (!alive() || call !== versionCall) return;
+    if (!alive() || !current()) return;
     const prefix = `${name}@`;
     const totals = new Map();
     for (const bucket of report.buckets) {

@@ -4,7 +4,7 @@
 // Every string (tenant and key names, URLs, shas) goes into text nodes.
 
 import * as api from "../api.js";
-import { h, fill, field, table, notices, when } from "../dom.js";
+import { h, fill, field, table, notices, when, latestCall } from "../dom.js";
 
 const WORKERS_PAGE = 20;
 const TENANTS_PAGE = 50;
@@ -23,11 +23,21 @@ function facts(pairs) {
   return h("dl", { class: "facts-grid" }, pairs.flatMap(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]));
 }
 
+// Why a gateway with a decode pool served a request whole on one worker (operator.py's
+// UNIFIED_REASONS), in the page's words.
+const UNIFIED = [
+  ["all_token_adapter", "Served whole: all-token adapter"],
+  ["one_token", "Served whole: max_tokens 1"],
+  ["option", "Served whole: an option spans both hops"],
+];
+
 function short(sha) {
   return String(sha).slice(0, 12);
 }
 
-/** A pool's workers, a page at a time (``after``: the last URL of the page before). */
+/** A pool's workers, a page at a time (``after``: the last URL of the page before). Only
+ * the latest call's answer is drawn: a 10 s refresh of one page that answers after Next or
+ * Previous asked for another is dropped, so the rows and the cursors stay the same page. */
 function workerSection(title, pool, alive) {
   const note = notices();
   const body = h("div", {}, h("p", { class: "loading" }, "Loading workers…"));
@@ -35,6 +45,7 @@ function workerSection(title, pool, alive) {
   const next = h("button", { type: "button", class: "secondary", disabled: true }, "Next");
   const cursors = [null]; // the `after` of each page shown so far
   const opened = new Set(); // workers whose adapter list is open: kept open on a refresh
+  const latest = latestCall();
   const section = h(
     "section",
     { "aria-label": title },
@@ -45,16 +56,19 @@ function workerSection(title, pool, alive) {
   );
 
   async function load() {
+    const current = latest();
     let page;
     try {
       page = await api.call("GET", "/v1/operator/workers", {
         query: { pool, limit: WORKERS_PAGE, after: cursors[cursors.length - 1], adapters: SHOWN_SHAS },
       });
     } catch (error) {
-      if (alive()) fill(body), note.fail(error);
+      if (!alive() || !current()) return;
+      fill(body), note.fail(error);
+      prev.disabled = cursors.length === 1;
       return;
     }
-    if (!alive()) return;
+    if (!alive() || !current()) return;
     note.clear();
     const rows = page.data.map((w) => {
       const resident = w.resident_count
@@ -75,12 +89,18 @@ function workerSection(title, pool, alive) {
     next.disabled = !page.has_more;
     next.onclick = () => {
       cursors.push(page.last);
-      load();
+      turn();
     };
+  }
+  // Until the asked-for page is drawn, a second click would move the cursors again.
+  function turn() {
+    prev.disabled = true;
+    next.disabled = true;
+    load();
   }
   prev.addEventListener("click", () => {
     cursors.pop();
-    load();
+    turn();
   });
   return { section, load };
 }
@@ -90,16 +110,18 @@ function routingSection(alive) {
   const body = h("div", {}, h("p", { class: "loading" }, "Loading routing…"));
   const section = h("section", { "aria-label": "Routing" }, h("h2", {}, "Routing"), ...note.nodes, body);
   let hasDecode = false;
+  const latest = latestCall();
 
   async function load() {
+    const current = latest();
     let view;
     try {
       view = await api.call("GET", "/v1/operator/routing");
     } catch (error) {
-      if (alive()) fill(body), note.fail(error);
+      if (alive() && current()) fill(body), note.fail(error);
       return hasDecode;
     }
-    if (!alive()) return hasDecode;
+    if (!alive() || !current()) return hasDecode;
     note.clear();
     hasDecode = view.decode_pool;
     const d = view.decisions;
@@ -121,7 +143,7 @@ function routingSection(alive) {
           ["Ended at the first token", String(o.first_token)],
           ["Fell back to one worker", String(o.fallback)],
           ["Decode hop failed", String(o.decode_failed)],
-          ["Served whole (by option)", String(Object.values(view.unified).reduce((a, b) => a + b, 0))],
+          ...UNIFIED.map(([reason, label]) => [label, String(view.unified[reason] || 0)]),
         ]),
       );
     } else {
@@ -153,6 +175,8 @@ function tenantSection(alive) {
   );
   let tenants = [];
   let start = 0;
+  const latestList = latestCall();
+  const latestDetail = latestCall(); // tenant A, then B: A's late answer is not drawn
 
   function draw() {
     const wanted = filter.value.trim().toLowerCase();
@@ -175,6 +199,7 @@ function tenantSection(alive) {
   }
 
   async function showTenant(name) {
+    const current = latestDetail();
     fill(detail, h("p", { class: "loading" }, "Loading the tenant…"));
     const path = `/v1/tenants/${encodeURIComponent(name)}`;
     let tenant;
@@ -182,10 +207,10 @@ function tenantSection(alive) {
     try {
       [tenant, limits] = await Promise.all([api.call("GET", path), api.call("GET", `${path}/limits`)]);
     } catch (error) {
-      if (alive()) fill(detail), note.fail(error);
+      if (alive() && current()) fill(detail), note.fail(error);
       return;
     }
-    if (!alive()) return;
+    if (!alive() || !current()) return;
     const q = tenant.quota || {};
     const limitRows = Object.entries(limits || {}).map(([k, v]) => [k, v === null ? "gateway default" : String(v)]);
     const keyRows = (tenant.keys || []).map((k) => [k.key_id, k.name || "", k.role, when(k.created_at), k.expires_at ? when(k.expires_at) : "never", when(k.last_used_at)]);
@@ -216,14 +241,15 @@ function tenantSection(alive) {
   });
 
   async function load() {
+    const current = latestList();
     let listed;
     try {
       listed = await api.call("GET", "/v1/tenants");
     } catch (error) {
-      if (alive()) fill(body), note.fail(error);
+      if (alive() && current()) fill(body), note.fail(error);
       return;
     }
-    if (!alive()) return;
+    if (!alive() || !current()) return;
     note.clear();
     tenants = Array.isArray(listed) ? listed : listed.data || [];
     draw();

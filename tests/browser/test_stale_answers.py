@@ -1,0 +1,141 @@
+"""The adapter page against a world that moved on, in Chromium against the real stack: a
+split set after another client promoted a version sends nothing (the policy PUT names the
+serving version, and the registry would serve the one it names again), and an evaluation
+attach that fails without a refusal (a 503 here, put in by the browser) keeps the uploaded
+file, since the registry may have attached it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+from playwright.sync_api import FilePayload, Page, Request, Route, expect
+
+from preft_serve.toymodels import make_lora_adapter
+from tests.browser.console import sign_in
+from tests.e2e.stack import Base, Registry
+from tests.support.processes import ServiceProcess
+
+NAME = "stale-bot"
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _stage(registry: Registry, key: str, folder: Path) -> None:
+    """Upload the next version without promoting it (staged)."""
+    reply = httpx.put(
+        f"{registry.url}/v1/adapters/{NAME}",
+        params={"promote": "false"},
+        data={"mode": "prefill"},
+        files=[
+            ("files", (p.name, p.read_bytes(), "application/octet-stream"))
+            for p in sorted(folder.iterdir())
+        ],
+        headers=_auth(key),
+        timeout=60,
+    )
+    assert reply.status_code == 201, reply.text
+
+
+def test_a_split_set_after_a_promote_elsewhere_sends_nothing(
+    page: Page, gateway: ServiceProcess, registry: Registry, base: Base
+) -> None:
+    key = registry.create_tenant("stale-split")
+    api = httpx.Client(base_url=gateway.url, headers=_auth(key), timeout=60)
+    registry.upload(
+        key, NAME, make_lora_adapter(base.model, base.root / "stale-v1", seed=81), "prefill"
+    )
+    _stage(registry, key, make_lora_adapter(base.model, base.root / "stale-v2", seed=82))
+
+    sign_in(page, gateway.url, key)
+    page.goto(f"{gateway.url}/console/#/adapters/{NAME}")
+    split = page.get_by_role("form", name="Set split")
+    expect(split.get_by_label("Canary version")).to_have_value("2")
+    puts: list[str] = []
+    page.on(
+        "request",
+        lambda r: puts.append(r.url) if r.method == "PUT" and r.url.endswith("/policy") else None,
+    )
+
+    # Another client promotes version 2 while the page still shows version 1 serving.
+    promoted = api.post(f"/v1/adapters/{NAME}/versions/2/promote")
+    assert promoted.status_code == 200, promoted.text
+
+    split.get_by_label("Share of users").fill("0.2")
+    split.get_by_role("button", name="Set split").click()
+    expect(page.get_by_role("alert").filter(has_text="serving version changed")).to_have_text(
+        "The serving version changed to v2 since this page loaded: the split was not changed. "
+        "The page now shows v2; set the split again to apply it there."
+    )
+    policy = api.get(f"/v1/adapters/{NAME}/policy").json()
+    assert (policy["version"], policy["canary"]) == (2, None)
+    assert puts == []
+    # The page shows the current policy, and a split set on it now goes through.
+    expect(page.locator("dl.row").first.locator("dd").first).to_have_text("version 2")
+    expect(split.get_by_label("Canary version")).to_have_value("1")
+    split.get_by_label("Share of users").fill("0.2")
+    split.get_by_role("button", name="Set split").click()
+    expect(page.get_by_role("status")).to_have_text("Setting the split: done.")
+    policy = api.get(f"/v1/adapters/{NAME}/policy").json()
+    assert policy["version"] == 2
+    assert (policy["canary"]["version"], policy["canary"]["weight"]) == (1, 0.2)
+    api.close()
+
+
+def test_an_attach_without_an_answer_keeps_the_uploaded_file(
+    page: Page, gateway: ServiceProcess, registry: Registry, base: Base
+) -> None:
+    key = registry.create_tenant("stale-attach")
+    api = httpx.Client(base_url=gateway.url, headers=_auth(key), timeout=60)
+    registry.upload(
+        key, NAME, make_lora_adapter(base.model, base.root / "stale-attach", seed=83), "prefill"
+    )
+    deletes: list[str] = []
+
+    def unavailable(route: Route) -> None:
+        if route.request.method != "PUT":
+            route.continue_()
+            return
+        error = {"error": {"message": "the registry did not answer in time", "code": "timeout"}}
+        route.fulfill(status=503, content_type="application/json", body=json.dumps(error))
+
+    def seen(request: Request) -> None:
+        if request.method == "DELETE" and "/v1/files/" in request.url:
+            deletes.append(request.url)
+
+    page.route(f"**/v1/adapters/{NAME}/evaluation", unavailable)
+    page.on("request", seen)
+    sign_in(page, gateway.url, key)
+    page.goto(f"{gateway.url}/console/#/adapters/{NAME}")
+    expect(page.locator("#evaluation-none")).to_be_visible()
+
+    line = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    form = page.get_by_role("form", name="Attach an evaluation")
+    form.get_by_label("Evaluation file").set_input_files(
+        FilePayload(
+            name="eval.jsonl",
+            mimeType="application/jsonl",
+            buffer=(json.dumps({"messages": line}) + "\n").encode(),
+        )
+    )
+    form.get_by_role("button", name="Attach evaluation").click()
+    error = page.locator("#evaluation-file-error")
+    expect(error).to_contain_text("was kept")
+    text = error.text_content() or ""
+    kept = re.fullmatch(
+        r"the registry did not answer in time\. The uploaded file (\S+) was kept: the "
+        r"evaluation may or may not have been attached to it \(the gate above is read again\)\.",
+        text,
+    )
+    assert kept is not None, text
+    page.wait_for_timeout(500)  # a DELETE, if one were sent, has left by now
+    assert deletes == []
+    stored = api.get(f"/v1/files/{kept[1]}")
+    assert stored.status_code == 200, stored.text
+    expect(page.locator("#evaluation-none")).to_be_visible()  # the gate, read again
+    assert api.delete(f"/v1/files/{kept[1]}").status_code in (200, 204)
+    api.close()
