@@ -36,7 +36,20 @@ from preft_serve.gateway.routing import WorkerPool
 logger = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 2.0
+# The checks share the completions' connection pool but carry no socket-read timeout: each
+# is bounded as a whole by ``_bounded`` instead. aiohttp (3.14) re-arms a response's
+# socket-read timer when a read that paused for its buffer resumes after the body ended
+# (a ``/metrics`` page of hundreds of KB does); the timer then fires on the connection idle
+# in the pool and fails the next request sent on it at once ("Timeout on reading data from
+# socket": a completion answered 502 by a healthy worker). Without a read timeout nothing
+# is armed; the completions' own (minutes) outlives the pool's idle connections.
+NO_READ_TIMEOUT = httpx.Timeout(None, connect=CHECK_TIMEOUT_S)
 LOAD_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def _bounded() -> asyncio.Timeout:
+    """A check's whole time limit (read when the check starts: tests shorten it)."""
+    return asyncio.timeout(CHECK_TIMEOUT_S)
 
 
 class LoadCount:
@@ -143,9 +156,10 @@ class WorkerMonitor:
 
     async def _check(self, url: str) -> None:
         try:
-            health = await self.http.get(f"{url}/health", timeout=CHECK_TIMEOUT_S)
+            async with _bounded():
+                health = await self.http.get(f"{url}/health", timeout=NO_READ_TIMEOUT)
             healthy = health.status_code == 200
-        except httpx.HTTPError:
+        except (httpx.HTTPError, TimeoutError):
             healthy = False
         if not healthy:
             was_up = self.pool.is_healthy(url)
@@ -167,9 +181,11 @@ class WorkerMonitor:
 
     async def _residency(self, url: str) -> None:
         try:
-            models = (await self.http.get(f"{url}/v1/models", timeout=CHECK_TIMEOUT_S)).json()
+            async with _bounded():
+                answer = await self.http.get(f"{url}/v1/models", timeout=NO_READ_TIMEOUT)
+            models = answer.json()
             ids = [m.get("id", "") for m in models.get("data", [])]
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        except (httpx.HTTPError, TimeoutError, ValueError, AttributeError) as exc:
             logger.debug("worker %s: no adapter list (%s)", url, exc)
             return
         if self.context is not None:
@@ -186,11 +202,14 @@ class WorkerMonitor:
     async def _load(self, url: str) -> None:
         try:
             count = LoadCount()
-            async with self.http.stream("GET", f"{url}/metrics", timeout=CHECK_TIMEOUT_S) as page:
+            async with (
+                _bounded(),
+                self.http.stream("GET", f"{url}/metrics", timeout=NO_READ_TIMEOUT) as page,
+            ):
                 page.raise_for_status()
                 async for line in page.aiter_lines():
                     count.feed(line)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, TimeoutError) as exc:
             logger.debug("worker %s: no load count (%s)", url, exc)
             return
         requests = count.requests()
