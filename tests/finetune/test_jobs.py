@@ -134,7 +134,9 @@ def test_a_trainer_that_dies_fails_its_job_with_the_reason(
     assert api.call(key, "GET", "/v1/adapters").json()["items"] == []
 
 
-def _registry_process(redis_url: str, namespace: str, model: Path, root: Path, port: int) -> Any:
+def _registry_process(
+    redis_url: str, namespace: str, model: Path, root: Path, port: int, heartbeat_s: float = 2
+) -> Any:
     env = {
         "PREFT_REGISTRY_ADMIN_TOKEN": ADMIN_TOKEN,
         "PREFT_REGISTRY_REDIS_URL": redis_url,
@@ -143,7 +145,7 @@ def _registry_process(redis_url: str, namespace: str, model: Path, root: Path, p
         "PREFT_REGISTRY_OBJECT_STORE__URL": str(root / "objects"),
         "PREFT_REGISTRY_STAGING_DIR": str(root),
         "PREFT_REGISTRY_PORT": str(port),
-        "PREFT_REGISTRY_FINETUNE__HEARTBEAT_S": "2",
+        "PREFT_REGISTRY_FINETUNE__HEARTBEAT_S": str(heartbeat_s),
         "PREFT_REGISTRY_FINETUNE__POLL_S": "0.2",
     }
     process = service(
@@ -231,6 +233,52 @@ def test_registry_killed_after_its_trainer_finished_registers_the_adapter_on_res
         assert any("had finished before its registry stopped" in e["message"] for e in events), (
             events
         )
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_a_cancel_after_the_registry_died_mid_registration_leaves_no_output(
+    redis_server: str, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """The registry dies after its trainer stored the whole output, and the job is cancelled
+    through the next registry before that one takes the job over (the dead one's heartbeat
+    has not expired): the job is cancelled and the trainer's output is not left behind,
+    outside every tenant's quota."""
+    port = free_port()
+    first = _registry_process(redis_server, namespace, model_dir, tmp_path, port, heartbeat_s=60)
+    second = None
+    try:
+        api = Api(first.url)
+        key = api.tenant("acme")
+        file_id = api.upload(key, chat_jsonl()).json()["id"]
+        job_id = api.call(
+            key,
+            "POST",
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "tiny-llama",
+                "training_file": file_id,
+                "method": {"type": "preft", "preft": {"steps": 20}},
+            },
+        ).json()["id"]
+        deadline = time.monotonic() + 60
+        while "pid" not in (runner := record(redis_server, namespace, job_id).runner):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.killpg(first.proc.pid, signal.SIGSTOP)  # the trainer (own session) runs on
+        output = tmp_path / "objects" / "finetune" / job_id
+        assert wait_gone(runner["pid"], 120)
+        assert sorted(p.name for p in output.iterdir()) == sorted(OUTPUT_FILES)
+        first.kill()
+        second = _registry_process(
+            redis_server, namespace, model_dir, tmp_path, port, heartbeat_s=60
+        )
+        reply = api.call(key, "POST", f"/v1/fine_tuning/jobs/{job_id}/cancel")
+        assert reply.status_code == 200 and reply.json()["status"] == "cancelled", reply.text
+        assert not output.exists() or not any(output.iterdir())
+        assert api.call(key, "GET", "/v1/adapters").json()["items"] == []
     finally:
         first.stop()
         if second is not None:

@@ -355,11 +355,14 @@ class Dispatcher:
 
     def cancel_now(self, record: JobRecord) -> None:
         """A cancel arrived through this registry: stop the trainer now if it is ours
-        (another registry's loop stops its own within one poll)."""
+        (another registry's loop stops its own within one poll), and discard what the
+        trainer stored either way. The job's registry may have been killed after its
+        trainer had stored its output (mid-registration): no loop would ever see the cancel
+        for it, since a cancelled job is no longer adopted, and the output would stay."""
         if record.runner.get("instance") == self.instance:
             self._owned.discard(record.id)
             self.runner.cancel(record.id, record.runner)
-            self._discard_output(record.id)
+        self._discard_output(record.id)
 
     def _discard_output(self, job_id: str) -> None:
         """What a trainer of a job that did not succeed stored: in no tenant's quota, so it
