@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,22 +53,6 @@ def _jsonl(lines: list[list[dict[str, str]]]) -> bytes:
     return "".join(json.dumps({"messages": m}) + "\n" for m in lines).encode()
 
 
-def _stage(registry: Registry, key: str, folder: Path) -> None:
-    """Upload the next version without promoting it (staged)."""
-    reply = httpx.put(
-        f"{registry.url}/v1/adapters/{NAME}",
-        params={"promote": "false"},
-        data={"mode": "prefill"},
-        files=[
-            ("files", (p.name, p.read_bytes(), "application/octet-stream"))
-            for p in sorted(folder.iterdir())
-        ],
-        headers=_auth(key),
-        timeout=60,
-    )
-    assert reply.status_code == 201, reply.text
-
-
 def _shown(result: dict[str, Any]) -> str:
     """The page's words for a stored result, restated (exact: shares as percentages)."""
     verdict = "passed" if result["passed"] else "failed"
@@ -87,7 +70,14 @@ def test_the_evaluation_gate_from_the_adapter_page(
     registry.upload(
         key, NAME, make_lora_adapter(base.model, base.root / "gate-v1", seed=71), "prefill"
     )
-    _stage(registry, key, make_lora_adapter(base.model, base.root / "gate-v2", seed=72))
+    registry.upload(
+        key,
+        NAME,
+        make_lora_adapter(base.model, base.root / "gate-v2", seed=72),
+        "prefill",
+        new_version=True,
+        promote=False,
+    )
 
     answers = {v: [_greedy(gateway, key, f"{NAME}@{v}", p) for p in PROMPTS] for v in (1, 2)}
     expected = answers[2]
@@ -170,7 +160,14 @@ def test_the_evaluation_gate_from_the_adapter_page(
     assert api.get(f"/v1/adapters/{NAME}/policy").json()["version"] == 2
 
     # A version without a result: refused, then forced behind the dialog (cancel first).
-    _stage(registry, key, make_lora_adapter(base.model, base.root / "gate-v3", seed=73))
+    registry.upload(
+        key,
+        NAME,
+        make_lora_adapter(base.model, base.root / "gate-v3", seed=73),
+        "prefill",
+        new_version=True,
+        promote=False,
+    )
     # Redraw the page (a reload would sign out: the key lives in the page's memory).
     page.evaluate("location.hash = '#/adapters'")
     expect(page.get_by_role("heading", name="Adapters", exact=True)).to_be_visible()

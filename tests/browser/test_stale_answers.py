@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import httpx
 from playwright.sync_api import FilePayload, Page, Request, Route, expect
@@ -25,22 +24,6 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _stage(registry: Registry, key: str, folder: Path) -> None:
-    """Upload the next version without promoting it (staged)."""
-    reply = httpx.put(
-        f"{registry.url}/v1/adapters/{NAME}",
-        params={"promote": "false"},
-        data={"mode": "prefill"},
-        files=[
-            ("files", (p.name, p.read_bytes(), "application/octet-stream"))
-            for p in sorted(folder.iterdir())
-        ],
-        headers=_auth(key),
-        timeout=60,
-    )
-    assert reply.status_code == 201, reply.text
-
-
 def test_a_split_set_after_a_promote_elsewhere_sends_nothing(
     page: Page, gateway: ServiceProcess, registry: Registry, base: Base
 ) -> None:
@@ -49,7 +32,14 @@ def test_a_split_set_after_a_promote_elsewhere_sends_nothing(
     registry.upload(
         key, NAME, make_lora_adapter(base.model, base.root / "stale-v1", seed=81), "prefill"
     )
-    _stage(registry, key, make_lora_adapter(base.model, base.root / "stale-v2", seed=82))
+    registry.upload(
+        key,
+        NAME,
+        make_lora_adapter(base.model, base.root / "stale-v2", seed=82),
+        "prefill",
+        new_version=True,
+        promote=False,
+    )
 
     sign_in(page, gateway.url, key)
     page.goto(f"{gateway.url}/console/#/adapters/{NAME}")

@@ -74,9 +74,16 @@ class Registry:
         return str(reply.json()["api_key"])
 
     def upload(
-        self, api_key: str, name: str, adapter: Path, mode: str, new_version: bool = False
+        self,
+        api_key: str,
+        name: str,
+        adapter: Path,
+        mode: str,
+        new_version: bool = False,
+        promote: bool = True,
     ) -> dict[str, Any]:
-        """POST (version 1) or PUT (next version, the hot swap) an adapter folder."""
+        """POST (version 1) or PUT (next version: the hot swap, or with ``promote`` False
+        a staged version) an adapter folder."""
         files = [
             ("files", (p.name, p.read_bytes(), "application/octet-stream"))
             for p in sorted(adapter.iterdir())
@@ -85,7 +92,7 @@ class Registry:
         if new_version:
             reply = httpx.put(
                 f"{self.url}/v1/adapters/{name}",
-                params={"promote": "true"},
+                params={"promote": "true" if promote else "false"},
                 data={"mode": mode},
                 files=files,
                 headers=_bearer(api_key),

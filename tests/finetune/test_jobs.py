@@ -190,6 +190,36 @@ def test_registry_killed_mid_job_reports_it_failed_after_restart(
             second.stop()
 
 
+def _trainer_done_then_registry_killed(
+    first: Any, api: Api, key: str, redis_url: str, namespace: str, root: Path, **job: Any
+) -> tuple[str, Path]:
+    """Start a short job on ``first``, pause that registry from the trainer's start (so it
+    never sees the exit), wait for the trainer to store its whole output, then kill the
+    registry; the job's id and the trainer's output folder."""
+    file_id = api.upload(key, chat_jsonl()).json()["id"]
+    job_id = api.call(
+        key,
+        "POST",
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": "tiny-llama",
+            "training_file": file_id,
+            "method": {"type": "preft", "preft": {"steps": 20}},
+            **job,
+        },
+    ).json()["id"]
+    deadline = time.monotonic() + 60
+    while "pid" not in (runner := record(redis_url, namespace, job_id).runner):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(first.proc.pid, signal.SIGSTOP)  # the trainer (own session) runs on
+    output = root / "objects" / "finetune" / job_id
+    assert wait_gone(runner["pid"], 120)
+    assert sorted(p.name for p in output.iterdir()) == sorted(OUTPUT_FILES)
+    first.kill()
+    return job_id, output
+
+
 def test_registry_killed_after_its_trainer_finished_registers_the_adapter_on_restart(
     redis_server: str, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
@@ -202,27 +232,9 @@ def test_registry_killed_after_its_trainer_finished_registers_the_adapter_on_res
     try:
         api = Api(first.url)
         key = api.tenant("acme")
-        file_id = api.upload(key, chat_jsonl()).json()["id"]
-        job_id = api.call(
-            key,
-            "POST",
-            "/v1/fine_tuning/jobs",
-            json={
-                "model": "tiny-llama",
-                "training_file": file_id,
-                "suffix": "survivor",
-                "method": {"type": "preft", "preft": {"steps": 20}},
-            },
-        ).json()["id"]
-        deadline = time.monotonic() + 60
-        while "pid" not in (runner := record(redis_server, namespace, job_id).runner):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        os.killpg(first.proc.pid, signal.SIGSTOP)  # the trainer (own session) runs on
-        output = tmp_path / "objects" / "finetune" / job_id
-        assert wait_gone(runner["pid"], 120)
-        assert sorted(p.name for p in output.iterdir()) == sorted(OUTPUT_FILES)
-        first.kill()
+        job_id, output = _trainer_done_then_registry_killed(
+            first, api, key, redis_server, namespace, tmp_path, suffix="survivor"
+        )
         second = _registry_process(redis_server, namespace, model_dir, tmp_path, port)
         job = api.wait(key, job_id, lambda j: j["status"] != "running", timeout=60)
         assert job["status"] == "succeeded" and job["fine_tuned_model"] == "survivor", job
@@ -252,26 +264,9 @@ def test_a_cancel_after_the_registry_died_mid_registration_leaves_no_output(
     try:
         api = Api(first.url)
         key = api.tenant("acme")
-        file_id = api.upload(key, chat_jsonl()).json()["id"]
-        job_id = api.call(
-            key,
-            "POST",
-            "/v1/fine_tuning/jobs",
-            json={
-                "model": "tiny-llama",
-                "training_file": file_id,
-                "method": {"type": "preft", "preft": {"steps": 20}},
-            },
-        ).json()["id"]
-        deadline = time.monotonic() + 60
-        while "pid" not in (runner := record(redis_server, namespace, job_id).runner):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        os.killpg(first.proc.pid, signal.SIGSTOP)  # the trainer (own session) runs on
-        output = tmp_path / "objects" / "finetune" / job_id
-        assert wait_gone(runner["pid"], 120)
-        assert sorted(p.name for p in output.iterdir()) == sorted(OUTPUT_FILES)
-        first.kill()
+        job_id, output = _trainer_done_then_registry_killed(
+            first, api, key, redis_server, namespace, tmp_path
+        )
         second = _registry_process(
             redis_server, namespace, model_dir, tmp_path, port, heartbeat_s=60
         )
