@@ -270,6 +270,8 @@ class Chaos:
             if job is None:
                 time.sleep(0.02)
                 continue
+            # The restarted registry must register it: the churn's cancel would win instead.
+            self.ft.spare(job)
             s3 = self.stack.parts["s3"]
             s3.signal(signal.SIGSTOP)
             paused_at = self.journal.now() if paused_at is None else paused_at

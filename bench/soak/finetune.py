@@ -206,6 +206,12 @@ class FineTuning:
                 return job
         return None
 
+    def spare(self, job_id: str) -> None:
+        """Never cancel ``job_id`` (a fault's target whose outcome the soak judges)."""
+        with self.lock:
+            if "cancel_acknowledged" not in self.jobs[job_id]:
+                self.jobs[job_id]["cancel_at"] = None
+
     def active(self) -> list[str]:
         with self.lock:
             return [j for j, rec in self.jobs.items() if rec["status"] not in TERMINAL]
