@@ -120,4 +120,6 @@ def _create_job(page: Page, base: Base, suffix: str, steps: int) -> None:
     page.get_by_label("Adapter name (suffix)").fill(suffix)
     page.get_by_label("Steps").fill(str(steps))
     page.get_by_role("button", name="Create job").click()
-    expect(page.get_by_role("heading", name="Job ftjob-")).to_be_visible()
+    # The page opens once the registry has taken the job (it reads the training file back
+    # from the store): seconds on a machine busy with other suites, past expect's 5 s.
+    expect(page.get_by_role("heading", name="Job ftjob-")).to_be_visible(timeout=60_000)
