@@ -156,8 +156,7 @@ class WorkerMonitor:
 
     async def _check(self, url: str) -> None:
         try:
-            async with _bounded():
-                health = await self.http.get(f"{url}/health", timeout=NO_READ_TIMEOUT)
+            health = await self._get(f"{url}/health")
             healthy = health.status_code == 200
         except (httpx.HTTPError, TimeoutError):
             healthy = False
@@ -179,11 +178,14 @@ class WorkerMonitor:
             *(self._load(url) for url in self.pool.workers if self.pool.is_healthy(url))
         )
 
+    async def _get(self, url: str) -> httpx.Response:
+        """A check's GET: bounded as a whole, no socket-read timeout (``NO_READ_TIMEOUT``)."""
+        async with _bounded():
+            return await self.http.get(url, timeout=NO_READ_TIMEOUT)
+
     async def _residency(self, url: str) -> None:
         try:
-            async with _bounded():
-                answer = await self.http.get(f"{url}/v1/models", timeout=NO_READ_TIMEOUT)
-            models = answer.json()
+            models = (await self._get(f"{url}/v1/models")).json()
             ids = [m.get("id", "") for m in models.get("data", [])]
         except (httpx.HTTPError, TimeoutError, ValueError, AttributeError) as exc:
             logger.debug("worker %s: no adapter list (%s)", url, exc)
