@@ -1,6 +1,8 @@
 """The adapter page against a world that moved on, in Chromium against the real stack: a
 split set after another client promoted a version sends nothing (the policy PUT names the
-serving version, and the registry would serve the one it names again), and an evaluation
+serving version, and the registry would serve the one it names again), a split another
+client sets between the page's read and its PUT is refused by the registry (If-Match)
+rather than overwritten, and an evaluation
 attach that fails without a refusal (a 503 here, put in by the browser) keeps the uploaded
 file, since the registry may have attached it."""
 
@@ -73,6 +75,58 @@ def test_a_split_set_after_a_promote_elsewhere_sends_nothing(
     policy = api.get(f"/v1/adapters/{NAME}/policy").json()
     assert policy["version"] == 2
     assert (policy["canary"]["version"], policy["canary"]["weight"]) == (1, 0.2)
+    api.close()
+
+
+def test_a_split_changed_elsewhere_after_the_pages_read_is_refused_not_overwritten(
+    page: Page, gateway: ServiceProcess, registry: Registry, base: Base
+) -> None:
+    """Another client sets a split between the page's read of the policy and its PUT: the
+    PUT carries the read's ETag, so the registry refuses it (412) and the other client's
+    split stands; the page says so and shows the split as it is now."""
+    key = registry.create_tenant("stale-tag")
+    api = httpx.Client(base_url=gateway.url, headers=_auth(key), timeout=60)
+    registry.upload(
+        key, NAME, make_lora_adapter(base.model, base.root / "tag-v1", seed=83), "prefill"
+    )
+    registry.upload(
+        key,
+        NAME,
+        make_lora_adapter(base.model, base.root / "tag-v2", seed=84),
+        "prefill",
+        new_version=True,
+        promote=False,
+    )
+    sign_in(page, gateway.url, key)
+    page.goto(f"{gateway.url}/console/#/adapters/{NAME}")
+    split = page.get_by_role("form", name="Set split")
+    expect(split.get_by_label("Canary version")).to_have_value("2")
+
+    def read_then_changed_elsewhere(route: Route, request: Request) -> None:
+        assert request.method == "GET"  # the page's read before its PUT
+        answer = route.fetch()
+        meanwhile = api.put(
+            f"/v1/adapters/{NAME}/policy",
+            json={"version": 1, "canary": {"version": 2, "weight": 0.5}},
+        )
+        assert meanwhile.status_code == 200, meanwhile.text
+        route.fulfill(response=answer)
+
+    page.route(re.compile(r".*/policy$"), read_then_changed_elsewhere, times=1)
+    split.get_by_label("Share of users").fill("0.2")
+    split.get_by_role("button", name="Set split").click()
+    expect(page.get_by_role("alert").filter(has_text="changed since it was read")).to_have_text(
+        f"the serving policy of adapter '{NAME}' changed since it was read (If-Match): it now "
+        "serves version 1 with version 2 to 0.5 of users, and nothing was changed; read it "
+        "again (GET the policy, whose ETag header is its current tag) and decide anew"
+    )
+    policy = api.get(f"/v1/adapters/{NAME}/policy").json()
+    assert (policy["version"], policy["canary"]["version"], policy["canary"]["weight"]) == (
+        1,
+        2,
+        0.5,
+    )
+    expect(page.get_by_text("version 2 to 50% of users")).to_be_visible()
     api.close()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from preft_serve.cli import client as cli_client
 from preft_serve.cli import keys as cli_keys
 from preft_serve.cli import policy as cli_policy
 from preft_serve.registry import policy_schemas, schemas
@@ -302,6 +303,23 @@ def test_staged_upload_promote_canary_and_rollback(
     assert code == 0 and "canary:      none" in out, err
     direct = registry_answer(s, key, policy)
     assert (direct["version"], direct["canary"]) == (1, None)
+
+    # Someone promotes version 2 between the canary command's read and its change: the
+    # change is refused (it named version 1 as served) and version 2 stays served.
+    read = cli_client.Registry.answer
+
+    def promoted_meanwhile(reg: Any, method: str, path: str, **kwargs: Any) -> Any:
+        answer = read(reg, method, path, **kwargs)
+        assert s.call(key, "POST", "/v1/adapters/bot/versions/2/promote").status_code == 200
+        return answer
+
+    monkeypatch.setattr(cli_client.Registry, "answer", promoted_meanwhile)
+    code, out, err = run_cli(capsys, "adapter", "canary", "bot", "2", "--weight", "0.5")
+    monkeypatch.setattr(cli_client.Registry, "answer", read)
+    assert code == 1 and "(HTTP 412)" in err and "changed since it was read" in err, err
+    direct = registry_answer(s, key, policy)
+    assert (direct["version"], direct["canary"]) == (2, None)
+    assert s.call(key, "POST", "/v1/adapters/bot/versions/1/promote").status_code == 200
 
     promoted = cli_json(capsys, "adapter", "promote", "bot", "2")
     assert promoted == registry_answer(s, key, policy)

@@ -284,6 +284,15 @@ def test_adapters_through_the_gateway_are_the_registrys(stack: Callable[..., Sta
         assert through.headers[header] == direct.headers[header], header
     assert through.headers["x-preft-sha256"] == first["sha256"]
 
+    # A conditional policy change: the ETag comes back and If-Match reaches the registry.
+    tag = s.call(acme, "GET", "/v1/adapters/bot/policy").headers["etag"]
+    assert tag == s.registry.call(acme, "GET", "/v1/adapters/bot/policy").headers["etag"]
+    moved = s.call(acme, "POST", "/v1/adapters/bot/versions/1/promote", headers={"If-Match": tag})
+    assert moved.status_code == 200 and moved.headers["etag"] != tag, moved.text
+    stale = s.call(acme, "POST", "/v1/adapters/bot/versions/2/promote", headers={"If-Match": tag})
+    assert stale.status_code == 412 and "changed since it was read" in stale.text
+    assert s.call(acme, "POST", "/v1/adapters/bot/versions/2/promote").status_code == 200
+
     rolled = s.call(acme, "POST", "/v1/adapters/bot/rollback", json={"version": 1})
     assert rolled.status_code == 201, rolled.text
     assert (rolled.json()["version"], rolled.json()["sha256"]) == (3, first["sha256"])

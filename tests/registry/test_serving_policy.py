@@ -269,3 +269,65 @@ def test_the_policy_routes_are_in_the_openapi_document(client: TestClient) -> No
     assert "post" in paths["/v1/adapters/{name}/versions/{version}/promote"]
     params = {p["name"] for p in paths["/v1/adapters/{name}"]["put"]["parameters"]}
     assert {"promote", "strict"} <= params
+
+
+def test_a_change_sent_with_a_stale_etag_is_refused_and_changes_nothing(
+    client, acme, three_versions, state_snapshot
+):
+    """Two editors read the same policy; the second one's change, made on what it read,
+    must not silently undo the first one's."""
+    read = client.get("/v1/adapters/bot/policy", headers=acme)
+    etag = read.headers["etag"]
+    assert etag.startswith('"') and etag.endswith('"')
+    first = client.put(
+        "/v1/adapters/bot/policy",
+        json={"version": 1, "canary": {"version": 2, "weight": 0.2}},
+        headers={**acme, "If-Match": etag},
+    )
+    assert first.status_code == 200, first.text
+    assert first.headers["etag"] != etag
+    assert (
+        client.get("/v1/adapters/bot/policy", headers=acme).headers["etag"]
+        == (first.headers["etag"])
+    )
+    before = state_snapshot()
+    entries = len(client.get("/v1/audit", headers=acme).json()["data"])
+    for stale in (
+        client.put(
+            "/v1/adapters/bot/policy",
+            json={"version": 1, "canary": {"version": 3, "weight": 0.5}},
+            headers={**acme, "If-Match": etag},
+        ),
+        client.post("/v1/adapters/bot/versions/3/promote", headers={**acme, "If-Match": etag}),
+    ):
+        assert stale.status_code == 412, stale.text
+        assert stale.json()["error"]["code"] == "precondition_failed"
+        assert error_message(stale) == (
+            "the serving policy of adapter 'bot' changed since it was read (If-Match): it now "
+            "serves version 1 with version 2 to 0.2 of users, and nothing was changed; read "
+            "it again (GET the policy, whose ETag header is its current tag) and decide anew"
+        )
+    assert state_snapshot() == before
+    assert len(client.get("/v1/audit", headers=acme).json()["data"]) == entries
+    # The current tag (or "*", or a list holding it) lets the change through.
+    current = first.headers["etag"]
+    for if_match in (f'"nope", {current}', "*"):
+        ok = client.post(
+            "/v1/adapters/bot/versions/3/promote", headers={**acme, "If-Match": if_match}
+        )
+        assert ok.status_code == 200, ok.text
+        client.post("/v1/adapters/bot/versions/1/promote", headers=acme)
+    # A weak tag never matches, and an oversize header is refused before it is read.
+    weak = client.post(
+        "/v1/adapters/bot/versions/3/promote",
+        headers={
+            **acme,
+            "If-Match": "W/" + client.get("/v1/adapters/bot/policy", headers=acme).headers["etag"],
+        },
+    )
+    assert weak.status_code == 412
+    huge = client.post(
+        "/v1/adapters/bot/versions/3/promote", headers={**acme, "If-Match": '"x"' * 400}
+    )
+    assert huge.status_code == 422 and "if-match" in huge.text.lower()
+    assert client.get("/v1/adapters/bot/policy", headers=acme).json()["version"] == 1

@@ -85,6 +85,10 @@ class Registry:
         resp = self._send(method, path, **kwargs)
         return resp.json() if resp.content else None
 
+    def answer(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The whole 2xx answer (for its headers too, an ETag say); refusals raise."""
+        return self._send(method, path, **kwargs)
+
     def download(
         self, path: str, out: IO[bytes], progress: Any = None, **kwargs: Any
     ) -> httpx.Headers:

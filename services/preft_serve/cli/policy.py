@@ -84,10 +84,17 @@ def cmd_canary(reg: Registry, args: argparse.Namespace) -> Any:
         raise CliError("--weight is required with a canary VERSION (e.g. --weight 0.1)")
     if args.off and args.weight is not None:
         raise CliError("--weight goes with a canary VERSION, not with --off")
-    served = reg.call("GET", f"/v1/adapters/{args.name}/policy")["version"]
+    # The PUT names the served version read here; If-Match makes the registry refuse it
+    # (412, nothing changed) should someone change the policy in between, rather than
+    # serve the version read here again.
+    read = reg.answer("GET", f"/v1/adapters/{args.name}/policy")
+    etag = read.headers.get("etag")
     canary = None if args.off else {"version": args.version, "weight": args.weight}
     return reg.call(
-        "PUT", f"/v1/adapters/{args.name}/policy", json={"version": served, "canary": canary}
+        "PUT",
+        f"/v1/adapters/{args.name}/policy",
+        json={"version": read.json()["version"], "canary": canary},
+        headers={"If-Match": etag} if etag else None,
     )
 
 
@@ -135,7 +142,8 @@ def add_policy_parsers(a_sub: Any, leaf: Any) -> None:
         "canary",
         "Serve another version to a share of users (a stable hash of adapter and user id "
         "decides who, so a user keeps their version and raising the weight only adds "
-        "users), or end the canary with --off; the served version stays as it is",
+        "users), or end the canary with --off; the served version stays as it is (if "
+        "someone changes the policy while this runs, nothing is changed and it says so)",
         cmd_canary,
     )
     can.add_argument("name", type=adapter_name)

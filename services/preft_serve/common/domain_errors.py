@@ -70,6 +70,13 @@ class Conflict(DomainError):
     code = "conflict"
 
 
+class PreconditionFailed(DomainError):
+    """The caller made the change conditional on a state (``If-Match``) that is no longer
+    the current one; nothing was changed."""
+
+    code = "precondition_failed"
+
+
 class TooLarge(DomainError):
     """The content is larger than a configured bound allows."""
 

@@ -78,6 +78,7 @@ HTTP_STATUS: Mapping[type[domain.DomainError], int] = {
     InsufficientRole: 403,  # a valid key whose role does not allow the route
     domain.NotFound: 404,
     domain.Conflict: 409,
+    domain.PreconditionFailed: 412,
     domain.TooLarge: 413,
     domain.UnsupportedFormat: 415,
     domain.InvalidContent: 422,

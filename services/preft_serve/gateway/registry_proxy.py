@@ -39,9 +39,9 @@ from preft_serve.gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
-# The registry needs the key (it authenticates), the body's framing and the caller's
-# preference; nothing else of the client's reaches it.
-REQUEST_HEADERS = ("authorization", "content-type", "content-length", "accept")
+# The registry needs the key (it authenticates), the body's framing, the caller's
+# preference and a conditional change's precondition; nothing else of the client's reaches it.
+REQUEST_HEADERS = ("authorization", "content-type", "content-length", "accept", "if-match")
 # What the client needs of the answer (a 401's WWW-Authenticate, a 405's Allow, ...).
 RESPONSE_HEADERS = (
     "content-type",
@@ -52,6 +52,7 @@ RESPONSE_HEADERS = (
     "retry-after",
     "allow",
     "location",
+    "etag",
 )
 RESPONSE_PREFIX = "x-preft-"  # the registry's own headers (an adapter's version, sha256)
 # The tenant routes forwarded, by path prefix (the registry's; see gateway.routers).

@@ -11,16 +11,28 @@ else retired, since every such version was served when it was uploaded).
 A policy change is one WATCH/MULTI transaction over the adapter's hash and history that
 also emits ``adapter.updated``, the event that drops the gateways' cached copy (as an
 upload's hot swap does), so the change reaches every gateway at once.
+
+Every policy answer carries an entity tag (:func:`policy_etag`: the served version and the
+canary). A change sent with ``If-Match`` is made only while the policy is still the one
+that tag names, checked inside the same transaction, so two people editing one policy
+(a console tab and the CLI, say) cannot undo each other's change unseen: the later one gets
+412 and reads the policy again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound
+from preft_serve.common.domain_errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PreconditionFailed,
+)
 from preft_serve.common.objectstore import ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
@@ -112,6 +124,23 @@ def describe(current: Mapping[str, str]) -> str:
     return text
 
 
+def policy_etag(policy: PolicyOut) -> str:
+    """The policy's entity tag (RFC 9110, strong): the same exactly while the served
+    version and the canary (version and weight) are."""
+    canary = policy.canary
+    text = f"{policy.version}:{policy.sha256}"
+    if canary is not None:
+        text += f"|{canary.version}:{canary.sha256}:{canary.weight!r}"
+    return '"' + hashlib.sha256(text.encode()).hexdigest()[:32] + '"'
+
+
+def etag_matches(if_match: str, etag: str) -> bool:
+    """Whether an ``If-Match`` value (``*`` or a comma-separated list of tags) allows a
+    change of the resource tagged ``etag``. Weak tags never match (strong comparison)."""
+    tags = [tag.strip() for tag in if_match.split(",")]
+    return "*" in tags or etag in tags
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyChange:
     policy: PolicyOut
@@ -137,11 +166,19 @@ class PolicyService:
             raise NotFound(f"adapter {shown(name)} does not exist")
         return _policy_out(name, current, _records(raw), user)
 
-    def set(self, tenant: str, name: str, body: PolicyIn, force: bool = False) -> PolicyChange:
+    def set(
+        self,
+        tenant: str,
+        name: str,
+        body: PolicyIn,
+        force: bool = False,
+        if_match: str | None = None,
+    ) -> PolicyChange:
         """Serve ``body.version`` (and its canary); refuses versions that do not exist,
         whose content is gone, or a canary equal to the served version, changing nothing.
         A staged ``body.version`` of an adapter with an evaluation must have passed it
-        (``registry.evaluation``) unless ``force``; a canary needs no evaluation."""
+        (``registry.evaluation``) unless ``force``; a canary needs no evaluation. With
+        ``if_match`` (an ``If-Match`` header) the policy must still carry one of its tags."""
         check_adapter_name(name)
         adapter_key = self.keys.adapter(tenant, name)
         versions_key = self.keys.versions(tenant, name)
@@ -158,6 +195,8 @@ class PolicyService:
             if not current:
                 raise NotFound(f"adapter {shown(name)} does not exist")
             records = _records(pipe.hgetall(versions_key))
+            if if_match is not None:
+                _check_precondition(name, if_match, _policy_out(name, current, records))
             for version in wanted:
                 if version not in records:
                     raise NotFound(
@@ -232,6 +271,18 @@ class PolicyService:
                     f"the content of adapter {shown(name)} version {version} is no longer "
                     "in the object store; upload it again"
                 )
+
+
+def _check_precondition(name: str, if_match: str, policy: PolicyOut) -> None:
+    if etag_matches(if_match, policy_etag(policy)):
+        return
+    canary = policy.canary
+    split = f" with version {canary.version} to {canary.weight:g} of users" if canary else ""
+    raise PreconditionFailed(
+        f"the serving policy of adapter {shown(name)} changed since it was read (If-Match): "
+        f"it now serves version {policy.version}{split}, and nothing was changed; read it "
+        "again (GET the policy, whose ETag header is its current tag) and decide anew"
+    )
 
 
 def _records(raw: Mapping[str, str]) -> dict[int, dict[str, Any]]:

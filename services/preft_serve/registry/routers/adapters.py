@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, Query, Response, UploadFile, status
+from fastapi import APIRouter, Depends, File, Form, Header, Query, Response, UploadFile, status
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
@@ -42,7 +42,7 @@ from preft_serve.registry.schemas import (
     AdapterVersion,
     RollbackIn,
 )
-from preft_serve.registry.serving_policy import PolicyChange, PolicyService
+from preft_serve.registry.serving_policy import PolicyChange, PolicyService, policy_etag
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
@@ -294,7 +294,21 @@ def download_adapter(
     )
 
 
-_POLICY_ERRORS = error_responses(400, 401, 403, 404, 409, 422)
+_POLICY_ERRORS = error_responses(400, 401, 403, 404, 409, 412, 422)
+# Tags are 34 characters; a few of them, or "*", is all a client ever sends.
+IfMatch = Annotated[
+    str | None,
+    Header(
+        max_length=1024,
+        description="Change the policy only if it is still the one this ETag (from a "
+        "policy answer's ETag header) names; 412 and nothing changed otherwise",
+    ),
+]
+
+
+def _tagged(response: Response, policy: PolicyOut) -> PolicyOut:
+    response.headers["ETag"] = policy_etag(policy)
+    return policy
 
 
 @router.get("/{name}/policy", response_model=PolicyOut, responses=_POLICY_ERRORS)
@@ -302,6 +316,7 @@ def get_policy(
     name: AdapterPath,
     principal: PrincipalDep,
     policies: PoliciesDep,
+    response: Response,
     user: Annotated[
         str | None,
         Query(
@@ -312,8 +327,9 @@ def get_policy(
     ] = None,
 ) -> PolicyOut:
     """The serving policy: the version users get, the canary split if any, and every
-    version with its state (staged, serving, retired)."""
-    return policies.get(principal.tenant, name, user)
+    version with its state (staged, serving, retired). Its ETag header tags the policy
+    for a conditional change (``If-Match``)."""
+    return _tagged(response, policies.get(principal.tenant, name, user))
 
 
 @router.put("/{name}/policy", response_model=PolicyOut, responses=_POLICY_ERRORS)
@@ -323,16 +339,19 @@ def set_policy(
     principal: PrincipalDep,
     policies: PoliciesDep,
     audit: TenantAuditDep,
+    response: Response,
     force: ForceQuery = False,
+    if_match: IfMatch = None,
 ) -> PolicyOut:
     """Serve one version (promote a staged one, or roll back to an older one: no new
     version is written), optionally with a canary version for a deterministic share of
     users. Gateways apply it at once. Refused with nothing changed when a version does
-    not exist or its content is gone, and (409) when the adapter has an evaluation and a
-    staged version has no passing result for it, unless ``force``."""
-    change = policies.set(principal.tenant, name, body, force)
+    not exist or its content is gone, (409) when the adapter has an evaluation and a
+    staged version has no passing result for it, unless ``force``, and (412) when
+    ``If-Match`` names a policy that has changed since."""
+    change = policies.set(principal.tenant, name, body, force, if_match)
     _audit_policy(audit, name, change)
-    return change.policy
+    return _tagged(response, change.policy)
 
 
 @router.post(
@@ -344,14 +363,19 @@ def promote_version(
     principal: PrincipalDep,
     policies: PoliciesDep,
     audit: TenantAuditDep,
+    response: Response,
     force: ForceQuery = False,
+    if_match: IfMatch = None,
 ) -> PolicyOut:
     """Serve ``version`` to every user (ends any canary): the policy
     ``{"version": version, "canary": null}``. A staged version of an adapter with an
-    evaluation needs a passing result (409 otherwise, nothing changed) unless ``force``."""
-    change = policies.set(principal.tenant, name, PolicyIn(version=version, canary=None), force)
+    evaluation needs a passing result (409 otherwise, nothing changed) unless ``force``;
+    412 when ``If-Match`` names a policy that has changed since."""
+    change = policies.set(
+        principal.tenant, name, PolicyIn(version=version, canary=None), force, if_match
+    )
     _audit_policy(audit, name, change)
-    return change.policy
+    return _tagged(response, change.policy)
 
 
 def _audit_policy(audit: Auditor, name: str, change: PolicyChange) -> None:

@@ -66,14 +66,21 @@ export function url(path, query = {}) {
 
 /**
  * A JSON call; the parsed answer (null for 204). Throws ApiError with the server's message.
- * ``timeout`` (ms) for the few calls that work for long by design (an evaluation run).
+ * ``timeout`` (ms) for the few calls that work for long by design (an evaluation run);
+ * ``ifMatch``: change only what still carries this ETag (412 otherwise).
  */
-export async function call(method, path, { json, query, timeout = TIMEOUT_MS } = {}) {
+export async function call(method, path, options = {}) {
+  return (await tagged(method, path, options)).body;
+}
+
+/** A JSON call's answer and its ETag (null when it has none), for a conditional change. */
+export async function tagged(method, path, { json, query, timeout = TIMEOUT_MS, ifMatch } = {}) {
   const init = { method, headers: headers(), signal: AbortSignal.timeout(timeout) };
   if (json !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(json);
   }
+  if (ifMatch) init.headers["If-Match"] = ifMatch;
   let response;
   try {
     response = await fetch(url(path, query), init);
@@ -81,8 +88,8 @@ export async function call(method, path, { json, query, timeout = TIMEOUT_MS } =
     throw new ApiError(0, `the gateway did not answer: ${error.message}`, null);
   }
   if (!response.ok) throw await failure(response);
-  if (response.status === 204) return null;
-  return response.json();
+  const body = response.status === 204 ? null : await response.json();
+  return { body, etag: response.headers.get("ETag") };
 }
 
 /** The raw answer of a GET (a CSV or archive download), as text. */

@@ -178,14 +178,15 @@ function detail(view, name, alive) {
   });
 
   // ``refused(error)`` may take an error for itself (true); the page's alert shows the rest.
-  async function act(label, method, suffix, json, query, refused) {
+  async function act(label, method, suffix, json, query, refused, ifMatch) {
     note.say(`${label}…`);
     try {
-      await api.call(method, `${path}${suffix}`, { json, query });
+      await api.call(method, `${path}${suffix}`, { json, query, ifMatch });
     } catch (error) {
       if (!alive()) return;
       if (refused && refused(error)) note.clear();
       else note.fail(error);
+      if (error.status === 412) load(); // changed meanwhile: show what it is now
       return;
     }
     if (!alive()) return;
@@ -515,12 +516,14 @@ function detail(view, name, alive) {
 
   // The policy PUT names the serving version, and the registry serves whichever version it
   // names: sent with a version another tab or the CLI has since replaced, it would serve the
-  // replaced one again. So the policy is read again first, and a changed one is only shown.
+  // replaced one again. So the policy is read again first (a changed one is only shown),
+  // and the PUT carries the tag of what was read: a change made in between gets 412.
   async function setSplit(shown, label, canary) {
     note.say(`${label}…`);
     let current;
+    let etag;
     try {
-      current = await api.call("GET", `${path}/policy`);
+      ({ body: current, etag } = await api.tagged("GET", `${path}/policy`));
     } catch (error) {
       if (alive()) note.fail(error);
       return;
@@ -534,7 +537,7 @@ function detail(view, name, alive) {
       load();
       return;
     }
-    act(label, "PUT", "/policy", { version: shown.version, canary });
+    act(label, "PUT", "/policy", { version: shown.version, canary }, undefined, undefined, etag);
   }
 
   async function loadUsage() {
