@@ -131,6 +131,33 @@ def test_the_operator_sees_tenants_quotas_and_the_workers_resident_adapters(
     assert widths[0] <= widths[1], widths
 
 
+def test_the_tenant_list_is_read_page_by_page_through_the_registrys_links(
+    page: Page, gateway: ServiceProcess, registry: Registry
+) -> None:
+    """The registry answers a page of tenants with a Link to the next; here its pages are
+    one tenant each (the console's first request is sent with ``limit=1``): the console
+    follows every link through the gateway, and the table holds every tenant."""
+    for name in ("paged-a", "paged-b", "paged-c"):
+        registry.create_tenant(name)
+    names = [t["name"] for t in _admin_get(registry.url, registry.admin, "/v1/tenants").json()]
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/v1/tenants" in r.url else None)
+    page.route(
+        "**/v1/tenants",
+        lambda route: route.continue_(url=route.request.url + "?limit=1"),
+        times=1,
+    )
+    _sign_in_as_operator(page, gateway.url, registry.admin)
+    tenants = page.get_by_role("region", name="Tenants")
+    expect(tenants.locator("caption")).to_contain_text(f"of {len(names)} tenants")
+    assert len(asked) == len(names), asked  # one page per tenant, the last without a link
+    assert all(url.startswith(f"{gateway.url}/v1/tenants?limit=1") for url in asked[1:]), asked
+    tenants.get_by_label("Filter by name").fill("paged-")
+    expect(tenants.locator("tbody tr td:first-child")).to_have_text(
+        ["paged-a", "paged-b", "paged-c"]
+    )
+
+
 def test_hostile_tenant_and_key_names_stay_text(
     page: Page, gateway: ServiceProcess, registry: Registry
 ) -> None:

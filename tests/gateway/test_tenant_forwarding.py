@@ -197,10 +197,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def stack(redis_server: str, model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
-    """A registry and a gateway in front of it (keyword arguments: the gateway's settings)."""
+    """A registry and a gateway in front of it (keyword arguments: the gateway's settings;
+    ``workers``: the mock workers' answers, else :class:`Workers`)."""
     with ExitStack() as stop:
 
-        def start(**gateway: Any) -> Stack:
+        def start(workers: Workers | None = None, **gateway: Any) -> Stack:
             namespace = f"fwd{time.monotonic_ns() % 10**9}"
             settings = registry_settings(redis_server, namespace, model_dir, tmp_path, poll_s=60)
             registry_url = stop.enter_context(serving(registry_app(settings)))
@@ -214,7 +215,7 @@ def stack(redis_server: str, model_dir: Path, tmp_path: Path) -> Iterator[Callab
                     limits_cache_s=0,
                     **gateway,
                 ),
-                transport=httpx.MockTransport(Workers()),
+                transport=httpx.MockTransport(workers or Workers()),
             )
             return Stack(registry_url, stop.enter_context(serving(app)), namespace)
 
@@ -291,6 +292,11 @@ def test_adapters_through_the_gateway_are_the_registrys(stack: Callable[..., Sta
     assert moved.status_code == 200 and moved.headers["etag"] != tag, moved.text
     stale = s.call(acme, "POST", "/v1/adapters/bot/versions/2/promote", headers={"If-Match": tag})
     assert stale.status_code == 412 and "changed since it was read" in stale.text
+    # A value outside ASCII (latin-1 on the wire) reaches the registry as it came.
+    odd = s.call(
+        acme, "POST", "/v1/adapters/bot/versions/2/promote", headers={"If-Match": b'"\xe9"'}
+    )
+    assert odd.status_code == 412, odd.text
     assert s.call(acme, "POST", "/v1/adapters/bot/versions/2/promote").status_code == 200
 
     rolled = s.call(acme, "POST", "/v1/adapters/bot/rollback", json={"version": 1})

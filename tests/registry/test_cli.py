@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from preft_serve.cli import tenant as cli_tenant
 from tests.support.cli import config_home, run_cli  # noqa: F401  (autouse fixture)
 from tests.support.registry_api import ADMIN_TOKEN
 
@@ -336,15 +337,19 @@ def test_download_rollback_and_user_list(
     assert json.loads(out) == {"items": [{"user": "carol", "adapter": "copy"}]}
 
 
-def test_tenant_list_and_delete(live_server, tenant_key, capsys):
+def test_tenant_list_and_delete(live_server, tenant_key, capsys, monkeypatch):
     common = ("--url", live_server, "--admin-token", ADMIN_TOKEN)
     assert run_cli(capsys, "tenant", "create", "globex", *common)[0] == 0
+    assert run_cli(capsys, "tenant", "create", "initech", *common)[0] == 0
+    listed = [["NAME", "ADAPTERS"], ["acme", "0"], ["globex", "0"], ["initech", "0"]]
     code, out, _ = run_cli(capsys, "tenant", "list", *common)
-    assert [line.split()[:2] for line in out.splitlines()] == [
-        ["NAME", "ADAPTERS"],
-        ["acme", "0"],
-        ["globex", "0"],
-    ]
+    assert [line.split()[:2] for line in out.splitlines()] == listed
+    # A page per tenant: the CLI follows the registry's next links to the end.
+    monkeypatch.setattr(cli_tenant, "TENANT_PAGE", 1)
+    code, out, _ = run_cli(capsys, "tenant", "list", *common)
+    assert [line.split()[:2] for line in out.splitlines()] == listed
+    monkeypatch.undo()
+    assert run_cli(capsys, "tenant", "delete", "initech", "--yes", *common)[0] == 0
     code, _, err = run_cli(capsys, "tenant", "delete", "globex", *common)
     assert code == 1 and "pass --yes" in err
     code, out, _ = run_cli(capsys, "tenant", "delete", "globex", "--yes", *common, "--json")

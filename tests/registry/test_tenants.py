@@ -223,3 +223,32 @@ def test_unbound_user_setting_is_a_merge_patch_with_a_documented_default(
         ).status_code
         == 401
     )
+
+
+def test_tenants_are_listed_a_page_at_a_time_through_next_links(client, state_snapshot):
+    names = sorted(f"page-{i:02d}" for i in range(7))
+    for name in reversed(names):
+        assert client.post("/v1/tenants", json={"name": name}, headers=admin()).status_code == 201
+    whole = client.get("/v1/tenants", headers=admin())
+    assert [t["name"] for t in whole.json()] == names and "link" not in whole.headers
+    seen, url, pages = [], "/v1/tenants?limit=3", 0
+    while url:
+        page = client.get(url, headers=admin())
+        assert page.status_code == 200, page.text
+        assert len(page.json()) <= 3
+        seen += [t["name"] for t in page.json()]
+        url = page.links.get("next", {}).get("url")
+        pages += 1
+    assert seen == names and pages == 3
+    after = client.get("/v1/tenants", params={"after": "page-05"}, headers=admin()).json()
+    assert [t["name"] for t in after] == ["page-06"]
+    assert client.get("/v1/tenants", params={"after": "zzz"}, headers=admin()).json() == []
+    before = state_snapshot()
+    for params, says in (
+        ({"limit": 0}, "greater than or equal to 1"),
+        ({"limit": 1001}, "less than or equal to 1000"),
+        ({"after": "x" * 65}, "at most 64 characters"),
+    ):
+        refused = client.get("/v1/tenants", params=params, headers=admin())
+        assert refused.status_code == 422 and says in refused.text, refused.text
+    assert state_snapshot() == before

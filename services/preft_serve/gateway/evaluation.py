@@ -70,16 +70,33 @@ class EvaluationRun(BaseModel):
     policy: dict[str, Any] | None = Field(
         None, description="The serving policy after the promote, when promoted"
     )
+    promote_refused: str | None = Field(
+        None,
+        description="Why a passing version asked to be promoted was not: the serving "
+        "policy changed while the run went on (someone promoted or split meanwhile)",
+    )
 
 
 async def _registry(
     state: GatewayState, request: Request, method: str, path: str, json: object = None
 ) -> Any:
-    answer = await call(state.registry_http, request, method, path, json)
+    return (await _registry_answer(state, request, method, path, json))[0]
+
+
+async def _registry_answer(
+    state: GatewayState,
+    request: Request,
+    method: str,
+    path: str,
+    json: object = None,
+    if_match: str | None = None,
+) -> tuple[Any, httpx.Response]:
+    """A registry call's payload and answer; a refusal raises :class:`Refused`."""
+    answer = await call(state.registry_http, request, method, path, json, if_match)
     payload = _payload(answer)
     if answer.status_code >= 400:
         raise Refused(answer.status_code, payload)
-    return payload
+    return payload, answer
 
 
 def _payload(answer: httpx.Response) -> Any:
@@ -159,7 +176,7 @@ async def run(state: GatewayState, request: Request, name: str, body: EvaluateIn
     """Evaluate one version against the serving one, store the result, promote if asked
     and passed. Raises :class:`Refused` with the answer for the client otherwise."""
     config = await _registry(state, request, "GET", f"/v1/adapters/{name}/evaluation")
-    policy = await _registry(state, request, "GET", f"/v1/adapters/{name}/policy")
+    policy, read = await _registry_answer(state, request, "GET", f"/v1/adapters/{name}/policy")
     version = _pick_version(policy, body.version, name)
     serving = int(policy["version"])
     examples = await _file(state, request, config["file_id"])
@@ -192,14 +209,36 @@ async def run(state: GatewayState, request: Request, name: str, body: EvaluateIn
             **measured,
         },
     )
-    promoted = None
+    promoted, refused = None, None
     if body.promote and result["passed"] and version != serving:
-        promoted = await _registry(
-            state, request, "POST", f"/v1/adapters/{name}/versions/{version}/promote"
-        )
+        # Only onto the policy this run was measured against (a promote ends any split:
+        # one set during the run must not vanish unseen).
+        try:
+            promoted, _ = await _registry_answer(
+                state,
+                request,
+                "POST",
+                f"/v1/adapters/{name}/versions/{version}/promote",
+                if_match=read.headers.get("etag"),
+            )
+        except Refused as exc:
+            if exc.status != 412:
+                raise
+            refused = _message(exc.payload)
     return EvaluationRun(
-        name=name, version=version, result=result, promoted=promoted is not None, policy=promoted
+        name=name,
+        version=version,
+        result=result,
+        promoted=promoted is not None,
+        policy=promoted,
+        promote_refused=refused,
     )
+
+
+def _message(payload: Any) -> str:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    text = error.get("message") if isinstance(error, dict) else None
+    return str(text) if text else "the serving policy changed during the run"
 
 
 def relay(refused: Refused) -> Response:

@@ -53,6 +53,7 @@ RESPONSE_HEADERS = (
     "allow",
     "location",
     "etag",
+    "link",
 )
 RESPONSE_PREFIX = "x-preft-"  # the registry's own headers (an adapter's version, sha256)
 # The tenant routes forwarded, by path prefix (the registry's; see gateway.routers).
@@ -202,12 +203,15 @@ async def call(
     method: str,
     path: str,
     json: object = None,
+    if_match: str | None = None,
 ) -> httpx.Response:
     """A registry call of the gateway's own (another route than the request's), on the
-    request's behalf: its key, its request id, a small JSON body if any; the answer read
-    whole."""
+    request's behalf: its key, its request id, a small JSON body if any, the precondition
+    ``if_match`` if any; the answer read whole."""
     registry = _configured(registry, request)
     headers = _headers(request, ("authorization", "accept"))
+    if if_match is not None:
+        headers["if-match"] = if_match
     try:
         return await registry.http.request(method, path, headers=headers, json=json)
     except httpx.TransportError as exc:
@@ -268,8 +272,16 @@ def _configured(registry: RegistryForwarder | None, request: Request) -> Registr
     return registry
 
 
-def _headers(request: Request, names: tuple[str, ...]) -> dict[str, str]:
-    headers = {name: value for name in names if (value := request.headers.get(name)) is not None}
+def _headers(request: Request, names: tuple[str, ...]) -> httpx.Headers:
+    """The client's ``names`` headers for the registry, as the bytes they came as (httpx
+    would refuse a text value outside ASCII, which a client may well send)."""
+    headers = httpx.Headers(
+        [
+            (name.encode(), value.encode("latin-1"))
+            for name in names
+            if (value := request.headers.get(name)) is not None
+        ]
+    )
     if (request_id := request_id_of(request)) is not None:
         headers[REQUEST_ID_HEADER] = request_id
     return headers

@@ -195,8 +195,6 @@ class PolicyService:
             if not current:
                 raise NotFound(f"adapter {shown(name)} does not exist")
             records = _records(pipe.hgetall(versions_key))
-            if if_match is not None:
-                _check_precondition(name, if_match, _policy_out(name, current, records))
             for version in wanted:
                 if version not in records:
                     raise NotFound(
@@ -209,6 +207,10 @@ class PolicyService:
                         f"the content of adapter {shown(name)} version {version} is no "
                         "longer registered; upload it again"
                     )
+            # After the checks any request fails without a precondition (RFC 9110 13.2.1),
+            # before the evaluation gate's.
+            if if_match is not None:
+                _check_precondition(name, if_match, _policy_out(name, current, records))
             serving = records[body.version]
             refusal = None
             if state_of(serving, served_versions(current)) is VersionState.STAGED:

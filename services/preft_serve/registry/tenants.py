@@ -6,6 +6,7 @@ clients, revoke the old one.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
 import json
@@ -173,15 +174,22 @@ class TenantService:
         )
         return tenant
 
-    def list_tenants(self) -> list[TenantSummary]:
-        """Every tenant by name, with its adapter count and quota overrides."""
+    def list_tenants(
+        self, limit: int, after: str | None = None
+    ) -> tuple[list[TenantSummary], str | None]:
+        """Up to ``limit`` tenants by name after ``after``, each with its adapter count and
+        quota overrides, and the name to continue after (None: this was the last page)."""
         names = sorted(self.redis.smembers(self.keys.tenants))
+        if after is not None:
+            names = names[bisect.bisect_right(names, after) :]
+        more = len(names) > limit
+        names = names[:limit]
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
             pipe.hmget(self.keys.tenant(name), ["created_at", *RECORD_FIELDS])
             pipe.zcard(self.keys.adapters(name))
         found = pipe.execute()
-        return [
+        page = [
             TenantSummary(
                 name=n,
                 created_at=record[0],
@@ -191,6 +199,7 @@ class TenantService:
             for n, record, count in zip(names, found[::2], found[1::2])
             if record[0]
         ]
+        return page, (names[-1] if more else None)
 
     def delete(self, tenant: str) -> TenantDeleted:
         """Delete the tenant with its keys, bindings, adapters and unshared blobs."""

@@ -294,7 +294,8 @@ def download_adapter(
     )
 
 
-_POLICY_ERRORS = error_responses(400, 401, 403, 404, 409, 412, 422)
+_POLICY_ERRORS = error_responses(400, 401, 403, 404, 422)
+_POLICY_CHANGE_ERRORS = error_responses(400, 401, 403, 404, 409, 412, 422)
 # Tags are 34 characters; a few of them, or "*", is all a client ever sends.
 IfMatch = Annotated[
     str | None,
@@ -332,7 +333,7 @@ def get_policy(
     return _tagged(response, policies.get(principal.tenant, name, user))
 
 
-@router.put("/{name}/policy", response_model=PolicyOut, responses=_POLICY_ERRORS)
+@router.put("/{name}/policy", response_model=PolicyOut, responses=_POLICY_CHANGE_ERRORS)
 def set_policy(
     name: AdapterPath,
     body: PolicyIn,
@@ -355,7 +356,9 @@ def set_policy(
 
 
 @router.post(
-    "/{name}/versions/{version}/promote", response_model=PolicyOut, responses=_POLICY_ERRORS
+    "/{name}/versions/{version}/promote",
+    response_model=PolicyOut,
+    responses=_POLICY_CHANGE_ERRORS,
 )
 def promote_version(
     name: AdapterPath,

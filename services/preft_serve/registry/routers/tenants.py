@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
+from urllib.parse import urlencode
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Query, Response, status
 
 from preft_serve.common.audit_wire import AuditAction
 from preft_serve.common.errors import error_responses
@@ -51,10 +53,29 @@ def create_tenant(
     return TenantCreated(**tenant.model_dump(), api_key=key.api_key, key_id=key.key_id)
 
 
-@router.get("", response_model=list[TenantSummary], responses=error_responses(401))
-def list_tenants(_: AdminDep, tenants: TenantsDep) -> list[TenantSummary]:
-    """Every tenant by name, with its number of adapters."""
-    return tenants.list_tenants()
+MAX_TENANT_PAGE = 1000
+
+
+@router.get("", response_model=list[TenantSummary], responses=error_responses(401, 422))
+def list_tenants(
+    _: AdminDep,
+    tenants: TenantsDep,
+    response: Response,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_TENANT_PAGE, description="Most tenants in this answer")
+    ] = MAX_TENANT_PAGE,
+    after: Annotated[
+        str | None,
+        Query(max_length=64, description="List the tenants whose names sort after this one"),
+    ] = None,
+) -> list[TenantSummary]:
+    """Tenants by name, with their number of adapters and quotas, a page at a time: when
+    more follow, the ``Link`` header's ``rel="next"`` URL lists them (RFC 8288)."""
+    page, next_after = tenants.list_tenants(limit, after)
+    if next_after is not None:
+        query = urlencode({"limit": limit, "after": next_after})
+        response.headers["Link"] = f'</v1/tenants?{query}>; rel="next"'
+    return page
 
 
 @router.delete("/{tenant}", response_model=TenantDeleted, responses=error_responses(400, 401, 404))

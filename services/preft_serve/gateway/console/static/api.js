@@ -70,11 +70,11 @@ export function url(path, query = {}) {
  * ``ifMatch``: change only what still carries this ETag (412 otherwise).
  */
 export async function call(method, path, options = {}) {
-  return (await tagged(method, path, options)).body;
+  return (await answer(method, path, options)).body;
 }
 
-/** A JSON call's answer and its ETag (null when it has none), for a conditional change. */
-export async function tagged(method, path, { json, query, timeout = TIMEOUT_MS, ifMatch } = {}) {
+/** A JSON call's parsed answer with its headers (an ETag, a Link to the next page). */
+export async function answer(method, path, { json, query, timeout = TIMEOUT_MS, ifMatch } = {}) {
   const init = { method, headers: headers(), signal: AbortSignal.timeout(timeout) };
   if (json !== undefined) {
     init.headers["Content-Type"] = "application/json";
@@ -89,7 +89,13 @@ export async function tagged(method, path, { json, query, timeout = TIMEOUT_MS, 
   }
   if (!response.ok) throw await failure(response);
   const body = response.status === 204 ? null : await response.json();
-  return { body, etag: response.headers.get("ETag") };
+  return { body, headers: response.headers };
+}
+
+/** The ``rel="next"`` URL of a ``Link`` header (RFC 8288), or null. */
+export function nextLink(header) {
+  const found = /<([^>]*)>\s*;\s*rel="?next"?/.exec(header || "");
+  return found ? found[1] : null;
 }
 
 /** The raw answer of a GET (a CSV or archive download), as text. */

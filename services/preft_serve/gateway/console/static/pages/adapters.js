@@ -200,8 +200,11 @@ function detail(view, name, alive) {
     const current = latestLoad();
     let adapter;
     let policy;
+    let policyTag;
     try {
-      [adapter, policy] = await Promise.all([api.call("GET", path), api.call("GET", `${path}/policy`)]);
+      let read;
+      [adapter, read] = await Promise.all([api.call("GET", path), api.answer("GET", `${path}/policy`)]);
+      [policy, policyTag] = [read.body, read.headers.get("ETag")];
     } catch (error) {
       if (alive() && current()) fill(summary), note.fail(error);
       return;
@@ -235,7 +238,7 @@ function detail(view, name, alive) {
         ];
       });
     fill(versions, table(null, ["Version", "State", "sha256", "Kind", "Size", "Created", "Evaluation", "Actions"], rows));
-    drawSplit(policy);
+    drawSplit(policy, policyTag);
     drawRun(policy);
   }
 
@@ -468,9 +471,11 @@ function detail(view, name, alive) {
       if (!alive()) return;
       const verdict = answer.promoted
         ? " Promoted: it serves every user now."
-        : promote.checked && !answer.result.passed
-          ? " Not promoted."
-          : "";
+        : answer.promote_refused
+          ? ` Not promoted: ${answer.promote_refused}`
+          : promote.checked && !answer.result.passed
+            ? " Not promoted."
+            : "";
       fill(runOutcome, `v${answer.version}: `, evaluation(answer.result), verdict);
       runOutcome.hidden = false;
       load();
@@ -478,7 +483,7 @@ function detail(view, name, alive) {
     fill(run, form);
   }
 
-  function drawSplit(policy) {
+  function drawSplit(policy, policyTag) {
     const others = policy.versions.filter((v) => v.version !== policy.version);
     if (!others.length) {
       fill(split, h("p", { class: "muted" }, "Upload another version to split traffic."));
@@ -507,23 +512,23 @@ function detail(view, name, alive) {
     );
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      setSplit(policy, "Setting the split", { version: Number(version.value), weight: Number(weight.value) });
+      setSplit(policy, policyTag, "Setting the split", { version: Number(version.value), weight: Number(weight.value) });
     });
     const clear = h("button", { type: "button", class: "secondary", disabled: !policy.canary }, "Remove split");
-    clear.addEventListener("click", () => setSplit(policy, "Removing the split", null));
+    clear.addEventListener("click", () => setSplit(policy, policyTag, "Removing the split", null));
     fill(split, form, clear);
   }
 
   // The policy PUT names the serving version, and the registry serves whichever version it
   // names: sent with a version another tab or the CLI has since replaced, it would serve the
-  // replaced one again. So the policy is read again first (a changed one is only shown),
-  // and the PUT carries the tag of what was read: a change made in between gets 412.
-  async function setSplit(shown, label, canary) {
+  // replaced one again. So the policy is read again first (a changed version is only
+  // shown), and the PUT carries the tag of the policy the page showed: a split set or
+  // removed elsewhere since then gets 412 from the registry instead of being overwritten.
+  async function setSplit(shown, shownTag, label, canary) {
     note.say(`${label}…`);
     let current;
-    let etag;
     try {
-      ({ body: current, etag } = await api.tagged("GET", `${path}/policy`));
+      current = await api.call("GET", `${path}/policy`);
     } catch (error) {
       if (alive()) note.fail(error);
       return;
@@ -537,7 +542,7 @@ function detail(view, name, alive) {
       load();
       return;
     }
-    act(label, "PUT", "/policy", { version: shown.version, canary }, undefined, undefined, etag);
+    act(label, "PUT", "/policy", { version: shown.version, canary }, undefined, undefined, shownTag);
   }
 
   async function loadUsage() {

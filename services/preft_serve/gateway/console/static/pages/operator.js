@@ -8,6 +8,7 @@ import { h, fill, field, table, notices, when, latestCall } from "../dom.js";
 
 const WORKERS_PAGE = 20;
 const TENANTS_PAGE = 50;
+const MAX_TENANT_LIST_PAGES = 1000; // of the registry's (1,000 tenants each): a bound, not a plan
 const REFRESH_MS = 10000; // the workers and routing numbers, while the page is shown
 const SHOWN_SHAS = 20; // resident adapters listed per worker (the count says how many)
 
@@ -240,18 +241,26 @@ function tenantSection(alive) {
     draw();
   });
 
+  // The registry answers a page of tenants at a time, with a Link to the next one; the
+  // filter searches them all, so every page is read (only ever the tenant list's own URL).
   async function load() {
     const current = latestList();
-    let listed;
+    const listed = [];
     try {
-      listed = await api.call("GET", "/v1/tenants");
+      let path = "/v1/tenants";
+      for (let pages = 0; path && pages < MAX_TENANT_LIST_PAGES; pages += 1) {
+        const page = await api.answer("GET", path);
+        listed.push(...(Array.isArray(page.body) ? page.body : []));
+        const following = api.nextLink(page.headers.get("Link"));
+        path = following && following.startsWith("/v1/tenants?") ? following : null;
+      }
     } catch (error) {
       if (alive() && current()) fill(body), note.fail(error);
       return;
     }
     if (!alive() || !current()) return;
     note.clear();
-    tenants = Array.isArray(listed) ? listed : listed.data || [];
+    tenants = listed;
     draw();
   }
   return { section, load };
