@@ -12,7 +12,7 @@ import json
 import re
 
 import httpx
-from playwright.sync_api import FilePayload, Page, Request, Route, expect
+from playwright.sync_api import FilePayload, Locator, Page, Request, Route, expect
 
 from preft_serve.toymodels import make_lora_adapter
 from tests.browser.console import sign_in
@@ -26,27 +26,30 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def test_a_split_set_after_a_promote_elsewhere_sends_nothing(
-    page: Page, gateway: ServiceProcess, registry: Registry, base: Base
-) -> None:
-    key = registry.create_tenant("stale-split")
-    api = httpx.Client(base_url=gateway.url, headers=_auth(key), timeout=60)
-    registry.upload(
-        key, NAME, make_lora_adapter(base.model, base.root / "stale-v1", seed=81), "prefill"
-    )
-    registry.upload(
-        key,
-        NAME,
-        make_lora_adapter(base.model, base.root / "stale-v2", seed=82),
-        "prefill",
-        new_version=True,
-        promote=False,
-    )
-
+def _split_form_on_v1_with_v2_staged(
+    page: Page, gateway: ServiceProcess, registry: Registry, base: Base, tenant: str, seed: int
+) -> tuple[httpx.Client, Locator]:
+    """A new tenant's adapter: version 1 served, version 2 staged; its page open in the
+    console, the split form showing version 2 as the canary. The tenant's gateway client
+    and the split form."""
+    key = registry.create_tenant(tenant)
+    for version, promote in ((1, True), (2, False)):
+        folder = make_lora_adapter(base.model, base.root / f"{tenant}-v{version}", seed=seed)
+        registry.upload(key, NAME, folder, "prefill", new_version=version > 1, promote=promote)
+        seed += 1
     sign_in(page, gateway.url, key)
     page.goto(f"{gateway.url}/console/#/adapters/{NAME}")
     split = page.get_by_role("form", name="Set split")
     expect(split.get_by_label("Canary version")).to_have_value("2")
+    return httpx.Client(base_url=gateway.url, headers=_auth(key), timeout=60), split
+
+
+def test_a_split_set_after_a_promote_elsewhere_sends_nothing(
+    page: Page, gateway: ServiceProcess, registry: Registry, base: Base
+) -> None:
+    api, split = _split_form_on_v1_with_v2_staged(
+        page, gateway, registry, base, "stale-split", seed=81
+    )
     puts: list[str] = []
     page.on(
         "request",
@@ -85,24 +88,9 @@ def test_a_split_changed_elsewhere_after_the_page_loaded_is_refused_not_overwrit
     version stays): the page's PUT carries the ETag of the policy it showed, so the
     registry refuses it (412) and the other client's split stands; the page says so and
     shows the split as it is now."""
-    key = registry.create_tenant("stale-tag")
-    api = httpx.Client(base_url=gateway.url, headers=_auth(key), timeout=60)
-    registry.upload(
-        key, NAME, make_lora_adapter(base.model, base.root / "tag-v1", seed=83), "prefill"
+    api, split = _split_form_on_v1_with_v2_staged(
+        page, gateway, registry, base, "stale-tag", seed=83
     )
-    registry.upload(
-        key,
-        NAME,
-        make_lora_adapter(base.model, base.root / "tag-v2", seed=84),
-        "prefill",
-        new_version=True,
-        promote=False,
-    )
-    sign_in(page, gateway.url, key)
-    page.goto(f"{gateway.url}/console/#/adapters/{NAME}")
-    split = page.get_by_role("form", name="Set split")
-    expect(split.get_by_label("Canary version")).to_have_value("2")
-
     elsewhere = api.put(
         f"/v1/adapters/{NAME}/policy", json={"version": 1, "canary": {"version": 2, "weight": 0.5}}
     )
