@@ -174,6 +174,13 @@ def test_chat_is_prefilled_then_decoded_and_answers_as_one(
     assert metric(client, "preft_gateway_generation_tokens_total", adapter="bot") == 3
 
 
+def test_the_adapter_pool_of_a_two_pool_gateway_is_a_prefill_pool(client: TestClient) -> None:
+    """Its short hops keep caps small, so a warm worker's slack applies at any cap."""
+    state = client.app.state.gateway  # type: ignore[attr-defined]
+    assert state.decode_pool is not None
+    assert state.pool.slack_at_any_cap and not state.decode_pool.slack_at_any_cap
+
+
 def test_streamed_text_completion_joins_both_hops(client: TestClient, pools: TwoPools) -> None:
     reply = client.post(
         "/v1/completions",

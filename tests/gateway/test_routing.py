@@ -254,6 +254,34 @@ def test_no_slack_where_the_cap_is_too_small_to_hold_it() -> None:
     assert (choice.order[0], choice.result) == (top[1], RouteResult.SPILL)
 
 
+def test_a_prefill_pool_keeps_the_slack_at_any_cap() -> None:
+    # The workers' own loads: the warm favourite at 3 of 8 in all, so the cap is
+    # ceil(9 / 4 x 1.25) = 3, too small for the slack on an adapter pool; a two-pool
+    # gateway's prefill pool sends the warm request there once more, and spills past cap + 1.
+    key = "9a" * 32
+    top = rendezvous_order(key, WORKERS)
+    pools = [WorkerPool(WORKERS, worker_load=True, slack_at_any_cap=s) for s in (False, True)]
+    for pool in pools:
+        pool.set_resident(top[0], frozenset({key}))
+        for worker, load in zip(top, (3, 2, 2, 1), strict=True):
+            pool.set_worker_load(worker, load)
+        assert pool.cap() == 3
+    unified, prefill = (pool.choose(key) for pool in pools)
+    assert (unified.order[0], unified.result) == (top[1], RouteResult.SPILL)
+    assert (prefill.order[0], prefill.result) == (top[0], RouteResult.RESIDENT)
+    for worker, load in zip(top, (4, 2, 1, 1), strict=True):
+        pools[1].set_worker_load(worker, load)
+    assert pools[1].cap() == 3
+    assert pools[1].choose(key).result == RouteResult.SPILL
+
+
+def test_the_gateways_prefill_pool_is_built_with_the_slack_at_any_cap() -> None:
+    settings = GatewaySettings(worker_urls=WORKERS, base_model_name="tiny")
+    assert pool_from_settings(settings, WORKERS, prefill=True).slack_at_any_cap
+    assert not pool_from_settings(settings, WORKERS).slack_at_any_cap
+    assert not pool_from_settings(settings, WORKERS, decode=True).slack_at_any_cap
+
+
 def test_on_worker_load_the_cap_counts_other_gateways_requests() -> None:
     # Ten gateways, each with one request on each of four workers: alone, a gateway's cap
     # is ceil(5/4 x 1.25) + 1 = 3, so all ten could put 20 more on one hot worker.
