@@ -46,6 +46,10 @@ def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
         following = answer.links.get("next", {}).get("url")
         if not following:
             return tenants
+        if not following.startswith("/v1/tenants?"):  # the admin token goes with it
+            raise CliError(
+                f"the registry's next page is not a tenant list of its own: {following[:200]!r}"
+            )
         path = following
     raise CliError(f"the registry listed more than {MAX_PAGES} pages of tenants; stopped")
 

@@ -248,7 +248,7 @@ function tenantSection(alive) {
     const listed = [];
     try {
       let path = "/v1/tenants";
-      for (let pages = 0; path && pages < MAX_TENANT_LIST_PAGES; pages += 1) {
+      for (let pages = 0; path && pages < MAX_TENANT_LIST_PAGES && alive() && current(); pages += 1) {
         const page = await api.answer("GET", path);
         listed.push(...(Array.isArray(page.body) ? page.body : []));
         const following = api.nextLink(page.headers.get("Link"));
