@@ -17,8 +17,7 @@ from typing import Any
 import httpx
 from playwright.sync_api import FilePayload, Page, expect
 
-from preft_serve.toymodels import make_lora_adapter
-from tests.browser.console import sign_in
+from tests.browser.console import sign_in, upload_versions
 from tests.e2e.stack import Base, Registry
 from tests.support.processes import ServiceProcess
 
@@ -67,17 +66,7 @@ def test_the_evaluation_gate_from_the_adapter_page(
 ) -> None:
     key = registry.create_tenant("gate")
     api = httpx.Client(base_url=gateway.url, headers=_auth(key), timeout=60)
-    registry.upload(
-        key, NAME, make_lora_adapter(base.model, base.root / "gate-v1", seed=71), "prefill"
-    )
-    registry.upload(
-        key,
-        NAME,
-        make_lora_adapter(base.model, base.root / "gate-v2", seed=72),
-        "prefill",
-        new_version=True,
-        promote=False,
-    )
+    upload_versions(registry, base, key, NAME, "gate", (71, 72))
 
     answers = {v: [_greedy(gateway, key, f"{NAME}@{v}", p) for p in PROMPTS] for v in (1, 2)}
     expected = answers[2]
@@ -160,14 +149,7 @@ def test_the_evaluation_gate_from_the_adapter_page(
     assert api.get(f"/v1/adapters/{NAME}/policy").json()["version"] == 2
 
     # A version without a result: refused, then forced behind the dialog (cancel first).
-    registry.upload(
-        key,
-        NAME,
-        make_lora_adapter(base.model, base.root / "gate-v3", seed=73),
-        "prefill",
-        new_version=True,
-        promote=False,
-    )
+    upload_versions(registry, base, key, NAME, "gate", (73,), first_version=3)
     # Redraw the page (a reload would sign out: the key lives in the page's memory).
     page.evaluate("location.hash = '#/adapters'")
     expect(page.get_by_role("heading", name="Adapters", exact=True)).to_be_visible()

@@ -15,7 +15,7 @@ import httpx
 from playwright.sync_api import FilePayload, Locator, Page, Request, Route, expect
 
 from preft_serve.toymodels import make_lora_adapter
-from tests.browser.console import sign_in
+from tests.browser.console import sign_in, upload_versions
 from tests.e2e.stack import Base, Registry
 from tests.support.processes import ServiceProcess
 
@@ -33,10 +33,7 @@ def _split_form_on_v1_with_v2_staged(
     console, the split form showing version 2 as the canary. The tenant's gateway client
     and the split form."""
     key = registry.create_tenant(tenant)
-    for version, promote in ((1, True), (2, False)):
-        folder = make_lora_adapter(base.model, base.root / f"{tenant}-v{version}", seed=seed)
-        registry.upload(key, NAME, folder, "prefill", new_version=version > 1, promote=promote)
-        seed += 1
+    upload_versions(registry, base, key, NAME, tenant, (seed, seed + 1))
     sign_in(page, gateway.url, key)
     page.goto(f"{gateway.url}/console/#/adapters/{NAME}")
     split = page.get_by_role("form", name="Set split")

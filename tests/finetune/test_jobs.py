@@ -54,6 +54,23 @@ def wait_gone(pid: int, timeout: float = 15) -> bool:
     return True
 
 
+def _start_job(api: Api, key: str, file_id: str, steps: int, **extra: Any) -> str:
+    """Create a PreFT job of ``steps`` on ``file_id`` (``extra``: more request fields); its id."""
+    return str(
+        api.call(
+            key,
+            "POST",
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "tiny-llama",
+                "training_file": file_id,
+                "method": {"type": "preft", "preft": {"steps": steps}},
+                **extra,
+            },
+        ).json()["id"]
+    )
+
+
 def start_long_job(
     api: Api, key: str, redis_url: str, namespace: str, **extra: Any
 ) -> tuple[str, int]:
@@ -197,17 +214,7 @@ def _trainer_done_then_registry_killed(
     never sees the exit), wait for the trainer to store its whole output, then kill the
     registry; the job's id and the trainer's output folder."""
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    job_id = api.call(
-        key,
-        "POST",
-        "/v1/fine_tuning/jobs",
-        json={
-            "model": "tiny-llama",
-            "training_file": file_id,
-            "method": {"type": "preft", "preft": {"steps": 20}},
-            **job,
-        },
-    ).json()["id"]
+    job_id = _start_job(api, key, file_id, steps=20, **job)
     deadline = time.monotonic() + 60
     while "pid" not in (runner := record(redis_url, namespace, job_id).runner):
         assert time.monotonic() < deadline
@@ -438,17 +445,7 @@ def test_a_job_that_fails_after_training_leaves_nothing_in_the_store(
         == 201
     )
     file_id = api.upload(key, chat_jsonl()).json()["id"]
-    job_id = api.call(
-        key,
-        "POST",
-        "/v1/fine_tuning/jobs",
-        json={
-            "model": "tiny-llama",
-            "training_file": file_id,
-            "suffix": "second",
-            "method": {"type": "preft", "preft": {"steps": 2}},
-        },
-    ).json()["id"]
+    job_id = _start_job(api, key, file_id, steps=2, suffix="second")
     job = api.wait(key, job_id, lambda j: j["status"] in ("failed", "succeeded"))
     assert job["status"] == "failed" and job["error"]["code"] == "invalid_adapter", job
     assert "quota" in job["error"]["message"]
@@ -459,16 +456,7 @@ def test_a_result_file_is_not_stored_past_the_tenants_file_limit(serve: Callable
     api = serve(tenant_max_files=1, max_steps=60)
     key = api.tenant("acme")
     file_id = api.upload(key, chat_jsonl()).json()["id"]  # the tenant's one file
-    job_id = api.call(
-        key,
-        "POST",
-        "/v1/fine_tuning/jobs",
-        json={
-            "model": "tiny-llama",
-            "training_file": file_id,
-            "method": {"type": "preft", "preft": {"steps": 2}},
-        },
-    ).json()["id"]
+    job_id = _start_job(api, key, file_id, steps=2)
     job = api.wait(key, job_id, lambda j: j["status"] in ("failed", "succeeded"))
     assert job["status"] == "succeeded" and job["result_files"] == [], job
     assert [f["id"] for f in api.call(key, "GET", "/v1/files").json()["data"]] == [file_id]
