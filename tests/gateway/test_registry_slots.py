@@ -202,7 +202,13 @@ def test_a_tenant_over_its_upload_share_gets_429_and_other_tenants_are_served(
         )
         assert job.status_code == 404, job.text
     s.wait_uploads(0)  # the clients left: their slots are free again, and nothing failed
-    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    # The services' own errors: a library's background thread left by an earlier test in this
+    # worker process (an OpenTelemetry exporter retrying a collector) may log here too.
+    assert not [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and r.name.partition(".")[0] in ("preft_serve", "uvicorn")
+    ]
     assert s.upload(a).status_code == 200 and s.files(a) == ["facts.jsonl"]
     metrics = httpx.get(f"{s.gateway}/metrics").text
     assert 'preft_gateway_errors_total{cause="registry_share"} 3.0' in metrics

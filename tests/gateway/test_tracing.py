@@ -18,7 +18,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -104,6 +108,36 @@ def test_a_completion_is_one_trace_whose_id_reaches_the_worker(
     trace_id, parent_id = traceparent_ids(workers.headers[0]["traceparent"])
     assert trace_id == f"{server.context.trace_id:032x}"
     assert parent_id == f"{client.context.span_id:016x}"
+
+
+def test_shutdown_sends_the_queued_spans_and_stops_the_exporter(
+    monkeypatch: pytest.MonkeyPatch, workers: Workers
+) -> None:
+    exporter = InMemorySpanExporter()
+    # A batch that would wait a minute: only the gateway's shutdown can send it.
+    monkeypatch.setitem(
+        tracing.SPAN_PROCESSORS,
+        tracing.TracingExporter.CONSOLE,
+        lambda config: BatchSpanProcessor(exporter, schedule_delay_millis=60_000),
+    )
+    app = create_app(
+        settings(tracing_enabled=True, tracing_exporter="console"),
+        transport=httpx.MockTransport(workers),
+        registry=FakeRegistry(),
+    )
+    with TestClient(app) as client:
+        resp = client.post(
+            "/v1/chat/completions",
+            headers=AUTH,
+            json={"model": "bot", "messages": MSGS, "max_tokens": 4},
+        )
+        assert resp.status_code == 200, resp.text
+        assert exporter.get_finished_spans() == ()
+    finished = exporter.get_finished_spans()
+    assert len(of_kind(finished, SpanKind.SERVER)) == 1
+    assert len(of_kind(finished, SpanKind.CLIENT)) == 1
+    # The exporter was shut down with the provider: its thread retries nothing later.
+    assert exporter.export(finished) is SpanExportResult.FAILURE
 
 
 def test_a_callers_traceparent_is_continued(

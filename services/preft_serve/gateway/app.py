@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -93,6 +94,11 @@ def create_app(
             yield
         finally:
             await state.aclose()
+            if tracer_provider is not None:
+                # Sends the spans still queued and stops the exporter's thread (which would
+                # otherwise retry an unreachable collector after the app has gone). In a
+                # thread: a collector that does not answer holds it up to its export timeout.
+                await asyncio.to_thread(tracer_provider.shutdown)
 
     app = FastAPI(
         title="preft-serve gateway", version=__version__, description=DESCRIPTION, lifespan=lifespan
