@@ -15,6 +15,7 @@ import pytest
 
 from tests.cli.gateway_cli import adapter_dir, cli_json, login, registry_answer
 from tests.gateway import test_tenant_forwarding as forwarding
+from tests.gateway.test_evaluation_promote import SPLIT, SplitDuringTheRun
 from tests.gateway.test_tenant_forwarding import Stack
 from tests.support.cli import run_cli
 
@@ -23,13 +24,12 @@ NOWHERE = "http://127.0.0.1:9"
 EXAMPLES = 3
 
 
-def test_set_show_evaluate_promote_and_force(
-    stack: Callable[..., Stack],
-    capsys: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-) -> None:
-    s = stack()
+def staged_with_evaluation(
+    s: Stack, capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[str, Callable[..., Any], dict[str, Any], dict[str, Any]]:
+    """Tenant acme logged in, adapter ``bot`` serving version 1 with version 2 staged and
+    an evaluation attached (all through the CLI): the key, the upload command, version 2's
+    upload answer and the evaluation's configuration."""
     key = s.registry.tenant("acme")
     login(s, key, capsys, monkeypatch, "acme")
 
@@ -45,10 +45,20 @@ def test_set_show_evaluate_promote_and_force(
     }
     data.write_text((json.dumps(line) + "\n") * EXAMPLES)
     file_id = cli_json(capsys, "files", "upload", str(data))["id"]
-
     config = cli_json(
         capsys, "adapter", "evaluation", "set", "bot", "--file", file_id, "--margin", "0.1"
     )
+    return key, upload, v2, config
+
+
+def test_set_show_evaluate_promote_and_force(
+    stack: Callable[..., Stack],
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    s = stack()
+    key, upload, v2, config = staged_with_evaluation(s, capsys, monkeypatch, tmp_path)
     assert config == registry_answer(s, key, "/v1/adapters/bot/evaluation")
     assert (config["metric"], config["margin"], config["examples"]) == ("exact", 0.1, EXAMPLES)
     assert cli_json(capsys, "adapter", "evaluation", "show", "bot") == config
@@ -113,3 +123,25 @@ def test_a_share_margin_above_one_is_refused_before_sending(capsys: Any) -> None
     assert code == 1, (out, err)
     assert "for --metric exact it is a share of the examples" in err, err
     assert "cannot reach" not in err
+
+
+def test_evaluate_promote_exits_1_when_the_policy_changed_during_the_run(
+    stack: Callable[..., Stack],
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The run's promote is refused (another client set a split meanwhile): the version
+    passed, but a script chaining ``evaluate --promote && ...`` must not go on."""
+    workers = SplitDuringTheRun()
+    s = stack(workers=workers)
+    key, _upload, _v2, _config = staged_with_evaluation(s, capsys, monkeypatch, tmp_path)
+    workers.split = lambda: s.registry.call(key, "PUT", "/v1/adapters/bot/policy", json=SPLIT)
+    code, out, err = run_cli(capsys, "adapter", "evaluate", "bot", "--promote")
+    assert code == 1, (out, err)
+    assert "version 2 passed its evaluation but was not promoted" in err, err
+    assert "changed since it was read" in err and "preft adapter promote bot 2" in err, err
+    policy = registry_answer(s, key, "/v1/adapters/bot/policy")
+    assert (policy["version"], policy["canary"]["version"]) == (1, 2)  # the split stands
+    result = {v["version"]: v["evaluation"] for v in policy["versions"]}[2]
+    assert result["passed"] is True  # the result was recorded all the same

@@ -69,7 +69,17 @@ def cmd_set(reg: Registry, args: argparse.Namespace) -> Any:
 
 def cmd_evaluate(reg: Registry, args: argparse.Namespace) -> Any:
     body = {"version": args.version, "promote": args.promote}
-    return reg.call("POST", f"/v1/adapters/{args.name}/evaluations", json=body)
+    run = reg.call("POST", f"/v1/adapters/{args.name}/evaluations", json=body)
+    refused = run.get("promote_refused") if isinstance(run, dict) else None
+    if args.promote and refused:
+        # Exit 1: `evaluate --promote && ...` must not go on as if the version were served.
+        raise CliError(
+            f"version {run.get('version')} passed its evaluation but was not promoted: "
+            f"{refused}; read the policy again (preft adapter policy {args.name}) and "
+            f"promote it with preft adapter promote {args.name} {run.get('version')}",
+            code="promote_refused",
+        )
+    return run
 
 
 def add_evaluation_parsers(a_sub: Any, leaf: Any) -> None:

@@ -76,28 +76,31 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = await GatewayState.build(
-            settings,
-            metrics,
-            transport,
-            registry,
-            redis=redis_client,
-            tracer_provider=tracer_provider,
-        )
-        app.state.gateway = state
-        logger.info(
-            "gateway ready: %d workers, redis namespace %s",
-            len(state.pool.workers),
-            settings.namespace,
-        )
         try:
-            yield
+            state = await GatewayState.build(
+                settings,
+                metrics,
+                transport,
+                registry,
+                redis=redis_client,
+                tracer_provider=tracer_provider,
+            )
+            app.state.gateway = state
+            logger.info(
+                "gateway ready: %d workers, redis namespace %s",
+                len(state.pool.workers),
+                settings.namespace,
+            )
+            try:
+                yield
+            finally:
+                await state.aclose()
         finally:
-            await state.aclose()
             if tracer_provider is not None:
                 # Sends the spans still queued and stops the exporter's thread (which would
-                # otherwise retry an unreachable collector after the app has gone). In a
-                # thread: a collector that does not answer holds it up to its export timeout.
+                # otherwise retry an unreachable collector after the app has gone), also
+                # after a failed start. In a thread: a collector that does not answer holds
+                # it up to its export timeout.
                 await asyncio.to_thread(tracer_provider.shutdown)
 
     app = FastAPI(
