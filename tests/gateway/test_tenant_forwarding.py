@@ -286,8 +286,11 @@ def test_adapters_through_the_gateway_are_the_registrys(stack: Callable[..., Sta
     assert through.headers["x-preft-sha256"] == first["sha256"]
 
     # A conditional policy change: the ETag comes back and If-Match reaches the registry.
-    tag = s.call(acme, "GET", "/v1/adapters/bot/policy").headers["etag"]
+    read = s.call(acme, "GET", "/v1/adapters/bot/policy")
+    tag = read.headers["etag"]
     assert tag == s.registry.call(acme, "GET", "/v1/adapters/bot/policy").headers["etag"]
+    # The tag covers the policy, not the version list beside it: no cache may keep it.
+    assert read.headers["cache-control"] == "no-store"
     moved = s.call(acme, "POST", "/v1/adapters/bot/versions/1/promote", headers={"If-Match": tag})
     assert moved.status_code == 200 and moved.headers["etag"] != tag, moved.text
     stale = s.call(acme, "POST", "/v1/adapters/bot/versions/2/promote", headers={"If-Match": tag})

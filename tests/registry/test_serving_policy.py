@@ -286,6 +286,7 @@ def test_a_change_sent_with_a_stale_etag_is_refused_and_changes_nothing(
     )
     assert first.status_code == 200, first.text
     assert first.headers["etag"] != etag
+    assert read.headers["cache-control"] == first.headers["cache-control"] == "no-store"
     assert (
         client.get("/v1/adapters/bot/policy", headers=acme).headers["etag"]
         == (first.headers["etag"])

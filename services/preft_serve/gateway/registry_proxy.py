@@ -53,6 +53,7 @@ RESPONSE_HEADERS = (
     "allow",
     "location",
     "etag",
+    "cache-control",
     "link",
 )
 RESPONSE_PREFIX = "x-preft-"  # the registry's own headers (an adapter's version, sha256)

@@ -308,7 +308,11 @@ IfMatch = Annotated[
 
 
 def _tagged(response: Response, policy: PolicyOut) -> PolicyOut:
+    """The policy's tag for ``If-Match``. It tags the served version and canary only, not
+    the version list beside them, so no cache may keep the answer and revalidate it by
+    the tag (``no-store``): an evaluation result would be hidden behind a 304."""
     response.headers["ETag"] = policy_etag(policy)
+    response.headers["Cache-Control"] = "no-store"
     return policy
 
 
