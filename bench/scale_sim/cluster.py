@@ -324,7 +324,9 @@ class Cluster:
         unreachable workers."""
         pool = gw.pool
         try:  # a retry keeps the cold-load slot it holds
-            route = take_route(pool, req.key, None if req.cold_tenant else f"t{req.tenant}")
+            route = take_route(
+                pool, req.key, None if req.cold_tenant else f"t{req.tenant}", req.two_pools
+            )
         except ServiceUnavailable:
             self.refused(req, gw, "gateway_busy")
             return

@@ -66,7 +66,7 @@ class SimGateway:
         self.index = index
         self.settings = settings
         self.pop = pop
-        self.pool = pool_from_settings(settings, workers, prefill=bool(decode_workers))
+        self.pool = pool_from_settings(settings, workers)
         self.decode_pool = (
             pool_from_settings(settings, decode_workers, decode=True) if decode_workers else None
         )

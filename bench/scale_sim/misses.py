@@ -49,7 +49,13 @@ class Misses:
         self.causes: Counter[str] = Counter()
         self.past_cap: Counter[int] = Counter()  # the least loaded warm holder's load - cap
 
-    def take_route(self, pool: WorkerPool, key: str, cold_tenant: str | None = None) -> Any:
+    def take_route(
+        self,
+        pool: WorkerPool,
+        key: str,
+        cold_tenant: str | None = None,
+        prefill_hop: bool = False,
+    ) -> Any:
         req, cluster = self.routing, self.cluster
         assert req is not None and cluster is not None
         healthy = pool.healthy()
@@ -60,7 +66,7 @@ class Misses:
             warm = worker is not None and (key in worker.host or key in worker.slots)
             disk = worker is not None and key in worker.disk
             seen.append((url, status.load, key in status.resident, warm, disk))
-        route = proxy.take_route(pool, key, cold_tenant)
+        route = proxy.take_route(pool, key, cold_tenant, prefill_hop)
         self.chosen[req.id] = (cap, seen, route.choice.result.value)
         return route
 

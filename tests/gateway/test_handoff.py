@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from preft_serve.gateway.app import create_app
+from preft_serve.gateway.routing import WorkerPool
 from preft_serve.gateway.settings import GatewaySettings
 from tests.support.gateway import AUTH, MSGS, SHA, FakeRegistry
 
@@ -174,11 +175,27 @@ def test_chat_is_prefilled_then_decoded_and_answers_as_one(
     assert metric(client, "preft_gateway_generation_tokens_total", adapter="bot") == 3
 
 
-def test_the_adapter_pool_of_a_two_pool_gateway_is_a_prefill_pool(client: TestClient) -> None:
-    """Its short hops keep caps small, so a warm worker's slack applies at any cap."""
+def test_only_the_prefill_hop_is_routed_as_one(
+    client: TestClient, pools: TwoPools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter pool serves prefill hops and whole requests alike; only the short hop
+    keeps a warm worker's slack at any cap (``WorkerPool.choose``), a whole request is
+    routed as on a gateway without a decode pool."""
     state = client.app.state.gateway  # type: ignore[attr-defined]
-    assert state.decode_pool is not None
-    assert state.pool.slack_at_any_cap and not state.decode_pool.slack_at_any_cap
+    seen: list[tuple[str, bool]] = []
+    choose = WorkerPool.choose
+
+    def spy(pool: WorkerPool, key: str, prefill_hop: bool = False) -> Any:
+        seen.append(("adapter" if pool is state.pool else "decode", prefill_hop))
+        return choose(pool, key, prefill_hop)
+
+    monkeypatch.setattr(WorkerPool, "choose", spy)
+    for extra in ({}, {"n": 2}):  # split, then served whole
+        body = {"messages": MSGS, "user": "u1", "max_tokens": 3, **extra}
+        reply = client.post("/v1/chat/completions", headers=AUTH, json=body)
+        assert reply.status_code == 200, reply.text
+    assert len(pools.decode_seen) == 1
+    assert seen == [("adapter", True), ("decode", False), ("adapter", False)]
 
 
 def test_streamed_text_completion_joins_both_hops(client: TestClient, pools: TwoPools) -> None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from preft_serve.common.errors import ServiceUnavailable
-from preft_serve.gateway.proxy import open_upstream
+from preft_serve.gateway.proxy import open_upstream, take_route
 from preft_serve.gateway.routing import (
     RouteResult,
     WorkerPool,
@@ -254,32 +254,27 @@ def test_no_slack_where_the_cap_is_too_small_to_hold_it() -> None:
     assert (choice.order[0], choice.result) == (top[1], RouteResult.SPILL)
 
 
-def test_a_prefill_pool_keeps_the_slack_at_any_cap() -> None:
+def test_a_prefill_hop_keeps_the_slack_at_any_cap() -> None:
     # The workers' own loads: the warm favourite at 3 of 8 in all, so the cap is
-    # ceil(9 / 4 x 1.25) = 3, too small for the slack on an adapter pool; a two-pool
-    # gateway's prefill pool sends the warm request there once more, and spills past cap + 1.
+    # ceil(9 / 4 x 1.25) = 3, too small for the slack of a whole request; a two-pool
+    # gateway's prefill hop goes to the warm worker once more, and spills past cap + 1.
     key = "9a" * 32
     top = rendezvous_order(key, WORKERS)
-    pools = [WorkerPool(WORKERS, worker_load=True, slack_at_any_cap=s) for s in (False, True)]
-    for pool in pools:
-        pool.set_resident(top[0], frozenset({key}))
-        for worker, load in zip(top, (3, 2, 2, 1), strict=True):
-            pool.set_worker_load(worker, load)
-        assert pool.cap() == 3
-    unified, prefill = (pool.choose(key) for pool in pools)
-    assert (unified.order[0], unified.result) == (top[1], RouteResult.SPILL)
-    assert (prefill.order[0], prefill.result) == (top[0], RouteResult.RESIDENT)
+    pool = WorkerPool(WORKERS, worker_load=True)
+    pool.set_resident(top[0], frozenset({key}))
+    for worker, load in zip(top, (3, 2, 2, 1), strict=True):
+        pool.set_worker_load(worker, load)
+    assert pool.cap() == 3
+    whole, hop = pool.choose(key), pool.choose(key, prefill_hop=True)
+    assert (whole.order[0], whole.result) == (top[1], RouteResult.SPILL)
+    assert (hop.order[0], hop.result) == (top[0], RouteResult.RESIDENT)
+    # take_route, the decision open_upstream and the scale simulator share, passes it on.
+    assert take_route(pool, key, prefill_hop=True).choice.order[0] == top[0]
+    assert take_route(pool, key).choice.order[0] == top[1]
     for worker, load in zip(top, (4, 2, 1, 1), strict=True):
-        pools[1].set_worker_load(worker, load)
-    assert pools[1].cap() == 3
-    assert pools[1].choose(key).result == RouteResult.SPILL
-
-
-def test_the_gateways_prefill_pool_is_built_with_the_slack_at_any_cap() -> None:
-    settings = GatewaySettings(worker_urls=WORKERS, base_model_name="tiny")
-    assert pool_from_settings(settings, WORKERS, prefill=True).slack_at_any_cap
-    assert not pool_from_settings(settings, WORKERS).slack_at_any_cap
-    assert not pool_from_settings(settings, WORKERS, decode=True).slack_at_any_cap
+        pool.set_worker_load(worker, load)
+    assert pool.cap() == 3
+    assert pool.choose(key, prefill_hop=True).result == RouteResult.SPILL
 
 
 def test_on_worker_load_the_cap_counts_other_gateways_requests() -> None:

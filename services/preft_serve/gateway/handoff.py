@@ -260,6 +260,7 @@ class Handoff:
             prefill_body(self.body, self.chat),
             self.request_id,
             cold_tenant=self.target.cold_tenant,
+            prefill_hop=True,
         )
         return upstream, await read_whole(upstream)
 

@@ -62,6 +62,7 @@ async def open_upstream(
     request_id: str | None = None,
     *,
     cold_tenant: str | None = None,
+    prefill_hop: bool = False,
 ) -> Upstream:
     """Send ``body`` to the best worker for ``key``; the response body is not read yet.
     ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it).
@@ -69,8 +70,9 @@ async def open_upstream(
     reported the adapter loaded, the request takes one of the tenant's cold-load slots
     (a 429 when none is free) until the worker answers: vLLM loads the adapter before it
     sends a stream's headers, so that is how long the load takes (a whole answer's
-    headers come at its end: longer)."""
-    route = take_route(pool, key, cold_tenant)
+    headers come at its end: longer). ``prefill_hop``: a two-pool gateway's first hop
+    (``WorkerPool.choose``)."""
+    route = take_route(pool, key, cold_tenant, prefill_hop)
     try:
         return await _open(calls, pool, route.choice, path, body, request_id)
     finally:
@@ -87,12 +89,14 @@ class Route:
     cold_tenant: str | None
 
 
-def take_route(pool: WorkerPool, key: str, cold_tenant: str | None = None) -> Route:
+def take_route(
+    pool: WorkerPool, key: str, cold_tenant: str | None = None, prefill_hop: bool = False
+) -> Route:
     """The routing decision of one request, without I/O: the pool's choice for ``key``
     (503 ``gateway_busy`` at its open-request limit) and, when the first worker has not
     reported the adapter loaded, one of ``cold_tenant``'s cold-load slots (429 when none is
     free). ``open_upstream`` and the scale simulator both decide through it."""
-    choice = pool.choose(key)
+    choice = pool.choose(key, prefill_hop)
     cold = cold_tenant if cold_tenant is not None and choice.cold else None
     if cold is not None:
         pool.cold.acquire(cold)

@@ -22,10 +22,10 @@ the cap before the request spills to one that must fetch it: a spill costs the w
 lands on a store fetch and a parse, one more queued request costs the warm worker a share
 of a step. Only where the cap's own headroom holds that much (``cap x (load_factor - 1)``
 >= the slack): where the cap is two or three requests, one more is a third or half of a
-worker's share; except on a two-pool gateway's prefill pool, whose short hops keep its
-caps that small while a spill there still costs a store fetch. In the simulated cluster
-(docs/scale.md) nearly every store fetch at Zipf 0.8 was such a spill, its adapter warm on
-a favourite at the cap or one over it.
+worker's share; except for a two-pool gateway's prefill hops, short requests that keep the
+adapter pool's caps that small while a spill of one still costs a store fetch. In the
+simulated cluster (docs/scale.md) nearly every store fetch at Zipf 0.8 was such a spill,
+its adapter warm on a favourite at the cap or one over it.
 Workers failing health checks get no new requests until they pass again.
 
 One adapter can take more of the traffic than one worker should carry (Zipf-distributed
@@ -146,7 +146,6 @@ class WorkerPool:
         hot_headroom: float | None = None,
         tenant_cold_loads: int = 0,
         resident_slack: int = RESIDENT_SLACK,
-        slack_at_any_cap: bool = False,
     ) -> None:
         """``max_open``: most requests open to workers at once (None: no limit); more are
         refused with a 503 rather than queued for a connection. ``worker_load``: the cap
@@ -158,10 +157,9 @@ class WorkerPool:
         open (:class:`~preft_serve.gateway.cold_loads.ColdLoads`; 0: no limit);
         ``resident_slack``: requests past the cap a worker with the key resident may take
         before the request spills to a worker without it, where the cap's headroom holds
-        it, or at any cap with ``slack_at_any_cap`` (a two-pool gateway's prefill pool)."""
+        it (at any cap for a prefill hop: :meth:`choose`)."""
         self.hot_headroom = hot_headroom
         self.resident_slack = resident_slack
-        self.slack_at_any_cap = slack_at_any_cap
         self.cold = ColdLoads(tenant_cold_loads)
         self.load_factor = load_factor
         self.hot_replicas = hot_replicas
@@ -211,11 +209,13 @@ class WorkerPool:
         slack = 0 if self.worker_load else 1
         return math.ceil((total + 1) / len(candidates) * self.load_factor) + slack
 
-    def choose(self, key: str) -> Choice:
+    def choose(self, key: str, prefill_hop: bool = False) -> Choice:
         """The first healthy worker under the cap, preferring ones that have ``key``
         resident, in the key's rendezvous order (failing those, one with ``key`` resident
-        under ``cap + resident_slack``, the slack at most ``cap x (load_factor - 1)``); then
-        the rest as retry fallbacks."""
+        under ``cap + resident_slack``, the slack at most ``cap x (load_factor - 1)``, or
+        whole for a ``prefill_hop``: a two-pool gateway's short first hop, which keeps the
+        caps small while its spill costs a whole store fetch); then the rest as retry
+        fallbacks."""
         if not self.status:
             raise ServiceUnavailable(
                 "no worker is registered yet (discovery found none); retry shortly"
@@ -246,7 +246,7 @@ class WorkerPool:
         under = [w for w in order if self.status[w].load < cap] or order
         slack = (
             self.resident_slack
-            if self.slack_at_any_cap
+            if prefill_hop
             else min(self.resident_slack, math.floor(cap * (self.load_factor - 1.0)))
         )
         warm = [w for w in under if key in self.status[w].resident] or [
@@ -334,14 +334,10 @@ def pool_from_settings(
     workers: Sequence[str] = (),
     *,
     decode: bool = False,
-    prefill: bool = False,
 ) -> WorkerPool:
     """The gateway's pool as its settings make it (the app and the scale simulator build
     theirs here, so neither can drift from the other). The decode pool is picked by load
-    alone: no hot replicas, and its requests count toward the prefill pool's limit. The
-    prefill pool of a two-pool gateway (``prefill``) holds only the short prefill hops, so
-    its caps are small (2-3 requests): there a warm worker's one request past the cap is
-    kept at any cap, since a spill costs a store fetch (docs/scale.md, two pools)."""
+    alone: no hot replicas, and its requests count toward the prefill pool's limit."""
     if decode:
         return WorkerPool(
             workers,
@@ -358,5 +354,4 @@ def pool_from_settings(
         hot_replicas=settings.hot_replicas,
         hot_headroom=settings.hot_headroom,
         tenant_cold_loads=settings.tenant_cold_loads,
-        slack_at_any_cap=prefill,
     )

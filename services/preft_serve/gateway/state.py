@@ -101,8 +101,7 @@ class GatewayState:
         http = httpx.AsyncClient(timeout=timeout, transport=transport)
         if tracer_provider is not None:
             instrument_client(http, tracer_provider)
-        decode_source = decode_source or create_decode_source(settings)
-        pool = pool_from_settings(settings, prefill=decode_source is not None)
+        pool = pool_from_settings(settings)
         context = ContextWindow()
         monitor = WorkerMonitor(
             pool,
@@ -137,6 +136,7 @@ class GatewayState:
         )
         await monitor.start()
         decode_pool, decode_monitor = None, None
+        decode_source = decode_source or create_decode_source(settings)
         if decode_source is not None:
             decode_pool = pool_from_settings(settings, decode=True)
             decode_monitor = WorkerMonitor(
