@@ -140,6 +140,34 @@ def test_a_rejected_key_is_not_saved(
     assert sorted(p.name for p in cfg_path.parent.iterdir()) == ["config.yaml"]
 
 
+def test_an_inference_key_is_saved_though_it_cannot_read_adapters(
+    live_server: str, capsys: Any, monkeypatch: pytest.MonkeyPatch, cfg_path: Path
+) -> None:
+    """The check's GET is refused for the key's role (403), not for the key: it is saved,
+    and a command past its role says so."""
+    admin_key = _tenant(live_server, "acme", capsys)
+    code, out, err = run_cli(
+        capsys,
+        "--json",
+        "key",
+        "create",
+        "--role",
+        "inference",
+        "--url",
+        live_server,
+        "--api-key",
+        admin_key,
+    )
+    assert code == 0, err
+    key = json.loads(out)["api_key"]
+    code, out, err = _login(capsys, monkeypatch, key, "--url", live_server, "--context", "chat")
+    assert code == 0, err
+    assert out.startswith(f"logged in to {live_server} as context 'chat' (key {masked(key)})")
+    assert yaml.safe_load(cfg_path.read_text())["contexts"]["chat"]["api_key"] == key
+    code, out, err = run_cli(capsys, "adapter", "list")
+    assert code == 1 and "(HTTP 403)" in err and "inference" in err, err
+
+
 def test_precedence_flag_context_flag_env_current(
     live_server: str, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

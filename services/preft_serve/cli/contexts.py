@@ -57,11 +57,15 @@ def read_key(url: str) -> str:
 
 
 def verify_key(url: str, key: str, timeout: float) -> None:
-    """One cheap authenticated GET; a refusal means the key is not saved."""
+    """One cheap authenticated GET; a refusal means the key is not saved. A 403 for the
+    key's role is no refusal: the key is valid (an inference key cannot read adapters,
+    and is what ``preft completion`` needs)."""
     registry = Registry(url, key, timeout)
     try:
         registry.call("GET", "/v1/adapters", params={"limit": 1})
     except CliError as exc:
+        if exc.status == 403 and exc.error.get("code") == "insufficient_role":
+            return
         if exc.status in (401, 403):
             raise CliError(
                 f"the registry at {url} rejected this key ({exc.message}); nothing "
