@@ -3,7 +3,8 @@
 Every tenant command works against the gateway's URL alone, the one base URL that also
 serves chat: the gateway forwards adapters, users, usage, keys, files, fine-tuning and the
 audit log to the adapter registry with the same key. The registry's own URL works too; the
-operator's `preft tenant` commands need it (the gateway does not serve them).
+operator's `preft tenant` commands that change tenants need it (a gateway given the admin
+token serves `tenant list`, `show` and reading `limits`).
 
 Examples:
 
