@@ -27,18 +27,18 @@ CHECKPOINTS = {
             "object": "fine_tuning.job.checkpoint",
             "created_at": 1767225600,
             "fine_tuned_model_checkpoint": "carol@2",
-            "fine_tuning_job_id": "ftjob-2",
+            "fine_tuning_job_id": "ftjob-000000000000000000000002",
             "step_number": 16,
             "metrics": {"step": 16.0, "train_loss": 0.012345},
         }
     ],
 }
 JOB = {
-    "id": "ftjob-2",
+    "id": "ftjob-000000000000000000000002",
     "status": "succeeded",
     "model": "base",
     "fine_tuned_model": "carol",
-    "training_file": "file-1",
+    "training_file": "file-000000000000000000000001",
     "trained_tokens": 480,
     "error": None,
     "seed": 7,
@@ -75,19 +75,25 @@ def test_json_output_is_the_api_response(
 ) -> None:
     """Before the command or after it, --output json and --json print the registry's body
     unchanged."""
-    code, out, err = run_cli(capsys, *before, "fine-tune", "checkpoints", "ftjob-2", *after)
+    code, out, err = run_cli(
+        capsys, *before, "fine-tune", "checkpoints", "ftjob-000000000000000000000002", *after
+    )
     assert (code, err) == (0, "")
     assert json.loads(out) == CHECKPOINTS
-    code, out, _ = run_cli(capsys, *before, "fine-tune", "get", "ftjob-2", *after)
+    code, out, _ = run_cli(
+        capsys, *before, "fine-tune", "get", "ftjob-000000000000000000000002", *after
+    )
     assert code == 0 and json.loads(out) == JOB
 
 
 def test_table_output_is_the_default(calls: list[Any], capsys: Any) -> None:
-    code, out, _ = run_cli(capsys, "fine-tune", "checkpoints", "ftjob-2", "--limit", "1")
+    code, out, _ = run_cli(
+        capsys, "fine-tune", "checkpoints", "ftjob-000000000000000000000002", "--limit", "1"
+    )
     assert code == 0
     assert calls[-1] == (
         "GET",
-        "/v1/fine_tuning/jobs/ftjob-2/checkpoints",
+        "/v1/fine_tuning/jobs/ftjob-000000000000000000000002/checkpoints",
         {"params": {"limit": 1}},
     )
     header, row, more = out.splitlines()
@@ -101,10 +107,17 @@ def test_table_output_is_the_default(calls: list[Any], capsys: Any) -> None:
         "2026-01-01T00:00:00Z",
     ]
     assert more == "(more: --after ftckpt-2)"
-    assert run_cli(capsys, "-o", "table", "fine-tune", "checkpoints", "ftjob-2")[1] == out
-    code, out, _ = run_cli(capsys, "fine-tune", "get", "ftjob-2")
+    assert (
+        run_cli(
+            capsys, "-o", "table", "fine-tune", "checkpoints", "ftjob-000000000000000000000002"
+        )[1]
+        == out
+    )
+    code, out, _ = run_cli(capsys, "fine-tune", "get", "ftjob-000000000000000000000002")
     assert "status:      succeeded" in out and "fine_tuned:  carol" in out
-    code, _, _ = run_cli(capsys, "fine-tune", "checkpoints", "ftjob-2", "--after", "ftckpt-3")
+    code, _, _ = run_cli(
+        capsys, "fine-tune", "checkpoints", "ftjob-000000000000000000000002", "--after", "ftckpt-3"
+    )
     assert calls[-1][2] == {"params": {"limit": 10, "after": "ftckpt-3"}}
 
 
@@ -113,14 +126,14 @@ def test_no_checkpoints_says_so(
 ) -> None:
     monkeypatch.setitem(CHECKPOINTS, "data", [])
     monkeypatch.setitem(CHECKPOINTS, "has_more", False)
-    code, out, _ = run_cli(capsys, "fine-tune", "checkpoints", "ftjob-2")
+    code, out, _ = run_cli(capsys, "fine-tune", "checkpoints", "ftjob-000000000000000000000002")
     assert (code, out) == (0, "no checkpoints (a job has one once it succeeds)\n")
 
 
 def test_output_flags_conflict_or_are_unknown(calls: list[Any], capsys: Any) -> None:
-    code, _, err = run_cli(capsys, "--json", "-o", "table", "fine-tune", "get", "x")
+    code, _, err = run_cli(capsys, "--json", "-o", "table", "fine-tune", "get", str(JOB["id"]))
     assert code == 2 and "--json and --output table contradict" in err
-    code, _, err = run_cli(capsys, "-o", "yaml", "fine-tune", "get", "x")
+    code, _, err = run_cli(capsys, "-o", "yaml", "fine-tune", "get", str(JOB["id"]))
     assert code == 2 and "invalid choice: 'yaml'" in err
     assert calls == []
 

@@ -59,14 +59,31 @@ def test_files_and_fine_tune_commands(api: Api, tmp_path: Path, capsys: Any) -> 
         and json.loads(out)
         == api.call(key, "GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()
     )
-    code, _, err = run_cli(capsys, *common, "fine-tune", "checkpoints", "ftjob-nope")
+    unknown = "ftjob-" + "x" * 24  # well formed: the registry's 404
+    code, _, err = run_cli(capsys, *common, "fine-tune", "checkpoints", unknown)
     assert code == 1 and "(HTTP 404)" in err
+    code, _, err = run_cli(capsys, *common, "fine-tune", "checkpoints", "ftjob-nope/../x")
+    assert code == 2 and "job ids look like 'ftjob-'" in err  # refused before sending
     code, _, err = run_cli(capsys, *common, "fine-tune", "cancel", job_id)
     assert code == 1 and "already succeeded" in err and "(HTTP 409)" in err
     code, out, _ = run_cli(capsys, *common, "fine-tune", "events", job_id)
     assert code == 0 and out.index("job queued") < out.index("successfully completed")
     code, out, _ = run_cli(capsys, *common, "files", "list")
     assert code == 0 and "fine-tune-results" in out and "facts.jsonl" in out
+
+    # A download to stdout is the content alone; to a file, written whole or not at all.
+    (training,) = [f for f in api.call(key, "GET", "/v1/files").json()["data"]
+                   if f["filename"] == "facts.jsonl"]  # fmt: skip
+    code, out, err = run_cli(capsys, *common, "files", "download", training["id"])
+    assert (code, err) == (0, "") and out.encode() == chat_jsonl()
+    kept = tmp_path / "kept.jsonl"
+    kept.write_bytes(b"mine\n")
+    missing = "file-" + "x" * 24
+    code, _, err = run_cli(capsys, *common, "files", "download", missing, "--out", str(kept))
+    assert code == 1 and "(HTTP 404)" in err
+    assert kept.read_bytes() == b"mine\n" and sorted(tmp_path.glob(".kept*")) == []
+    code, _, err = run_cli(capsys, *common, "files", "download", training["id"], "--out", str(kept))
+    assert code == 0 and kept.read_bytes() == chat_jsonl(), err
 
     exported = httpx.get(f"{api.url}/metrics", timeout=10).text
     assert 'preft_registry_finetune_jobs_finished_total{status="succeeded"} 1.0' in exported

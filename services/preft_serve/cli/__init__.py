@@ -84,7 +84,7 @@ from preft_serve.cli import (
 )
 from preft_serve.cli.client import CliError, Registry
 from preft_serve.cli.credentials import resolve
-from preft_serve.cli.output import render, report_error
+from preft_serve.cli.output import QUIET, render, report_error
 from preft_serve.training.cli import add_parser as add_train_parser
 
 __all__ = ["CliError", "Registry", "build_parser", "main"]
@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 status=exc.status,
             )
         return report_error(exc, as_json)
+    if result is QUIET:
+        return 0
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     elif result is not None:

@@ -17,7 +17,7 @@ from preft_serve.cli.client import CliError, ProgressFile, Registry
 from preft_serve.cli.evaluation import add_evaluation_parsers
 from preft_serve.cli.helptext import with_examples
 from preft_serve.cli.output import progress_bar, show_progress
-from preft_serve.cli.policy import add_policy_parsers
+from preft_serve.cli.policy import adapter_name, add_policy_parsers
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 PROGRESS_MIN_BYTES = 1 << 20  # on a terminal, smaller transfers finish before a bar helps
@@ -111,7 +111,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
     items: list[Any] = []
-    cursor = None
+    cursor = args.cursor
     while True:
         params = {"limit": args.limit, **({"cursor": cursor} if cursor else {})}
         page = reg.call("GET", "/v1/adapters", params=params)
@@ -197,7 +197,9 @@ def add_parser(groups: Any, leaf: Any) -> None:
         cmd_upload,
     )
     up.add_argument("path", help="adapter folder or archive")
-    up.add_argument("--name", required=True, help="adapter name within your tenant")
+    up.add_argument(
+        "--name", required=True, type=adapter_name, help="adapter name within your tenant"
+    )
     up.add_argument(
         "--mode",
         choices=[m.value for m in AdapterMode],
@@ -248,13 +250,14 @@ def add_parser(groups: Any, leaf: Any) -> None:
     ls = leaf(a_sub, "list", "List your adapters", cmd_list)
     ls.add_argument("--limit", type=int, default=100, help="page size (default 100)")
     ls.add_argument("--all", action="store_true", help="fetch every page")
+    ls.add_argument("--cursor", help="the page after this cursor (a list's next_cursor)")
     show = leaf(
         a_sub,
         "show",
         "Show an adapter and its version history",
         lambda r, a: r.call("GET", f"/v1/adapters/{a.name}"),
     )
-    show.add_argument("name")
+    show.add_argument("name", type=adapter_name)
     down = leaf(
         a_sub,
         "download",
@@ -262,7 +265,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "`preft adapter upload` accepts back unchanged",
         cmd_download,
     )
-    down.add_argument("name")
+    down.add_argument("name", type=adapter_name)
     down.add_argument("--version", type=int, help="which version (default: the current one)")
     down.add_argument("--out", help="folder to write (default: ./NAME)")
     down.add_argument("--force", action="store_true", help="replace files already there")
@@ -274,7 +277,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "version; bound users move to it at once)",
         cmd_rollback,
     )
-    back.add_argument("name")
+    back.add_argument("name", type=adapter_name)
     back.add_argument("version", type=int, help="the version to go back to")
     with_examples(
         back,
@@ -293,7 +296,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
             "DELETE", f"/v1/adapters/{a.name}", params={"force": "true"} if a.force else None
         ),
     )
-    rm.add_argument("name")
+    rm.add_argument("name", type=adapter_name)
     rm.add_argument("--force", action="store_true", help="also unbind users bound to it")
 
 

@@ -8,6 +8,7 @@ from typing import IO, Any, Protocol
 import httpx
 
 from preft_serve.common.error_envelope import error_body
+from preft_serve.common.text import clip
 
 
 class CliError(Exception):
@@ -94,10 +95,11 @@ class Registry:
     ) -> httpx.Headers:
         """Stream a GET response's body into ``out``; ``progress(total)`` returns a byte counter."""
         try:
+            _check_path(path)
             with self.http.stream("GET", path, **kwargs) as resp:
-                if resp.status_code >= 400:
+                if not resp.is_success:
                     resp.read()
-                    raise _refusal(resp)
+                    raise self._refused(resp)
                 total = int(resp.headers.get("content-length") or 0)
                 counter = progress(total) if progress is not None else None
                 try:
@@ -113,13 +115,28 @@ class Registry:
             raise self._transport(exc) from None
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        _check_path(path)
         try:
             resp = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise self._transport(exc) from None
-        if resp.status_code >= 400:
-            raise _refusal(resp)
+        if not resp.is_success:
+            raise self._refused(resp)
         return resp
+
+    def _refused(self, resp: httpx.Response) -> CliError:
+        """A refusal, or a redirect (never followed: the request may not be one to
+        repeat elsewhere, and nothing was done)."""
+        if resp.is_redirect or 300 <= resp.status_code < 400:
+            where = resp.headers.get("location", "")
+            return CliError(
+                f"{self.url} answered HTTP {resp.status_code}, redirecting to "
+                f"{clip(where, 200) or 'nowhere'}; nothing was done: pass the URL it "
+                "redirects to as --url (https:// if it redirects there)",
+                code="redirected",
+                status=resp.status_code,
+            )
+        return _refusal(resp)
 
     def _transport(self, exc: httpx.TransportError) -> CliError:
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
@@ -135,6 +152,14 @@ class Registry:
         )
 
 
+def _check_path(path: str) -> None:
+    """No '.' or '..' segment: httpx folds them, so the request would reach another route
+    (commands check their names first; this is the last guard)."""
+    segments = path.partition("?")[0].split("/")
+    if "." in segments or ".." in segments:
+        raise CliError(f"refusing to send {clip(path, 200)!r}: a '.' or '..' in a name")
+
+
 def _refusal(resp: httpx.Response) -> CliError:
     try:
         error = resp.json()["error"]
@@ -142,6 +167,8 @@ def _refusal(resp: httpx.Response) -> CliError:
         if not isinstance(error, dict) or not isinstance(message, str):
             raise TypeError
     except (ValueError, KeyError, TypeError):
-        message = resp.text.strip() or resp.reason_phrase
+        # A proxy's error page, say: a bounded, printable excerpt.
+        text = "".join(c if c.isprintable() else " " for c in resp.text[:2000]).strip()
+        message = clip(" ".join(text.split()), 300) or resp.reason_phrase
         error = error_body(resp.status_code, message, code=f"http_{resp.status_code}")["error"]
     return CliError(message, status=resp.status_code, error=error)

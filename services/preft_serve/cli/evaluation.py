@@ -69,17 +69,47 @@ def cmd_set(reg: Registry, args: argparse.Namespace) -> Any:
 
 def cmd_evaluate(reg: Registry, args: argparse.Namespace) -> Any:
     body = {"version": args.version, "promote": args.promote}
-    run = reg.call("POST", f"/v1/adapters/{args.name}/evaluations", json=body)
-    refused = run.get("promote_refused") if isinstance(run, dict) else None
-    if args.promote and refused:
-        # Exit 1: `evaluate --promote && ...` must not go on as if the version were served.
+    try:
+        run = reg.call("POST", f"/v1/adapters/{args.name}/evaluations", json=body)
+    except CliError as exc:
+        if exc.error.get("code") in ("unknown_url", "method_not_allowed"):
+            raise CliError(
+                f"{reg.url} does not run evaluations ({exc}): the gateway does (it sends "
+                "the examples to the workers); pass --url GATEWAY_URL",
+                code="not_the_gateway",
+                status=exc.status,
+            ) from None
+        raise
+    if args.promote:
+        _check_promoted(run, args.name)
+    return run
+
+
+def _check_promoted(run: Any, name: str) -> None:
+    """Exit 1 when ``--promote`` left the version unserved (a failed evaluation, or a
+    promote refused because the policy changed during the run): `evaluate --promote &&
+    ...` must not go on as if it were served. A run of the served version promotes
+    nothing and is no failure."""
+    if not isinstance(run, dict) or run.get("promoted"):
+        return
+    number = run.get("version")
+    result = run.get("result") if isinstance(run.get("result"), dict) else {}
+    if result.get("serving_version") == number:
+        return
+    if refused := run.get("promote_refused"):
         raise CliError(
-            f"version {run.get('version')} passed its evaluation but was not promoted: "
-            f"{refused}; read the policy again (preft adapter policy {args.name}) and "
-            f"promote it with preft adapter promote {args.name} {run.get('version')}",
+            f"version {number} passed its evaluation but was not promoted: {refused}; "
+            f"read the policy again (preft adapter policy {name}) and promote it with "
+            f"preft adapter promote {name} {number}",
             code="promote_refused",
         )
-    return run
+    raise CliError(
+        f"version {number} did not pass its evaluation (score {result.get('score')}, "
+        f"served version {result.get('serving_version')}: {result.get('serving_score')}, "
+        f"margin {result.get('margin')}), so it was not promoted; the result is stored "
+        f"(preft adapter policy {name})",
+        code="not_promoted",
+    )
 
 
 def add_evaluation_parsers(a_sub: Any, leaf: Any) -> None:

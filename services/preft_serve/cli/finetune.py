@@ -16,6 +16,7 @@ from typing import Any
 
 from preft_serve.cli.client import CliError, Registry
 from preft_serve.cli.files import upload
+from preft_serve.cli.ids import job_id
 
 FINISHED = ("succeeded", "failed", "cancelled")
 JOBS = "/v1/fine_tuning/jobs"
@@ -81,10 +82,28 @@ def _summary(job: dict[str, Any]) -> str:
 
 
 def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
-    result = reg.call("GET", JOBS, params={"limit": args.limit})
+    result = _pages(reg, JOBS, args)
     if args.json:
         return result
-    return {j["id"]: _summary(j) for j in result["data"]} or {"jobs": "none"}
+    table = {j["id"]: _summary(j) for j in result["data"]} or {"jobs": "none"}
+    return {**table, **_more(result)}
+
+
+def _pages(reg: Registry, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One page after ``--after`` (or the newest), or with ``--all`` every page, joined."""
+    params: dict[str, Any] = {"limit": args.limit, **({"after": args.after} if args.after else {})}
+    result = reg.call("GET", path, params=params)
+    while args.all and result["has_more"] and result["data"]:
+        page = reg.call("GET", path, params={**params, "after": result["data"][-1]["id"]})
+        result = {**page, "data": result["data"] + page["data"]}
+    return result
+
+
+def _more(result: dict[str, Any]) -> dict[str, str]:
+    """The hint to the next page, when the registry has one."""
+    if not result.get("has_more") or not result["data"]:
+        return {}
+    return {"more": f"--after {result['data'][-1]['id']} (or --all)"}
 
 
 def _line(event: dict[str, Any]) -> str:
@@ -129,9 +148,9 @@ def follow(reg: Registry, job_id: str, as_json: bool, poll_s: float = 1.0) -> An
         if job["status"] in FINISHED:
             if live:
                 sys.stderr.write("\n")
-            if job["status"] != "succeeded" and not as_json:
+            if job["status"] != "succeeded":  # exit 1, under --json too
                 error = (job.get("error") or {}).get("message", job["status"])
-                raise CliError(f"job {job_id} {job['status']}: {error}")
+                raise CliError(f"job {job_id} {job['status']}: {error}", code=job["status"])
             return job
         time.sleep(poll_s)
 
@@ -139,12 +158,12 @@ def follow(reg: Registry, job_id: str, as_json: bool, poll_s: float = 1.0) -> An
 def cmd_events(reg: Registry, args: argparse.Namespace) -> Any:
     if args.follow:
         return shown(follow(reg, args.job_id, args.json), args.json)
-    result = reg.call("GET", f"{JOBS}/{args.job_id}/events", params={"limit": args.limit})
+    result = _pages(reg, f"{JOBS}/{args.job_id}/events", args)
     if args.json:
         return result
     for event in reversed(result["data"]):
         sys.stdout.write(_line(event) + "\n")
-    return {"events": len(result["data"]), "more": result["has_more"]}
+    return {"events": len(result["data"]), **_more(result)}
 
 
 def cmd_checkpoints(reg: Registry, args: argparse.Namespace) -> Any:
@@ -152,6 +171,12 @@ def cmd_checkpoints(reg: Registry, args: argparse.Namespace) -> Any:
     if args.after:
         params["after"] = args.after
     return reg.call("GET", f"{JOBS}/{args.job_id}/checkpoints", params=params)
+
+
+def _paging(parser: argparse.ArgumentParser, limit: int, item: str) -> None:
+    parser.add_argument("--limit", type=int, default=limit, help=f"page size (default {limit})")
+    parser.add_argument("--after", metavar=item, help="the page after this one (older)")
+    parser.add_argument("--all", action="store_true", help="fetch every page")
 
 
 def add_parser(groups: Any, leaf: Any) -> None:
@@ -190,19 +215,19 @@ def add_parser(groups: Any, leaf: Any) -> None:
     )
     create.add_argument("--follow", action="store_true", help="then follow its events")
     ls = leaf(sub, "list", "List your jobs, newest first", cmd_list)
-    ls.add_argument("--limit", type=int, default=20)
+    _paging(ls, 20, "JOB_ID")
     leaf(
         sub, "get", "Show a job", lambda r, a: shown(r.call("GET", f"{JOBS}/{a.job_id}"), a.json)
-    ).add_argument("job_id")
+    ).add_argument("job_id", type=job_id)
     leaf(
         sub,
         "cancel",
         "Cancel a queued or running job",
         lambda r, a: shown(r.call("POST", f"{JOBS}/{a.job_id}/cancel"), a.json),
-    ).add_argument("job_id")
+    ).add_argument("job_id", type=job_id)
     events = leaf(sub, "events", "Show a job's events (oldest first)", cmd_events)
-    events.add_argument("job_id")
-    events.add_argument("--limit", type=int, default=100)
+    events.add_argument("job_id", type=job_id)
+    _paging(events, 100, "EVENT_ID")
     events.add_argument(
         "--follow",
         action="store_true",
@@ -215,7 +240,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "succeeded job has one: the adapter version it registered)",
         cmd_checkpoints,
     )
-    checkpoints.add_argument("job_id")
+    checkpoints.add_argument("job_id", type=job_id)
     checkpoints.add_argument("--limit", type=int, default=10, help="page size (1-100, default 10)")
     checkpoints.add_argument(
         "--after", metavar="CHECKPOINT_ID", help="the page after this checkpoint"

@@ -250,6 +250,10 @@ def _evaluation(result: dict[str, Any] | None) -> str:
     return f"{verdict}:{result['score']:.2f}{versus}"
 
 
+QUIET = object()
+"""A command's result when it wrote its own output (a download to stdout): nothing more."""
+
+
 def render(result: Any, command: str, out: IO[str]) -> None:
     """Human output of one command's result."""
     if command == "adapter list":
@@ -259,7 +263,7 @@ def render(result: Any, command: str, out: IO[str]) -> None:
             out,
         )
         if result["next_cursor"]:
-            out.write(f"(more: --all, or the next page after {result['next_cursor']!r})\n")
+            out.write(f"(more: --cursor {result['next_cursor']}, or --all)\n")
     elif command == "adapter show":
         for key in (
             "name",

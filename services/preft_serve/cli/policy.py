@@ -34,6 +34,10 @@ def adapter_name(text: str) -> str:
 
 
 def user_id(text: str) -> str:
+    if text in (".", ".."):  # valid ids, but a URL path cannot name them
+        raise argparse.ArgumentTypeError(
+            f"user id {text!r} cannot be named in a URL path: bind users with other ids"
+        )
     if not is_user_id(text):
         raise argparse.ArgumentTypeError(
             f"user id {_shown(text)} is invalid: use 1-128 letters, digits or '.', '_', "

@@ -7,6 +7,8 @@ import argparse
 from typing import Any
 
 from preft_serve.cli.client import CliError, Registry
+from preft_serve.cli.ids import tenant_name
+from preft_serve.cli.keys import key_id
 from preft_serve.common.tenant_serving import UnboundUser
 
 LIMIT_FLAGS = ("tenant_rps", "tenant_burst", "user_rps", "user_burst", "tenant_tpm", "user_tpm")
@@ -141,7 +143,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
             cmd_create,
         )
     )
-    create.add_argument("tenant")
+    create.add_argument("tenant", type=tenant_name)
     _quota_flags(create)
     for name, help_, func in [
         (
@@ -155,7 +157,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
             lambda r, a: r.call("POST", f"/v1/tenants/{a.tenant}/keys"),
         ),
     ]:
-        _admin(leaf(t_sub, name, help_, func)).add_argument("tenant")
+        _admin(leaf(t_sub, name, help_, func)).add_argument("tenant", type=tenant_name)
     delete = _admin(
         leaf(
             t_sub,
@@ -166,7 +168,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
             cmd_delete,
         )
     )
-    delete.add_argument("tenant")
+    delete.add_argument("tenant", type=tenant_name)
     delete.add_argument("--yes", action="store_true", help="confirm the deletion")
     revoke = _admin(
         leaf(
@@ -176,8 +178,8 @@ def add_parser(groups: Any, leaf: Any) -> None:
             lambda r, a: r.call("DELETE", f"/v1/tenants/{a.tenant}/keys/{a.key_id}"),
         )
     )
-    revoke.add_argument("tenant")
-    revoke.add_argument("key_id")
+    revoke.add_argument("tenant", type=tenant_name)
+    revoke.add_argument("key_id", type=key_id, metavar="KEY_ID", help="12 hex digits")
     limits = _admin(
         leaf(
             t_sub,
@@ -188,7 +190,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
             cmd_limits,
         )
     )
-    limits.add_argument("tenant")
+    limits.add_argument("tenant", type=tenant_name)
     limits.add_argument(
         "--rps", dest="tenant_rps", type=float, help="requests/s for the whole tenant"
     )
@@ -210,7 +212,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
             cmd_set_quota,
         )
     )
-    set_quota.add_argument("tenant")
+    set_quota.add_argument("tenant", type=tenant_name)
     _quota_flags(set_quota)
     unbound = _admin(
         leaf(
@@ -223,5 +225,5 @@ def add_parser(groups: Any, leaf: Any) -> None:
             cmd_set_unbound_user,
         )
     )
-    unbound.add_argument("tenant")
+    unbound.add_argument("tenant", type=tenant_name)
     unbound.add_argument("value", choices=[*(u.value for u in UnboundUser), DEFAULT])

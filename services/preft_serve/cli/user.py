@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from preft_serve.cli.client import Registry
+from preft_serve.cli.policy import adapter_name, user_id
 
 
 def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
@@ -21,14 +22,14 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "Bind a user to an adapter (replaces any binding)",
         lambda r, a: r.call("PUT", f"/v1/users/{a.user}", json={"adapter": a.adapter}),
     )
-    bind.add_argument("user")
-    bind.add_argument("adapter")
+    bind.add_argument("user", type=user_id)
+    bind.add_argument("adapter", type=adapter_name)
     leaf(
         u_sub,
         "show",
         "Show the adapter a user is bound to",
         lambda r, a: r.call("GET", f"/v1/users/{a.user}"),
-    ).add_argument("user")
+    ).add_argument("user", type=user_id)
     ls = leaf(u_sub, "list", "List bound users and their adapters", cmd_list)
     ls.add_argument("--adapter", help="only the users bound to this adapter")
     leaf(
@@ -36,4 +37,4 @@ def add_parser(groups: Any, leaf: Any) -> None:
         "unbind",
         "Remove a user's binding (they get the base model)",
         lambda r, a: r.call("DELETE", f"/v1/users/{a.user}"),
-    ).add_argument("user")
+    ).add_argument("user", type=user_id)
