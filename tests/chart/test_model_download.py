@@ -188,6 +188,11 @@ def test_download_values_are_checked(render_error: Callable[..., str]) -> None:
     assert "model.download.sha256 checks archives fetched from http(s) URLs" in message
     message = render_error([], {**WRITABLE, "model.download.from": "ftp://models/x"})
     assert "/model/download/from" in message
+    # Trainer Jobs mount the model volume as it is: a per-pod download would leave it empty.
+    message = render_error(["ci/model-download-values.yaml"], {"trainer.enabled": "true"})
+    assert "trainer.enabled with model.download.enabled needs model.volume to be a shared" in (
+        message
+    )
     # Helm merges maps: another volume source next to the default claim is two sources.
     message = render_error([], {"model.volume.emptyDir.sizeLimit": "40Gi"})
     assert (

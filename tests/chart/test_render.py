@@ -7,12 +7,18 @@ here, and tests/chart/test_monitoring.py checks their structure and their PromQL
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import redis
 
+from preft_serve.onebox.processes import free_port
+from tests.chart.manifests import container
 from tests.chart.support import CHART, SCENARIOS, Rendered, run_helm
 
 # Oldest supported (Chart.yaml kubeVersion) and the newest the validator knows.
@@ -153,3 +159,34 @@ def test_variants_render_valid_manifests(render: Callable[..., Rendered], varian
         assert worker["imagePullSecrets"] == [{"name": "regcred"}]
         assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
         assert rendered.has("PodDisruptionBudget", "registry")
+
+
+def test_the_bundled_redis_bounds_its_memory_below_the_container_limit(
+    scenarios: dict[str, Rendered], tmp_path: Path
+) -> None:
+    """redis-server run with the chart's own arguments refuses writes past --maxmemory
+    (noeviction) instead of growing into the container's OOM kill."""
+    spec = container(scenarios["default"].component("StatefulSet", "redis"), "redis")
+    args = list(spec["args"])
+    args[args.index("--dir") + 1] = str(tmp_path)
+    port = free_port()
+    args[args.index("--port") + 1] = str(port)
+    args = [a.replace("$(REDIS_PASSWORD)", "pw") for a in args]
+    limit = spec["resources"]["limits"]["memory"]
+    assert limit == "2Gi"
+    server = subprocess.Popen([*spec["command"], *args], stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, password="pw")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                config = client.config_get("maxmemory*")
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        assert config["maxmemory-policy"] == "noeviction"
+        assert 0 < int(config["maxmemory"]) <= 0.8 * 2 * 1024**3
+    finally:
+        server.terminate()
+        server.wait(10)

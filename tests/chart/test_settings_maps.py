@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.chart.manifests import container, env
 from tests.chart.support import Rendered
@@ -168,3 +170,34 @@ def test_an_ordinary_setting_renders_once(render: Callable[..., Rendered]) -> No
         for name, value in expected.items():
             assert counts[name] == 1, name
             assert env(container(rendered.component("Deployment", component)))[name] == value
+
+
+def test_numbers_from_a_values_file_are_written_as_the_settings_read_them(
+    render: Callable[..., Rendered], tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
+    """A values file's numbers reach the templates as floats (toString would write
+    4194304 as 4.194304e+06, which the settings refuse at start-up)."""
+    from preft_serve.gateway.settings import GatewaySettings
+    from tests.chart.test_contract import service_env, with_secrets
+
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "gateway": {"settings": {"MAX_BODY_BYTES": 4194304, "LOAD_FACTOR": 1.5}},
+                "registry": {"settings": {"MAX_UPLOAD_BYTES": 2147483648}},
+            }
+        )
+    )
+    rendered = render([str(values)])
+    gateway = service_env(rendered, "gateway", "PREFT_GATEWAY_")
+    registry = service_env(rendered, "registry", "PREFT_REGISTRY_")
+    assert gateway["PREFT_GATEWAY_MAX_BODY_BYTES"] == "4194304"
+    assert gateway["PREFT_GATEWAY_LOAD_FACTOR"] == "1.5"
+    assert gateway["PREFT_GATEWAY_MAX_UPLOAD_BYTES"] == "2147483648"  # the registry's
+    assert registry["PREFT_REGISTRY_MAX_UPLOAD_BYTES"] == "2147483648"
+    for name, value in with_secrets(gateway).items():
+        clean_env.setenv(name, value)
+    settings = GatewaySettings()  # type: ignore[call-arg]
+    assert (settings.max_body_bytes, settings.load_factor) == (4194304, 1.5)
+    assert settings.max_upload_bytes == 2147483648

@@ -213,3 +213,41 @@ def _k8s() -> Any:
     from preft_serve.registry.finetune.settings import KubernetesSettings
 
     return KubernetesSettings()
+
+
+def test_quantities_written_as_numbers_in_a_values_file_reach_the_job(
+    render: Callable[..., Rendered], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cpu: 4`` in a values file reaches the templates as a number, not a string: the
+    registry still starts and the Job asks for "4"."""
+    from preft_serve.registry.settings import RegistrySettings
+
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {"trainer": {"resources": {"requests": {"cpu": 4, "memory": "8Gi"},
+                                       "limits": {"cpu": 0.5, "memory": 17179869184}}}}
+        )
+    )  # fmt: skip
+    rendered = render([str(values)], ON)
+    registry = container(rendered.component("Deployment", "registry"), "registry")
+    (tmp_path / "config.json").write_text("{}")
+    variables = {
+        **env(registry),
+        **rendered.component("ConfigMap", "trainer")["data"],
+        "PREFT_REGISTRY_BASE_MODEL": str(tmp_path),
+    }
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    ft = RegistrySettings().finetune  # type: ignore[call-arg]
+    job = build_job(SPEC, "acme", _s3(), ft.kubernetes, ft.job_timeout_s)
+    resources = k8s.ApiClient().sanitize_for_serialization(job)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["resources"]
+    assert resources["requests"] == {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}
+    limits = resources["limits"]
+    assert (limits["cpu"], limits["memory"], limits["nvidia.com/gpu"]) == (
+        "0.5",
+        "17179869184",
+        "1",
+    )

@@ -6,6 +6,7 @@ the right pods."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -370,7 +371,7 @@ def test_gateway_forwards_files_and_fine_tuning_to_the_registry_service(
 
 
 def test_a_restricted_registry_still_admits_the_gateway_and_uploads_share_its_limit(
-    render: Callable[..., Rendered],
+    render: Callable[..., Rendered], values: dict[str, Any]
 ) -> None:
     rendered = render(
         [],
@@ -384,9 +385,13 @@ def test_a_restricted_registry_still_admits_the_gateway_and_uploads_share_its_li
     ]
     (rule,) = rendered.component("NetworkPolicy", "registry")["spec"]["ingress"]
     assert rule["from"][0] == {"namespaceSelector": {"matchLabels": {"team": "ml"}}}
-    (gateway_peer,) = rule["from"][1:]
+    gateway_peer, prometheus, test_pod = rule["from"][1:]
     assert list(gateway_peer) == ["podSelector"]
     assert labels_match(gateway_peer["podSelector"]["matchLabels"], gateway_labels)
+    # Prometheus still scrapes /metrics, and `helm test` still reaches /readyz.
+    assert prometheus == values["networkPolicy"]["metricsFrom"][0]
+    test_labels = rendered.component("Pod", "test")["metadata"]["labels"]
+    assert labels_match(test_pod["podSelector"]["matchLabels"], test_labels)
     gateway = env(container(rendered.component("Deployment", "gateway")))
     assert gateway["PREFT_GATEWAY_MAX_UPLOAD_BYTES"] == "5000000"
     # Open to everyone by default: no peer list at all, and no upload limit to copy.

@@ -112,7 +112,7 @@ Each entry is a Kubernetes EnvVar plus one field the rendered pod spec does not 
 {{- /* Uploads are streamed to the registry under the registry's own limit, unless the
 gateway's settings give it another (so it is the chart's only while they do not). */}}
 - name: PREFT_GATEWAY_MAX_UPLOAD_BYTES
-  value: {{ $registryUpload | quote }}
+  value: {{ include "preft-serve.settingText" $registryUpload | quote }}
   set: registry.settings.MAX_UPLOAD_BYTES
 {{- end }}
 - name: PREFT_GATEWAY_LOG_JSON

@@ -207,9 +207,22 @@ itself never appears in the pod spec. (dict "root" $ "var" "PREFT_GATEWAY_REDIS_
 {{- define "preft-serve.settingsEnv" -}}
 {{- $env := list -}}
 {{- range $name, $value := .settings -}}
-{{- $env = append $env (dict "name" (printf "%s%s" $.prefix (upper $name)) "value" (toString $value)) -}}
+{{- $env = append $env (dict "name" (printf "%s%s" $.prefix (upper $name)) "value" (include "preft-serve.settingText" $value)) -}}
 {{- end -}}
 {{- with $env }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/*
+A setting's value as the text of an environment variable. Numbers from a values file reach
+templates as floats, which toString writes with an exponent from 1e6 on (4194304 ->
+"4.194304e+06", which the settings refuse): a whole number is written as an integer.
+*/}}
+{{- define "preft-serve.settingText" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

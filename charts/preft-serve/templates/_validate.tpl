@@ -142,6 +142,9 @@ settings render in plain text into the pod spec, so no secret goes there either.
 {{- if and .enabled (dig "persistentVolumeClaim" "readOnly" false $v.model.volume) -}}
 {{- $errors = append $errors "model.volume.persistentVolumeClaim.readOnly must be false when model.download.enabled=true: the download init container writes the model there (the worker container still mounts it read-only)" -}}
 {{- end -}}
+{{- if and .enabled $v.trainer.enabled (not $v.model.volume.persistentVolumeClaim) -}}
+{{- $errors = append $errors "trainer.enabled with model.download.enabled needs model.volume to be a shared persistentVolumeClaim (ReadWriteMany): trainer Jobs mount model.volume as it is and do not download the model, so a per-pod volume (emptyDir, ephemeral) would be empty there" -}}
+{{- end -}}
 {{- if and .sha256 (hasPrefix "s3://" .from) -}}
 {{- $errors = append $errors "model.download.sha256 checks archives fetched from http(s) URLs; it does not apply to an s3:// source (remove it)" -}}
 {{- end -}}

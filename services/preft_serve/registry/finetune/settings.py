@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 
 class Backend(str, enum.Enum):
@@ -14,6 +14,21 @@ class Backend(str, enum.Enum):
 
     LOCAL = "local"  # a bounded pool of processes beside the registry (make run, tests)
     KUBERNETES = "kubernetes"  # one batch/v1 Job per fine-tuning job
+
+
+def _quantity(value: object) -> object:
+    """A Kubernetes quantity as text: ``cpu: 4`` in a values file arrives as a number (a
+    float, from Helm), and the Job's resources take strings."""
+    if isinstance(value, bool):
+        return value  # refused by the str type below
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return value
+
+
+Quantity = Annotated[str, BeforeValidator(_quantity)]
 
 
 class KubernetesSettings(BaseModel):
@@ -24,7 +39,7 @@ class KubernetesSettings(BaseModel):
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: list[str] = Field(default_factory=list)
     service_account: str | None = Field(None, description="ServiceAccount of trainer pods")
-    resources: dict[str, dict[str, str]] = Field(
+    resources: dict[str, dict[str, Quantity]] = Field(
         default_factory=lambda: {
             "requests": {"cpu": "2", "memory": "8Gi"},
             "limits": {"memory": "16Gi"},
