@@ -289,6 +289,22 @@ def test_ingresses_route_to_existing_service_ports(
                 assert backend["port"]["name"] in [p["name"] for p in service["spec"]["ports"]]
 
 
+def test_ingresses_expose_the_api_not_metrics_or_probes(
+    render: Callable[..., Rendered],
+) -> None:
+    """/metrics names every tenant and adapter: Prometheus scrapes it inside the cluster."""
+    rendered = render([], {"gateway.ingress.enabled": "true", "registry.ingress.enabled": "true"})
+    routed = {
+        ingress["metadata"]["labels"]["app.kubernetes.io/component"]: [
+            path["path"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]
+        ]
+        for ingress in rendered.of_kind("Ingress")
+    }
+    assert routed == {"gateway": ["/v1", "/console"], "registry": ["/v1"]}
+    for internal in ("/metrics", "/healthz", "/readyz"):
+        assert not any(internal.startswith(p) for paths in routed.values() for p in paths)
+
+
 @pytest.mark.parametrize("scenario", ["gpu", "ha"])
 def test_monitors_select_the_metrics_endpoints(
     scenarios: dict[str, Rendered], scenario: str
