@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers, message
+from tests.support.gateway import AUTH, MSGS, PATIENT_LIMITER_S, FakeRegistry, Workers, message
 from tests.support.ports import free_port
 from tests.support.redis_process import RedisProcess
 
@@ -24,6 +24,7 @@ from tests.support.redis_process import RedisProcess
 def _client(
     redis_url: str, workers: Workers, namespace: str | None = None, **limits: Any
 ) -> TestClient:
+    limits.setdefault("ratelimit_timeout_s", PATIENT_LIMITER_S)  # the outage test sets 0.2
     settings = GatewaySettings(
         worker_urls=["http://w1:8000"],
         base_model_name="tiny",

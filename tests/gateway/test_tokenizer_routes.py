@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
-from tests.support.gateway import AUTH, FakeRegistry
+from tests.support.gateway import AUTH, PATIENT_LIMITER_S, FakeRegistry
 
 WORKER = "http://w0:8000"
 
@@ -136,6 +136,7 @@ def test_version_is_the_workers(client: TestClient) -> None:
 
 
 def _gateway(worker: Tokenizer, redis_url: str | None = None, **settings: Any) -> TestClient:
+    settings.setdefault("ratelimit_timeout_s", PATIENT_LIMITER_S)
     config = GatewaySettings(
         worker_urls=[WORKER],
         base_model_name="tiny",

@@ -18,7 +18,7 @@ from preft_serve.gateway.app import create_app
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.gateway.usage import UtcToday, utc_day
-from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers
+from tests.support.gateway import AUTH, MSGS, PATIENT_LIMITER_S, FakeRegistry, Workers
 from tests.support.ports import free_port
 
 # What tests.support.gateway.Workers reports for every completion.
@@ -26,6 +26,7 @@ PROMPT, COMPLETION = 5, 3
 
 
 def _client(redis_url: str, workers: Workers, namespace: str, **settings: Any) -> TestClient:
+    settings.setdefault("ratelimit_timeout_s", PATIENT_LIMITER_S)
     config = GatewaySettings(
         worker_urls=["http://w1:8000"], base_model_name="tiny", namespace=namespace, **settings
     )
