@@ -93,7 +93,8 @@ def _check_promoted(run: Any, name: str) -> None:
     if not isinstance(run, dict) or run.get("promoted"):
         return
     number = run.get("version")
-    result = run.get("result") if isinstance(run.get("result"), dict) else {}
+    found = run.get("result")
+    result: dict[str, Any] = found if isinstance(found, dict) else {}
     if result.get("serving_version") == number:
         return
     if refused := run.get("promote_refused"):

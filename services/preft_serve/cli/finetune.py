@@ -92,7 +92,7 @@ def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
 def _pages(reg: Registry, path: str, args: argparse.Namespace) -> dict[str, Any]:
     """One page after ``--after`` (or the newest), or with ``--all`` every page, joined."""
     params: dict[str, Any] = {"limit": args.limit, **({"after": args.after} if args.after else {})}
-    result = reg.call("GET", path, params=params)
+    result: dict[str, Any] = reg.call("GET", path, params=params)
     while args.all and result["has_more"] and result["data"]:
         page = reg.call("GET", path, params={**params, "after": result["data"][-1]["id"]})
         result = {**page, "data": result["data"] + page["data"]}
