@@ -70,6 +70,15 @@ def traced(spans: InMemorySpanExporter, workers: Workers) -> Iterator[TestClient
         yield client
 
 
+def complete(client: TestClient) -> httpx.Response:
+    """One chat completion through the gateway under test."""
+    return client.post(
+        "/v1/chat/completions",
+        headers=AUTH,
+        json={"model": "bot", "messages": MSGS, "max_tokens": 4},
+    )
+
+
 def traceparent_ids(header: str) -> tuple[str, str]:
     """(trace id, parent span id) of a W3C traceparent ``00-<trace>-<span>-<flags>``."""
     version, trace_id, span_id, flags = header.split("-")
@@ -84,11 +93,7 @@ def of_kind(finished: tuple[ReadableSpan, ...], kind: SpanKind) -> list[Readable
 def test_a_completion_is_one_trace_whose_id_reaches_the_worker(
     traced: TestClient, spans: InMemorySpanExporter, workers: Workers
 ) -> None:
-    resp = traced.post(
-        "/v1/chat/completions",
-        headers=AUTH,
-        json={"model": "bot", "messages": MSGS, "max_tokens": 4},
-    )
+    resp = complete(traced)
     assert resp.status_code == 200, resp.text
     finished = spans.get_finished_spans()
     (server,) = of_kind(finished, SpanKind.SERVER)
@@ -126,11 +131,7 @@ def test_shutdown_sends_the_queued_spans_and_stops_the_exporter(
         registry=FakeRegistry(),
     )
     with TestClient(app) as client:
-        resp = client.post(
-            "/v1/chat/completions",
-            headers=AUTH,
-            json={"model": "bot", "messages": MSGS, "max_tokens": 4},
-        )
+        resp = complete(client)
         assert resp.status_code == 200, resp.text
         assert exporter.get_finished_spans() == ()
     finished = exporter.get_finished_spans()
@@ -168,11 +169,7 @@ def test_off_by_default_sends_no_traceparent(workers: Workers) -> None:
     assert GatewaySettings(worker_urls=["http://w1:8000"]).tracing_enabled is False
     app = create_app(settings(), transport=httpx.MockTransport(workers), registry=FakeRegistry())
     with TestClient(app) as client:
-        resp = client.post(
-            "/v1/chat/completions",
-            headers=AUTH,
-            json={"model": "bot", "messages": MSGS, "max_tokens": 4},
-        )
+        resp = complete(client)
     assert resp.status_code == 200, resp.text
     assert "traceparent" not in workers.headers[0]
 

@@ -16,8 +16,9 @@ from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, 
 from preft_serve.cli.client import CliError, ProgressFile, Registry
 from preft_serve.cli.evaluation import add_evaluation_parsers
 from preft_serve.cli.helptext import with_examples
+from preft_serve.cli.ids import adapter_name
 from preft_serve.cli.output import progress_bar, show_progress
-from preft_serve.cli.policy import adapter_name, add_policy_parsers
+from preft_serve.cli.policy import add_policy_parsers
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 PROGRESS_MIN_BYTES = 1 << 20  # on a terminal, smaller transfers finish before a bar helps

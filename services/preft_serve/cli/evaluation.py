@@ -12,7 +12,8 @@ from typing import Any
 
 from preft_serve.cli.client import CliError, Registry
 from preft_serve.cli.helptext import with_examples
-from preft_serve.cli.policy import adapter_name, version
+from preft_serve.cli.ids import adapter_name
+from preft_serve.cli.policy import version
 from preft_serve.common.evaluation_wire import (
     MAX_EVAL_TOKENS,
     MAX_EXAMPLES,

@@ -13,7 +13,7 @@ from typing import Any
 
 from preft_serve.cli.client import CliError, Registry
 from preft_serve.cli.helptext import with_examples
-from preft_serve.common.registry_client.contract import is_adapter_name, is_user_id
+from preft_serve.cli.ids import adapter_name, user_id
 from preft_serve.common.version_split import WEIGHT_DECIMALS, weight_units
 
 MAX_VERSION = 999_999_999  # registry.policy_schemas.MAX_VERSION: nine digits at most
@@ -22,28 +22,6 @@ _TEXT_MAX = 64
 
 def _shown(text: str) -> str:
     return repr(text if len(text) <= _TEXT_MAX else text[:_TEXT_MAX] + "...")
-
-
-def adapter_name(text: str) -> str:
-    if not is_adapter_name(text):
-        raise argparse.ArgumentTypeError(
-            f"adapter name {_shown(text)} is invalid: use 1-64 letters, digits, '.', '_' or "
-            "'-', starting with a letter or digit"
-        )
-    return text
-
-
-def user_id(text: str) -> str:
-    if text in (".", ".."):  # valid ids, but a URL path cannot name them
-        raise argparse.ArgumentTypeError(
-            f"user id {text!r} cannot be named in a URL path: bind users with other ids"
-        )
-    if not is_user_id(text):
-        raise argparse.ArgumentTypeError(
-            f"user id {_shown(text)} is invalid: use 1-128 letters, digits or '.', '_', "
-            "'@', '+', '=', '-'"
-        )
-    return text
 
 
 def version(text: str) -> int:

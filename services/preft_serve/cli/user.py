@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from preft_serve.cli.client import Registry
-from preft_serve.cli.policy import adapter_name, user_id
+from preft_serve.cli.ids import adapter_name, user_id
 
 
 def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
