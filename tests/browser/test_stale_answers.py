@@ -162,3 +162,26 @@ def test_an_attach_without_an_answer_keeps_the_uploaded_file(
     expect(page.locator("#evaluation-none")).to_be_visible()  # the gate, read again
     assert api.delete(f"/v1/files/{kept[1]}").status_code in (200, 204)
     api.close()
+
+
+def test_a_promote_after_a_split_elsewhere_is_refused_not_undone(
+    page: Page, gateway: ServiceProcess, registry: Registry, base: Base
+) -> None:
+    """The promote button carries the tag of the policy the page showed: a split another
+    client set since is not ended by it (412), and the page redraws what is served now."""
+    api, _split = _split_form_on_v1_with_v2_staged(
+        page, gateway, registry, base, "stale-promote", seed=91
+    )
+    split = {"version": 1, "canary": {"version": 2, "weight": 0.07}}
+    assert api.put(f"/v1/adapters/{NAME}/policy", json=split).status_code == 200
+    page.get_by_role("button", name="Promote version 2").click()
+    expect(page.get_by_role("alert").filter(has_text="changed since it was read")).to_be_visible()
+    policy = api.get(f"/v1/adapters/{NAME}/policy").json()
+    assert (policy["version"], policy["canary"]["version"], policy["canary"]["weight"]) == (
+        1,
+        2,
+        0.07,
+    )
+    # The redrawn page shows the split (as a whole percentage, no float noise).
+    expect(page.get_by_text("version 2 to 7% of users")).to_be_visible()
+    api.close()

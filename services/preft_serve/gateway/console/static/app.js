@@ -109,15 +109,24 @@ function route() {
   }
   let [name, ...rest] = location.hash.replace(/^#\/?/, "").split("/");
   if (operatorMode) name = "operator";
-  else if (!PAGES[name]) name = "adapters";
+  else if (!Object.hasOwn(PAGES, name)) name = "adapters";
   const page = operatorMode ? operator : PAGES[name];
   for (const link of nav.querySelectorAll("a")) {
     link.toggleAttribute("aria-current", link.getAttribute("href") === `#/${name}`);
     if (link.hasAttribute("aria-current")) link.setAttribute("aria-current", "page");
   }
   fill(view);
-  page.render(view, rest.map(decodeURIComponent), () => current(token));
+  page.render(view, rest.map(decoded), () => current(token));
   view.focus({ preventScroll: true });
+}
+
+// A hash segment as typed: a malformed escape (%E0) is kept as it is, not a thrown error.
+function decoded(segment) {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    return segment;
+  }
 }
 
 document.getElementById("sign-out").addEventListener("click", () => {

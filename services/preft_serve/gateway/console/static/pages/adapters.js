@@ -25,9 +25,25 @@ const WINDOWS = [
   { value: "30d", label: "Last 30 days", group_by: "day", hours: 30 * 24 },
 ];
 
+// The registry's rule for adapter names: only such a name goes into a request path (a '.'
+// segment from a crafted link would be folded by the browser onto another adapter's route).
+const ADAPTER_NAME = /^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+
 export function render(view, [name], alive) {
-  if (name) detail(view, name, alive);
+  if (name && !ADAPTER_NAME.test(name)) {
+    fill(
+      view,
+      h("h1", {}, "Adapters"),
+      h("p", { class: "error", role: "alert" }, "That is not an adapter name: names are 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."),
+      h("p", {}, h("a", { href: "#/adapters" }, "All adapters")),
+    );
+  } else if (name) detail(view, name, alive);
   else list(view, alive);
+}
+
+// A share of users as a percentage, without float noise (0.07 -> "7%", not 7.000000000000001).
+function percent(weight) {
+  return `${Math.round(weight * 10000) / 100}%`;
 }
 
 function adapterLink(name) {
@@ -216,7 +232,7 @@ function detail(view, name, alive) {
         "dl",
         { class: "row" },
         h("div", {}, h("dt", {}, "Serving"), h("dd", {}, `version ${policy.version}`)),
-        h("div", {}, h("dt", {}, "Split"), h("dd", {}, policy.canary ? `version ${policy.canary.version} to ${policy.canary.weight * 100}% of users` : "none")),
+        h("div", {}, h("dt", {}, "Split"), h("dd", {}, policy.canary ? `version ${policy.canary.version} to ${percent(policy.canary.weight)} of users` : "none")),
         h("div", {}, h("dt", {}, "Bound users"), h("dd", {}, String(adapter.bound_users))),
         h("div", {}, h("dt", {}, "Base model"), h("dd", {}, adapter.base_model)),
       ),
@@ -225,7 +241,7 @@ function detail(view, name, alive) {
       .slice()
       .reverse()
       .map((v) => {
-        const actions = v.version === policy.version ? "" : promoteControls(v);
+        const actions = v.version === policy.version ? "" : promoteControls(v, policyTag);
         return [
           `v${v.version}`,
           badge(v.state),
@@ -243,8 +259,10 @@ function detail(view, name, alive) {
   }
 
   // Promote (or roll back); a staged version the gate holds back gets the registry's
-  // refusal next to its button and a force button, which asks first.
-  function promoteControls(v) {
+  // refusal next to its button and a force button, which asks first. Both carry the tag of
+  // the policy the page showed: a promote or split made elsewhere since then gets 412 (and
+  // the page redraws) instead of being undone.
+  function promoteControls(v, policyTag) {
     const label = v.state === "retired" ? "Roll back to this" : "Promote";
     const refusalId = `promote-refusal-${v.version}`;
     const promote = h(
@@ -268,7 +286,7 @@ function detail(view, name, alive) {
     promote.addEventListener("click", () => {
       refusal.hidden = true;
       force.hidden = true;
-      act(`Serving version ${v.version}`, "POST", `/versions/${v.version}/promote`, undefined, undefined, held);
+      act(`Serving version ${v.version}`, "POST", `/versions/${v.version}/promote`, undefined, undefined, held, policyTag);
     });
     force.addEventListener("click", async () => {
       const question =
@@ -277,7 +295,7 @@ function detail(view, name, alive) {
       if (!(await confirmDialog(question, "Promote anyway"))) return;
       act(`Serving version ${v.version} (gate skipped)`, "POST", `/versions/${v.version}/promote`, undefined, {
         force: "true",
-      });
+      }, undefined, policyTag);
     });
     return h("div", {}, h("div", { class: "row" }, promote, force), refusal);
   }

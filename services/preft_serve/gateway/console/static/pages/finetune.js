@@ -9,8 +9,19 @@ import { lineChart } from "../charts.js";
 const POLL_MS = 1500;
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 
+// The registry's job ids: only such an id goes into a request path (a '.' segment from a
+// crafted link would be folded by the browser onto another route).
+const JOB_ID = /^ftjob-[A-Za-z0-9]{24}$/;
+
 export function render(view, [jobId], alive) {
-  if (jobId) job(view, jobId, alive);
+  if (jobId && !JOB_ID.test(jobId)) {
+    fill(
+      view,
+      h("h1", {}, "Fine-tuning"),
+      h("p", { class: "error", role: "alert" }, "That is not a job id: job ids are 'ftjob-' and 24 letters or digits."),
+      h("p", {}, h("a", { href: "#/fine-tuning" }, "All jobs")),
+    );
+  } else if (jobId) job(view, jobId, alive);
   else overview(view, alive);
 }
 
@@ -157,7 +168,7 @@ function overview(view, alive) {
   async function loadBase() {
     try {
       const models = await api.call("GET", "/v1/models");
-      const base = models.data.find((m) => m.owned_by === "preft-serve");
+      const base = models.data.at(-1); // the base model comes last (a tenant may be named preft-serve)
       if (alive() && base && !model.value) model.value = base.id;
     } catch {
       // typed by hand then

@@ -125,7 +125,7 @@ export function render(view, _params, alive) {
       return;
     }
     if (!alive()) return;
-    const baseModel = models.data.find((m) => m.owned_by === "preft-serve") || models.data[models.data.length - 1];
+    const baseModel = models.data.at(-1); // the base model comes last (a tenant may be named preft-serve)
     base = baseModel.id;
     right.heading.textContent = `Base model (${base})`;
     fill(

@@ -9,15 +9,24 @@ export function render(view) {
   let chosen = [];
   const note = notices();
   const name = h("input", { name: "adapter-name", required: true, autocomplete: "off", maxlength: "128" });
+  // A new version keeps its adapter's mode unless another is chosen: the registry keeps
+  // it when the form names none, and a PreFT adapter must not turn all-token by default.
+  const keep = h("option", { value: "", hidden: true, disabled: true }, "keep the adapter's mode");
   const mode = h(
     "select",
     { name: "mode" },
     [
-      h("option", { value: "all" }, "all tokens (all)"),
+      keep,
+      h("option", { value: "all", selected: true }, "all tokens (all)"),
       h("option", { value: "prefill" }, "the prompt only (prefill)"),
     ],
   );
   const next = h("input", { type: "checkbox", name: "new-version" });
+  next.addEventListener("change", () => {
+    keep.hidden = keep.disabled = !next.checked;
+    if (next.checked) mode.value = "";
+    else if (!mode.value) mode.value = "all";
+  });
   const promote = h("input", { type: "checkbox", name: "promote" });
   const picker = h("input", { type: "file", name: "files", multiple: true });
   const folder = h("input", { type: "file", name: "folder", webkitdirectory: "" });
@@ -75,7 +84,7 @@ export function render(view) {
       return;
     }
     const body = new FormData();
-    body.set("mode", mode.value);
+    if (mode.value) body.set("mode", mode.value);
     for (const file of chosen) body.append("files", file, file.name);
     const adapter = name.value.trim();
     let method = "POST";

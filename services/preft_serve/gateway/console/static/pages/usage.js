@@ -61,6 +61,8 @@ export function render(view, _params, alive) {
       let total = 0;
       const items = [...bucket.items];
       if (bucket.no_user && bucket.no_user.requests) items.push({ name: "(no user)", ...bucket.no_user });
+      // Past the first users or keys a bucket names, the rest are summed here.
+      if (bucket.other && bucket.other.requests) items.push({ name: "(others)", ...bucket.other });
       for (const item of items) {
         rows.push([bucket.start, item.name, item.requests, item.prompt_tokens, item.completion_tokens]);
         total += item.requests;
