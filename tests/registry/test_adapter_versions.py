@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from pathlib import Path
 
 from preft_serve.common.registry_client import RegistryKeys
 from tests.support.registry_api import upload
@@ -63,6 +64,21 @@ def test_download_returns_the_stored_files(client, acme, new_tenant, lora_dir):
     assert again.status_code == 201 and again.json()["sha256"] == sha
     other = new_tenant("globex")
     assert client.get("/v1/adapters/bot/download", headers=other).status_code == 404
+
+
+def test_a_download_leaves_nothing_in_staging_however_it_ends(client, acme, settings, lora_dir):
+    """Starlette answers a bad Range header (400, 416) without running a response's
+    background task: the exported files must go all the same."""
+    upload(client, acme, "bot", lora_dir)
+    staging = Path(settings.staging_dir)
+    for headers, status in (
+        ({}, 200),
+        ({"Range": "junk"}, 400),
+        ({"Range": "bytes=999999999-"}, 416),
+    ):
+        resp = client.get("/v1/adapters/bot/download", headers={**acme, **headers})
+        assert resp.status_code == status, resp.text
+        assert sorted(staging.glob("preft-download-*")) == [], headers
 
 
 def test_list_users(client, acme, lora_dir):

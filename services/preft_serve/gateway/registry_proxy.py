@@ -31,6 +31,7 @@ from preft_serve.common.access_log import REQUEST_ID_HEADER, request_id_of
 from preft_serve.common.bodylimit import DRAIN_BYTES
 from preft_serve.common.errors import NotFound, ServiceError, ServiceUnavailable
 from preft_serve.common.registry_client import KeyOwner
+from preft_serve.common.upload_routes import is_upload_route
 from preft_serve.gateway.body_pace import BodyTooSlow, paced
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.registry_slots import RETRY_AFTER, RegistrySlots
@@ -170,11 +171,7 @@ async def forward(
 def is_upload(method: str, path: str) -> bool:
     """Whether the call is an upload: its body is streamed through (and bounded by the
     upload limit) rather than read first."""
-    if method == "POST":
-        return path in ("/v1/files", "/v1/adapters")
-    if method == "PUT" and path.startswith("/v1/adapters/"):
-        return "/" not in path[len("/v1/adapters/") :].rstrip("/")
-    return False
+    return is_upload_route(method, path)
 
 
 def family(path: str) -> str:

@@ -11,17 +11,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from preft_serve.common.errors import BadRequest, PayloadTooLarge, ServiceError, error_response
 from preft_serve.common.jsondepth import json_depth
+from preft_serve.common.upload_routes import is_upload_route
 
 MAX_JSON_BODY_BYTES = 1 << 20  # tenant, rate-limit and binding bodies: a few small fields
 MAX_JSON_DEPTH = 32
 
 
 def is_upload(scope: Scope) -> bool:
-    """Whether the body is a multipart form (the adapter uploads, bounded by the upload
-    size cap instead). Every other body gets the JSON bounds, whatever its content type
-    claims: matching FastAPI's own idea of "JSON" byte for byte is fragile (it strips
-    characters like NBSP that ``bytes.strip`` keeps, so ``application/json\xa0`` once
-    slipped past a JSON check here), and no other kind of body is large."""
+    """Whether the body is a multipart form sent to an upload route (``common.upload_routes``:
+    bounded by the upload size cap instead). Every other body gets the JSON bounds, whatever
+    its content type claims: matching FastAPI's own idea of "JSON" byte for byte is fragile
+    (it strips characters like NBSP that ``bytes.strip`` keeps, so ``application/json\xa0``
+    once slipped past a JSON check here), and no other kind of body is large (a multipart
+    body sent to a JSON route was read whole before its 422)."""
+    if not is_upload_route(scope.get("method", ""), scope.get("path", "")):
+        return False
     for name, value in scope.get("headers", []):
         if name == b"content-type":
             return bool(value.split(b";", 1)[0].strip().lower() == b"multipart/form-data")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, File, Form, Header, Query, Response, UploadFile, status
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
-from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
 from preft_serve.adapters.format import AdapterMode
 from preft_serve.common.audit_wire import AuditAction
@@ -285,13 +286,29 @@ def download_adapter(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return FileResponse(
+    return _TemporaryFileResponse(
+        Path(tmp),
         archive,
         media_type="application/gzip",
         filename=archive.name,
         headers={"X-Preft-Version": str(rec.version), "X-Preft-Sha256": rec.sha256},
-        background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True),
     )
+
+
+class _TemporaryFileResponse(FileResponse):
+    """A file answer whose folder is removed however the answer ends. Starlette's own
+    ``background`` is skipped when it answers a Range header with 400 or 416, which left
+    the weights and their archive (twice an adapter's size) in staging per request."""
+
+    def __init__(self, folder: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.folder = folder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await anyio.to_thread.run_sync(shutil.rmtree, self.folder, True)
 
 
 _POLICY_ERRORS = error_responses(400, 401, 403, 404, 422)
