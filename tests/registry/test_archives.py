@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
+from preft_serve.common.domain_errors import Unavailable
+from preft_serve.registry.archives import extract_archive
+from preft_serve.registry.validation import UploadBounds
 from tests.support.registry_api import error_message, upload
 
 
@@ -320,3 +323,19 @@ def test_archive_with_other_files_rejected(client, acme, lora_dir, state_snapsho
     assert resp.status_code == 400
     assert "send either one archive or the two adapter files, not both" in error_message(resp)
     assert state_snapshot() == before
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "zip"])
+def test_a_staging_failure_is_the_registrys_503_not_a_corrupt_archive(
+    kind: str, lora_dir: Path, tmp_path: Path
+) -> None:
+    """The staging file cannot be written (here a folder stands where it goes, as a full
+    disk or too many open files would fail it): 503 without the server's path, not 400."""
+    entries = _adapter_entries(lora_dir)
+    data = _zip(entries) if kind == "zip" else _tar(entries)
+    dest = tmp_path / "staging"
+    (dest / CONFIG_FILE).mkdir(parents=True)
+    with pytest.raises(Unavailable) as refused:
+        extract_archive(io.BytesIO(data), f"adapter.{kind}", dest, UploadBounds())
+    message = str(refused.value)
+    assert "could not stage this upload" in message and str(tmp_path) not in message

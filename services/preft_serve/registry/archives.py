@@ -11,6 +11,7 @@ names are quoted in messages through ``text.shown``, never in full.
 
 from __future__ import annotations
 
+import logging
 import lzma
 import stat
 import tarfile
@@ -20,12 +21,19 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
-from preft_serve.common.domain_errors import InvalidRequest, TooLarge, UnsupportedFormat
+from preft_serve.common.domain_errors import (
+    InvalidRequest,
+    TooLarge,
+    Unavailable,
+    UnsupportedFormat,
+)
 from preft_serve.common.text import clip, shown
 from preft_serve.registry.tarheaders import BoundedTarInfo
 from preft_serve.registry.validation import UploadBounds
 from preft_serve.registry.validation.weights import CONVERT_HINT
 from preft_serve.registry.zipdir import check_zip_directory
+
+logger = logging.getLogger(__name__)
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")
 IGNORED = ("README.md", ".gitattributes")  # written by PEFT's save_pretrained; not stored
@@ -131,7 +139,7 @@ class _Extractor:
             )
         path = self.dest / role
         written = 0
-        with open(path, "wb") as out:
+        with _StagingFile(path) as out:
             while chunk := src.read(_CHUNK):
                 written += len(chunk)
                 self.total_out += len(chunk)
@@ -147,6 +155,39 @@ class _Extractor:
                     raise InvalidRequest(f"archive expands more than {ratio_cap:.0f}x (zip bomb?)")
                 out.write(chunk)
         self.found[role] = path
+
+
+class _StagingFile:
+    """A staging file whose own failures (disk full, too many open files) are the
+    registry's 503, never the archive's 'corrupt' 400: the archive readers catch OSError
+    from the archive, and a server path must not reach a tenant."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> _StagingFile:
+        try:
+            self.out = open(self.path, "wb")
+        except OSError as exc:
+            raise _staging_failed(exc) from None
+        return self
+
+    def write(self, chunk: bytes) -> None:
+        try:
+            self.out.write(chunk)
+        except OSError as exc:
+            raise _staging_failed(exc) from None
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.out.close()
+
+
+def _staging_failed(exc: OSError) -> Unavailable:
+    logger.error("upload staging failed: %s", exc)
+    return Unavailable(
+        "the registry could not stage this upload (its staging space is full or failing); "
+        "retry shortly"
+    )
 
 
 def extract_archive(
