@@ -44,8 +44,8 @@ def loss_run() -> scenarios.Run:
     calls: list[tuple[str, str, str]] = []
     choose = WorkerPool.choose
 
-    def spy(self: WorkerPool, key: str):  # type: ignore[no-untyped-def]
-        choice = choose(self, key)
+    def spy(self: WorkerPool, key: str, prefill_hop: bool = False):  # type: ignore[no-untyped-def]
+        choice = choose(self, key, prefill_hop)
         calls.append((key, choice.order[0], choice.result.value))
         return choice
 
@@ -523,9 +523,11 @@ def test_each_routing_decision_is_the_products_take_route(
     cold-load slot; a retry that holds a slot asks for none."""
     calls: list[tuple[str, str | None]] = []
 
-    def spy(pool: WorkerPool, key: str, cold_tenant: str | None = None) -> proxy.Route:
+    def spy(
+        pool: WorkerPool, key: str, cold_tenant: str | None = None, prefill_hop: bool = False
+    ) -> proxy.Route:
         calls.append((key, cold_tenant))
-        return proxy.take_route(pool, key, cold_tenant)
+        return proxy.take_route(pool, key, cold_tenant, prefill_hop)
 
     monkeypatch.setattr(cluster_module, "take_route", spy)
     cluster = small_cluster(max_open_requests=1)

@@ -155,11 +155,16 @@ def test_fine_tune_evaluate_canary_promote_roll_back(
 
     # v2: one optimizer step learns nothing; the gate keeps it staged.
     assert fine_tune(1, seed=0, staged=True) == 2
-    bad = cli("adapter", "evaluate", NAME, "--promote")
+    # --promote exits 1 when the version is not served after it; the result is stored.
+    code, out, err = run_cli(
+        capsys, "--url", gw, "--api-key", key, "--json", "adapter", "evaluate", NAME, "--promote"
+    )
+    assert code == 1 and json.loads(out)["error"]["code"] == "not_promoted", (out, err)
     v1_score, v2_score = score(1), score(2)
     assert v1_score - v2_score > MARGIN, (v1_score, v2_score)  # the fixture is really bad
-    result = bad["result"]
-    assert (result["passed"], bad["promoted"], result["serving_version"]) == (False, False, 1)
+    stored = cli("adapter", "policy", NAME)["versions"]
+    result = {v["version"]: v["evaluation"] for v in stored}[2]
+    assert (result["passed"], result["serving_version"]) == (False, 1)
     assert math.isclose(result["score"], v2_score) and math.isclose(
         result["serving_score"], v1_score
     )
