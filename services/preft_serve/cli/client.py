@@ -127,7 +127,7 @@ class Registry:
     def _refused(self, resp: httpx.Response) -> CliError:
         """A refusal, or a redirect (never followed: the request may not be one to
         repeat elsewhere, and nothing was done)."""
-        if resp.is_redirect or 300 <= resp.status_code < 400:
+        if 300 <= resp.status_code < 400:
             where = resp.headers.get("location", "")
             return CliError(
                 f"{self.url} answered HTTP {resp.status_code}, redirecting to "

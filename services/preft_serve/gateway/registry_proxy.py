@@ -133,7 +133,7 @@ async def forward(
     call takes until its answer is relayed."""
     registry = _configured(registry, request)
     _check_path(request)
-    upload = is_upload(request.method, request.url.path)
+    upload = is_upload_route(request.method, request.url.path)
     try:
         release = registry.slots.take(owner.tenant, upload)
     except ServiceError as refused:  # 429: the tenant's share; 503: all upload slots
@@ -166,12 +166,6 @@ async def forward(
         headers=kept,
         background=BackgroundTask(_finish, answer, release),
     )
-
-
-def is_upload(method: str, path: str) -> bool:
-    """Whether the call is an upload: its body is streamed through (and bounded by the
-    upload limit) rather than read first."""
-    return is_upload_route(method, path)
 
 
 def family(path: str) -> str:

@@ -1,9 +1,9 @@
 """The gateway's body limits: the forwarded uploads under the upload limit, every other
 body under the (much smaller) body limit, both enforced before a body is read.
 
-Uploads (``registry_proxy.is_upload``: a fine-tuning file, an adapter or its next version)
-are streamed to the registry, never buffered, so they may be as large as the registry
-accepts; any other body is read whole, so it gets the body limit. A body over its limit is
+Uploads (``common.upload_routes.is_upload_route``: a fine-tuning file, an adapter or its
+next version) are streamed to the registry, never buffered, so they may be as large as the
+registry accepts; any other body is read whole, so it gets the body limit. A body over its limit is
 refused here, before the registry sees a byte of it.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from preft_serve.common.bodylimit import BodySizeLimitMiddleware
-from preft_serve.gateway.registry_proxy import is_upload
+from preft_serve.common.upload_routes import is_upload_route
 
 
 class UploadAwareBodyLimit:
@@ -35,7 +35,7 @@ class UploadAwareBodyLimit:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and is_upload(scope["method"], scope.get("path", "")):
+        if scope["type"] == "http" and is_upload_route(scope["method"], scope.get("path", "")):
             limit = self.files if scope["path"] == "/v1/files" else self.adapters
             await limit(scope, receive, send)
             return

@@ -120,3 +120,14 @@ export function saveFile(name, text, type = "text/csv") {
   link.remove();
   setTimeout(() => URL.revokeObjectURL(link.href), 1000);
 }
+
+/** The page for a link naming something the registry's rules refuse: nothing is requested
+ *  (a '.' segment would be folded by the browser onto another route). */
+export function refusedLink(view, heading, message, back, backLabel) {
+  fill(
+    view,
+    h("h1", {}, heading),
+    h("p", { class: "error", role: "alert" }, message),
+    h("p", {}, h("a", { href: back }, backLabel)),
+  );
+}

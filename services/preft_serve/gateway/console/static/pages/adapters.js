@@ -4,7 +4,7 @@
 // roll back and delete.
 
 import * as api from "../api.js";
-import { h, fill, field, table, notices, confirmDialog, when, latestCall } from "../dom.js";
+import { h, fill, field, table, notices, confirmDialog, when, latestCall, refusedLink } from "../dom.js";
 
 const PAGE = 50;
 // Answers by which the registry refused an evaluation and stored nothing; any other failure
@@ -25,18 +25,13 @@ const WINDOWS = [
   { value: "30d", label: "Last 30 days", group_by: "day", hours: 30 * 24 },
 ];
 
-// The registry's rule for adapter names: only such a name goes into a request path (a '.'
-// segment from a crafted link would be folded by the browser onto another adapter's route).
+// The registry's rule for adapter names: only such a name goes into a request path.
 const ADAPTER_NAME = /^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
 export function render(view, [name], alive) {
   if (name && !ADAPTER_NAME.test(name)) {
-    fill(
-      view,
-      h("h1", {}, "Adapters"),
-      h("p", { class: "error", role: "alert" }, "That is not an adapter name: names are 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."),
-      h("p", {}, h("a", { href: "#/adapters" }, "All adapters")),
-    );
+    const rule = "names are 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit.";
+    refusedLink(view, "Adapters", `That is not an adapter name: ${rule}`, "#/adapters", "All adapters");
   } else if (name) detail(view, name, alive);
   else list(view, alive);
 }

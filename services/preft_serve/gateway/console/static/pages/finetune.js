@@ -3,24 +3,19 @@
 // the trained adapter, its checkpoint and the per-step metrics file.
 
 import * as api from "../api.js";
-import { h, fill, field, table, notices, confirmDialog, saveFile, when } from "../dom.js";
+import { h, fill, field, table, notices, confirmDialog, saveFile, when, refusedLink } from "../dom.js";
 import { lineChart } from "../charts.js";
 
 const POLL_MS = 1500;
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 
-// The registry's job ids: only such an id goes into a request path (a '.' segment from a
-// crafted link would be folded by the browser onto another route).
+// The registry's job ids: only such an id goes into a request path.
 const JOB_ID = /^ftjob-[A-Za-z0-9]{24}$/;
 
 export function render(view, [jobId], alive) {
   if (jobId && !JOB_ID.test(jobId)) {
-    fill(
-      view,
-      h("h1", {}, "Fine-tuning"),
-      h("p", { class: "error", role: "alert" }, "That is not a job id: job ids are 'ftjob-' and 24 letters or digits."),
-      h("p", {}, h("a", { href: "#/fine-tuning" }, "All jobs")),
-    );
+    const rule = "job ids are 'ftjob-' and 24 letters or digits.";
+    refusedLink(view, "Fine-tuning", `That is not a job id: ${rule}`, "#/fine-tuning", "All jobs");
   } else if (jobId) job(view, jobId, alive);
   else overview(view, alive);
 }
