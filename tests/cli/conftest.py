@@ -7,6 +7,7 @@ from tests.registry.conftest import (  # noqa: F401  (fixtures, found by name)
     base_model_dir,
     bucket,
     live_server,
+    lora_dir,
     namespace,
     s3,
     settings,

@@ -6,12 +6,20 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from preft_serve.common.registry_client import RegistryClient
 from tests.registry import factories
 from tests.support.registry_api import admin, bearer
 
 WRITERS = 8
+
+
+@pytest.fixture
+def settings(settings):
+    """Every writer at once: one tenant's uploads race each other, so its share of the
+    transfer slots (2 by default) is raised to let them all in."""
+    return settings.model_copy(update={"max_transfers": WRITERS, "tenant_max_transfers": WRITERS})
 
 
 def _variants(src: Path, tmp: Path, n: int) -> list[Path]:

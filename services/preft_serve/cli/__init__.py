@@ -209,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _busy(message: str) -> None:
+    """A transfer-slot refusal the client waits out (stderr: --output json keeps stdout)."""
+    print(f"registry busy: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -232,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         token = target.api_key
         if not token:
             parser.error(target.missing_key())
-    registry = Registry(target.url, token, args.timeout)
+    registry = Registry(target.url, token, args.timeout, on_busy=_busy)
     try:
         result = args.func(registry, args)
     except CliError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -72,15 +74,35 @@ class ProgressFile:
         self._fh.close()
 
 
-class Registry:
-    """Thin REST client; every non-2xx answer becomes a :class:`CliError` with its message."""
+BUSY_CODES = frozenset({"too_many_transfers", "registry_busy", "uploads_busy"})
+"""Refusals of an upload or download for want of a transfer slot (the registry's, or a
+gateway's ``uploads_busy``): nothing was done, and the same request succeeds once one of
+the transfers in progress ends."""
+BUSY_WAIT_S = 120.0
+"""How long a request keeps retrying those refusals before it reports the last one."""
 
-    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+
+class Registry:
+    """Thin REST client; every non-2xx answer becomes a :class:`CliError` with its message.
+
+    A refusal for want of a transfer slot (:data:`BUSY_CODES`) is retried after the
+    answer's ``Retry-After``, for up to :data:`BUSY_WAIT_S` seconds; ``on_busy`` hears each
+    wait (the CLI prints it)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float,
+        on_busy: Callable[[str], None] | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         self.http = httpx.Client(
             base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10)
         )
+        self.on_busy = on_busy
+        self.busy_wait_s = BUSY_WAIT_S
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         resp = self._send(method, path, **kwargs)
@@ -94,35 +116,60 @@ class Registry:
         self, path: str, out: IO[bytes], progress: Any = None, **kwargs: Any
     ) -> httpx.Headers:
         """Stream a GET response's body into ``out``; ``progress(total)`` returns a byte counter."""
+        _check_path(path)
+        deadline = time.monotonic() + self.busy_wait_s
         try:
-            _check_path(path)
-            with self.http.stream("GET", path, **kwargs) as resp:
-                if not resp.is_success:
+            while True:
+                with self.http.stream("GET", path, **kwargs) as resp:
+                    if resp.is_success:
+                        return self._save(resp, out, progress)
                     resp.read()
-                    raise self._refused(resp)
-                total = int(resp.headers.get("content-length") or 0)
-                counter = progress(total) if progress is not None else None
-                try:
-                    for chunk in resp.iter_bytes():
-                        out.write(chunk)
-                        if counter is not None:
-                            counter.update(len(chunk))
-                finally:
-                    if counter is not None:
-                        counter.close()
-                return resp.headers
+                    refusal = self._refused(resp)
+                self._wait_if_busy(resp, refusal, deadline)
         except httpx.TransportError as exc:
             raise self._transport(exc) from None
 
+    @staticmethod
+    def _save(resp: httpx.Response, out: IO[bytes], progress: Any) -> httpx.Headers:
+        total = int(resp.headers.get("content-length") or 0)
+        counter = progress(total) if progress is not None else None
+        try:
+            for chunk in resp.iter_bytes():
+                out.write(chunk)
+                if counter is not None:
+                    counter.update(len(chunk))
+        finally:
+            if counter is not None:
+                counter.close()
+        return resp.headers
+
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         _check_path(path)
+        deadline = time.monotonic() + self.busy_wait_s
+        while True:
+            try:
+                resp = self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                raise self._transport(exc) from None
+            if resp.is_success:
+                return resp
+            self._wait_if_busy(resp, self._refused(resp), deadline)
+            _rewind(kwargs.get("files"))
+
+    def _wait_if_busy(self, resp: httpx.Response, refusal: CliError, deadline: float) -> None:
+        """Sleep out a transfer-slot refusal's ``Retry-After`` (1-10 s); raise ``refusal``
+        for any other answer, or once the wait would pass ``deadline``."""
+        if refusal.error.get("code") not in BUSY_CODES:
+            raise refusal
         try:
-            resp = self.http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise self._transport(exc) from None
-        if not resp.is_success:
-            raise self._refused(resp)
-        return resp
+            wait = min(max(float(resp.headers.get("retry-after", "1")), 1.0), 10.0)
+        except ValueError:
+            wait = 1.0
+        if time.monotonic() + wait > deadline:
+            raise refusal
+        if self.on_busy is not None:
+            self.on_busy(f"{refusal.message} (retrying in {wait:g} s)")
+        time.sleep(wait)
 
     def _refused(self, resp: httpx.Response) -> CliError:
         """A refusal, or a redirect (never followed: the request may not be one to
@@ -150,6 +197,14 @@ class Registry:
             "if this was an upload, it may exceed the registry's size limit",
             code="connection_failed",
         )
+
+
+def _rewind(files: Any) -> None:
+    """Put an upload's file objects back at their start, for the same request again."""
+    for spec in files or ():
+        handle = spec[1][1] if isinstance(spec[1], tuple) else spec[1]
+        if hasattr(handle, "seek"):
+            handle.seek(0)
 
 
 def _check_path(path: str) -> None:

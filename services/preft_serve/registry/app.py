@@ -32,7 +32,8 @@ from preft_serve.registry.routers import (
 )
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState
-from preft_serve.registry.upload_auth import UploadAuthMiddleware
+from preft_serve.registry.transfer_gate import TransferGateMiddleware
+from preft_serve.registry.transfers import TransferSlots
 
 logger = logging.getLogger(__name__)
 ACCESS_LOGGER = "preft_serve.registry.access"
@@ -102,7 +103,14 @@ def create_app(
     app.add_exception_handler(ObjectStoreError, _backend_unavailable)
     app.add_exception_handler(InvalidKeyPart, _invalid_key_part)
     app.add_middleware(JsonBodyGuardMiddleware)  # innermost: sees bodies under the size cap
-    app.add_middleware(UploadAuthMiddleware)  # the key of an upload before its body
+    # The key of an upload before its body; a transfer slot for each upload and download.
+    app.state.transfers = TransferSlots(settings.max_transfers, settings.tenant_max_transfers)
+    app.state.metrics.transfers.set_function(lambda: app.state.transfers.in_progress)
+    app.add_middleware(
+        TransferGateMiddleware,
+        slots=app.state.transfers,
+        max_upload_bytes=settings.max_upload_bytes,
+    )
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_bytes=settings.max_upload_bytes,

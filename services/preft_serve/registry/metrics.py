@@ -30,6 +30,12 @@ class RegistryMetrics:
             "Writes refused because the object store had no space left (answered 507 store_full)",
             registry=self.registry,
         )
+        self.transfers = Gauge(
+            "preft_registry_transfers_in_progress",
+            "Uploads and downloads this replica is serving (capped by "
+            "PREFT_REGISTRY_MAX_TRANSFERS; a tenant's by PREFT_REGISTRY_TENANT_MAX_TRANSFERS)",
+            registry=self.registry,
+        )
         self.audit_write_failures = Counter(
             "preft_registry_audit_write_failures_total",
             "Audit log entries that could not be written (the change they describe stands)",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from preft_serve.common.objectstore import ObjectStoreSettings
@@ -97,6 +97,20 @@ class RegistrySettings(ServiceSettings):
     staging_dir: Path | None = Field(
         None, description="Where uploads are unpacked; defaults to the system temp dir"
     )
+    max_transfers: int = Field(
+        8,
+        ge=1,
+        le=10000,
+        description="Uploads and downloads one replica serves at once (each holds scratch "
+        "disk while it runs); one more is refused (503 registry_busy, Retry-After)",
+    )
+    tenant_max_transfers: int = Field(
+        2,
+        ge=1,
+        le=10000,
+        description="Uploads and downloads one tenant runs at once on one replica, at most "
+        "max_transfers; one more is refused (429 too_many_transfers, Retry-After)",
+    )
     events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")
     audit_max_entries: int = Field(
         10_000,
@@ -130,6 +144,15 @@ class RegistrySettings(ServiceSettings):
         if any(p in raw.lower() for p in _PLACEHOLDERS) and len(set(raw)) < 12:
             raise ValueError("admin_token looks like a placeholder; set a random secret")
         return value
+
+    @model_validator(mode="after")
+    def _tenant_share(self) -> RegistrySettings:
+        if self.tenant_max_transfers > self.max_transfers:
+            raise ValueError(
+                f"tenant_max_transfers ({self.tenant_max_transfers}) exceeds max_transfers "
+                f"({self.max_transfers}): one tenant could hold every transfer slot"
+            )
+        return self
 
     @field_validator("base_model")
     @classmethod

@@ -1,0 +1,159 @@
+"""The gate in front of the calls that move files: uploads and downloads.
+
+Uploads are authenticated before their body is read. FastAPI reads a multipart form
+(spooling its files to disk) before it resolves a route's dependencies, so an upload
+without a valid tenant key was received in full, up to ``PREFT_REGISTRY_MAX_UPLOAD_BYTES``,
+before its 401: anyone could fill the registry's temporary disk. Every multipart body here
+is a tenant's upload (adapters, fine-tuning files), so the gate checks the tenant key of
+each one first, and the key's role for the request's method and path (a valid key whose
+role may not upload, such as an ``inference`` key, gets its 403 before the body too), with
+the routes' own check (``deps.tenant_of_header``; ``require_tenant`` runs again after it).
+
+Then every upload and download takes one of the replica's transfer slots
+(``transfers.TransferSlots``) for as long as it runs, and an upload's form is held to
+:data:`MAX_UPLOAD_PARTS` parts while it streams in: Starlette keeps each part under 1 MiB
+in memory, so a form of many small parts was a body-sized allocation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import anyio
+import redis
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from preft_serve.common.bodylimit import drain
+from preft_serve.common.domain_errors import DomainError, RateLimited, Unavailable
+from preft_serve.common.errors import (
+    BadRequest,
+    domain_error_response,
+    error_response,
+    http_status_of,
+)
+from preft_serve.registry.deps import tenant_of_header
+from preft_serve.registry.json_body_guard import is_upload
+from preft_serve.registry.transfers import RETRY_AFTER_S, TransferSlots
+
+MAX_UPLOAD_PARTS = 16
+"""Form parts one upload may have: an adapter's is its name, mode and two files (or one
+archive); a fine-tuning file's, the file and its purpose."""
+
+_DOWNLOADS = re.compile(r"/v1/adapters/[^/]+/download|/v1/files/[^/]+/content")
+
+
+def is_download_route(method: str, path: str) -> bool:
+    """``GET /v1/adapters/{name}/download`` (staged on disk while it is read) and ``GET
+    /v1/files/{id}/content`` (held in memory while it is read)."""
+    return method == "GET" and _DOWNLOADS.fullmatch(path) is not None
+
+
+class TransferGateMiddleware:
+    """For an upload or a download: 401/403 (503 when Redis is down) for a tenant key that
+    does not check out, before any of an upload's body is read; 429/503 when the tenant or
+    the replica has no transfer slot free; and an upload of too many form parts ends in
+    400."""
+
+    def __init__(self, app: ASGIApp, slots: TransferSlots, max_upload_bytes: int) -> None:
+        self.app = app
+        self.slots = slots
+        self.max_upload_bytes = max_upload_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        upload = scope["type"] == "http" and is_upload(scope)
+        if not upload and not (
+            scope["type"] == "http" and is_download_route(scope["method"], scope["path"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        tenant = await _tenant(request)
+        if isinstance(tenant, Response):
+            await tenant(scope, receive, send)
+            return
+        try:
+            self.slots.take(tenant)
+        except (RateLimited, Unavailable) as exc:
+            if upload:  # read (not kept) so the client gets the answer, not a reset
+                with contextlib.suppress(DomainError):  # over the size cap: answer now
+                    await drain(receive, self.max_upload_bytes)
+            await _refused(exc, close=upload)(scope, receive, send)
+            return
+        try:
+            if upload:
+                receive = _parts_counted(receive, _boundary(scope))
+            await self.app(scope, receive, send)
+        finally:
+            self.slots.give_back(tenant)
+
+
+def _refused(exc: DomainError, *, close: bool) -> Response:
+    """A slot refusal, with when to retry; an upload's connection is closed after it (the
+    rest of its body is not read)."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    if close:
+        headers["Connection"] = "close"
+    return error_response(http_status_of(type(exc)), exc.code, exc.message, headers=headers)
+
+
+async def _tenant(request: Request) -> str | Response:
+    """The request's tenant, or the answer that refuses it."""
+    app = request.app
+    try:
+        principal = await anyio.to_thread.run_sync(
+            tenant_of_header,
+            app.state.registry,
+            request.headers.get("authorization"),
+            request.method,
+            request.url.path,
+        )
+    except DomainError as exc:
+        return domain_error_response(exc)
+    except redis.RedisError as exc:  # middleware is outside the app's handlers: call its own
+        response: Response = await app.exception_handlers[redis.RedisError](request, exc)
+        return response
+    return principal.tenant
+
+
+def _boundary(scope: Scope) -> bytes | None:
+    """The multipart boundary the content type names (``None``: Starlette refuses it)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-type":
+            match = re.search(rb';\s*boundary="?([^";]+)"?', value, re.IGNORECASE)
+            return match.group(1) if match else None
+    return None
+
+
+def _parts_counted(receive: Receive, boundary: bytes | None) -> Receive:
+    """``receive`` that counts the form's delimiters as the body streams in and ends it in
+    a 400 past :data:`MAX_UPLOAD_PARTS` parts (the closing delimiter is one more)."""
+    if boundary is None:
+        return receive
+    delimiter = b"\r\n--" + boundary
+    carry = b"\r\n"  # the first delimiter has no line break before it
+    delimiters = 0
+
+    async def counted() -> Message:
+        nonlocal carry, delimiters
+        message = await receive()
+        if message["type"] != "http.request":
+            return message
+        window = carry + message.get("body", b"")
+        delimiters += window.count(delimiter)
+        carry = window[-(len(delimiter) - 1) :]
+        if delimiters > MAX_UPLOAD_PARTS + 1:
+            if message.get("more_body", False):
+                await drain(receive)
+            # An HTTPException subclass: FastAPI re-raises it from form parsing and the
+            # error handler renders the envelope.
+            raise BadRequest(
+                f"an upload's form has at most {MAX_UPLOAD_PARTS} parts; send the form's "
+                f"fields and the adapter's files (or its one archive), nothing else",
+                code="too_many_parts",
+            )
+        return message
+
+    return counted
