@@ -339,3 +339,17 @@ def test_a_staging_failure_is_the_registrys_503_not_a_corrupt_archive(
         extract_archive(io.BytesIO(data), f"adapter.{kind}", dest, UploadBounds())
     message = str(refused.value)
     assert "could not stage this upload" in message and str(tmp_path) not in message
+
+
+def test_a_staging_file_that_fails_as_it_closes_is_the_registrys_503() -> None:
+    """A full disk can show only when the last buffered bytes are flushed at close
+    (``/dev/full`` takes every write, then fails the flush): 503, not the 400 a
+    tenant's corrupt archive gets; an error already raised inside is left as it is."""
+    from preft_serve.registry.archives import _StagingFile
+
+    full = Path("/dev/full")
+    with pytest.raises(Unavailable, match="could not stage this upload"), _StagingFile(full) as out:
+        out.write(b"x" * 100)
+    with pytest.raises(ValueError, match="the archive's own"), _StagingFile(full) as out:
+        out.write(b"x" * 100)
+        raise ValueError("the archive's own")

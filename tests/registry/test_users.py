@@ -51,6 +51,10 @@ def test_bind_errors_leave_state_unchanged(client, acme, lora_dir, state_snapsho
     resp = client.put("/v1/users/bad user", json={"adapter": "bot"}, headers=acme)
     assert resp.status_code == 400
     assert error_message(resp).startswith("user id 'bad user' is invalid: use 1-128 letters")
+    for dots in ("%2E", "%2E%2E"):  # valid ids, but no URL path could name the binding
+        resp = client.put(f"/v1/users/{dots}", json={"adapter": "bot"}, headers=acme)
+        assert resp.status_code == 400
+        assert "cannot be bound: URLs fold '.' and '..' path segments" in error_message(resp)
     resp = client.put("/v1/users/u1", json={"adapter": "../x"}, headers=acme)
     assert resp.status_code == 400
     assert error_message(resp).startswith("adapter name '../x' is invalid")

@@ -178,8 +178,12 @@ class _StagingFile:
         except OSError as exc:
             raise _staging_failed(exc) from None
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.out.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        try:
+            self.out.close()  # flushes the last buffered bytes: a full disk can show here
+        except OSError as exc:
+            if exc_type is None:  # an error already on its way is the one to report
+                raise _staging_failed(exc) from None
 
 
 def _staging_failed(exc: OSError) -> Unavailable:

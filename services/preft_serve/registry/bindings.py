@@ -20,7 +20,11 @@ from preft_serve.common.registry_client import (
 from preft_serve.common.text import shown
 from preft_serve.common.version_split import pick
 from preft_serve.registry.events import queue_event
-from preft_serve.registry.names import check_adapter_name, check_user_id
+from preft_serve.registry.names import (
+    check_adapter_name,
+    check_bindable_user_id,
+    check_user_id,
+)
 from preft_serve.registry.schemas import BindingOut, UserBinding
 from preft_serve.registry.txn import Redis, transact
 
@@ -71,7 +75,7 @@ class BindingService:
         self.reader = RegistryClient(client=client, namespace=keys.ns, cache=False)
 
     def bind(self, tenant: str, user: str, adapter: str) -> BindingOut:
-        check_user_id(user)
+        check_bindable_user_id(user)
         check_adapter_name(adapter)
         k = self.keys
         binding_key, adapter_key = k.binding(tenant, user), k.adapter(tenant, adapter)

@@ -53,6 +53,19 @@ def check_user_id(user: str) -> str:
     return user
 
 
+def check_bindable_user_id(user: str) -> str:
+    """A user id a binding may be stored under: a valid one, other than '.' and '..',
+    which no URL path can name (clients fold them), so such a binding could never be
+    read or removed through the API."""
+    check_user_id(user)
+    if user in (".", ".."):
+        raise InvalidRequest(
+            f"user id {user!r} cannot be bound: URLs fold '.' and '..' path segments, so "
+            "the binding could never be read or removed; choose another id"
+        )
+    return user
+
+
 def check_key_id(key_id: str) -> str:
     if _KEY_ID.fullmatch(key_id) is None:
         raise InvalidRequest(
