@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.asgi import answer_of, multipart_scope
+
 
 def _call(app: Any, headers: dict[str, str]) -> tuple[int, dict[str, Any], int]:
     """POST a (never-ending) multipart body to /v1/adapters straight through the ASGI app:
     (status, JSON body, how many times the app asked for body bytes)."""
     asked = 0
-    sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         nonlocal asked
@@ -30,30 +31,9 @@ def _call(app: Any, headers: dict[str, str]) -> tuple[int, dict[str, Any], int]:
             return {"type": "http.request", "body": b"--b--\r\n", "more_body": False}
         return {"type": "http.request", "body": b"x" * 65536, "more_body": True}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/adapters",
-        "raw_path": b"/v1/adapters",
-        "root_path": "",
-        "query_string": b"",
-        "client": ("127.0.0.1", 5000),
-        "server": ("testserver", 80),
-        "headers": [
-            (b"content-type", b"multipart/form-data; boundary=b"),
-            *((k.lower().encode(), v.encode()) for k, v in headers.items()),
-        ],
-    }
-    asyncio.run(app(scope, receive, send))
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], json.loads(body), asked
+    scope = multipart_scope("POST", "/v1/adapters", headers)
+    status, _, body = asyncio.run(answer_of(app, scope, receive))
+    return status, json.loads(body), asked
 
 
 @pytest.mark.parametrize(
@@ -94,26 +74,6 @@ def test_upload_while_redis_is_down_is_503_unread(client, acme, monkeypatch) -> 
     assert body["error"]["message"] == "Redis is unavailable; retry shortly"
 
 
-def _scope(method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "client": ("127.0.0.1", 5000),
-        "server": ("testserver", 80),
-        "headers": [
-            (b"content-type", b"multipart/form-data; boundary=b"),
-            *((k.lower().encode(), v.encode()) for k, v in headers.items()),
-        ],
-    }
-
-
 class _Held:
     """Calls into the ASGI app that stay in progress until :meth:`release`: an upload whose
     body has not arrived yet, or a download whose client has not read its answer."""
@@ -130,8 +90,8 @@ class _Held:
     async def _call(
         self, method: str, path: str, headers: dict[str, str]
     ) -> tuple[int, dict[str, str], bytes]:
-        sent: list[dict[str, Any]] = []
         received = 0
+        started = False
 
         async def receive() -> dict[str, Any]:
             nonlocal received
@@ -145,17 +105,15 @@ class _Held:
             await self.go.wait()  # then nothing until the client goes
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.body" and not sent[-1].get("body"):
+        async def before_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.body" and not started:
+                started = True
                 self.inside += 1  # the download's first bytes: now its client waits
                 await self.go.wait()
-            sent.append(message)
 
-        await self.app(_scope(method, path, headers), receive, send)
-        start = next(m for m in sent if m["type"] == "http.response.start")
-        headers_out = {k.decode(): v.decode() for k, v in start["headers"]}
-        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-        return start["status"], headers_out, body
+        scope = multipart_scope(method, path, headers)
+        return await answer_of(self.app, scope, receive, before_send)
 
     async def all_inside(self, count: int) -> None:
         for _ in range(2000):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.support.asgi import answer_of, multipart_scope
 from tests.support.registry_api import bearer
 
 CHUNK = 1 << 16
@@ -43,7 +44,6 @@ def _send_upload(
         yield b"\r\n--b--\r\n"
 
     stream = chunks()
-    sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         nonlocal pulled
@@ -53,30 +53,8 @@ def _send_upload(
         pulled += len(chunk)
         return {"type": "http.request", "body": chunk, "more_body": True}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "client": ("127.0.0.1", 5000),
-        "server": ("testserver", 80),
-        "headers": [
-            (b"content-type", b"multipart/form-data; boundary=b"),
-            *((k.lower().encode(), v.encode()) for k, v in headers.items()),
-        ],
-    }
-    asyncio.run(app(scope, receive, send))
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], json.loads(body), pulled
+    status, _, body = asyncio.run(answer_of(app, multipart_scope(method, path, headers), receive))
+    return status, json.loads(body), pulled
 
 
 UPLOADS = [
