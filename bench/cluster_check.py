@@ -254,7 +254,6 @@ def seed_registry(stack: OneBox, pop: Population) -> list[str]:
     keys, now = RegistryKeys(), dt.datetime.now(dt.UTC).isoformat()
     client = redis.Redis.from_url(stack.redis_url)
     pipe = client.pipeline(transaction=False)
-    config = b'{"peft_type":"LORA","preft_mode":"prefill","r":4}'
     maxlen = 10 * (pop.n_adapters + pop.n_users)
     for a in range(pop.n_adapters):
         rec = AdapterVersion(
@@ -268,7 +267,7 @@ def seed_registry(stack: OneBox, pop: Population) -> list[str]:
             size_bytes=CPU.adapter_bytes,
             created_at=now,
         )
-        queue_version(pipe, keys, names[pop.adapter_tenant[a]], rec, config, now, maxlen)
+        queue_version(pipe, keys, names[pop.adapter_tenant[a]], rec, now, maxlen)
         if len(pipe) >= 2000:
             pipe.execute()
     for u in range(pop.n_users):

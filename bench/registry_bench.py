@@ -72,7 +72,6 @@ def populate(
 ) -> list[tuple[str, str]]:
     """Write ``adapters`` adapters and ``users`` bindings over ``tenants`` tenants."""
     now = dt.datetime.now(dt.UTC).isoformat()
-    config = b'{"peft_type":"LORA","preft_mode":"prefill","r":16}'
     per_tenant = adapters // tenants
     pipe = client.pipeline(transaction=False)
     for i in range(adapters):
@@ -89,7 +88,7 @@ def populate(
             size_bytes=1 << 20,
             created_at=now,
         )
-        queue_version(pipe, keys, tenant, rec, config, now, maxlen=10 * (adapters + users))
+        queue_version(pipe, keys, tenant, rec, now, maxlen=10 * (adapters + users))
         if len(pipe) >= _BATCH:
             pipe.execute()
     pipe.execute()

@@ -169,7 +169,7 @@ def test_blob_info(client, writer):
         8,
         "tiny",
     )
-    assert info.config == {"peft_type": "LORA"}
+    assert info.size_bytes == 10
     assert client.blob_info("0" * 64) is None
 
 

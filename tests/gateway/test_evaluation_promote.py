@@ -89,3 +89,18 @@ def test_a_split_set_during_the_run_is_not_ended_by_its_promote(
     assert again.status_code == 200, again.text
     assert (again.json()["promoted"], again.json()["promote_refused"]) == (True, None)
     assert s.registry.call(key, "GET", "/v1/adapters/bot/policy").json()["version"] == 2
+
+
+def test_a_refusal_relayed_from_an_evaluation_step_keeps_its_retry_after() -> None:
+    """A registry that is busy (429 ``too_many_transfers`` for the evaluation file, say)
+    says when to retry; the gateway's answer says it too, so clients can wait it out."""
+    from preft_serve.gateway.evaluation import relay
+    from preft_serve.gateway.evaluation_calls import Refused
+
+    payload = {
+        "error": {"message": "busy", "type": "rate_limit_error", "code": "too_many_transfers"}
+    }
+    answer = relay(Refused(429, payload, retry_after="1"))
+    assert answer.status_code == 429 and answer.headers["retry-after"] == "1"
+    assert json.loads(answer.body) == payload
+    assert "retry-after" not in relay(Refused(404, payload)).headers

@@ -176,7 +176,7 @@ def test_a_tenant_over_its_upload_share_gets_429_and_other_tenants_are_served(
         over = s.upload(a)
         assert over.status_code == 429, over.text
         error = over.json()["error"]
-        assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+        assert error["type"] == "rate_limit_error" and error["code"] == "too_many_transfers"
         assert "already has 2 uploads in progress; at most 2 at once" in error["message"]
         assert "PREFT_" not in error["message"] and over.headers["retry-after"] == "1"
 

@@ -47,10 +47,19 @@ def test_upload_returns_identity_and_stores_canonical_blob(
     assert json.loads(stored_config)["preft_mode"] == "all"  # overrides the file's "prefill"
     stored_weights = s3.get_object(Bucket=bucket, Key=keys[1])["Body"].read()
     assert stored_weights == (lora_dir / WEIGHTS_FILE).read_bytes()
-    # A worker can load by digest alone: blob record in Redis plus verified fetch.
+    # A worker can load by digest alone: blob record in Redis plus verified fetch. The
+    # record is fixed fields only (the config, sized by the tenant, stays in the store),
+    # and size_bytes is what the store keeps: weights and normalised config.
     blob = redis_client.hgetall(RegistryKeys(namespace).blob(digest))
-    assert blob["base_model"] == "tiny-llama" and blob["type"] == "lora"
-    assert json.loads(blob["config"]) == config
+    assert blob == {
+        "sha256": digest,
+        "type": "lora",
+        "mode": "all",
+        "rank": "8",
+        "base_model": "tiny-llama",
+        "size_bytes": str(len(stored_weights) + len(stored_config)),
+    }
+    assert body["size_bytes"] == len(stored_weights) + len(stored_config)
 
 
 def test_fetch_by_digest_verifies(client, acme, lora_dir, settings, tmp_path):

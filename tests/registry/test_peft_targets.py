@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE
-from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.validation import AdapterRejected, BaseModelSpec
 from preft_serve.registry.validation.targets import resolve_targets
 from tests.registry import factories
@@ -93,7 +92,7 @@ def test_resolution_equals_peft(form, base, base_model_dir, tmp_path):
 
 @pytest.mark.parametrize("form", list(FORMS))
 def test_plain_peft_adapter_uploads_unchanged(
-    form, client, acme, base_model_dir, tmp_path, redis_client, namespace
+    form, client, acme, base_model_dir, tmp_path, s3, bucket
 ):
     adapter = peft_adapter(base_model_dir, tmp_path / "a", **FORMS[form])
     assert (adapter / "README.md").is_file()  # the folder as PEFT wrote it; the CLI sends
@@ -102,9 +101,8 @@ def test_plain_peft_adapter_uploads_unchanged(
     assert resp.json()["warnings"] == []
     # Stored as uploaded (plus preft_mode): vLLM loads LoRA by tensor names and only needs
     # target_modules to be present, so no form is rewritten.
-    stored = json.loads(
-        redis_client.hget(RegistryKeys(namespace).blob(resp.json()["sha256"]), "config")
-    )
+    key = f"adapters/{resp.json()['sha256']}/{CONFIG_FILE}"
+    stored = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     uploaded = json.loads((adapter / CONFIG_FILE).read_text())
     assert stored == {**uploaded, "preft_mode": "all"}
 

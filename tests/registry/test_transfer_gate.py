@@ -4,9 +4,10 @@ An upload without a valid tenant key is refused before any of its body is read: 
 reads (and spools to disk) a whole multipart form before the route's authentication runs,
 so anyone could send ``PREFT_REGISTRY_MAX_UPLOAD_BYTES`` per request to the registry's
 temporary disk and only then get the 401. Every upload and download holds a transfer slot
-while it runs: a tenant at its share is refused with 429, the replica at its cap with 503
-(both unread, nothing stored), other tenants keep theirs, and an upload's form is held to
-a few parts (each small part is kept in memory)."""
+while it runs and moves: a tenant at its share is refused with 429, the replica at its cap
+with 503 (nothing stored; a large refused body is not read), other tenants keep theirs, a
+stalled upload or unread download loses its slot, and an upload's form is held to a few
+parts (each small part is kept in memory)."""
 
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ async def _one(app: Any, method: str, path: str, headers: dict[str, str]) -> tup
     return status, out_headers, json.loads(body) if body else None
 
 
-def test_a_tenant_at_its_share_is_refused_429_unread_and_others_are_served(
+def test_a_tenant_at_its_share_is_refused_429_and_others_are_served(
     client, new_tenant, state_snapshot, lora_dir
 ) -> None:
     from tests.support.registry_api import upload
@@ -249,3 +250,148 @@ def test_a_share_larger_than_the_replica_cap_is_refused_at_start(settings) -> No
 
     with pytest.raises(ValidationError, match="one tenant could hold every transfer slot"):
         settings.model_validate({**settings.model_dump(), "tenant_max_transfers": 9})
+
+
+def _form(boundary: bytes, parts: int, size: int = 1) -> bytes:
+    """A multipart body of ``parts`` file parts of ``size`` bytes each."""
+    body = b"".join(
+        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="files"; '
+        b'filename="f%d.bin"\r\n\r\n' % i + b"x" * size + b"\r\n"
+        for i in range(parts)
+    )
+    return body + b"--" + boundary + b"--\r\n"
+
+
+def _chunked(body: bytes, size: int) -> Any:
+    """A ``receive`` that hands ``body`` over in ``size``-byte chunks, and how many bytes
+    it has handed over."""
+    state = {"sent": 0}
+
+    async def receive() -> dict[str, Any]:
+        start = state["sent"]
+        state["sent"] = min(start + size, len(body))
+        more = state["sent"] < len(body)
+        return {"type": "http.request", "body": body[start : state["sent"]], "more_body": more}
+
+    return receive, state
+
+
+@pytest.mark.parametrize(
+    ("content_type", "boundary"),
+    [
+        (b'multipart/form-data; boundary="q-b"', b"q-b"),
+        (b"multipart/form-data; boundary = sp", b"sp"),
+        (b"multipart/form-data; boundary=first; boundary=last", b"last"),
+        (b'multipart/form-data; x="y;boundary=decoy"; boundary=real', b"real"),
+        (b"Multipart/Form-Data; BOUNDARY=caps", b"caps"),
+    ],
+)
+def test_parts_are_counted_by_the_boundary_the_form_parser_reads(
+    client, acme, state_snapshot, content_type, boundary
+) -> None:
+    """Every spelling of the boundary that Starlette's parser accepts is the one counted,
+    across chunk edges (7-byte chunks split every delimiter)."""
+    before = state_snapshot()
+    receive, _ = _chunked(_form(boundary, 20), 7)
+    scope = multipart_scope("POST", "/v1/adapters", acme, content_type)
+    status, _, body = asyncio.run(answer_of(client.app, scope, receive))
+    assert (status, json.loads(body)["error"]["code"]) == (400, "too_many_parts")
+    assert state_snapshot() == before
+    # 16 parts pass the count (and are refused by the route: they are no adapter)
+    receive, _ = _chunked(_form(boundary, 16), 7)
+    status, _, body = asyncio.run(answer_of(client.app, scope, receive))
+    assert status in (400, 422) and json.loads(body)["error"]["code"] != "too_many_parts"
+
+
+def test_a_form_of_many_small_parts_is_cut_off_in_bounded_memory(client, acme) -> None:
+    """Starlette keeps each part under 1 MiB in memory: 64 parts of 256 KiB (16 MiB) were
+    all held; the count stops the form after 16 of them (at most 4 MiB)."""
+    import tracemalloc
+
+    body = _form(b"b", 64, 256 << 10)
+    receive, state = _chunked(body, 64 << 10)
+    scope = multipart_scope("POST", "/v1/adapters", acme)
+    tracemalloc.start()
+    try:
+        status, _, answer = asyncio.run(answer_of(client.app, scope, receive))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (status, json.loads(answer)["error"]["code"]) == (400, "too_many_parts")
+    assert peak < 8 << 20, f"{peak / 2**20:.1f} MiB held"
+    assert state["sent"] == len(body)  # the rest was read and dropped (16 MiB at most)
+
+
+def test_an_upload_that_stops_arriving_loses_its_slot_with_408(make_client, state_snapshot) -> None:
+    from tests.support.registry_api import create_tenant
+
+    client = make_client(transfer_idle_timeout_s=0.3, upload_min_bytes_per_s=0)
+    acme = create_tenant(client, "acme")
+    calls = 0
+
+    async def stalls() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {"type": "http.request", "body": b"--b\r\n", "more_body": True}
+        await asyncio.Event().wait()  # nothing more, ever
+        raise AssertionError("unreachable")
+
+    before = state_snapshot()
+    scope = multipart_scope("POST", "/v1/adapters", acme)
+    status, _, body = asyncio.run(asyncio.wait_for(answer_of(client.app, scope, stalls), 10))
+    error = json.loads(body)["error"]
+    assert (status, error["code"]) == (408, "request_timeout")
+    assert "the request body stopped arriving: nothing for 0.3 s" in error["message"]
+    assert client.app.state.transfers.in_progress == 0
+    assert state_snapshot() == before
+
+
+def test_a_download_nobody_reads_is_cut_off_and_frees_its_slot(
+    make_client, lora_dir, settings, caplog
+) -> None:
+    from tests.support.registry_api import create_tenant, upload
+
+    client = make_client(transfer_idle_timeout_s=0.3)
+    acme = create_tenant(client, "acme")
+    assert upload(client, acme, "bot", lora_dir).status_code == 201
+
+    async def run() -> tuple[int, dict[str, str], bytes]:
+        held = _Held(client.app)  # never released: its client never reads
+        return await held._call("GET", "/v1/adapters/bot/download", acme)
+
+    status, _, body = asyncio.run(asyncio.wait_for(run(), 10))
+    assert (status, body) == (200, b"")  # the answer started; none of it was read
+    assert client.app.state.transfers.in_progress == 0
+    assert list(settings.staging_dir.glob("preft-download-*")) == []
+    assert "download /v1/adapters/bot/download cut off: the client read nothing for 0.3 s" in (
+        caplog.text
+    )
+
+
+def test_a_refused_large_upload_is_answered_without_reading_it(make_client) -> None:
+    """Past its share, an upload that declares more than 16 MiB is answered at once and
+    its connection closed; a small one is read (and dropped) so its client sees the 429."""
+    from tests.support.registry_api import create_tenant
+
+    client = make_client(max_upload_bytes=64 << 20)
+    acme = create_tenant(client, "acme")
+    declared = {**acme, "Content-Length": str(32 << 20)}
+
+    async def run() -> None:
+        held = _Held(client.app)
+        for _ in range(2):
+            held.start("POST", "/v1/adapters", acme)
+        await held.all_inside(2)
+        receive, state = _chunked(b"x" * (32 << 20), 1 << 20)
+        scope = multipart_scope("POST", "/v1/adapters", declared)
+        status, headers, _ = await answer_of(client.app, scope, receive)
+        assert (status, headers["connection"], state["sent"]) == (429, "close", 0)
+        receive, state = _chunked(_form(b"b", 2), 1024)
+        status, _, _ = await answer_of(
+            client.app, multipart_scope("POST", "/v1/adapters", acme), receive
+        )
+        assert status == 429 and state["sent"] == len(_form(b"b", 2))
+        await held.release()
+
+    asyncio.run(run())

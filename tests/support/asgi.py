@@ -10,9 +10,14 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def multipart_scope(method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
-    """An HTTP scope for ``method path`` with a multipart content type (boundary ``b``) and
-    ``headers``."""
+def multipart_scope(
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    content_type: bytes = b"multipart/form-data; boundary=b",
+) -> dict[str, Any]:
+    """An HTTP scope for ``method path`` with a multipart content type (boundary ``b``
+    unless ``content_type`` says otherwise) and ``headers``."""
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -26,7 +31,7 @@ def multipart_scope(method: str, path: str, headers: dict[str, str]) -> dict[str
         "client": ("127.0.0.1", 5000),
         "server": ("testserver", 80),
         "headers": [
-            (b"content-type", b"multipart/form-data; boundary=b"),
+            (b"content-type", content_type),
             *((k.lower().encode(), v.encode()) for k, v in headers.items()),
         ],
     }

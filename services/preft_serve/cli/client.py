@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -162,9 +163,10 @@ class Registry:
         if refusal.error.get("code") not in BUSY_CODES:
             raise refusal
         try:
-            wait = min(max(float(resp.headers.get("retry-after", "1")), 1.0), 10.0)
+            asked = float(resp.headers.get("retry-after", "1"))
         except ValueError:
-            wait = 1.0
+            asked = 1.0
+        wait = min(max(asked, 1.0), 10.0) if math.isfinite(asked) else 1.0
         if time.monotonic() + wait > deadline:
             raise refusal
         if self.on_busy is not None:
@@ -200,9 +202,12 @@ class Registry:
 
 
 def _rewind(files: Any) -> None:
-    """Put an upload's file objects back at their start, for the same request again."""
-    for spec in files or ():
-        handle = spec[1][1] if isinstance(spec[1], tuple) else spec[1]
+    """Put an upload's file objects back at their start, for the same request again
+    (``files`` as httpx takes it: a mapping or a list of (field, file) pairs; a file is
+    an object or a (name, object[, type]) tuple)."""
+    pairs = files.items() if isinstance(files, dict) else files or ()
+    for _, spec in pairs:
+        handle = spec[1] if isinstance(spec, tuple) else spec
         if hasattr(handle, "seek"):
             handle.seek(0)
 

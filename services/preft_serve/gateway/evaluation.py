@@ -95,8 +95,12 @@ async def _registry_answer(
     answer = await call(state.registry_http, request, method, path, json, if_match)
     payload = _payload(answer)
     if answer.status_code >= 400:
-        raise Refused(answer.status_code, payload)
+        raise _refused(answer, payload)
     return payload, answer
+
+
+def _refused(answer: httpx.Response, payload: Any) -> Refused:
+    return Refused(answer.status_code, payload, answer.headers.get("retry-after"))
 
 
 def _payload(answer: httpx.Response) -> Any:
@@ -109,7 +113,7 @@ def _payload(answer: httpx.Response) -> Any:
 async def _file(state: GatewayState, request: Request, file_id: str) -> list[Example]:
     answer = await call(state.registry_http, request, "GET", f"/v1/files/{file_id}/content")
     if answer.status_code >= 400:
-        raise Refused(answer.status_code, _payload(answer))
+        raise _refused(answer, _payload(answer))
     if len(answer.content) > MAX_EVAL_BYTES:
         raise error(400, f"evaluation file {file_id} exceeds {MAX_EVAL_BYTES} bytes", "file")
     try:
@@ -243,4 +247,10 @@ def _message(payload: Any) -> str:
 
 def relay(refused: Refused) -> Response:
     """The refusal as the client's answer (the registry's or a worker's envelope)."""
-    return Response(orjson.dumps(refused.payload), refused.status, media_type="application/json")
+    headers = {"Retry-After": refused.retry_after} if refused.retry_after else None
+    return Response(
+        orjson.dumps(refused.payload),
+        refused.status,
+        headers=headers,
+        media_type="application/json",
+    )

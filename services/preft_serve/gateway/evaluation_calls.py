@@ -11,11 +11,12 @@ CONCURRENCY = 4  # examples in flight at once in each step of a run
 
 
 class Refused(Exception):
-    """A step was refused: the answer to relay (status, envelope)."""
+    """A step was refused: the answer to relay (status, envelope, and when to retry if
+    the refusal said)."""
 
-    def __init__(self, status: int, payload: Any) -> None:
+    def __init__(self, status: int, payload: Any, retry_after: str | None = None) -> None:
         super().__init__(status)
-        self.status, self.payload = status, payload
+        self.status, self.payload, self.retry_after = status, payload, retry_after
 
 
 def error(status: int, message: str, code: str) -> Refused:

@@ -28,11 +28,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from preft_serve.common.access_log import REQUEST_ID_HEADER, request_id_of
+from preft_serve.common.body_pace import BodyTooSlow, paced
 from preft_serve.common.bodylimit import DRAIN_BYTES
 from preft_serve.common.errors import NotFound, ServiceError, ServiceUnavailable
 from preft_serve.common.registry_client import KeyOwner
 from preft_serve.common.upload_routes import is_upload_route
-from preft_serve.gateway.body_pace import BodyTooSlow, paced
 from preft_serve.gateway.metrics import GatewayMetrics
 from preft_serve.gateway.registry_slots import RETRY_AFTER, RegistrySlots
 from preft_serve.gateway.relay_response import RelayResponse

@@ -19,6 +19,9 @@ from collections.abc import Callable
 from preft_serve.common.errors import ServiceUnavailable, TooManyRequests
 
 RETRY_AFTER = {"Retry-After": "1"}
+UPLOAD_SHARE_CODE = "too_many_transfers"
+"""A tenant over its share of uploads: the registry's own code for its share, so clients
+wait out both the same way (nothing was sent on)."""
 
 
 class RegistrySlots:
@@ -58,6 +61,7 @@ class RegistrySlots:
                     f"this API key's tenant already has {self._tenant_uploads[tenant]} "
                     f"uploads in progress; at most {self.tenant_uploads} at once: retry "
                     "when one of them finishes",
+                    code=UPLOAD_SHARE_CODE,
                     headers=RETRY_AFTER,
                 )
             held = self._tenant_uploads[tenant]
@@ -67,6 +71,7 @@ class RegistrySlots:
                     f"this API key's tenant already has {held} uploads in progress and "
                     f"this gateway keeps its last {self.upload_reserve} upload slots for "
                     "tenants with none: retry when one of yours finishes",
+                    code=UPLOAD_SHARE_CODE,
                     headers=RETRY_AFTER,
                 )
             if self.uploading >= self.uploads:

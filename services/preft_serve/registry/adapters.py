@@ -92,13 +92,12 @@ def queue_version(
     keys: RegistryKeys,
     tenant: str,
     rec: AdapterVersion,
-    config_bytes: bytes,
     adapter_created_at: str,
     maxlen: int,
 ) -> None:
     """Queue every write of a new version served to everyone, plus its event (shared with
     the bench). The caller retires what was served before (``serving_policy``)."""
-    fields = _queue_record(pipe, keys, tenant, rec, config_bytes, VersionState.SERVING)
+    fields = _queue_record(pipe, keys, tenant, rec, VersionState.SERVING)
     pipe.hset(
         keys.adapter(tenant, rec.name),
         mapping={
@@ -130,10 +129,11 @@ def _queue_record(
     keys: RegistryKeys,
     tenant: str,
     rec: AdapterVersion,
-    config_bytes: bytes,
     state: VersionState,
 ) -> dict[str, str]:
-    """Queue a new version's history record and its blob record; its fields."""
+    """Queue a new version's history record and its blob record; its fields. The blob
+    record is a few fixed fields: the config, which a tenant sizes, stays in the object
+    store beside the weights (Redis memory is every tenant's)."""
     fields = {
         f: str(getattr(rec, f).value if f in ("type", "mode") else getattr(rec, f))
         for f in _VERSION_FIELDS
@@ -152,7 +152,6 @@ def _queue_record(
             "rank": fields["rank"],
             "base_model": rec.base_model,
             "size_bytes": fields["size_bytes"],
-            "config": config_bytes.decode(),
         },
     )
     return fields
@@ -304,8 +303,8 @@ class AdapterService:
             rec = version_record(name, v, latest_version(current) + 1 if current else 1, now)
             pipe.multi()
             if promote or not current:
-                return self._queue_promoted(pipe, tenant, rec, v.config_bytes, current, records)
-            _queue_record(pipe, self.keys, tenant, rec, v.config_bytes, VersionState.STAGED)
+                return self._queue_promoted(pipe, tenant, rec, current, records)
+            _queue_record(pipe, self.keys, tenant, rec, VersionState.STAGED)
             pipe.hset(adapter_key, LATEST_FIELD, str(rec.version))
             return UploadResult(rec, created=True, state=VersionState.STAGED)
 
@@ -316,7 +315,6 @@ class AdapterService:
         pipe: Any,
         tenant: str,
         rec: AdapterVersion,
-        config_bytes: bytes,
         current: dict[str, str],
         records: dict[str, str],
     ) -> UploadResult:
@@ -328,7 +326,6 @@ class AdapterService:
             self.keys,
             tenant,
             rec,
-            config_bytes,
             current.get("adapter_created_at", now),
             self.maxlen,
         )
@@ -490,8 +487,7 @@ class AdapterService:
                     ),
                     created=False,
                 )
-            config = pipe.hget(k.blob(target.sha256), "config")
-            if config is None:
+            if not pipe.exists(k.blob(target.sha256)):
                 raise NotFound(
                     f"the content of adapter {shown(name)} version {version} is no "
                     "longer registered; upload it again"
@@ -501,7 +497,7 @@ class AdapterService:
                 update={"version": latest_version(current) + 1, "created_at": utcnow()}
             )
             pipe.multi()
-            return self._queue_promoted(pipe, tenant, rec, config.encode(), current, records)
+            return self._queue_promoted(pipe, tenant, rec, current, records)
 
         result = transact(self.redis, txn, adapter_key, k.versions(tenant, name))
         if result.created:

@@ -32,7 +32,7 @@ from preft_serve.registry.routers import (
 )
 from preft_serve.registry.settings import RegistrySettings
 from preft_serve.registry.state import RegistryState
-from preft_serve.registry.transfer_gate import TransferGateMiddleware
+from preft_serve.registry.transfer_gate import TransferGateMiddleware, TransferPace
 from preft_serve.registry.transfers import TransferSlots
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def create_app(
     app.add_middleware(
         TransferGateMiddleware,
         slots=app.state.transfers,
-        max_upload_bytes=settings.max_upload_bytes,
+        pace=TransferPace(settings.transfer_idle_timeout_s, settings.upload_min_bytes_per_s),
     )
     app.add_middleware(
         BodySizeLimitMiddleware,

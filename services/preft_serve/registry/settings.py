@@ -111,6 +111,20 @@ class RegistrySettings(ServiceSettings):
         description="Uploads and downloads one tenant runs at once on one replica, at most "
         "max_transfers; one more is refused (429 too_many_transfers, Retry-After)",
     )
+    transfer_idle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="An upload whose body sends nothing, or a download whose client reads "
+        "nothing, for this long is cut off (an upload with 408), freeing its transfer slot",
+    )
+    upload_min_bytes_per_s: int = Field(
+        4096,
+        ge=0,
+        description="Slowest average rate an upload's body may arrive at once "
+        "transfer_idle_timeout_s has passed; slower is cut off with 408. 0: only the idle "
+        "timeout",
+    )
     events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")
     audit_max_entries: int = Field(
         10_000,

@@ -17,16 +17,21 @@ in memory, so a form of many small parts was a body-sized allocation.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import re
+from dataclasses import dataclass
 
 import anyio
 import redis
+from python_multipart.multipart import parse_options_header
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from preft_serve.common.bodylimit import drain
+from preft_serve.common.body_pace import ReaderStalled, paced_receive, paced_send
+from preft_serve.common.bodylimit import DRAIN_BYTES, drain
 from preft_serve.common.domain_errors import DomainError, RateLimited, Unavailable
 from preft_serve.common.errors import (
     BadRequest,
@@ -38,6 +43,10 @@ from preft_serve.registry.deps import tenant_of_header
 from preft_serve.registry.json_body_guard import is_upload
 from preft_serve.registry.transfers import RETRY_AFTER_S, TransferSlots
 
+logger = logging.getLogger(__name__)
+
+DRAIN_S = 1.0
+"""The longest a refused upload's (small) body is read before the answer."""
 MAX_UPLOAD_PARTS = 16
 """Form parts one upload may have: an adapter's is its name, mode and two files (or one
 archive); a fine-tuning file's, the file and its purpose."""
@@ -51,16 +60,25 @@ def is_download_route(method: str, path: str) -> bool:
     return method == "GET" and _DOWNLOADS.fullmatch(path) is not None
 
 
+@dataclass(frozen=True)
+class TransferPace:
+    """How fast a transfer must move to keep its slot (``common.body_pace``)."""
+
+    idle_s: float
+    upload_min_rate: float
+
+
 class TransferGateMiddleware:
     """For an upload or a download: 401/403 (503 when Redis is down) for a tenant key that
     does not check out, before any of an upload's body is read; 429/503 when the tenant or
-    the replica has no transfer slot free; and an upload of too many form parts ends in
-    400."""
+    the replica has no transfer slot free. A transfer keeps its slot only while it moves:
+    an upload's body that stalls or trickles ends in 408, a download nobody reads is cut
+    off; and an upload of too many form parts ends in 400."""
 
-    def __init__(self, app: ASGIApp, slots: TransferSlots, max_upload_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, slots: TransferSlots, pace: TransferPace) -> None:
         self.app = app
         self.slots = slots
-        self.max_upload_bytes = max_upload_bytes
+        self.pace = pace
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upload = scope["type"] == "http" and is_upload(scope)
@@ -77,17 +95,37 @@ class TransferGateMiddleware:
         try:
             self.slots.take(tenant)
         except (RateLimited, Unavailable) as exc:
-            if upload:  # read (not kept) so the client gets the answer, not a reset
-                with contextlib.suppress(DomainError):  # over the size cap: answer now
-                    await drain(receive, self.max_upload_bytes)
+            if upload:
+                await _drain_small(scope, receive)
             await _refused(exc, close=upload)(scope, receive, send)
             return
         try:
             if upload:
-                receive = _parts_counted(receive, _boundary(scope))
+                counted = _parts_counted(receive, _boundary(scope))
+                receive = paced_receive(counted, self.pace.idle_s, self.pace.upload_min_rate)
+            else:
+                send = paced_send(send, self.pace.idle_s)
             await self.app(scope, receive, send)
+        except ReaderStalled as exc:
+            logger.warning("download %s cut off: %s", scope["path"], exc)
         finally:
             self.slots.give_back(tenant)
+
+
+async def _drain_small(scope: Scope, receive: Receive) -> None:
+    """Read (and drop) a refused upload's body when it is small, for at most a second, so
+    its client gets the answer rather than a reset; a larger one is not read at all (its
+    client may see the connection close)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length" and (not value.isdigit() or int(value) > DRAIN_BYTES):
+            return
+    await _drain_briefly(receive)
+
+
+async def _drain_briefly(receive: Receive) -> None:
+    """Read and drop at most ``DRAIN_BYTES`` of a body, for at most :data:`DRAIN_S`."""
+    with contextlib.suppress(DomainError, TimeoutError):  # over a size cap, or too slow
+        await asyncio.wait_for(drain(receive), DRAIN_S)
 
 
 def _refused(exc: DomainError, *, close: bool) -> Response:
@@ -119,11 +157,14 @@ async def _tenant(request: Request) -> str | Response:
 
 
 def _boundary(scope: Scope) -> bytes | None:
-    """The multipart boundary the content type names (``None``: Starlette refuses it)."""
+    """The multipart boundary as Starlette's parser reads it (python-multipart's
+    ``parse_options_header`` on the first ``Content-Type``); ``None``: the parser refuses
+    the body."""
     for name, value in scope.get("headers", []):
         if name == b"content-type":
-            match = re.search(rb';\s*boundary="?([^";]+)"?', value, re.IGNORECASE)
-            return match.group(1) if match else None
+            _, params = parse_options_header(value)
+            boundary = params.get(b"boundary")
+            return boundary or None
     return None
 
 
@@ -146,7 +187,7 @@ def _parts_counted(receive: Receive, boundary: bytes | None) -> Receive:
         carry = window[-(len(delimiter) - 1) :]
         if delimiters > MAX_UPLOAD_PARTS + 1:
             if message.get("more_body", False):
-                await drain(receive)
+                await _drain_briefly(receive)
             # An HTTPException subclass: FastAPI re-raises it from form parsing and the
             # error handler renders the envelope.
             raise BadRequest(

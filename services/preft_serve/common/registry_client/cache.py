@@ -139,7 +139,6 @@ def parse_blob(fields: Mapping[str, str]) -> BlobInfo | None:
         rank=int(fields["rank"]),
         base_model=fields.get("base_model", ""),
         size_bytes=int(fields.get("size_bytes", 0)),
-        config=json.loads(fields.get("config", "{}")),
     )
 
 

@@ -198,7 +198,7 @@ class RegistryKeys:
     def binding(self, tenant: str, user: str) -> str:  # STRING adapter name
         return f"{self.tenant(tenant)}:user:{_part(user, is_user_id, 'user id')}"
 
-    def blob(self, sha256: str) -> str:  # HASH sha256, type, mode, rank, base_model, config...
+    def blob(self, sha256: str) -> str:  # HASH sha256, type, mode, rank, base_model, size_bytes
         return f"{self.ns}:blob:{_part(sha256, is_digest, 'content hash')}"
 
     def usage(self, tenant: str, day: str) -> str:
@@ -329,7 +329,6 @@ class BlobInfo:
     rank: int
     base_model: str
     size_bytes: int
-    config: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)

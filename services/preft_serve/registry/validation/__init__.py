@@ -184,7 +184,7 @@ def validate_adapter(
         mode=AdapterMode(mode),
         rank=rank,
         sha256=file_digest(config_bytes, weights_path),
-        size_bytes=size,
+        size_bytes=size + len(config_bytes),  # what the store keeps, and the quota counts
         base_model=base.name,
         warnings=tuple(warnings),
     )
