@@ -15,14 +15,16 @@ import json
 import logging
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, AdapterType
-from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound
+from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound, Unavailable
 from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
+from preft_serve.registry.blob_gc import being_deleted, collect_unreferenced, queue_reference
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
 from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
@@ -47,6 +49,13 @@ from preft_serve.registry.validation import (
 
 logger = logging.getLogger(__name__)
 _VERSION_FIELDS = VERSION_FIELDS
+CONTENT_DELETE_WAIT_S = 30.0
+"""The longest an upload waits for its content to finish being deleted as unreferenced
+(a few store deletes) before it is refused with 503."""
+
+
+class ContentBeingDeleted(Exception):
+    """The version's content is being removed from the store as unreferenced."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +163,7 @@ def _queue_record(
             "size_bytes": fields["size_bytes"],
         },
     )
+    queue_reference(pipe, keys, rec.sha256)
     return fields
 
 
@@ -242,13 +252,8 @@ class AdapterService:
                     sha256=validated.sha256,
                     size_bytes=validated.size_bytes,
                 )
-            self.store.put_adapter(
-                validated.sha256, validated.config_bytes, validated.weights_path, verify=False
-            )
-        result = dataclasses.replace(
-            self.commit(tenant, name, validated, create=create, promote=promote),
-            warnings=validated.warnings,
-        )
+            committed = self._store_and_commit(tenant, name, validated, create, promote)
+        result = dataclasses.replace(committed, warnings=validated.warnings)
         if result.created:
             logger.info(
                 "tenant %s adapter %s version %d (%s) -> %s (%s, %s, rank %d)",
@@ -262,6 +267,26 @@ class AdapterService:
                 validated.rank,
             )
         return result
+
+    def _store_and_commit(
+        self, tenant: str, name: str, v: ValidatedAdapter, create: bool, promote: bool
+    ) -> UploadResult:
+        """Store the content (unless the store has it) and commit the version; when the
+        content was being deleted as unreferenced meanwhile, wait for that to end and store
+        it again (``blob_gc``)."""
+        deadline = time.monotonic() + CONTENT_DELETE_WAIT_S
+        while True:
+            self.store.put_adapter(v.sha256, v.config_bytes, v.weights_path, verify=False)
+            try:
+                return self.commit(tenant, name, v, create=create, promote=promote)
+            except ContentBeingDeleted:
+                while self.redis.exists(self.keys.blob_deleting(v.sha256)):
+                    if time.monotonic() > deadline:
+                        raise Unavailable(
+                            "this adapter's content is being removed from the store as "
+                            "unreferenced; retry the upload shortly"
+                        ) from None
+                    time.sleep(0.05)
 
     @staticmethod
     def _unchanged_or_conflict(
@@ -299,6 +324,8 @@ class AdapterService:
             early = self._unchanged_or_conflict(name, current, v, create)
             if early is not None:
                 return early
+            if being_deleted(pipe, self.keys, v.sha256):
+                raise ContentBeingDeleted(v.sha256)
             records = pipe.hgetall(self.keys.versions(tenant, name)) if current else {}
             rec = version_record(name, v, latest_version(current) + 1 if current else 1, now)
             pipe.multi()
@@ -308,7 +335,7 @@ class AdapterService:
             pipe.hset(adapter_key, LATEST_FIELD, str(rec.version))
             return UploadResult(rec, created=True, state=VersionState.STAGED)
 
-        return transact(self.redis, txn, adapter_key)
+        return transact(self.redis, txn, adapter_key, self.keys.blob_deleting(v.sha256))
 
     def _queue_promoted(
         self,
@@ -376,16 +403,21 @@ class AdapterService:
         """Delete an adapter and its history; returns how many users were unbound.
 
         Bound users make this a 409 unless ``force``: silently sending users to the base
-        model is a decision the tenant should make explicitly. Blobs stay in the object
-        store (other names or tenants may share the content).
+        model is a decision the tenant should make explicitly. Its contents are deleted
+        from the store unless another version of any adapter references them
+        (``blob_gc``).
         """
         check_adapter_name(name)
         k = self.keys
         users_key = k.adapter_users(tenant, name)
 
+        digests: set[str] = set()
+
         def txn(pipe: Any) -> int:
             if not pipe.exists(k.adapter(tenant, name)):
                 raise NotFound(f"adapter {shown(name)} does not exist")
+            digests.clear()
+            digests.update(json.loads(r)["sha256"] for r in pipe.hvals(k.versions(tenant, name)))
             users = sorted(pipe.smembers(users_key))
             if users and not force:
                 raise Conflict(
@@ -412,7 +444,14 @@ class AdapterService:
             return len(users)
 
         unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
-        logger.info("tenant %s deleted adapter %s (%d users unbound)", tenant, name, unbound)
+        removed = collect_unreferenced(self.redis, k, self.store, digests)
+        logger.info(
+            "tenant %s deleted adapter %s (%d users unbound, %d unreferenced contents removed)",
+            tenant,
+            name,
+            unbound,
+            removed,
+        )
         return unbound
 
     def version(self, tenant: str, name: str, version: int | None) -> AdapterVersion:

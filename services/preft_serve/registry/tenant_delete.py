@@ -6,9 +6,8 @@ prefix plus its API-key records, with the events that caches already understand
 (``apikey.revoked``, ``binding.deleted``, ``adapter.deleted``), so gateways stop accepting
 its keys and forget its bindings at once. Contents (blobs) are shared by digest across
 names and tenants, so after the commit each of the tenant's digests is deleted only if no
-version of any remaining adapter references it. An upload of the same content by another
-tenant that is in flight at that moment (blob found present, metadata not yet committed)
-could lose its blob; that window is the same one blob garbage collection has to handle.
+version of any remaining adapter references it (``blob_gc``, which also keeps an upload
+of the same content committing at that moment whole).
 
 A tenant with fine-tuning jobs still queued or running is refused (409): a job finishing
 after the delete would register its adapter for a tenant that no longer exists. Its files'
@@ -27,6 +26,7 @@ from preft_serve.common.domain_errors import Conflict, NotFound
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
+from preft_serve.registry.blob_gc import collect_unreferenced
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.finetune.files import blob_key
 from preft_serve.registry.names import check_tenant_name
@@ -123,7 +123,7 @@ def delete_tenant(
         client, txn, prefix, keys.tenant_keys(tenant), keys.adapters(tenant), keys.active_jobs
     )
     _delete_rate_limits(client, keys, tenant)
-    blobs = _delete_unreferenced(client, keys, store, removed.digests)
+    blobs = collect_unreferenced(client, keys, store, removed.digests)
     _delete_unreferenced_files(client, keys, store, removed.files)
     logger.info(
         "deleted tenant %s: %d keys, %d adapters, %d bindings, %d blobs, %d files, "
@@ -170,28 +170,3 @@ def _delete_rate_limits(client: Redis, keys: RegistryKeys, tenant: str) -> None:
     ]
     if doomed:
         client.delete(*doomed)
-
-
-def _referenced(client: Redis, keys: RegistryKeys) -> set[str]:
-    """Digests named by any version of any adapter of any tenant."""
-    found: set[str] = set()
-    for key in client.scan_iter(match=f"{keys.ns}:tenant:*:adapter:*:versions", count=1000):
-        found.update(json.loads(v)["sha256"] for v in client.hvals(key))
-    return found
-
-
-def _delete_unreferenced(
-    client: Redis, keys: RegistryKeys, store: ObjectStore, digests: frozenset[str]
-) -> int:
-    if not digests:
-        return 0
-    deleted = 0
-    for sha256 in sorted(digests - _referenced(client, keys)):
-        try:
-            store.delete_adapter(sha256)
-        except ObjectStoreError as exc:  # metadata is gone; the blob is merely garbage now
-            logger.warning("could not delete blob %s of a deleted tenant: %s", sha256, exc)
-            continue
-        client.delete(keys.blob(sha256))
-        deleted += 1
-    return deleted

@@ -198,8 +198,11 @@ class RegistryKeys:
     def binding(self, tenant: str, user: str) -> str:  # STRING adapter name
         return f"{self.tenant(tenant)}:user:{_part(user, is_user_id, 'user id')}"
 
-    def blob(self, sha256: str) -> str:  # HASH sha256, type, mode, rank, base_model, size_bytes
+    def blob(self, sha256: str) -> str:  # HASH sha256 type mode rank base_model size_bytes gen
         return f"{self.ns}:blob:{_part(sha256, is_digest, 'content hash')}"
+
+    def blob_deleting(self, sha256: str) -> str:  # STRING, while unreferenced content goes
+        return f"{self.ns}:blobdeleting:{_part(sha256, is_digest, 'content hash')}"
 
     def usage(self, tenant: str, day: str) -> str:
         """HASH of one tenant's usage on one UTC day (``day``: YYYYMMDD), written by the
