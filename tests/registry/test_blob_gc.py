@@ -118,3 +118,93 @@ def test_an_upload_waits_for_a_delete_only_so_long(
     assert resp.status_code == 503
     assert "being removed from the store as unreferenced; retry the upload" in error_message(resp)
     assert state_snapshot() == before
+
+
+def _unreferenced(
+    client: Any, redis_client: Any, keys: RegistryKeys, acme: Any, lora_dir: Path
+) -> str:
+    """Content stored and recorded but named by no version (its adapter's metadata gone)."""
+    sha = upload(client, acme, "bot", lora_dir).json()["sha256"]
+    redis_client.delete(keys.versions("acme", "bot"), keys.adapter("acme", "bot"))
+    redis_client.zrem(keys.adapters("acme"), "bot")
+    return sha
+
+
+def test_a_collection_between_an_uploads_store_and_its_commit_is_not_committed_over(
+    client, acme, lora_dir, settings, tmp_path, redis_client, namespace, monkeypatch
+) -> None:
+    """The upload finds the content stored and skips writing it; the collector deletes it
+    before the upload commits. The commit sees the new epoch, stores the content again
+    and commits then: the version's content is in the store."""
+    keys = RegistryKeys(namespace)
+    sha = _unreferenced(client, redis_client, keys, acme, lora_dir)
+    store = client.app.state.registry.adapters.store
+    real_put = store.put_adapter
+    puts: list[bool] = []
+
+    def put_then_collect(*args: Any, **kwargs: Any) -> bool:
+        wrote = real_put(*args, **kwargs)
+        puts.append(wrote)
+        if len(puts) == 1:  # the collector runs in the gap, once
+            assert blob_gc.collect_unreferenced(redis_client, keys, store, [sha]) == 1
+        return wrote
+
+    monkeypatch.setattr(store, "put_adapter", put_then_collect)
+    resp = upload(client, acme, "twin", lora_dir)
+    assert resp.status_code == 201, resp.text
+    assert puts == [False, True]  # found it stored, then stored it again
+    settings.object_store.create().fetch_adapter(sha, tmp_path / "fetched")
+
+
+def test_a_collector_that_read_before_another_deleted_and_recreated_stops(
+    client, acme, lora_dir, settings, tmp_path, redis_client, namespace
+) -> None:
+    """Two collectors of one content: the second read its marks, then the first deleted
+    the content and an upload recreated it (its ``gen`` back at the same value). The new
+    epoch stops the second from deleting live content."""
+    keys = RegistryKeys(namespace)
+    sha = _unreferenced(client, redis_client, keys, acme, lora_dir)
+    store = client.app.state.registry.adapters.store
+    late = blob_gc._marks(redis_client, keys, [sha])[sha]
+    assert blob_gc.collect_unreferenced(redis_client, keys, store, [sha]) == 1
+    assert upload(client, acme, "twin", lora_dir).status_code == 201
+    assert redis_client.hget(keys.blob(sha), "gen") == late[0]  # the same gen again
+    assert blob_gc._unlink(redis_client, keys, sha, late) is False
+    settings.object_store.create().fetch_adapter(sha, tmp_path / "fetched")
+
+
+def test_a_store_failure_leaves_garbage_and_no_mark_behind(
+    client, acme, lora_dir, redis_client, namespace, monkeypatch, caplog
+) -> None:
+    from preft_serve.common.objectstore import StoreUnavailable
+
+    keys = RegistryKeys(namespace)
+    store = client.app.state.registry.adapters.store
+    sha = upload(client, acme, "bot", lora_dir).json()["sha256"]
+
+    def down(_sha: str) -> None:
+        raise StoreUnavailable("unreachable")
+
+    monkeypatch.setattr(store, "delete_adapter", down)
+    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    assert f"could not delete unreferenced content {sha}" in caplog.text
+    assert not redis_client.exists(keys.blob_deleting(sha))  # uploads of it need not wait
+    monkeypatch.undo()
+    started = time.monotonic()
+    assert upload(client, acme, "bot", lora_dir).status_code == 201
+    assert time.monotonic() - started < 5
+
+
+def test_a_delete_stands_when_its_collection_fails(
+    client, acme, lora_dir, monkeypatch, caplog
+) -> None:
+    import redis
+
+    def down(*_: Any) -> set[str]:
+        raise redis.ConnectionError("Connection refused")
+
+    upload(client, acme, "bot", lora_dir)
+    monkeypatch.setattr(blob_gc, "referenced", down)
+    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    assert client.get("/v1/adapters/bot", headers=acme).status_code == 404
+    assert "could not collect the contents of a deleted adapter or tenant" in caplog.text

@@ -325,7 +325,7 @@ def test_a_form_of_many_small_parts_is_cut_off_in_bounded_memory(client, acme) -
 def test_an_upload_that_stops_arriving_loses_its_slot_with_408(make_client, state_snapshot) -> None:
     from tests.support.registry_api import create_tenant
 
-    client = make_client(transfer_idle_timeout_s=0.3, upload_min_bytes_per_s=0)
+    client = make_client(transfer_idle_timeout_s=0.3, transfer_min_bytes_per_s=0)
     acme = create_tenant(client, "acme")
     calls = 0
 

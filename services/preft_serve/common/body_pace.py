@@ -7,7 +7,7 @@ chunks) and :func:`paced_receive` (an ASGI ``receive``) cut such a body off with
 nothing for ``idle_s``, or on average slower than ``min_rate`` bytes per second once
 ``idle_s`` has passed. Only time spent waiting for the client counts, not time the server
 took to handle what came. :func:`paced_send` is the same bound on a client that stops
-reading an answer: a send that cannot go out for ``idle_s`` ends the answer.
+reading an answer, or reads it too slowly: the answer is cut off.
 """
 
 from __future__ import annotations
@@ -49,10 +49,15 @@ class _Pace:
         self.received += size
         self.waited += waited
 
+    def stalled(self, allowed: float) -> bool:
+        """Whether a wait of ``allowed`` that ran out was the idle bound, not the rate's
+        (nothing came yet, or the full pause was allowed)."""
+        return self.received == 0 or allowed >= self.idle_s
+
     def too_slow(self, allowed: float) -> BodyTooSlow:
         idle_s, min_rate = self.idle_s, self.min_rate
         rate = f"at least {min_rate:g} bytes per second on average" if min_rate > 0 else ""
-        if allowed >= idle_s:
+        if self.stalled(allowed):
             what = f"the request body stopped arriving: nothing for {idle_s:g} s"
         else:
             what = f"the request body arrived too slowly: {self.received} bytes, under {rate}"
@@ -100,14 +105,25 @@ def paced_receive(receive: Receive, idle_s: float, min_rate: float) -> Receive:
     return timed
 
 
-def paced_send(send: Send, idle_s: float) -> Send:
-    """``send`` that raises :class:`ReaderStalled` when a message cannot go out within
-    ``idle_s`` (the client's socket is full: it stopped reading)."""
+def paced_send(send: Send, idle_s: float, min_rate: float) -> Send:
+    """``send`` that raises :class:`ReaderStalled` when the client stops reading: a
+    message that cannot go out within ``idle_s``, or the answer read on average slower
+    than ``min_rate`` bytes per second once ``idle_s`` has passed (only time spent waiting
+    for the client counts)."""
+    pace = _Pace(idle_s, min_rate)
 
     async def timed(message: Message) -> None:
+        allowed = pace.allowed()
+        started = time.monotonic()
         try:
-            await asyncio.wait_for(send(message), idle_s)
+            await asyncio.wait_for(send(message), allowed)
         except TimeoutError:
-            raise ReaderStalled(f"the client read nothing for {idle_s:g} s") from None
+            if pace.stalled(allowed):
+                raise ReaderStalled(f"the client read nothing for {idle_s:g} s") from None
+            raise ReaderStalled(
+                f"the client read {pace.received} bytes, under {min_rate:g} bytes per second "
+                "on average"
+            ) from None
+        pace.came(len(message.get("body", b"")), time.monotonic() - started)
 
     return timed

@@ -24,7 +24,13 @@ from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound,
 from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
-from preft_serve.registry.blob_gc import being_deleted, collect_unreferenced, queue_reference
+from preft_serve.registry.blob_gc import (
+    collect_after_delete,
+    epoch,
+    queue_reference,
+    stored_since,
+    watched_keys,
+)
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.ingest import UploadedFile, stage_upload
 from preft_serve.registry.names import check_adapter_name, check_cursor, utcnow
@@ -272,20 +278,25 @@ class AdapterService:
         self, tenant: str, name: str, v: ValidatedAdapter, create: bool, promote: bool
     ) -> UploadResult:
         """Store the content (unless the store has it) and commit the version; when the
-        content was being deleted as unreferenced meanwhile, wait for that to end and store
-        it again (``blob_gc``)."""
+        content was deleted as unreferenced meanwhile (``blob_gc``), wait for the delete to
+        end and store it again, for at most :data:`CONTENT_DELETE_WAIT_S`."""
         deadline = time.monotonic() + CONTENT_DELETE_WAIT_S
         while True:
+            stored_at = epoch(self.redis, self.keys, v.sha256)
             self.store.put_adapter(v.sha256, v.config_bytes, v.weights_path, verify=False)
             try:
-                return self.commit(tenant, name, v, create=create, promote=promote)
+                return self.commit(
+                    tenant, name, v, create=create, promote=promote, stored_at=stored_at
+                )
             except ContentBeingDeleted:
-                while self.redis.exists(self.keys.blob_deleting(v.sha256)):
+                while True:
                     if time.monotonic() > deadline:
                         raise Unavailable(
                             "this adapter's content is being removed from the store as "
                             "unreferenced; retry the upload shortly"
                         ) from None
+                    if not self.redis.exists(self.keys.blob_deleting(v.sha256)):
+                        break
                     time.sleep(0.05)
 
     @staticmethod
@@ -307,14 +318,23 @@ class AdapterService:
         return None
 
     def commit(
-        self, tenant: str, name: str, v: ValidatedAdapter, *, create: bool, promote: bool = True
+        self,
+        tenant: str,
+        name: str,
+        v: ValidatedAdapter,
+        *,
+        create: bool,
+        promote: bool = True,
+        stored_at: str | None = None,
     ) -> UploadResult:
         """Point ``name`` at stored content ``v`` as its next version (atomic), served
         (``promote``) or staged.
 
         Re-checks under WATCH what ``upload`` pre-checked, since another writer may have
         committed in between. Every writer of the history also writes the adapter's hash,
-        so watching the hash is enough.
+        so watching the hash is enough. ``stored_at`` is the content's delete epoch read
+        before it was stored (``blob_gc.epoch``): a delete of the content since then
+        raises :class:`ContentBeingDeleted`.
         """
         adapter_key = self.keys.adapter(tenant, name)
 
@@ -324,7 +344,7 @@ class AdapterService:
             early = self._unchanged_or_conflict(name, current, v, create)
             if early is not None:
                 return early
-            if being_deleted(pipe, self.keys, v.sha256):
+            if not stored_since(pipe, self.keys, v.sha256, stored_at):
                 raise ContentBeingDeleted(v.sha256)
             records = pipe.hgetall(self.keys.versions(tenant, name)) if current else {}
             rec = version_record(name, v, latest_version(current) + 1 if current else 1, now)
@@ -335,7 +355,7 @@ class AdapterService:
             pipe.hset(adapter_key, LATEST_FIELD, str(rec.version))
             return UploadResult(rec, created=True, state=VersionState.STAGED)
 
-        return transact(self.redis, txn, adapter_key, self.keys.blob_deleting(v.sha256))
+        return transact(self.redis, txn, adapter_key, *watched_keys(self.keys, v.sha256))
 
     def _queue_promoted(
         self,
@@ -444,7 +464,7 @@ class AdapterService:
             return len(users)
 
         unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
-        removed = collect_unreferenced(self.redis, k, self.store, digests)
+        removed = collect_after_delete(self.redis, k, self.store, digests)
         logger.info(
             "tenant %s deleted adapter %s (%d users unbound, %d unreferenced contents removed)",
             tenant,

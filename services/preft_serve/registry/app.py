@@ -109,7 +109,7 @@ def create_app(
     app.add_middleware(
         TransferGateMiddleware,
         slots=app.state.transfers,
-        pace=TransferPace(settings.transfer_idle_timeout_s, settings.upload_min_bytes_per_s),
+        pace=TransferPace(settings.transfer_idle_timeout_s, settings.transfer_min_bytes_per_s),
     )
     app.add_middleware(
         BodySizeLimitMiddleware,

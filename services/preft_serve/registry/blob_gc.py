@@ -6,20 +6,27 @@ were outside every quota: a tenant that uploaded, deleted and uploaded again gre
 object store without bound. After such a delete, :func:`collect_unreferenced` removes the
 digests no version of any adapter names.
 
-An upload of the same content may be committing at that moment (it found the content in
-the store and skipped writing it). Two marks keep it whole:
+An upload of the same content may be between storing it (or finding it stored) and
+committing its version while that happens. Three marks keep such an upload from
+committing a version of deleted content:
 
-* every version written bumps its content's ``gen`` field (``queue_reference``); the
-  collector reads the generations before it looks for references, and deletes a content
-  only if its generation is unchanged, checked under WATCH with the delete;
-* the delete itself sets ``blob_deleting`` while the store's objects go, and a commit
-  that finds it (``being_deleted``, WATCHed) waits, stores the content again and retries.
+* every version written bumps its content's ``gen`` (:func:`queue_reference`);
+* every delete sets the content's epoch to a new random token (``blob_epoch``, kept a day);
+* while the objects go, ``blob_deleting`` is set.
+
+The collector reads each candidate's (gen, epoch) before it looks for references and
+deletes only if neither moved, checked under WATCH with the unlink: a version committed
+after the search began, or another collector's delete, stops it. An upload reads the
+epoch before it stores the content and commits only if it is unchanged and no delete is
+in progress (WATCHed, :func:`stored_since`); otherwise it waits for the delete to end,
+stores the content again and retries.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,8 +37,13 @@ from preft_serve.registry.txn import Redis, transact
 logger = logging.getLogger(__name__)
 
 GEN_FIELD = "gen"
-DELETING_TTL_S = 300
-"""How long a delete's mark outlives a collector that died before clearing it."""
+DELETING_TTL_S = 1800
+"""How long a delete's mark outlives a collector that died before clearing it: longer than
+the object store client's worst case for two deletes (boto3: 60 s connect + 60 s read, 5
+attempts each)."""
+EPOCH_TTL_S = 86400
+"""How long a delete's epoch token is kept: far longer than an upload takes from reading
+it to committing (a token that expired reads as None, which no later token equals)."""
 
 
 def queue_reference(pipe: Any, keys: RegistryKeys, sha256: str) -> None:
@@ -39,9 +51,22 @@ def queue_reference(pipe: Any, keys: RegistryKeys, sha256: str) -> None:
     pipe.hincrby(keys.blob(sha256), GEN_FIELD, 1)
 
 
-def being_deleted(pipe: Any, keys: RegistryKeys, sha256: str) -> bool:
-    """Whether the collector is removing ``sha256`` from the store right now."""
-    return bool(pipe.exists(keys.blob_deleting(sha256)))
+def epoch(client: Redis, keys: RegistryKeys, sha256: str) -> str | None:
+    """The content's delete epoch, read before an upload stores it."""
+    value: str | None = client.get(keys.blob_epoch(sha256))
+    return value
+
+
+def stored_since(pipe: Any, keys: RegistryKeys, sha256: str, read: str | None) -> bool:
+    """Whether the content an upload stored (or found) at epoch ``read`` is still there:
+    no delete began since and none is in progress. Call inside a transaction that
+    WATCHes :func:`watched_keys`."""
+    return pipe.get(keys.blob_epoch(sha256)) == read and not pipe.exists(keys.blob_deleting(sha256))
+
+
+def watched_keys(keys: RegistryKeys, sha256: str) -> tuple[str, str]:
+    """What a commit of a version of ``sha256`` WATCHes besides its own keys."""
+    return keys.blob_epoch(sha256), keys.blob_deleting(sha256)
 
 
 def referenced(client: Redis, keys: RegistryKeys) -> set[str]:
@@ -76,39 +101,61 @@ def collect_unreferenced(
     candidates = sorted(set(digests))
     if not candidates:
         return 0
-    gens = _generations(client, keys, candidates)
+    marks = _marks(client, keys, candidates)
     still = referenced(client, keys)
     deleted = 0
     for sha256 in candidates:
-        if sha256 in still or not _unlink(client, keys, sha256, gens[sha256]):
+        if sha256 in still or not _unlink(client, keys, sha256, marks[sha256]):
             continue
         try:
             store.delete_adapter(sha256)
-        except ObjectStoreError as exc:  # the mark expires; the objects are garbage now
+        except ObjectStoreError as exc:  # the objects are garbage now, never referenced
             logger.warning("could not delete unreferenced content %s: %s", sha256, exc)
             continue
-        client.delete(keys.blob_deleting(sha256))
+        finally:  # an upload waiting for it re-stores whatever is left
+            client.delete(keys.blob_deleting(sha256))
         deleted += 1
     return deleted
 
 
-def _generations(client: Redis, keys: RegistryKeys, digests: list[str]) -> dict[str, str | None]:
+def _marks(
+    client: Redis, keys: RegistryKeys, digests: list[str]
+) -> dict[str, tuple[str | None, str | None]]:
+    """Each digest's (gen, epoch) before the search for references."""
     pipe = client.pipeline(transaction=False)
     for sha256 in digests:
         pipe.hget(keys.blob(sha256), GEN_FIELD)
-    return dict(zip(digests, pipe.execute(), strict=True))
+        pipe.get(keys.blob_epoch(sha256))
+    values = pipe.execute()
+    return {sha: (values[2 * i], values[2 * i + 1]) for i, sha in enumerate(digests)}
 
 
-def _unlink(client: Redis, keys: RegistryKeys, sha256: str, gen: str | None) -> bool:
-    """Drop the blob record and set the delete's mark, if no version referenced the
-    content since ``gen`` was read."""
+def _unlink(
+    client: Redis, keys: RegistryKeys, sha256: str, mark: tuple[str | None, str | None]
+) -> bool:
+    """Drop the blob record, start a new epoch and set the delete's mark, if no version
+    referenced the content and no other delete began since ``mark`` was read."""
 
     def txn(pipe: Any) -> bool:
-        if pipe.hget(keys.blob(sha256), GEN_FIELD) != gen:
+        now = (pipe.hget(keys.blob(sha256), GEN_FIELD), pipe.get(keys.blob_epoch(sha256)))
+        if now != mark:
             return False
         pipe.multi()
         pipe.delete(keys.blob(sha256))
+        pipe.set(keys.blob_epoch(sha256), secrets.token_hex(8), ex=EPOCH_TTL_S)
         pipe.set(keys.blob_deleting(sha256), "1", ex=DELETING_TTL_S)
         return True
 
-    return bool(transact(client, txn, keys.blob(sha256)))
+    return bool(transact(client, txn, keys.blob(sha256), keys.blob_epoch(sha256)))
+
+
+def collect_after_delete(
+    client: Redis, keys: RegistryKeys, store: ObjectStore, digests: Iterable[str]
+) -> int:
+    """:func:`collect_unreferenced` after a delete that has committed: a failure is
+    logged, not raised (the delete stands; its contents are left as garbage)."""
+    try:
+        return collect_unreferenced(client, keys, store, digests)
+    except Exception:
+        logger.exception("could not collect the contents of a deleted adapter or tenant")
+        return 0

@@ -118,12 +118,12 @@ class RegistrySettings(ServiceSettings):
         description="An upload whose body sends nothing, or a download whose client reads "
         "nothing, for this long is cut off (an upload with 408), freeing its transfer slot",
     )
-    upload_min_bytes_per_s: int = Field(
+    transfer_min_bytes_per_s: int = Field(
         4096,
         ge=0,
-        description="Slowest average rate an upload's body may arrive at once "
-        "transfer_idle_timeout_s has passed; slower is cut off with 408. 0: only the idle "
-        "timeout",
+        description="Slowest average rate an upload's body may arrive, or a download be "
+        "read, once transfer_idle_timeout_s has passed; slower is cut off (an upload with "
+        "408). 0: only the idle timeout",
     )
     events_maxlen: int = Field(1_000_000, ge=1000, description="Approximate event stream cap")
     audit_max_entries: int = Field(

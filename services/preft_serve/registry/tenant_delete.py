@@ -26,7 +26,7 @@ from preft_serve.common.domain_errors import Conflict, NotFound
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
-from preft_serve.registry.blob_gc import collect_unreferenced
+from preft_serve.registry.blob_gc import collect_after_delete
 from preft_serve.registry.events import queue_event
 from preft_serve.registry.finetune.files import blob_key
 from preft_serve.registry.names import check_tenant_name
@@ -123,7 +123,7 @@ def delete_tenant(
         client, txn, prefix, keys.tenant_keys(tenant), keys.adapters(tenant), keys.active_jobs
     )
     _delete_rate_limits(client, keys, tenant)
-    blobs = collect_unreferenced(client, keys, store, removed.digests)
+    blobs = collect_after_delete(client, keys, store, removed.digests)
     _delete_unreferenced_files(client, keys, store, removed.files)
     logger.info(
         "deleted tenant %s: %d keys, %d adapters, %d bindings, %d blobs, %d files, "

@@ -65,7 +65,7 @@ class TransferPace:
     """How fast a transfer must move to keep its slot (``common.body_pace``)."""
 
     idle_s: float
-    upload_min_rate: float
+    min_rate: float
 
 
 class TransferGateMiddleware:
@@ -102,9 +102,9 @@ class TransferGateMiddleware:
         try:
             if upload:
                 counted = _parts_counted(receive, _boundary(scope))
-                receive = paced_receive(counted, self.pace.idle_s, self.pace.upload_min_rate)
+                receive = paced_receive(counted, self.pace.idle_s, self.pace.min_rate)
             else:
-                send = paced_send(send, self.pace.idle_s)
+                send = paced_send(send, self.pace.idle_s, self.pace.min_rate)
             await self.app(scope, receive, send)
         except ReaderStalled as exc:
             logger.warning("download %s cut off: %s", scope["path"], exc)

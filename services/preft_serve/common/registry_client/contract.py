@@ -204,6 +204,9 @@ class RegistryKeys:
     def blob_deleting(self, sha256: str) -> str:  # STRING, while unreferenced content goes
         return f"{self.ns}:blobdeleting:{_part(sha256, is_digest, 'content hash')}"
 
+    def blob_epoch(self, sha256: str) -> str:  # STRING, a new token at each such delete
+        return f"{self.ns}:blobepoch:{_part(sha256, is_digest, 'content hash')}"
+
     def usage(self, tenant: str, day: str) -> str:
         """HASH of one tenant's usage on one UTC day (``day``: YYYYMMDD), written by the
         gateway: fields ``{model}:requests``, ``{model}:prompt_tokens`` and

@@ -3,9 +3,11 @@ content, delete. Tenant-scoped: another tenant's file is a 404."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, Response, UploadFile
+from fastapi.responses import StreamingResponse
 
 from preft_serve.common.audit_wire import AuditAction
 from preft_serve.common.errors import error_responses
@@ -60,8 +62,20 @@ def get_file(file_id: str, principal: PrincipalDep, files: FilesDep) -> FileObje
     },
 )
 def file_content(file_id: str, principal: PrincipalDep, files: FilesDep) -> Response:
-    """The file's bytes as uploaded (result files: a job's per-step metrics CSV)."""
-    return Response(files.content(principal.tenant, file_id), media_type="application/octet-stream")
+    """The file's bytes as uploaded (result files: a job's per-step metrics CSV), sent in
+    chunks so a client that stops reading is felt (and cut off: ``transfer_gate``)."""
+    content = files.content(principal.tenant, file_id)
+    return StreamingResponse(
+        _chunks(content),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(len(content))},
+    )
+
+
+def _chunks(content: bytes, size: int = 64 << 10) -> Iterator[bytes]:
+    view = memoryview(content)
+    for start in range(0, len(content), size):
+        yield bytes(view[start : start + size])
 
 
 @router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(401, 403, 404))
