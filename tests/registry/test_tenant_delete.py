@@ -63,7 +63,11 @@ def test_delete_removes_everything_of_the_tenant_only(
         f"{namespace}:audit:all",
         f"{namespace}:audit:tenant:acme",
     }
-    assert set(after["redis"]) == set(before["redis"]) - gone
+    # New: the deleted content's epoch token (blob_gc), kept a day for uploads racing it.
+    epoch = keys.blob_epoch(solo)
+    assert set(after["redis"]) == (set(before["redis"]) - gone) | {epoch}
+    assert redis_client.ttl(epoch) > 0
+    changed.add(epoch)
     assert {k: v for k, v in after["redis"].items() if k not in changed} == {
         k: v for k, v in before["redis"].items() if k not in gone | changed
     }
