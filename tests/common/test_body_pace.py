@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from preft_serve.common.body_pace import BodyTooSlow, ReaderStalled, paced_receive, paced_send
+from tests.support.asgi import stalls_after
 
 
 def _reader(delay_s: float, sent: list[int]) -> Any:
@@ -58,17 +59,7 @@ def test_a_reader_at_the_rate_is_never_cut_off() -> None:
 
 
 def test_a_body_that_stops_is_408_naming_the_pause() -> None:
-    calls = 0
-
-    async def receive() -> dict[str, Any]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return {"type": "http.request", "body": b"abc", "more_body": True}
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
-
-    timed = paced_receive(receive, idle_s=0.1, min_rate=0)
+    timed = paced_receive(stalls_after(b"abc"), idle_s=0.1, min_rate=0)
 
     async def run() -> None:
         assert (await timed())["body"] == b"abc"

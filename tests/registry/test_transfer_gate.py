@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.asgi import answer_of, multipart_scope
+from tests.support.asgi import answer_of, multipart_scope, stalls_after
 
 
 def _call(app: Any, headers: dict[str, str]) -> tuple[int, dict[str, Any], int]:
@@ -327,16 +327,7 @@ def test_an_upload_that_stops_arriving_loses_its_slot_with_408(make_client, stat
 
     client = make_client(transfer_idle_timeout_s=0.3, transfer_min_bytes_per_s=0)
     acme = create_tenant(client, "acme")
-    calls = 0
-
-    async def stalls() -> dict[str, Any]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return {"type": "http.request", "body": b"--b\r\n", "more_body": True}
-        await asyncio.Event().wait()  # nothing more, ever
-        raise AssertionError("unreachable")
-
+    stalls = stalls_after(b"--b\r\n")
     before = state_snapshot()
     scope = multipart_scope("POST", "/v1/adapters", acme)
     status, _, body = asyncio.run(asyncio.wait_for(answer_of(client.app, scope, stalls), 10))

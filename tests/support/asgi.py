@@ -3,6 +3,7 @@ is read (a stalled upload, a client that has not read its download yet)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -54,3 +55,19 @@ async def answer_of(
     headers = {k.decode(): v.decode() for k, v in start["headers"]}
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], headers, body
+
+
+def stalls_after(body: bytes) -> Receive:
+    """A ``receive`` that hands over ``body`` (more to come), then nothing, ever: a
+    client that stopped sending."""
+    calls = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {"type": "http.request", "body": body, "more_body": True}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    return receive
