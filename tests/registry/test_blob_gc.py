@@ -208,3 +208,110 @@ def test_a_delete_stands_when_its_collection_fails(
     assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
     assert client.get("/v1/adapters/bot", headers=acme).status_code == 404
     assert "could not collect the contents of a deleted adapter or tenant" in caplog.text
+
+
+def test_an_upload_that_starts_while_the_objects_go_waits_and_stores_them_again(
+    client, acme, lora_dir, settings, tmp_path, redis_client, namespace, monkeypatch
+) -> None:
+    """The collector has unlinked the content and is deleting its objects when an upload
+    of the same content starts (it would find them, or half of them, still there). The
+    upload waits for the delete to end, then stores the content again and commits."""
+    keys = RegistryKeys(namespace)
+    sha = _unreferenced(client, redis_client, keys, acme, lora_dir)
+    store = client.app.state.registry.adapters.store
+    real_delete, real_put = store.delete_adapter, store.put_adapter
+    answer: dict[str, Any] = {}
+    puts_during_delete: list[bool] = []
+
+    def put(*args: Any, **kwargs: Any) -> bool:  # never while the objects go
+        puts_during_delete.append(bool(redis_client.exists(keys.blob_deleting(sha))))
+        return real_put(*args, **kwargs)
+
+    def upload_meanwhile(digest: str) -> None:
+        thread = threading.Thread(
+            target=lambda: answer.update(resp=upload(client, acme, "twin", lora_dir))
+        )
+        thread.start()
+        time.sleep(0.5)
+        assert thread.is_alive()  # waiting for the delete to end
+        real_delete(digest)
+        answer["thread"] = thread
+
+    monkeypatch.setattr(store, "delete_adapter", upload_meanwhile)
+    monkeypatch.setattr(store, "put_adapter", put)
+    assert blob_gc.collect_unreferenced(redis_client, keys, store, [sha]) == 1
+    answer["thread"].join(10)
+    assert answer["resp"].status_code == 201, answer["resp"].text
+    assert puts_during_delete == [False]  # one put, after the delete ended
+    settings.object_store.create().fetch_adapter(sha, tmp_path / "fetched")
+
+
+def test_an_epoch_read_while_the_objects_went_cannot_be_committed_on(
+    client, acme, lora_dir, redis_client, namespace, monkeypatch
+) -> None:
+    """Ending a delete sets a new epoch: an upload that read the epoch during the delete
+    (and found the objects, or stored them half-deleted) is refused at its commit."""
+    from preft_serve.adapters.format import AdapterMode, AdapterType
+    from preft_serve.registry.adapters import ContentBeingDeleted
+    from preft_serve.registry.validation import ValidatedAdapter
+
+    keys = RegistryKeys(namespace)
+    sha = _unreferenced(client, redis_client, keys, acme, lora_dir)
+    service = client.app.state.registry.adapters
+    store = service.store
+    real_delete = store.delete_adapter
+    during: list[str | None] = []
+
+    def read_epoch_then_delete(digest: str) -> None:
+        during.append(redis_client.get(keys.blob_epoch(digest)))
+        real_delete(digest)
+
+    monkeypatch.setattr(store, "delete_adapter", read_epoch_then_delete)
+    assert blob_gc.collect_unreferenced(redis_client, keys, store, [sha]) == 1
+    version = ValidatedAdapter(
+        config={},
+        config_bytes=b"{}",
+        weights_path=Path("/dev/null"),
+        type=AdapterType.LORA,
+        mode=AdapterMode.PREFILL,
+        rank=8,
+        sha256=sha,
+        size_bytes=10,
+        base_model="tiny-llama",
+    )
+    try:
+        service.commit("acme", "twin", version, create=True, stored_at=during[0])
+    except ContentBeingDeleted:
+        pass
+    else:
+        raise AssertionError("committed on an epoch read while the content was deleted")
+    assert client.get("/v1/adapters/twin", headers=acme).status_code == 404
+
+
+def test_a_rollback_to_content_of_an_earlier_incarnation_is_refused(
+    client, acme, lora_dir, tmp_path, monkeypatch
+) -> None:
+    """Between reading the version to roll back to and committing, the adapter was deleted
+    and created again: its version 1 is other content now. The rollback re-reads the
+    history in its transaction and refuses instead of naming content no history holds."""
+    from preft_serve.registry.adapters import AdapterService
+
+    other = _variant(lora_dir, tmp_path / "other")
+    first = upload(client, acme, "bot", lora_dir).json()["sha256"]
+    upload(client, acme, "bot", _variant(lora_dir, tmp_path / "v2"), method="PUT")
+    upload(client, acme, "keep", lora_dir)  # keeps the first content in the store
+    real_version = AdapterService.version
+
+    def read_then_recreate(self: Any, tenant: str, name: str, version: int | None) -> Any:
+        target = real_version(self, tenant, name, version)
+        monkeypatch.setattr(AdapterService, "version", real_version)
+        assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+        assert upload(client, acme, "bot", other).status_code == 201
+        return target
+
+    monkeypatch.setattr(AdapterService, "version", read_then_recreate)
+    resp = client.post("/v1/adapters/bot/rollback", json={"version": 1}, headers=acme)
+    assert resp.status_code == 404
+    assert "has no version 1 with that content any more" in error_message(resp)
+    detail = client.get("/v1/adapters/bot", headers=acme).json()
+    assert detail["version"] == 1 and detail["sha256"] != first

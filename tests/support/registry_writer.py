@@ -53,7 +53,7 @@ class Writer:
             size_bytes=10,
             base_model="tiny",
         )
-        self.adapters.commit(tenant, name, v, create=False)
+        self.adapters.commit(tenant, name, v, create=False, stored_at=None)
         return sha
 
 

@@ -26,7 +26,7 @@ from preft_serve.common.registry_client import EventType, RegistryEvent, Registr
 from preft_serve.common.text import shown
 from preft_serve.registry.blob_gc import (
     collect_after_delete,
-    epoch,
+    epoch_to_store,
     queue_reference,
     stored_since,
     watched_keys,
@@ -277,27 +277,23 @@ class AdapterService:
     def _store_and_commit(
         self, tenant: str, name: str, v: ValidatedAdapter, create: bool, promote: bool
     ) -> UploadResult:
-        """Store the content (unless the store has it) and commit the version; when the
-        content was deleted as unreferenced meanwhile (``blob_gc``), wait for the delete to
-        end and store it again, for at most :data:`CONTENT_DELETE_WAIT_S`."""
+        """Store the content (unless the store has it) and commit the version; while the
+        content is being deleted as unreferenced (``blob_gc``), wait for the delete to end
+        and store it again, for at most :data:`CONTENT_DELETE_WAIT_S`."""
         deadline = time.monotonic() + CONTENT_DELETE_WAIT_S
         while True:
-            stored_at = epoch(self.redis, self.keys, v.sha256)
+            stored_at = epoch_to_store(self.redis, self.keys, v.sha256, deadline)
             self.store.put_adapter(v.sha256, v.config_bytes, v.weights_path, verify=False)
             try:
                 return self.commit(
                     tenant, name, v, create=create, promote=promote, stored_at=stored_at
                 )
-            except ContentBeingDeleted:
-                while True:
-                    if time.monotonic() > deadline:
-                        raise Unavailable(
-                            "this adapter's content is being removed from the store as "
-                            "unreferenced; retry the upload shortly"
-                        ) from None
-                    if not self.redis.exists(self.keys.blob_deleting(v.sha256)):
-                        break
-                    time.sleep(0.05)
+            except ContentBeingDeleted:  # a delete began after the epoch was read
+                if time.monotonic() > deadline:
+                    raise Unavailable(
+                        "this adapter's content keeps being removed from the store as "
+                        "unreferenced; retry the upload shortly"
+                    ) from None
 
     @staticmethod
     def _unchanged_or_conflict(
@@ -325,7 +321,7 @@ class AdapterService:
         *,
         create: bool,
         promote: bool = True,
-        stored_at: str | None = None,
+        stored_at: str | None,
     ) -> UploadResult:
         """Point ``name`` at stored content ``v`` as its next version (atomic), served
         (``promote``) or staged.
@@ -333,8 +329,8 @@ class AdapterService:
         Re-checks under WATCH what ``upload`` pre-checked, since another writer may have
         committed in between. Every writer of the history also writes the adapter's hash,
         so watching the hash is enough. ``stored_at`` is the content's delete epoch read
-        before it was stored (``blob_gc.epoch``): a delete of the content since then
-        raises :class:`ContentBeingDeleted`.
+        before it was stored (``blob_gc.epoch_to_store``; ``None``: no delete yet): a
+        delete of the content since then raises :class:`ContentBeingDeleted`.
         """
         adapter_key = self.keys.adapter(tenant, name)
 
@@ -546,19 +542,29 @@ class AdapterService:
                     ),
                     created=False,
                 )
+            records = pipe.hgetall(k.versions(tenant, name))
+            recorded = records.get(str(target.version))
+            if recorded is None or json.loads(recorded)["sha256"] != target.sha256:
+                raise NotFound(  # deleted and created again since ``target`` was read
+                    f"adapter {shown(name)} has no version {target.version} with that "
+                    "content any more; read its versions again"
+                )
             if not pipe.exists(k.blob(target.sha256)):
                 raise NotFound(
                     f"the content of adapter {shown(name)} version {version} is no "
                     "longer registered; upload it again"
                 )
-            records = pipe.hgetall(k.versions(tenant, name))
             rec = target.model_copy(
                 update={"version": latest_version(current) + 1, "created_at": utcnow()}
             )
             pipe.multi()
             return self._queue_promoted(pipe, tenant, rec, current, records)
 
-        result = transact(self.redis, txn, adapter_key, k.versions(tenant, name))
+        # The blob record is watched too: a collector unlinking the content (``blob_gc``)
+        # between the check and EXEC makes this run again and find it gone.
+        result = transact(
+            self.redis, txn, adapter_key, k.versions(tenant, name), k.blob(target.sha256)
+        )
         if result.created:
             logger.info(
                 "tenant %s adapter %s rolled back to version %d's content as version %d (%s)",

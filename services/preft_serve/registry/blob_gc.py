@@ -15,10 +15,12 @@ committing a version of deleted content:
 * while the objects go, ``blob_deleting`` is set.
 
 The collector reads each candidate's (gen, epoch) before it looks for references and
-deletes only if neither moved, checked under WATCH with the unlink: a version committed
-after the search began, or another collector's delete, stops it. An upload reads the
-epoch before it stores the content and commits only if it is unchanged and no delete is
-in progress (WATCHed, :func:`stored_since`); otherwise it waits for the delete to end,
+deletes only if neither moved, checked under WATCH with the unlink (which sets a new
+epoch and the mark): a version committed after the search began, or another collector's
+delete, stops it. When the objects are gone it clears the mark and sets a new epoch again.
+An upload reads the epoch and the mark together before it stores the content, waiting
+while a delete is in progress (:func:`epoch_to_store`), and commits only if the epoch is
+unchanged and no delete is in progress (WATCHed, :func:`stored_since`); otherwise it
 stores the content again and retries.
 """
 
@@ -27,9 +29,11 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from collections.abc import Iterable
 from typing import Any
 
+from preft_serve.common.domain_errors import Unavailable
 from preft_serve.common.objectstore import ObjectStore, ObjectStoreError
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.txn import Redis, transact
@@ -51,10 +55,24 @@ def queue_reference(pipe: Any, keys: RegistryKeys, sha256: str) -> None:
     pipe.hincrby(keys.blob(sha256), GEN_FIELD, 1)
 
 
-def epoch(client: Redis, keys: RegistryKeys, sha256: str) -> str | None:
-    """The content's delete epoch, read before an upload stores it."""
-    value: str | None = client.get(keys.blob_epoch(sha256))
-    return value
+def epoch_to_store(client: Redis, keys: RegistryKeys, sha256: str, deadline: float) -> str | None:
+    """The content's delete epoch, read (with the delete mark, atomically) before an upload
+    stores it. While a delete is in progress it waits for it to end (its objects may be
+    half gone: storing now could be undone by the delete), until ``deadline``
+    (``time.monotonic``), then refuses with 503."""
+    while True:
+        pipe = client.pipeline(transaction=True)
+        pipe.get(keys.blob_epoch(sha256))
+        pipe.exists(keys.blob_deleting(sha256))
+        value, deleting = pipe.execute()
+        if not deleting:
+            return str(value) if value is not None else None
+        if time.monotonic() > deadline:
+            raise Unavailable(
+                "this adapter's content is being removed from the store as unreferenced; "
+                "retry the upload shortly"
+            )
+        time.sleep(0.05)
 
 
 def stored_since(pipe: Any, keys: RegistryKeys, sha256: str, read: str | None) -> bool:
@@ -112,10 +130,20 @@ def collect_unreferenced(
         except ObjectStoreError as exc:  # the objects are garbage now, never referenced
             logger.warning("could not delete unreferenced content %s: %s", sha256, exc)
             continue
-        finally:  # an upload waiting for it re-stores whatever is left
-            client.delete(keys.blob_deleting(sha256))
+        finally:  # uploads waiting for it store it again; a new epoch fails any other
+            _end_delete(client, keys, sha256)
         deleted += 1
     return deleted
+
+
+def _end_delete(client: Redis, keys: RegistryKeys, sha256: str) -> None:
+    """Clear the delete's mark with a new epoch, in one transaction: an upload that read
+    the epoch while the objects went (and found them, or stored them half-deleted) cannot
+    commit on that read."""
+    pipe = client.pipeline(transaction=True)
+    pipe.set(keys.blob_epoch(sha256), secrets.token_hex(8), ex=EPOCH_TTL_S)
+    pipe.delete(keys.blob_deleting(sha256))
+    pipe.execute()
 
 
 def _marks(

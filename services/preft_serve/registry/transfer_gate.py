@@ -72,8 +72,8 @@ class TransferGateMiddleware:
     """For an upload or a download: 401/403 (503 when Redis is down) for a tenant key that
     does not check out, before any of an upload's body is read; 429/503 when the tenant or
     the replica has no transfer slot free. A transfer keeps its slot only while it moves:
-    an upload's body that stalls or trickles ends in 408, a download nobody reads is cut
-    off; and an upload of too many form parts ends in 400."""
+    an upload's body that stalls or trickles ends in 408, a download read too slowly is
+    cut off; and an upload of too many form parts ends in 400."""
 
     def __init__(self, app: ASGIApp, slots: TransferSlots, pace: TransferPace) -> None:
         self.app = app
