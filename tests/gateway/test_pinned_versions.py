@@ -44,7 +44,7 @@ class Stack:
             size_bytes=10,
             base_model="tiny",
         )
-        self.writer.adapters.commit("acme", name, v, create=False, promote=promote)
+        self.writer.adapters.commit("acme", name, v, create=False, promote=promote, stored_at=None)
 
     def missing(self, model: str) -> str:
         """The 404 message for ``model`` from both routes that name it; they agree."""

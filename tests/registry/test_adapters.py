@@ -184,6 +184,7 @@ def test_delete_refuses_bound_adapter_unless_forced(client, acme, lora_dir, stat
 def test_delete_then_recreate_starts_at_version_one(client, acme, lora_dir, s3, bucket):
     digest = upload(client, acme, "bot", lora_dir).json()["sha256"]
     assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    client.app.state.registry.adapters.collector.wait()  # its thread deletes the content
     assert s3.list_objects_v2(Bucket=bucket).get("Contents", []) == []  # referenced by none
     again = upload(client, acme, "bot", lora_dir).json()
     assert again["version"] == 1 and again["sha256"] == digest

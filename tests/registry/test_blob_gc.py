@@ -21,6 +21,12 @@ def _objects(s3: Any, bucket: str) -> list[str]:
     return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
 
 
+def _delete(client: Any, headers: dict[str, str], name: str) -> None:
+    """Delete an adapter and wait for the collector's thread to collect its contents."""
+    assert client.delete(f"/v1/adapters/{name}", headers=headers).status_code == 204
+    client.app.state.registry.adapters.collector.wait()
+
+
 def _variant(src: Path, dest: Path) -> Path:
     d = factories.copy_adapter(src, dest)
     return factories.edit_tensors(d, lambda t: {k: (v * 1.5).astype(v.dtype) for k, v in t.items()})
@@ -34,7 +40,7 @@ def test_deleting_an_adapter_deletes_every_content_only_it_referenced(
     second = upload(client, acme, "bot", _variant(lora_dir, tmp_path / "v2"), method="PUT")
     second_sha = second.json()["sha256"]
     assert len(_objects(s3, bucket)) == 4
-    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    _delete(client, acme, "bot")
     assert _objects(s3, bucket) == []
     assert not redis_client.exists(keys.blob(first), keys.blob(second_sha))
     assert not redis_client.exists(keys.blob_deleting(first))
@@ -47,12 +53,12 @@ def test_content_another_adapter_references_stays_until_its_last_reference_goes(
     sha = upload(client, acme, "bot", lora_dir).json()["sha256"]
     assert upload(client, acme, "twin", lora_dir).json()["sha256"] == sha
     assert upload(client, globex, "bot", lora_dir).json()["sha256"] == sha
-    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
-    assert client.delete("/v1/adapters/twin", headers=acme).status_code == 204
+    _delete(client, acme, "bot")
+    _delete(client, acme, "twin")
     assert len(_objects(s3, bucket)) == 2  # globex still serves it
     store = settings.object_store.create()
     store.fetch_adapter(sha, tmp_path / "fetched")  # whole: re-hashed against its digest
-    assert client.delete("/v1/adapters/bot", headers=globex).status_code == 204
+    _delete(client, globex, "bot")
     assert _objects(s3, bucket) == []
 
 
@@ -70,7 +76,7 @@ def test_an_upload_committing_while_the_collector_looks_keeps_its_content(
         return found
 
     monkeypatch.setattr(blob_gc, "referenced", search_then_commit)
-    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    _delete(client, acme, "bot")
     assert len(_objects(s3, bucket)) == 2
     assert client.get("/v1/adapters/twin", headers=acme).json()["sha256"] == sha
     settings.object_store.create().fetch_adapter(sha, tmp_path / "fetched")
@@ -186,7 +192,7 @@ def test_a_store_failure_leaves_garbage_and_no_mark_behind(
         raise StoreUnavailable("unreachable")
 
     monkeypatch.setattr(store, "delete_adapter", down)
-    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    _delete(client, acme, "bot")
     assert f"could not delete unreferenced content {sha}" in caplog.text
     assert not redis_client.exists(keys.blob_deleting(sha))  # uploads of it need not wait
     monkeypatch.undo()
@@ -205,7 +211,7 @@ def test_a_delete_stands_when_its_collection_fails(
 
     upload(client, acme, "bot", lora_dir)
     monkeypatch.setattr(blob_gc, "referenced", down)
-    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    _delete(client, acme, "bot")
     assert client.get("/v1/adapters/bot", headers=acme).status_code == 404
     assert "could not collect the contents of a deleted adapter or tenant" in caplog.text
 
@@ -305,7 +311,7 @@ def test_a_rollback_to_content_of_an_earlier_incarnation_is_refused(
     def read_then_recreate(self: Any, tenant: str, name: str, version: int | None) -> Any:
         target = real_version(self, tenant, name, version)
         monkeypatch.setattr(AdapterService, "version", real_version)
-        assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+        _delete(client, acme, "bot")
         assert upload(client, acme, "bot", other).status_code == 201
         return target
 
@@ -315,3 +321,28 @@ def test_a_rollback_to_content_of_an_earlier_incarnation_is_refused(
     assert "has no version 1 with that content any more" in error_message(resp)
     detail = client.get("/v1/adapters/bot", headers=acme).json()
     assert detail["version"] == 1 and detail["sha256"] != first
+
+
+def test_a_delete_answers_without_waiting_for_the_store(
+    client, acme, lora_dir, s3, bucket, monkeypatch
+) -> None:
+    """The store is stuck (paused, say): the delete still answers at once; its contents
+    go when the store answers again."""
+    store = client.app.state.registry.adapters.store
+    real_delete = store.delete_adapter
+    stuck = threading.Event()
+
+    def paused(sha: str) -> None:
+        stuck.wait(30)
+        real_delete(sha)
+
+    upload(client, acme, "bot", lora_dir)
+    monkeypatch.setattr(store, "delete_adapter", paused)
+    started = time.monotonic()
+    assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
+    assert time.monotonic() - started < 5
+    assert client.get("/v1/adapters/bot", headers=acme).status_code == 404
+    assert len(_objects(s3, bucket)) == 2  # not yet
+    stuck.set()
+    client.app.state.registry.adapters.collector.wait()
+    assert _objects(s3, bucket) == []

@@ -25,7 +25,7 @@ from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
 from preft_serve.registry.blob_gc import (
-    collect_after_delete,
+    ContentCollector,
     epoch_to_store,
     queue_reference,
     stored_since,
@@ -209,6 +209,9 @@ class AdapterService:
         self.bounds = bounds
         self.staging_dir = staging_dir
         self.maxlen = events_maxlen
+        # Deleted adapters' contents: collected at once until the app starts it (then in
+        # its thread: a delete need not wait for the store).
+        self.collector = ContentCollector(client, keys, store)
 
     def upload(
         self,
@@ -420,8 +423,8 @@ class AdapterService:
 
         Bound users make this a 409 unless ``force``: silently sending users to the base
         model is a decision the tenant should make explicitly. Its contents are deleted
-        from the store unless another version of any adapter references them
-        (``blob_gc``).
+        from the store afterwards, in the collector's thread, unless another version of
+        any adapter references them (``blob_gc``).
         """
         check_adapter_name(name)
         k = self.keys
@@ -460,14 +463,8 @@ class AdapterService:
             return len(users)
 
         unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
-        removed = collect_after_delete(self.redis, k, self.store, digests)
-        logger.info(
-            "tenant %s deleted adapter %s (%d users unbound, %d unreferenced contents removed)",
-            tenant,
-            name,
-            unbound,
-            removed,
-        )
+        self.collector.submit(digests)
+        logger.info("tenant %s deleted adapter %s (%d users unbound)", tenant, name, unbound)
         return unbound
 
     def version(self, tenant: str, name: str, version: int | None) -> AdapterVersion:

@@ -76,6 +76,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = RegistryState.build(settings, app.state.metrics, store)
         app.state.registry = state
+        state.adapters.collector.start()
         if state.finetune is not None:
             state.finetune.start()
         logger.info(
@@ -89,6 +90,7 @@ def create_app(
         finally:
             if state.finetune is not None:
                 state.finetune.close()
+            state.adapters.collector.stop()
             state.close()
 
     app = FastAPI(

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import secrets
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -187,3 +189,64 @@ def collect_after_delete(
     except Exception:
         logger.exception("could not collect the contents of a deleted adapter or tenant")
         return 0
+
+
+class ContentCollector:
+    """Collects deleted adapters' contents in a background thread, so a delete answers as
+    soon as its metadata commit is done, however large the registry or slow the store (a
+    paused store held deletes for as long as it was paused). Deletes queued close together
+    share one search for references. Queued digests a registry dies with stay as garbage.
+    """
+
+    def __init__(self, client: Redis, keys: RegistryKeys, store: ObjectStore) -> None:
+        self.client, self.keys, self.store = client, keys, store
+        self._queue: queue.Queue[frozenset[str] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="content-collector", daemon=True)
+        self._thread.start()
+
+    def submit(self, digests: Iterable[str]) -> None:
+        """Collect these after their delete (collected at once when not started)."""
+        batch = frozenset(digests)
+        if not batch:
+            return
+        if self._thread is None:
+            collect_after_delete(self.client, self.keys, self.store, batch)
+            return
+        self._queue.put(batch)
+
+    def wait(self) -> None:
+        """Until everything submitted so far was collected (tests; shutdown)."""
+        self._queue.join()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Collect what is queued (for at most ``timeout_s``), then end the thread."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch: set[str] = set()
+            done = 1
+            stopping = item is None
+            if item is not None:
+                batch |= item
+            while not self._queue.empty():  # deletes queued meanwhile: one search for all
+                more = self._queue.get()
+                done += 1
+                if more is None:
+                    stopping = True
+                else:
+                    batch |= more
+            if batch:
+                collect_after_delete(self.client, self.keys, self.store, batch)
+            for _ in range(done):
+                self._queue.task_done()
+            if stopping:
+                return
