@@ -38,9 +38,6 @@ class TransferSlots:
     def in_progress(self) -> int:
         return self._in_progress
 
-    def held_by(self, tenant: str) -> int:
-        return self._held.get(tenant, 0)
-
     def take(self, tenant: str) -> None:
         """One slot of ``tenant``'s, given back with :meth:`give_back`; refused
         (``RateLimited`` for the tenant's own cap, ``Unavailable`` for the replica's) when
