@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from preft_serve.gateway.app import create_app as create_gateway
 from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
-from preft_serve.registry.settings import RegistrySettings
+from preft_serve.registry.settings import Bytes, RegistrySettings
 from preft_serve.worker import serve
 from preft_serve.worker.settings import WorkerSettings
 from tests.chart.manifests import container, container_port, env, pod_spec
@@ -136,6 +136,13 @@ def test_registry_settings_and_probes(
     assert settings.port == container_port(spec, "http")
     assert settings.object_store.url.startswith("s3://")
     assert str(settings.staging_dir) in [m["mountPath"] for m in spec["volumeMounts"]]
+    # Spooled bodies land on the staging volume too, and the count stays under its size.
+    assert env(spec)["TMPDIR"] == str(settings.staging_dir)
+    staging = mounts[str(settings.staging_dir)]
+    (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == staging]
+    size_limit = TypeAdapter(Bytes).validate_python(volume["emptyDir"]["sizeLimit"])
+    assert settings.largest_transfer_bytes <= settings.tenant_scratch_share
+    assert settings.scratch_bytes <= size_limit - (1 << 30)
     assert len(settings.admin_token.get_secret_value()) >= 16
     _check_probes(create_registry(settings), spec, liveness="/healthz", readiness="/readyz")
 

@@ -181,6 +181,12 @@ gateway's settings give it another (so it is the chart's only while they do not)
 - name: PREFT_REGISTRY_STAGING_DIR
   value: /var/lib/preft/staging
   fixed: the staging volume's mount path; registry.stagingSizeLimit sizes it
+{{- /* Starlette spools upload bodies to the temp dir: on the sized staging volume too. */}}
+- name: TMPDIR
+  value: /var/lib/preft/staging
+- name: PREFT_REGISTRY_SCRATCH_BYTES
+  value: {{ $r.scratchBytes | quote }}
+  set: registry.scratchBytes
 {{- /* The workers' --max-lora-rank: uploads the workers cannot serve are refused. */}}
 - name: PREFT_REGISTRY_MAX_LORA_RANK
   value: {{ .Values.worker.maxLoraRank | quote }}

@@ -34,6 +34,9 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- $errors = append $errors (printf "gateway.pdb.minAvailable (%v) must be below the gateway's replica count (%v), or no node can ever be drained; lower it or add replicas" $v.gateway.pdb.minAvailable $floor) -}}
 {{- end -}}
 {{- end -}}
+{{- if ge (float64 (include "preft-serve.quantityBytes" $v.registry.scratchBytes)) (float64 (include "preft-serve.quantityBytes" $v.registry.stagingSizeLimit)) -}}
+{{- $errors = append $errors (printf "registry.scratchBytes (%v) must be below registry.stagingSizeLimit (%v): Kubernetes evicts the registry when its scratch volume passes its size; leave ~1Gi for what the count leaves out" $v.registry.scratchBytes $v.registry.stagingSizeLimit) -}}
+{{- end -}}
 {{- if and $v.registry.pdb.enabled (gt (int $v.registry.replicas) 1) (ge (int $v.registry.pdb.minAvailable) (int $v.registry.replicas)) -}}
 {{- $errors = append $errors (printf "registry.pdb.minAvailable (%v) must be below registry.replicas (%v)" $v.registry.pdb.minAvailable $v.registry.replicas) -}}
 {{- end -}}
@@ -162,4 +165,14 @@ settings render in plain text into the pod spec, so no secret goes there either.
 {{- if $errors -}}
 {{- fail (printf "\n\nInvalid values for the preft-serve chart:\n  - %s\n" (join "\n  - " $errors)) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+A Kubernetes quantity ("6Gi", "7G", "512Mi", "1073741824") as a number of bytes (a float).
+*/}}
+{{- define "preft-serve.quantityBytes" -}}
+{{- $quantity := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $quantity -}}
+{{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- mulf (float64 $number) (get $units (trimPrefix $number $quantity)) -}}
 {{- end -}}

@@ -8,7 +8,9 @@ answers these errors with it. So this module imports no web framework, and the s
 runs unchanged in a route, a background thread or a test.
 
 Each error carries the message (what to fix), a stable ``code`` (OpenAI's where it has one;
-each class has a default a raise site may refine) and the ``param`` (request field) at fault.
+each class has a default a raise site may refine), the ``param`` (request field) at fault
+and, for a refusal that is over when the caller waits, how many seconds to wait
+(``retry_after_s``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class DomainError(Exception):
         code: str | None = None,
         param: str | None = None,
         details: list[dict[str, Any]] | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -35,6 +38,7 @@ class DomainError(Exception):
             self.code = code
         self.param = param
         self.details = details
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
         return self.message

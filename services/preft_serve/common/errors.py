@@ -100,11 +100,19 @@ def http_status_of(error: type[domain.DomainError]) -> int:
     return 500
 
 
-def _headers_of(error: type[domain.DomainError]) -> dict[str, str] | None:
+def _headers_of(
+    error: type[domain.DomainError], retry_after_s: int | None
+) -> dict[str, str] | None:
+    """The class's own headers (:data:`_HEADERS`) and ``Retry-After`` when the error says
+    when to retry."""
+    headers: dict[str, str] = {}
     for cls in error.__mro__:
         if cls in _HEADERS:
-            return dict(_HEADERS[cls])
-    return None
+            headers.update(_HEADERS[cls])
+            break
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    return headers or None
 
 
 def domain_error_response(exc: domain.DomainError) -> JSONResponse:
@@ -117,8 +125,26 @@ def domain_error_response(exc: domain.DomainError) -> JSONResponse:
         exc.message,
         param=exc.param,
         details=exc.details,
-        headers=_headers_of(type(exc)),
+        headers=_headers_of(type(exc), exc.retry_after_s),
     )
+
+
+def as_service_error(exc: domain.DomainError) -> ServiceError:
+    """``exc`` as the :class:`ServiceError` of the same meaning, for code that must raise
+    an ``HTTPException`` (an ASGI ``receive`` that FastAPI's body parsing calls)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    for cls in type(exc).__mro__:
+        for service in _SERVICE_ERRORS:
+            if cls in service.__bases__:
+                return service(
+                    exc.message,
+                    code=exc.code,
+                    param=exc.param,
+                    details=exc.details,
+                    retry_after_s=exc.retry_after_s,
+                )
+    return ServiceError(exc.message, code=exc.code, param=exc.param, details=exc.details)
 
 
 class ServiceError(StarletteHTTPException, domain.DomainError):
@@ -146,9 +172,12 @@ class ServiceError(StarletteHTTPException, domain.DomainError):
         param: str | None = None,
         details: list[dict[str, Any]] | None = None,
         headers: Mapping[str, str] | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
-        domain.DomainError.__init__(self, message, code=code, param=param, details=details)
-        chosen = dict(headers) if headers else _headers_of(type(self))
+        domain.DomainError.__init__(
+            self, message, code=code, param=param, details=details, retry_after_s=retry_after_s
+        )
+        chosen = dict(headers) if headers else _headers_of(type(self), retry_after_s)
         StarletteHTTPException.__init__(self, self.http_status, message, chosen)
 
     def __str__(self) -> str:
@@ -208,6 +237,21 @@ class TooManyRequests(ServiceError, domain.RateLimited):
 
 class ServiceUnavailable(ServiceError, domain.Unavailable):
     pass
+
+
+_SERVICE_ERRORS: tuple[type[ServiceError], ...] = (
+    BadRequest,
+    Unauthorized,
+    NotFound,
+    Conflict,
+    Forbidden,
+    QuotaExceeded,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    Unprocessable,
+    TooManyRequests,
+    ServiceUnavailable,
+)
 
 
 def error_response(

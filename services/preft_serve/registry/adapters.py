@@ -45,6 +45,7 @@ from preft_serve.registry.serving_policy import (
     queue_states,
     served_versions,
 )
+from preft_serve.registry.transfers import EXPORT_SLACK_BYTES, hold_scratch
 from preft_serve.registry.txn import Redis, transact
 from preft_serve.registry.validation import (
     BaseModelSpec,
@@ -498,6 +499,8 @@ class AdapterService:
         """
         rec = self.version(tenant, name, version)
         folder = dest_dir / "files"
+        # Counted before they are written: the files, then their archive.
+        hold_scratch(rec.size_bytes + EXPORT_SLACK_BYTES)
         try:
             self.store.fetch_adapter(rec.sha256, folder)
         except ObjectNotFound:
@@ -506,6 +509,7 @@ class AdapterService:
                 "longer in the object store"
             ) from None
         archive = dest_dir / f"{name}-v{rec.version}.tar.gz"
+        hold_scratch(rec.size_bytes + EXPORT_SLACK_BYTES)
         with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
             for filename in (CONFIG_FILE, WEIGHTS_FILE):
                 tar.add(folder / filename, arcname=filename, filter=_anonymous)

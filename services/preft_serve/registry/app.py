@@ -106,8 +106,14 @@ def create_app(
     app.add_exception_handler(InvalidKeyPart, _invalid_key_part)
     app.add_middleware(JsonBodyGuardMiddleware)  # innermost: sees bodies under the size cap
     # The key of an upload before its body; a transfer slot for each upload and download.
-    app.state.transfers = TransferSlots(settings.max_transfers, settings.tenant_max_transfers)
+    app.state.transfers = TransferSlots(
+        settings.max_transfers,
+        settings.tenant_max_transfers,
+        settings.scratch_bytes,
+        settings.tenant_scratch_share,
+    )
     app.state.metrics.transfers.set_function(lambda: app.state.transfers.in_progress)
+    app.state.metrics.scratch_held.set_function(lambda: app.state.transfers.scratch_held)
     app.add_middleware(
         TransferGateMiddleware,
         slots=app.state.transfers,

@@ -29,6 +29,7 @@ from preft_serve.common.domain_errors import (
 )
 from preft_serve.common.text import clip, shown
 from preft_serve.registry.tarheaders import BoundedTarInfo
+from preft_serve.registry.transfers import hold_scratch
 from preft_serve.registry.validation import UploadBounds
 from preft_serve.registry.validation.weights import CONVERT_HINT
 from preft_serve.registry.zipdir import check_zip_directory
@@ -160,7 +161,8 @@ class _Extractor:
 class _StagingFile:
     """A staging file whose own failures (disk full, too many open files) are the
     registry's 503, never the archive's 'corrupt' 400: the archive readers catch OSError
-    from the archive, and a server path must not reach a tenant."""
+    from the archive, and a server path must not reach a tenant. Each write is counted
+    against the transfer's scratch bytes first (``transfers.hold_scratch``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -173,6 +175,7 @@ class _StagingFile:
         return self
 
     def write(self, chunk: bytes) -> None:
+        hold_scratch(len(chunk))
         try:
             self.out.write(chunk)
         except OSError as exc:
@@ -301,7 +304,7 @@ def copy_bounded(
     every byte copied."""
     written = 0
     src.seek(0)
-    with open(dest, "wb") as out:
+    with _StagingFile(dest) as out:
         while chunk := src.read(_CHUNK):
             written += len(chunk)
             if written > limit:

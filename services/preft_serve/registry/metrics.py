@@ -36,6 +36,13 @@ class RegistryMetrics:
             "PREFT_REGISTRY_MAX_TRANSFERS; a tenant's by PREFT_REGISTRY_TENANT_MAX_TRANSFERS)",
             registry=self.registry,
         )
+        self.scratch_held = Gauge(
+            "preft_registry_scratch_bytes_held",
+            "Scratch disk bytes the uploads and downloads in progress hold on this replica "
+            "(capped by PREFT_REGISTRY_SCRATCH_BYTES; a tenant's by "
+            "PREFT_REGISTRY_TENANT_SCRATCH_BYTES)",
+            registry=self.registry,
+        )
         self.audit_write_failures = Counter(
             "preft_registry_audit_write_failures_total",
             "Audit log entries that could not be written (the change they describe stands)",

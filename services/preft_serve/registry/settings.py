@@ -6,16 +6,26 @@ Every field can be set from the environment with the ``PREFT_REGISTRY_`` prefix
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    ByteSize,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import SettingsConfigDict
 
 from preft_serve.common.objectstore import ObjectStoreSettings
 from preft_serve.common.rank_caps import RANK_CAPS, REFT_KERNEL_MAX_RANK
 from preft_serve.common.service_settings import ServiceSettings
 from preft_serve.registry.finetune.settings import FinetuneSettings
+from preft_serve.registry.transfers import EXPORT_SLACK_BYTES
 
 _PLACEHOLDERS = (
     "changeme",
@@ -31,6 +41,19 @@ _PLACEHOLDERS = (
     "replace",
 )
 DType = Literal["F32", "F16", "BF16"]
+_KUBERNETES_BINARY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]i)\s*")
+
+
+def _kubernetes_quantity(value: Any) -> Any:
+    """Kubernetes' binary suffixes (``6Gi``, as the chart's volume sizes are written) read
+    as pydantic's ``GiB``; plain numbers and ``6GiB`` / ``6GB`` pass through."""
+    if isinstance(value, str) and (found := _KUBERNETES_BINARY.fullmatch(value)):
+        return f"{found[1]}{found[2]}B"
+    return value
+
+
+Bytes = Annotated[ByteSize, BeforeValidator(_kubernetes_quantity)]
+"""A byte count: ``6442450944``, ``6Gi``, ``6GiB`` or ``6GB``."""
 
 
 class RegistrySettings(ServiceSettings):
@@ -111,6 +134,21 @@ class RegistrySettings(ServiceSettings):
         description="Uploads and downloads one tenant runs at once on one replica, at most "
         "max_transfers; one more is refused (429 too_many_transfers, Retry-After)",
     )
+    scratch_bytes: Bytes = Field(
+        ByteSize(6 << 30),
+        gt=0,
+        description="Scratch disk the replica's uploads and downloads in progress may hold "
+        "at once (spooled bodies, staged files, download archives, counted as written; "
+        "accepts 6Gi): past it, 503 registry_busy with Retry-After. Keep it under the "
+        "staging volume's size: Kubernetes evicts a pod whose emptyDir passes its sizeLimit",
+    )
+    tenant_scratch_bytes: Bytes | None = Field(
+        None,
+        gt=0,
+        description="Of scratch_bytes, what one tenant's transfers may hold at once (429 "
+        "too_many_transfers past it); must fit one full-size upload or download. "
+        "Default: half of scratch_bytes",
+    )
     transfer_idle_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -166,7 +204,39 @@ class RegistrySettings(ServiceSettings):
                 f"tenant_max_transfers ({self.tenant_max_transfers}) exceeds max_transfers "
                 f"({self.max_transfers}): one tenant could hold every transfer slot"
             )
+        share = self.tenant_scratch_share
+        if share > self.scratch_bytes:
+            raise ValueError(
+                f"tenant_scratch_bytes ({share}) exceeds scratch_bytes "
+                f"({self.scratch_bytes}): one tenant could hold all the scratch disk"
+            )
+        if share < self.largest_transfer_bytes:
+            raise ValueError(
+                f"tenant_scratch_bytes ({share}"
+                f"{'' if self.tenant_scratch_bytes else ', half of scratch_bytes'}) is less "
+                f"than one full-size transfer holds ({self.largest_transfer_bytes} bytes: "
+                f"max_upload_bytes of spooled body and the adapter's files unpacked, or a "
+                f"download's files and archive): raise scratch_bytes (and "
+                f"tenant_scratch_bytes), or lower max_upload_bytes / max_weights_bytes"
+            )
         return self
+
+    @property
+    def tenant_scratch_share(self) -> int:
+        """What one tenant's transfers may hold: ``tenant_scratch_bytes``, else half of
+        ``scratch_bytes``."""
+        return int(self.tenant_scratch_bytes or self.scratch_bytes // 2)
+
+    @property
+    def largest_transfer_bytes(self) -> int:
+        """The most scratch one transfer can hold: an upload's whole body spooled and its
+        largest unpacked files (or fine-tuning file) staged, or a download's files and
+        their archive (:data:`EXPORT_SLACK_BYTES` each beyond the files)."""
+        adapter = self.max_weights_bytes + self.max_config_bytes
+        training_file = min(self.finetune.max_file_bytes, self.max_upload_bytes)
+        upload = self.max_upload_bytes + max(adapter, training_file)
+        download = 2 * (adapter + EXPORT_SLACK_BYTES)
+        return max(upload, download)
 
     @field_validator("base_model")
     @classmethod

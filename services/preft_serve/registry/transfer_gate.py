@@ -10,7 +10,9 @@ role may not upload, such as an ``inference`` key, gets its 403 before the body 
 the routes' own check (``deps.tenant_of_header``; ``require_tenant`` runs again after it).
 
 Then every upload and download takes one of the replica's transfer slots
-(``transfers.TransferSlots``) for as long as it runs, and an upload's form is held to
+(``transfers.TransferSlots``) for as long as it runs, and counts the scratch disk it holds
+(an upload's body as it arrives, which Starlette spools to disk; the staging writers count
+their own), and an upload's form is held to
 :data:`MAX_UPLOAD_PARTS` parts while it streams in: Starlette keeps each part under 1 MiB
 in memory, so a form of many small parts was a body-sized allocation.
 """
@@ -33,15 +35,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from preft_serve.common.body_pace import ReaderStalled, paced_receive, paced_send
 from preft_serve.common.bodylimit import DRAIN_BYTES, drain
 from preft_serve.common.domain_errors import DomainError, RateLimited, Unavailable
-from preft_serve.common.errors import (
-    BadRequest,
-    domain_error_response,
-    error_response,
-    http_status_of,
-)
+from preft_serve.common.errors import BadRequest, as_service_error, domain_error_response
 from preft_serve.registry.deps import tenant_of_header
 from preft_serve.registry.json_body_guard import is_upload
-from preft_serve.registry.transfers import RETRY_AFTER_S, TransferSlots
+from preft_serve.registry.transfers import TransferSlots, hold_scratch
 
 logger = logging.getLogger(__name__)
 
@@ -93,23 +90,22 @@ class TransferGateMiddleware:
             await tenant(scope, receive, send)
             return
         try:
-            self.slots.take(tenant)
+            transfer = self.slots.take(tenant)
         except (RateLimited, Unavailable) as exc:
             if upload:
                 await _drain_small(scope, receive)
             await _refused(exc, close=upload)(scope, receive, send)
             return
-        try:
-            if upload:
-                counted = _parts_counted(receive, _boundary(scope))
-                receive = paced_receive(counted, self.pace.idle_s, self.pace.min_rate)
-            else:
-                send = paced_send(send, self.pace.idle_s, self.pace.min_rate)
-            await self.app(scope, receive, send)
-        except ReaderStalled as exc:
-            logger.warning("download %s cut off: %s", scope["path"], exc)
-        finally:
-            self.slots.give_back(tenant)
+        with transfer:
+            try:
+                if upload:
+                    counted = _parts_counted(_scratch_counted(receive), _boundary(scope))
+                    receive = paced_receive(counted, self.pace.idle_s, self.pace.min_rate)
+                else:
+                    send = paced_send(send, self.pace.idle_s, self.pace.min_rate)
+                await self.app(scope, receive, send)
+            except ReaderStalled as exc:
+                logger.warning("download %s cut off: %s", scope["path"], exc)
 
 
 async def _drain_small(scope: Scope, receive: Receive) -> None:
@@ -131,10 +127,33 @@ async def _drain_briefly(receive: Receive) -> None:
 def _refused(exc: DomainError, *, close: bool) -> Response:
     """A slot refusal, with when to retry; an upload's connection is closed after it (the
     rest of its body is not read)."""
-    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    response = domain_error_response(exc)
     if close:
-        headers["Connection"] = "close"
-    return error_response(http_status_of(type(exc)), exc.code, exc.message, headers=headers)
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _scratch_counted(receive: Receive) -> Receive:
+    """``receive`` that counts each chunk of an upload's body against its transfer's
+    scratch bytes before passing it on (Starlette spools the form's files to disk), and
+    ends the upload in the refusal (429/503 with ``Retry-After``, connection closed) when
+    the tenant's or the replica's scratch limit is reached."""
+
+    async def counted() -> Message:
+        message = await receive()
+        if message["type"] == "http.request":
+            try:
+                hold_scratch(len(message.get("body", b"")))
+            except (RateLimited, Unavailable) as exc:
+                if message.get("more_body", False):
+                    await _drain_briefly(receive)
+                # An HTTPException: FastAPI re-raises it from form parsing (see below).
+                refusal = as_service_error(exc)
+                refusal.headers = {**(refusal.headers or {}), "Connection": "close"}
+                raise refusal from None
+        return message
+
+    return counted
 
 
 async def _tenant(request: Request) -> str | Response:
