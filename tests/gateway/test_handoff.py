@@ -236,7 +236,15 @@ def test_both_hops_carry_the_clients_request_id(client: TestClient, pools: TwoPo
 
 @pytest.mark.parametrize(
     "stop, decoded",
-    [(["ab"], False), ("zab", True), (["xa"], True), (["a"], True), (["b", "qa"], True)],
+    [
+        (["ab"], False),
+        ("zab", True),
+        (["xa"], True),
+        (["a"], True),
+        (["b", "qa"], True),
+        (["b", "a" + "z" * 255], False),  # the longest stop sequence accepted
+        (["z" * 256], True),
+    ],
 )
 def test_a_stop_string_that_may_span_both_hops_is_served_whole(
     client: TestClient, pools: TwoPools, stop: Any, decoded: bool

@@ -79,6 +79,19 @@ FORBIDDEN = [
     {"messages": [{}], "user": "u" * 257},
     {"messages": [{}], "safety_identifier": 5},
     {"messages": [{}], "safety_identifier": "u" * 257},
+    {"messages": [{}], "stop": "s" * 257},
+    {"messages": [{}], "stop": ["s"] * 5},
+    {"messages": [{}], "stop": ["s" * 257]},
+    {"messages": [{}], "stop": 7},
+    {"messages": [{}], "stop_token_ids": list(range(65))},
+    {"messages": [{}], "stop_token_ids": [-1]},
+    {"messages": [{}], "bad_words": ["w"] * 65},
+    {"messages": [{}], "bad_words": None},
+    {"messages": [{}], "logit_bias": {str(i): 1 for i in range(301)}},
+    {"messages": [{}], "allowed_token_ids": list(range(1025))},
+    {"messages": [{}], "structured_outputs": {"choice": ["c"] * 257}},
+    {"messages": [{}], "structured_outputs": {"choice": ["c" * 257]}},
+    {"messages": [{}], "structured_outputs": "c"},
 ]
 PROMPTS: list[Any] = [
     [],
@@ -95,6 +108,9 @@ PROMPTS: list[Any] = [
 FORBIDDEN_PROMPTS = [{"prompt": p} for p in PROMPTS] + [
     {"prompt": "x", "max_completion_tokens": 0},
     {"prompt": "x", "safety_identifier": 5},
+    {"prompt": "x", "stop": ["s"] * 5},
+    {"prompt": "x", "bad_words": ["w" * 257]},
+    {"prompt": "x", "allowed_token_ids": ["1"]},
 ]
 FORBIDDEN_RESPONSES = [
     {},
@@ -108,6 +124,10 @@ FORBIDDEN_RESPONSES = [
     {"input": "x", "safety_identifier": "u" * 257},
     {"input": "x", "adapter_id": ""},
     {"input": "x", "tools": "all"},
+    {"input": "x", "stop": "s" * 257},
+    {"input": "x", "stop_token_ids": list(range(65))},
+    {"input": "x", "logit_bias": {str(i): 1 for i in range(301)}},
+    {"input": "x", "structured_outputs": {"choice": ["c"] * 257}},
 ]
 
 
@@ -137,6 +157,47 @@ def test_what_the_document_forbids_in_a_response_the_gateway_refuses(
         check_tools(body, enabled=True)
         requested_model(body, "tiny")
         request_user(body, None)
+
+
+# The largest per-token lists accepted (fixed bounds, not settings).
+LARGEST_LISTS: dict[str, Any] = {
+    "stop": ["s" * 256] * 4,
+    "stop_token_ids": list(range(64)),
+    "logit_bias": {str(i): 1 for i in range(300)},
+    "structured_outputs": {"choice": ["c" * 256] * 256},
+}
+LARGEST_LISTS_NOT_IN_RESPONSES: dict[str, Any] = {
+    "bad_words": ["w" * 256] * 64,
+    "allowed_token_ids": list(range(1024)),
+}
+
+
+def test_the_document_shows_the_per_token_lists_bounds(spec: dict[str, Any]) -> None:
+    """The bounds are in the schemas, and the largest lists they allow pass the gateway."""
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        schema = _body_schema(spec, path)
+        fields = schema["properties"]
+        stop = fields["stop"]["anyOf"]
+        assert stop[0] == {"type": "string", "maxLength": 256}
+        assert (stop[1]["maxItems"], stop[1]["items"]["maxLength"]) == (4, 256)
+        assert fields["stop_token_ids"]["maxItems"] == 64
+        assert fields["logit_bias"]["maxProperties"] == 300
+        choice = fields["structured_outputs"]["properties"]["choice"]
+        assert (choice["maxItems"], choice["items"]["maxLength"]) == (256, 256)
+        largest = dict(LARGEST_LISTS)
+        if path == "/v1/responses":
+            assert not {"bad_words", "allowed_token_ids"} & set(fields)
+            body = {"input": "x", **largest}
+            jsonschema.validate(body, schema)
+            validate_responses_body(body, CAPS)
+            continue
+        assert fields["allowed_token_ids"]["maxItems"] == 1024
+        bad_words = fields["bad_words"]
+        assert (bad_words["maxItems"], bad_words["items"]["maxLength"]) == (64, 256)
+        largest |= LARGEST_LISTS_NOT_IN_RESPONSES
+        body = {"messages": [{}], **largest} if "chat" in path else {"prompt": "x", **largest}
+        jsonschema.validate(body, schema)
+        validate_body(body, chat="chat" in path, caps=CAPS)
 
 
 def test_the_document_tenants_read_names_no_server_setting(spec: dict[str, Any]) -> None:

@@ -16,6 +16,26 @@ from typing import Any
 
 MAX_NAME_CHARS = 256  # user ids and model names end up in Redis keys
 
+# Lists vLLM applies on every generated token or decoding step: each stop string is
+# searched for in the output (and the gateway looks for one across its two hops), each stop
+# token id is compared with every new token, bad words and logit biases are applied to every
+# step's logits, a choice list becomes the grammar that masks every step. Fixed bounds, not
+# settings: what one request costs per token stays small whatever the body limit allows.
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit, and vLLM's default (VLLM_MAX_STOP_STRINGS)
+MAX_STOP_CHARS = 256  # each stop string, and each bad word
+MAX_STOP_TOKEN_IDS = 64
+# vLLM refuses more than 128 bad words once tokenized (VLLM_MAX_NUM_BAD_WORDS), and a
+# word can count twice there (with and without a leading space).
+MAX_BAD_WORDS = 64
+MAX_LOGIT_BIAS = 300  # OpenAI's limit
+# vLLM turns allowed_token_ids into a vocabulary-wide mask once per request (its V1 model
+# runner, the one the workers run), so the list's length costs at admission, not per token;
+# 1024 is vLLM's own limit in its V2 runner (MAX_NUM_ALLOWED_TOKEN_IDS), so a request
+# accepted here runs on either, and a larger set is better said by what it excludes.
+MAX_ALLOWED_TOKEN_IDS = 1024
+MAX_GUIDED_CHOICES = 256  # structured_outputs.choice: the alternatives the output is one of
+MAX_GUIDED_CHOICE_CHARS = 256
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -35,6 +55,15 @@ NAME = {"type": ["string", "null"], "maxLength": MAX_NAME_CHARS}
 POSITIVE = {"type": ["integer", "null"], "minimum": 1}
 TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 TOKENS_OVER = "cap of {cap}; ask for at most {cap} tokens"
+
+
+def _texts(most: int, chars: int) -> dict[str, Any]:
+    return {"type": "array", "maxItems": most, "items": {"type": "string", "maxLength": chars}}
+
+
+def _ids(most: int) -> dict[str, Any]:
+    return {"type": ["array", "null"], "maxItems": most, "items": {"type": "integer", "minimum": 0}}
+
 
 # The names that pick an adapter and its user (every route that forwards to a worker).
 NAMES: dict[str, Rule] = {
@@ -71,8 +100,47 @@ CHOICE_FIELDS: dict[str, Rule] = {
     "n": CHOICES,
     "best_of": Rule(POSITIVE, cap="max_choices", over=CHOICES.over),
 }
+# The per-token lists: bounded here, each element's meaning is the worker's to judge.
+STOP_AND_BIAS: dict[str, Rule] = {
+    "stop": Rule(
+        {
+            "anyOf": [
+                {"type": "string", "maxLength": MAX_STOP_CHARS},
+                _texts(MAX_STOP_SEQUENCES, MAX_STOP_CHARS),
+                {"type": "null"},
+            ]
+        },
+        f"Up to {MAX_STOP_SEQUENCES} stop sequences of at most {MAX_STOP_CHARS} characters",
+    ),
+    "stop_token_ids": Rule(_ids(MAX_STOP_TOKEN_IDS), "Token ids that end the output"),
+    "logit_bias": Rule(
+        {"type": ["object", "null"], "maxProperties": MAX_LOGIT_BIAS},
+        "Token id (as a string) to a bias added to its logit",
+    ),
+    "structured_outputs": Rule(
+        {
+            "type": ["object", "null"],
+            "properties": {
+                "choice": {
+                    **_texts(MAX_GUIDED_CHOICES, MAX_GUIDED_CHOICE_CHARS),
+                    "type": ["array", "null"],
+                }
+            },
+        },
+        "vLLM's constraints on the output; `choice`: the answers it may be, "
+        f"at most {MAX_GUIDED_CHOICES} of at most {MAX_GUIDED_CHOICE_CHARS} characters "
+        "(a larger set: `regex` or `json`)",
+    ),
+}
+SAMPLING_LISTS: dict[str, Rule] = {
+    **STOP_AND_BIAS,
+    "bad_words": Rule(_texts(MAX_BAD_WORDS, MAX_STOP_CHARS), "Words the output must not contain"),
+    "allowed_token_ids": Rule(
+        _ids(MAX_ALLOWED_TOKEN_IDS), "The only token ids the output may contain"
+    ),
+}
 _GENERATING = {**NAMES, "adapter_id": ADAPTER_ID, "stream": STREAM}
-_COMPLETING = {**_GENERATING, **TOKEN_FIELDS, **CHOICE_FIELDS}
+_COMPLETING = {**_GENERATING, **TOKEN_FIELDS, **CHOICE_FIELDS, **SAMPLING_LISTS}
 
 CHAT: dict[str, Rule] = {
     "messages": Rule({"type": "array", "minItems": 1}, "The chat so far"),
@@ -113,4 +181,5 @@ RESPONSES: dict[str, Rule] = {
         "ignored), as is tool_choice",
     ),
     **_GENERATING,
+    **STOP_AND_BIAS,  # vLLM's Responses server reads these, not bad_words nor allowed_token_ids
 }

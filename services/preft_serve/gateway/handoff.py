@@ -213,6 +213,16 @@ def client_usage(first: FirstToken, decode_usage: Any) -> dict[str, Any] | None:
     }
 
 
+def ends_in_stop_start(text: str, stop: str) -> bool:
+    """Whether ``text`` ends with a non-empty proper prefix of ``stop`` (one the rest of
+    the output could complete). Only ``text``'s last ``len(stop) - 1`` characters can take
+    part: at most that many suffixes are compared, each of at most that many characters, so
+    the work is bounded by the stop string's length (at most ``body_rules.MAX_STOP_CHARS``),
+    whatever the text's."""
+    most = min(len(text), len(stop) - 1)
+    return any(stop.startswith(text[-j:]) for j in range(1, most + 1))
+
+
 class Handoff:
     """One request across the two pools; :meth:`first_token` then :meth:`decode`."""
 
@@ -238,14 +248,13 @@ class Handoff:
 
     def stop_may_span(self, first: FirstToken) -> bool:
         """Whether a stop string could begin in the first token's text and end in the decode
-        hop's: the decode worker matches stop strings in its own output only (the first
-        token is its prompt), so such a request is served whole instead."""
+        hop's (:func:`ends_in_stop_start`): the decode worker matches stop strings in its own
+        output only (the first token is its prompt), so such a request is served whole
+        instead."""
         stops = self.body.get("stop")
         stops = [stops] if isinstance(stops, str) else stops
-        text = first.text
         return isinstance(stops, list) and any(
-            isinstance(stop, str) and any(text.endswith(stop[:k]) for k in range(1, len(stop)))
-            for stop in stops
+            isinstance(stop, str) and ends_in_stop_start(first.text, stop) for stop in stops
         )
 
     async def prefill(self) -> tuple[Upstream, bytes]:

@@ -5,12 +5,14 @@ fields the gateway does not know about reach the worker unchanged; only what the
 acts on is checked here. Besides shape, the checks bound what one request may cost: the
 output tokens it may ask for (``prompts x max(n, best_of) x max_tokens``, with a default
 ``max_tokens`` filled in when the client sent none, small enough to fit the served model's
-context: ``context_window``) and the size of its prompt lists. The fields checked, with
+context: ``context_window``), the size of its prompt lists, and the lists vLLM applies on
+every generated token (``stop``, ``logit_bias`` ...: fixed bounds). The fields checked, with
 their shapes and caps, are one table (``body_rules``) that the OpenAPI document shows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,19 @@ from preft_serve.common.adapter_boundary import ADAPTER_TOKENS_XARG
 from preft_serve.common.errors import BadRequest
 from preft_serve.common.jsondepth import json_nests_deeper
 from preft_serve.gateway import body_rules
-from preft_serve.gateway.body_rules import MAX_NAME_CHARS, RESPONSES_MAX_TOKENS, Rule
+from preft_serve.gateway.body_rules import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
+    MAX_GUIDED_CHOICE_CHARS,
+    MAX_GUIDED_CHOICES,
+    MAX_LOGIT_BIAS,
+    MAX_NAME_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_STOP_TOKEN_IDS,
+    RESPONSES_MAX_TOKENS,
+    Rule,
+)
 from preft_serve.gateway.context_window import (
     ContextWindow,
     chat_prompt_bound,
@@ -145,6 +159,7 @@ def validate_body(body: dict[str, Any], *, chat: bool, caps: Caps) -> int:
     """Reject what the worker would reject late or what would exceed the operator's caps;
     fill in ``max_tokens`` when absent. Returns the output tokens the request may use
     (what the token rate limits charge)."""
+    check_sampling_lists(body, body_rules.SAMPLING_LISTS)
     if chat:
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise BadRequest(
@@ -185,6 +200,7 @@ def validate_responses_body(body: dict[str, Any], caps: Caps) -> int:
     a stored response: responses are not stored here (a worker's store would be one
     replica's, and readable by whoever has a response's id), so a conversation is sent whole
     in ``input``. Returns the output tokens the request may use."""
+    check_sampling_lists(body, body_rules.STOP_AND_BIAS)
     given = body.get("input")
     if not (isinstance(given, str) and given) and not (isinstance(given, list) and given):
         raise BadRequest(
@@ -212,6 +228,137 @@ def validate_responses_body(body: dict[str, Any], caps: Caps) -> int:
     body["store"] = False
     _check_fields(body)
     return max_tokens
+
+
+def _too_many(param: str, count: int, noun: str, most: int, fewer: str) -> BadRequest:
+    return BadRequest(
+        f"'{param}' holds {count} {noun}s; at most {most} are accepted: {fewer}", param=param
+    )
+
+
+def _too_long(where: str, param: str, chars: int, most: int, shorter: str) -> BadRequest:
+    return BadRequest(
+        f"{where} is {chars} characters long; at most {most} are accepted: {shorter}",
+        param=param,
+    )
+
+
+def _texts(
+    value: Any, param: str, bound: tuple[int, int], noun: str, fewer: str, shorter: str
+) -> None:
+    """``value`` a list of at most ``bound[0]`` strings of at most ``bound[1]`` characters
+    (its length is checked before any element is looked at)."""
+    most, chars = bound
+    if not isinstance(value, list):
+        raise BadRequest(f"'{param}' must be a list of strings", param=param)
+    if len(value) > most:
+        raise _too_many(param, len(value), noun, most, fewer)
+    for index, text in enumerate(value):
+        if not isinstance(text, str):
+            raise BadRequest(f"'{param}' must be a list of strings", param=param)
+        if len(text) > chars:
+            raise _too_long(f"{noun} {index} in '{param}'", param, len(text), chars, shorter)
+
+
+def _ids(value: Any, param: str, most: int, fewer: str) -> None:
+    """``value`` null or a list of at most ``most`` non-negative integers."""
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise BadRequest(f"'{param}' must be a list of token ids", param=param)
+    if len(value) > most:
+        raise _too_many(param, len(value), "token id", most, fewer)
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        raise BadRequest(f"'{param}' must be a list of non-negative integers", param=param)
+
+
+_SHORTER_STOP = "send a shorter stop sequence"
+
+
+def _stop(value: Any) -> None:
+    if isinstance(value, str):
+        if len(value) > MAX_STOP_CHARS:
+            raise _too_long("'stop'", "stop", len(value), MAX_STOP_CHARS, _SHORTER_STOP)
+    elif value is not None and not isinstance(value, list):
+        raise BadRequest("'stop' must be a string or a list of strings", param="stop")
+    elif value is not None:
+        _texts(
+            value,
+            "stop",
+            (MAX_STOP_SEQUENCES, MAX_STOP_CHARS),
+            "stop sequence",
+            "end the output at single tokens with 'stop_token_ids' instead",
+            _SHORTER_STOP,
+        )
+
+
+def _logit_bias(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise BadRequest(
+            "'logit_bias' must be an object of token ids to biases", param="logit_bias"
+        )
+    if len(value) > MAX_LOGIT_BIAS:
+        raise _too_many(
+            "logit_bias",
+            len(value),
+            "token id",
+            MAX_LOGIT_BIAS,
+            "bias fewer tokens, or restrict the output to a set with 'allowed_token_ids'",
+        )
+
+
+def _structured_outputs(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise BadRequest("'structured_outputs' must be an object", param="structured_outputs")
+    if value.get("choice") is not None:
+        _texts(
+            value["choice"],
+            "structured_outputs.choice",
+            (MAX_GUIDED_CHOICES, MAX_GUIDED_CHOICE_CHARS),
+            "choice",
+            "describe a larger set with 'structured_outputs.regex' or '.json' instead",
+            "describe longer answers with 'structured_outputs.regex' or '.json' instead",
+        )
+
+
+_SAMPLING_CHECKS: dict[str, Callable[[Any], None]] = {
+    "stop": _stop,
+    "stop_token_ids": lambda value: _ids(
+        value,
+        "stop_token_ids",
+        MAX_STOP_TOKEN_IDS,
+        "list fewer; the model's own end-of-text tokens stop it without being listed",
+    ),
+    "logit_bias": _logit_bias,
+    "structured_outputs": _structured_outputs,
+    "bad_words": lambda value: _texts(
+        value,
+        "bad_words",
+        (MAX_BAD_WORDS, MAX_STOP_CHARS),
+        "word",
+        "lower further tokens with 'logit_bias' instead",
+        "send a shorter word",
+    ),
+    "allowed_token_ids": lambda value: _ids(
+        value,
+        "allowed_token_ids",
+        MAX_ALLOWED_TOKEN_IDS,
+        "exclude tokens with 'logit_bias' or 'bad_words' instead",
+    ),
+}
+assert _SAMPLING_CHECKS.keys() == body_rules.SAMPLING_LISTS.keys()
+
+
+def check_sampling_lists(body: dict[str, Any], fields: Iterable[str]) -> None:
+    """The lists vLLM applies on every generated token or step (``body_rules``), each
+    within its fixed bound; in time linear in the body, before anything else reads them."""
+    for field in fields:
+        if field in body:
+            _SAMPLING_CHECKS[field](body[field])
 
 
 NAME_FIELDS = tuple(body_rules.NAMES)
