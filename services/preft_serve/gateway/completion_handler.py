@@ -62,7 +62,9 @@ async def _serve(
     if state.decode_pool is not None:
         reason = unified_reason(body, chat, target)
         if reason is None:
-            handoff = Handoff(state, target, body, chat, path, request_id_of(request))
+            handoff = Handoff(
+                state, target, body, chat, path, request_id_of(request), record.tenant
+            )
             served = await _two_pools(state, handoff, record)
             if served is not None:
                 return served
@@ -86,6 +88,7 @@ async def _serve(
         body,
         request_id_of(request),
         cold_tenant=target.cold_tenant,
+        tenant=record.tenant,
     )
     status = record.answered(upstream)
     if stream and status == 200:

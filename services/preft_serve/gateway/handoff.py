@@ -234,9 +234,11 @@ class Handoff:
         chat: bool,
         path: str,
         request_id: str | None,
+        tenant: str | None = None,
     ) -> None:
         self.state, self.target, self.body = state, target, body
         self.chat, self.path, self.request_id = chat, path, request_id
+        self.tenant = tenant  # whose open-request share the prefill hop holds
         self.stream = bool(body.get("stream"))
         self.want_ids = bool(body.get("return_token_ids"))
         options = body.get("stream_options")
@@ -270,6 +272,7 @@ class Handoff:
             self.request_id,
             cold_tenant=self.target.cold_tenant,
             prefill_hop=True,
+            tenant=self.tenant,
         )
         return upstream, await read_whole(upstream)
 

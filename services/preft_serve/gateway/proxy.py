@@ -42,6 +42,7 @@ class Upstream:
     response: WorkerAnswer
     pool: WorkerPool
     result: RouteResult
+    tenant: str | None = None  # whose open-request share it holds (None: none)
     _closed: bool = False
 
     async def aclose(self) -> None:
@@ -51,6 +52,8 @@ class Upstream:
                 await self.response.aclose()
             finally:
                 self.pool.release(self.worker)
+                if self.tenant is not None:
+                    self.pool.tenant_open.release(self.tenant)
 
 
 async def open_upstream(
@@ -63,6 +66,7 @@ async def open_upstream(
     *,
     cold_tenant: str | None = None,
     prefill_hop: bool = False,
+    tenant: str | None = None,
 ) -> Upstream:
     """Send ``body`` to the best worker for ``key``; the response body is not read yet.
     ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it).
@@ -71,13 +75,20 @@ async def open_upstream(
     (a 429 when none is free) until the worker answers: vLLM loads the adapter before it
     sends a stream's headers, so that is how long the load takes (a whole answer's
     headers come at its end: longer). ``prefill_hop``: a two-pool gateway's first hop
-    (``WorkerPool.choose``)."""
-    route = take_route(pool, key, cold_tenant, prefill_hop)
+    (``WorkerPool.choose``). ``tenant``: whose open-request share the request holds until
+    the upstream is closed (``tenant_budgets``; a 429 when the share is full)."""
+    route = take_route(pool, key, cold_tenant, prefill_hop, tenant)
     try:
-        return await _open(calls, pool, route.choice, path, body, request_id)
+        upstream = await _open(calls, pool, route.choice, path, body, request_id)
+    except BaseException:
+        if tenant is not None:
+            pool.tenant_open.release(tenant)
+        raise
     finally:
         if route.cold_tenant is not None:
             pool.cold.release(route.cold_tenant)
+    upstream.tenant = tenant
+    return upstream
 
 
 @dataclass(frozen=True)
@@ -90,16 +101,28 @@ class Route:
 
 
 def take_route(
-    pool: WorkerPool, key: str, cold_tenant: str | None = None, prefill_hop: bool = False
+    pool: WorkerPool,
+    key: str,
+    cold_tenant: str | None = None,
+    prefill_hop: bool = False,
+    tenant: str | None = None,
 ) -> Route:
-    """The routing decision of one request, without I/O: the pool's choice for ``key``
+    """The routing decision of one request, without I/O: one of ``tenant``'s open-request
+    share (429 when it is full; the caller gives it back), the pool's choice for ``key``
     (503 ``gateway_busy`` at its open-request limit) and, when the first worker has not
     reported the adapter loaded, one of ``cold_tenant``'s cold-load slots (429 when none is
     free). ``open_upstream`` and the scale simulator both decide through it."""
-    choice = pool.choose(key, prefill_hop)
-    cold = cold_tenant if cold_tenant is not None and choice.cold else None
-    if cold is not None:
-        pool.cold.acquire(cold)
+    if tenant is not None:
+        pool.tenant_open.acquire(tenant)
+    try:
+        choice = pool.choose(key, prefill_hop)
+        cold = cold_tenant if cold_tenant is not None and choice.cold else None
+        if cold is not None:
+            pool.cold.acquire(cold)
+    except BaseException:
+        if tenant is not None:
+            pool.tenant_open.release(tenant)
+        raise
     return Route(choice, cold)
 
 

@@ -103,6 +103,7 @@ async def _serve(state: GatewayState, record: RequestRecord, request: Request) -
         body,
         request_id_of(request),
         cold_tenant=target.cold_tenant,
+        tenant=record.tenant,
     )
     status = record.answered(upstream)
     if body.get("stream") and status == 200:

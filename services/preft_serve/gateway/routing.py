@@ -54,7 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from preft_serve.common.errors import ServiceUnavailable
-from preft_serve.gateway.cold_loads import ColdLoads
+from preft_serve.gateway import tenant_budgets
 from preft_serve.gateway.hot_keys import HotKeys
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -145,6 +145,7 @@ class WorkerPool:
         hot_window: int = 4096,
         hot_headroom: float | None = None,
         tenant_cold_loads: int = 0,
+        tenant_open: int = 0,
         resident_slack: int = RESIDENT_SLACK,
     ) -> None:
         """``max_open``: most requests open to workers at once (None: no limit); more are
@@ -154,13 +155,15 @@ class WorkerPool:
         measured over about the last ``hot_window`` requests; ``hot_headroom``: the share of
         a mean worker's load one hot key may put on each replica (None: the cap's headroom,
         ``load_factor - 1``); ``tenant_cold_loads``: most cold requests one tenant has
-        open (:class:`~preft_serve.gateway.cold_loads.ColdLoads`; 0: no limit);
+        open, ``tenant_open`` most requests one tenant has open to workers
+        (:mod:`~preft_serve.gateway.tenant_budgets`; 0: no limit);
         ``resident_slack``: requests past the cap a worker with the key resident may take
         before the request spills to a worker without it, where the cap's headroom holds
         it (at any cap for a prefill hop: :meth:`choose`)."""
         self.hot_headroom = hot_headroom
         self.resident_slack = resident_slack
-        self.cold = ColdLoads(tenant_cold_loads)
+        self.cold = tenant_budgets.cold_loads(tenant_cold_loads)
+        self.tenant_open = tenant_budgets.open_requests(tenant_open)
         self.load_factor = load_factor
         self.hot_replicas = hot_replicas
         self.hot = HotKeys(hot_window) if hot_replicas > 1 else None
@@ -354,4 +357,5 @@ def pool_from_settings(
         hot_replicas=settings.hot_replicas,
         hot_headroom=settings.hot_headroom,
         tenant_cold_loads=settings.tenant_cold_loads,
+        tenant_open=settings.tenant_open_share,
     )

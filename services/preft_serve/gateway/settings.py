@@ -204,6 +204,14 @@ class GatewaySettings(ServiceSettings):
         "open to workers at once; more get 503 at once instead "
         "of queueing for a connection (add replicas to serve more)",
     )
+    tenant_max_open_requests: int | None = Field(
+        None,
+        ge=1,
+        description="Of max_open_requests, most one tenant may have open at once "
+        "(completions, chat, responses and the evaluations that send them; a stream until "
+        "it ends); more get 429 too_many_open_requests, so one tenant's streams never hold "
+        "every request slot. Default: a quarter of max_open_requests",
+    )
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0)
     metrics_max_adapters: int = Field(
@@ -382,6 +390,22 @@ class GatewaySettings(ServiceSettings):
                 "some upload slots must be open to every tenant"
             )
         return self
+
+    @model_validator(mode="after")
+    def _tenant_open_share(self) -> Self:
+        if self.tenant_open_share > self.max_open_requests:
+            raise ValueError(
+                f"PREFT_GATEWAY_TENANT_MAX_OPEN_REQUESTS ({self.tenant_max_open_requests}) "
+                f"exceeds PREFT_GATEWAY_MAX_OPEN_REQUESTS ({self.max_open_requests}): one "
+                "tenant could hold every request slot"
+            )
+        return self
+
+    @property
+    def tenant_open_share(self) -> int:
+        """Requests one tenant may have open: ``tenant_max_open_requests``, else a quarter
+        of ``max_open_requests`` (at least 1)."""
+        return self.tenant_max_open_requests or max(1, self.max_open_requests // 4)
 
     @model_validator(mode="after")
     def _discovery_source(self) -> Self:

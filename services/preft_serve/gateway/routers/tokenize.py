@@ -92,7 +92,7 @@ async def _pass_through(state: GatewayState, tenant: str, request: Request, path
         )
     body["model"] = state.settings.worker_model
     upstream = await open_upstream(
-        state.calls, state.pool, path, path, body, request_id_of(request)
+        state.calls, state.pool, path, path, body, request_id_of(request), tenant=tenant
     )
     status = upstream.response.status_code
     try:
