@@ -24,6 +24,7 @@ from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound,
 from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
+from preft_serve.registry.bindings import uncount_users
 from preft_serve.registry.blob_gc import (
     ContentCollector,
     epoch_to_store,
@@ -429,7 +430,7 @@ class AdapterService:
         """
         check_adapter_name(name)
         k = self.keys
-        users_key = k.adapter_users(tenant, name)
+        users_key, count_key = k.adapter_users(tenant, name), k.bound_users(tenant)
 
         digests: set[str] = set()
 
@@ -444,7 +445,9 @@ class AdapterService:
                     f"adapter {shown(name)} is bound to {len(users)} user(s); unbind "
                     "them first or delete with ?force=true, which also unbinds them"
                 )
+            bound = int(pipe.get(count_key) or 0) if users else 0
             pipe.multi()
+            uncount_users(pipe, count_key, bound, len(users))
             pipe.delete(k.adapter(tenant, name), k.versions(tenant, name), users_key)
             pipe.zrem(k.adapters(tenant), name)
             for user in users:
@@ -463,7 +466,7 @@ class AdapterService:
             )
             return len(users)
 
-        unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key)
+        unbound = transact(self.redis, txn, k.adapter(tenant, name), users_key, count_key)
         self.collector.submit(digests)
         logger.info("tenant %s deleted adapter %s (%d users unbound)", tenant, name, unbound)
         return unbound

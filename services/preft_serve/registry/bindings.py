@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from preft_serve.common.domain_errors import NotFound
+from preft_serve.common.domain_errors import NotFound, QuotaExceeded
 from preft_serve.common.registry_client import (
     AdapterRef,
     EventType,
@@ -38,10 +38,13 @@ def queue_binding(
     old: str | None,
     maxlen: int,
 ) -> None:
-    """Queue the writes of one (re)binding plus its event (shared with the benchmark)."""
+    """Queue the writes of one (re)binding plus its event (shared with the benchmark); a
+    new user counts toward the tenant's bound users."""
     pipe.set(keys.binding(tenant, user), adapter)
     if old:
         pipe.srem(keys.adapter_users(tenant, old), user)
+    else:
+        pipe.incr(keys.bound_users(tenant))
     pipe.sadd(keys.adapter_users(tenant, adapter), user)
     queue_event(
         pipe,
@@ -66,11 +69,26 @@ def _out(user: str, ref: AdapterRef) -> BindingOut:
     )
 
 
+def uncount_users(pipe: Any, count_key: str, bound: int, removed: int) -> None:
+    """Queue the count of bound users lowered by ``removed`` (``bound`` read under WATCH),
+    never below zero: bindings made before the count existed were never counted."""
+    if bound:
+        pipe.set(count_key, max(0, bound - removed))
+
+
 class BindingService:
-    def __init__(self, client: Redis, keys: RegistryKeys, events_maxlen: int) -> None:
+    """Users bound to adapters. A tenant binds at most ``max_users`` users: every binding
+    is a few Redis keys, and Redis (``noeviction``) refuses every tenant's writes once it
+    is full, so one tenant binding random user ids in a loop must hit its own limit
+    first. The count is a counter kept in the same transactions as the bindings."""
+
+    def __init__(
+        self, client: Redis, keys: RegistryKeys, events_maxlen: int, max_users: int = 100_000
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.maxlen = events_maxlen
+        self.max_users = max_users
         # The same read path the gateway uses, without a cache (reads here must be fresh).
         self.reader = RegistryClient(client=client, namespace=keys.ns, cache=False)
 
@@ -79,6 +97,7 @@ class BindingService:
         check_adapter_name(adapter)
         k = self.keys
         binding_key, adapter_key = k.binding(tenant, user), k.adapter(tenant, adapter)
+        count_key = k.bound_users(tenant)
 
         def txn(pipe: Any) -> None:
             if not pipe.exists(adapter_key):
@@ -86,10 +105,17 @@ class BindingService:
             old = pipe.get(binding_key)
             if old == adapter:
                 return
+            if old is None and (bound := int(pipe.get(count_key) or 0)) >= self.max_users:
+                raise QuotaExceeded(
+                    f"this tenant already has {bound} bound users, its limit "
+                    f"(PREFT_REGISTRY_TENANT_MAX_USERS); unbind users it no longer serves "
+                    f"(DELETE /v1/users/{{user_id}}) or rebind existing ones",
+                    param="user_id",
+                )
             pipe.multi()
             queue_binding(pipe, k, tenant, user, adapter, old, self.maxlen)
 
-        transact(self.redis, txn, binding_key, adapter_key)
+        transact(self.redis, txn, binding_key, adapter_key, count_key)
         return self.get(tenant, user)
 
     def get(self, tenant: str, user: str) -> BindingOut:
@@ -102,15 +128,17 @@ class BindingService:
     def unbind(self, tenant: str, user: str) -> None:
         check_user_id(user)
         k = self.keys
-        binding_key = k.binding(tenant, user)
+        binding_key, count_key = k.binding(tenant, user), k.bound_users(tenant)
 
         def txn(pipe: Any) -> None:
             old = pipe.get(binding_key)
             if old is None:
                 raise NotFound(f"user {shown(user)} is not bound to an adapter")
+            bound = int(pipe.get(count_key) or 0)
             pipe.multi()
             pipe.delete(binding_key)
             pipe.srem(k.adapter_users(tenant, old), user)
+            uncount_users(pipe, count_key, bound, 1)
             queue_event(
                 pipe,
                 k,

@@ -110,6 +110,13 @@ class RegistrySettings(ServiceSettings):
         "store; an upload going over is refused (403 "
         "quota_exceeded)",
     )
+    tenant_max_users: int = Field(
+        100_000,
+        ge=1,
+        description="Users one tenant may bind to adapters (each binding is kept in Redis); "
+        "binding one more new user is refused (403 quota_exceeded), rebinding a bound one "
+        "is not",
+    )
     tenant_max_keys: int = Field(
         1000,
         ge=1,

@@ -77,7 +77,7 @@ class RegistryState:
             base=base,
             tenants=TenantService(client, keys, maxlen, store),
             adapters=adapters,
-            bindings=BindingService(client, keys, maxlen),
+            bindings=BindingService(client, keys, maxlen, settings.tenant_max_users),
             usage=UsageService(client, keys),
             finetune=finetune,
         )

@@ -198,6 +198,9 @@ class RegistryKeys:
     def binding(self, tenant: str, user: str) -> str:  # STRING adapter name
         return f"{self.tenant(tenant)}:user:{_part(user, is_user_id, 'user id')}"
 
+    def bound_users(self, tenant: str) -> str:  # STRING count of bindings (the tenant's cap)
+        return f"{self.tenant(tenant)}:bound_users"
+
     def blob(self, sha256: str) -> str:  # HASH sha256 type mode rank base_model size_bytes gen
         return f"{self.ns}:blob:{_part(sha256, is_digest, 'content hash')}"
 
