@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, AdapterType
-from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound, Unavailable
+from preft_serve.common.domain_errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    Unavailable,
+)
 from preft_serve.common.objectstore import ObjectNotFound, ObjectStore
 from preft_serve.common.registry_client import EventType, RegistryEvent, RegistryKeys
 from preft_serve.common.text import shown
@@ -202,8 +208,10 @@ class AdapterService:
         staging_dir: Path | None,
         events_maxlen: int,
         quota: Quota | None = None,
+        max_versions: int = 1000,
     ) -> None:
         self.redis = client
+        self.max_versions = max_versions
         self.quota = quota
         self.keys = keys
         self.store = store
@@ -348,6 +356,7 @@ class AdapterService:
             if not stored_since(pipe, self.keys, v.sha256, stored_at):
                 raise ContentBeingDeleted(v.sha256)
             records = pipe.hgetall(self.keys.versions(tenant, name)) if current else {}
+            self._check_room(name, records)
             rec = version_record(name, v, latest_version(current) + 1 if current else 1, now)
             pipe.multi()
             if promote or not current:
@@ -357,6 +366,19 @@ class AdapterService:
             return UploadResult(rec, created=True, state=VersionState.STAGED)
 
         return transact(self.redis, txn, adapter_key, *watched_keys(self.keys, v.sha256))
+
+    def _check_room(self, name: str, records: dict[str, str]) -> None:
+        """Refuse a version past ``max_versions``: every upload, rollback or fine-tuned
+        version is a record in Redis (and each upload reads them all), so a tenant
+        re-uploading two contents in turn must not grow one adapter's history without
+        bound."""
+        if len(records) >= self.max_versions:
+            raise QuotaExceeded(
+                f"adapter {shown(name)} already has {len(records)} versions, the most one "
+                f"adapter keeps (PREFT_REGISTRY_MAX_VERSIONS_PER_ADAPTER); upload under a new "
+                f"adapter name, or delete this adapter and upload it again",
+                param="name",
+            )
 
     def _queue_promoted(
         self,
@@ -553,6 +575,7 @@ class AdapterService:
                     f"adapter {shown(name)} has no version {target.version} with that "
                     "content any more; read its versions again"
                 )
+            self._check_room(name, records)
             if not pipe.exists(k.blob(target.sha256)):
                 raise NotFound(
                     f"the content of adapter {shown(name)} version {version} is no "

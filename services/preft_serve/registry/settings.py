@@ -110,6 +110,14 @@ class RegistrySettings(ServiceSettings):
         "store; an upload going over is refused (403 "
         "quota_exceeded)",
     )
+    max_versions_per_adapter: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Versions one adapter keeps (uploads, rollbacks and fine-tuned versions "
+        "each add one); one more is refused (403 quota_exceeded): upload under a new name, "
+        "or delete the adapter and upload it again",
+    )
     tenant_max_users: int = Field(
         100_000,
         ge=1,

@@ -64,6 +64,7 @@ class RegistryState:
             settings.staging_dir,
             maxlen,
             Quota(settings.tenant_max_adapters, settings.tenant_max_stored_bytes),
+            settings.max_versions_per_adapter,
         )
         finetune = None
         if settings.finetune.enabled:  # imported only then: the trainer's modules are many
