@@ -110,8 +110,9 @@ class Dispatcher:
             record = self.store.get(job_id)
             self._owned.discard(job_id)
             self._polled.pop(job_id, None)
-            if record is not None:
-                self.runner.cancel(job_id, record.runner)
+            # None: deleted already (its tenant's retention); the runner finds a trainer
+            # it started by the job's id alone.
+            self.runner.cancel(job_id, record.runner if record is not None else {})
             self._discard_output(job_id)
         for record in active:
             if record.status is not JobStatus.RUNNING:

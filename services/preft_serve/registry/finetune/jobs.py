@@ -5,6 +5,11 @@ transaction (WATCH) so the dispatcher, a cancel and a restarted registry never o
 each other's transitions, and a finished job never changes state again. Events are a
 capped stream per job. ``active_jobs`` indexes the queued and running ones, which is all
 the dispatcher and the per-tenant limits read.
+
+A tenant keeps a bounded number of finished jobs: creating a job deletes the tenant's
+oldest finished ones past the limit (:meth:`JobStore.create_limited`). A deleted job's
+late writes (a runner still reporting on it) create nothing: :meth:`JobStore.update`
+needs the record, and :meth:`JobStore.add_event` appends only while the record exists.
 """
 
 from __future__ import annotations
@@ -22,6 +27,16 @@ from preft_serve.registry.finetune.ids import event_id, stream_id
 from preft_serve.registry.txn import transact
 
 MAX_MESSAGE = 1000
+PRUNE_PER_CREATE = 10  # finished jobs one create deletes at most (each create adds one)
+MATCH_SCAN = 1000  # job records a filtered listing reads per call once it has a match
+MATCH_BATCH = 100
+
+# KEYS: the job's record, its events. ARGV: the stream's cap, then field/value pairs. A job
+# deleted meanwhile (retention, its tenant's deletion) gets no stream without a record.
+_EVENT_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 2))
+"""
 
 
 def estimate_finish(started_at: float, now: float, step: int, total: int) -> int | None:
@@ -75,10 +90,24 @@ class JobStore:
         pipe.zadd(self.keys.active_jobs, {record.id: score})
         self._queue_event(pipe, record.id, message, "info", "message", None)
 
-    def create_limited(self, record: JobRecord, limit: int, message: str) -> bool:
+    def create_limited(
+        self, record: JobRecord, limit: int, message: str, keep_finished: int | None = None
+    ) -> bool:
         """Create the job unless its tenant already has ``limit`` active ones (checked and
         written in one transaction over the active index, so concurrent creates cannot
-        both take the last place)."""
+        both take the last place).
+
+        ``keep_finished``: the finished jobs (succeeded, failed, cancelled) the tenant
+        keeps. The same transaction deletes the tenant's oldest finished jobs past it, at
+        most :data:`PRUNE_PER_CREATE` (bounded work per request), each whole: record,
+        event stream and index entry. Creating is the one place a tenant's job count
+        grows, so pruning there bounds it without touching the dispatcher's transitions:
+        between two creates the tenant holds at most ``keep_finished`` finished jobs plus
+        the ones that were active at the first (and an excess left by lowering the setting
+        shrinks by ``PRUNE_PER_CREATE - 1`` per create). Queued and running jobs are never
+        deleted: a job outside the (watched) active index is finished, and a finished job
+        never changes state again, so the candidates cannot change under the transaction.
+        """
 
         def txn(pipe: Any) -> bool:
             ids = pipe.zrange(self.keys.active_jobs, 0, -1)
@@ -88,13 +117,43 @@ class JobStore:
                 for raw in raws
                 if raw and JobRecord.model_validate_json(raw).tenant == record.tenant
             )
-            pipe.multi()
             if mine >= limit:
+                pipe.multi()
                 return False
+            doomed = (
+                []
+                if keep_finished is None
+                else self._past_retention(pipe, record.tenant, set(ids), mine, keep_finished)
+            )
+            pipe.multi()
             self._queue_create(pipe, record, message)
+            for job_id in doomed:
+                pipe.delete(self.keys.job(job_id), self.keys.job_events(job_id))
+                pipe.zrem(self.keys.tenant_jobs(record.tenant), job_id)
             return True
 
         return transact(self.redis, txn, self.keys.active_jobs)
+
+    def _past_retention(
+        self, pipe: Any, tenant: str, active: set[str], mine: int, keep: int
+    ) -> list[str]:
+        """The tenant's oldest finished jobs past ``keep``, at most PRUNE_PER_CREATE
+        (``mine``: its active jobs, all in ``active``; reads at most ``mine`` plus that
+        many ids and that many records)."""
+        key = self.keys.tenant_jobs(tenant)
+        over = min(pipe.zcard(key) - mine - keep, PRUNE_PER_CREATE)
+        if over <= 0:
+            return []
+        oldest = [i for i in pipe.zrange(key, 0, mine + over - 1) if i not in active][:over]
+        if not oldest:
+            return []
+        raws = pipe.mget([self.keys.job(i) for i in oldest])
+        doomed = []
+        for job_id, raw in zip(oldest, raws, strict=True):
+            found = JobRecord.model_validate_json(raw) if raw else None
+            if found is None or (found.tenant == tenant and found.status.finished):
+                doomed.append(job_id)  # a record already gone: its index entry goes
+        return doomed
 
     def get(self, job_id: str) -> JobRecord | None:
         raw = self.redis.get(self.keys.job(job_id))
@@ -139,7 +198,13 @@ class JobStore:
         kind: str = "message",
         data: dict[str, Any] | None = None,
     ) -> None:
-        self._queue_event(self.redis, job_id, message, level, kind, data)
+        """Append an event, outside any transaction (a runner's progress): only while
+        the job's record exists, so a job deleted meanwhile stays deleted whole."""
+        fields = self._event_fields(message, level, kind, data)
+        args: list[str | int] = [self.maxlen]
+        for name, value in fields.items():
+            args += [name, value]
+        self.redis.eval(_EVENT_LUA, 2, self.keys.job(job_id), self.keys.job_events(job_id), *args)
 
     def _queue_event(
         self,
@@ -150,6 +215,14 @@ class JobStore:
         kind: str,
         data: dict[str, Any] | None,
     ) -> None:
+        """In a transaction that writes (or watched) the job's record."""
+        fields = self._event_fields(message, level, kind, data)
+        pipe.xadd(self.keys.job_events(job_id), fields, maxlen=self.maxlen, approximate=True)
+
+    @staticmethod
+    def _event_fields(
+        message: str, level: str, kind: str, data: dict[str, Any] | None
+    ) -> dict[str, str]:
         fields = {
             "message": message[:MAX_MESSAGE],
             "level": level,
@@ -158,7 +231,7 @@ class JobStore:
         }
         if data is not None:
             fields["data"] = json.dumps(data)
-        pipe.xadd(self.keys.job_events(job_id), fields, maxlen=self.maxlen, approximate=True)
+        return fields
 
     def events(self, job_id: str, after: str | None, limit: int) -> tuple[list[JobEvent], bool]:
         """Newest first (OpenAI's order); ``after``: an event id, older ones follow it."""
@@ -192,7 +265,16 @@ class JobStore:
         match: Callable[[JobRecord], bool] | None = None,
     ) -> tuple[list[JobRecord], bool]:
         """Newest first; ``after``: a job id, older ones follow it. ``match``: only the jobs
-        it accepts (read in batches, newest first, until the page is full)."""
+        it accepts (read in batches, newest first, until the page is full).
+
+        A filtered page reads at most about ``MATCH_SCAN`` records once it holds a match:
+        then it ends early with ``has_more`` true, and the client's next call (``after``
+        the last job returned) reads on from there. Until a first match it reads on to
+        the end of the history: an empty page cannot carry the cursor (``after`` is the
+        last id returned; the SDK stops at an empty page), so stopping there would hide
+        the older matches. The history it may read is what the tenant keeps: at most
+        ``tenant_max_jobs_kept`` finished jobs plus its queued and running ones.
+        """
         key = self.keys.tenant_jobs(tenant)
         top: str | float = "+inf"
         if after is not None:
@@ -201,20 +283,25 @@ class JobStore:
                 return [], False
             top = f"({score}"
         want = limit + 1
-        batch = want if match is None else max(want, 100)
+        batch = want if match is None else max(want, MATCH_BATCH)
         found: list[JobRecord] = []
+        read = 0
         while True:
             rows = self.redis.zrevrangebyscore(
                 key, top, "-inf", start=0, num=batch, withscores=True
             )
-            for job_id, _ in rows:
-                record = self.get(job_id)
+            raws = self.redis.mget([self.keys.job(i) for i, _ in rows]) if rows else []
+            read += len(rows)
+            for raw in raws:
+                record = JobRecord.model_validate_json(raw) if raw else None
                 if record is not None and (match is None or match(record)):
                     found.append(record)
                     if len(found) == want:
                         return found[:limit], True
             if len(rows) < batch:
                 return found, False
+            if found and read >= MATCH_SCAN:
+                return found, True  # the next call goes on after found[-1]
             top = f"({rows[-1][1]}"
 
     def active(self) -> list[JobRecord]:

@@ -204,7 +204,12 @@ class FineTuningService:
             },
         )
         limit = self.settings.tenant_max_running + self.settings.tenant_max_queued
-        if not self.store.create_limited(record, limit, "Validated training file; job queued"):
+        if not self.store.create_limited(
+            record,
+            limit,
+            "Validated training file; job queued",
+            keep_finished=self.settings.tenant_max_jobs_kept,
+        ):
             raise RateLimited(
                 f"this tenant already has {limit} fine-tuning jobs queued or running (at "
                 f"most {self.settings.tenant_max_running} run at once and "

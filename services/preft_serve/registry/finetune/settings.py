@@ -86,6 +86,12 @@ class FinetuneSettings(BaseModel):
         le=10000,
         description="Jobs one tenant may have waiting; creating one more is refused (429)",
     )
+    tenant_max_jobs_kept: int = Field(
+        1000,
+        ge=1,
+        description="Finished jobs (succeeded, failed, cancelled) one tenant keeps: "
+        "creating a job deletes the oldest ones past this, with their events",
+    )
     tenant_max_files: int = Field(100, ge=1, le=100000, description="Files one tenant keeps")
     max_file_bytes: int = Field(
         64 << 20, ge=1024, le=1 << 34, description="Largest training/validation file"
