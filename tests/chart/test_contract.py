@@ -142,7 +142,7 @@ def test_registry_settings_and_probes(
     (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == staging]
     size_limit = TypeAdapter(Bytes).validate_python(volume["emptyDir"]["sizeLimit"])
     assert settings.largest_transfer_bytes <= settings.tenant_scratch_share
-    assert settings.scratch_bytes <= size_limit - (1 << 30)
+    assert settings.scratch_bytes <= size_limit - (2 << 30)  # a registration's two copies
     assert len(settings.admin_token.get_secret_value()) >= 16
     _check_probes(create_registry(settings), spec, liveness="/healthz", readiness="/readyz")
 

@@ -384,3 +384,31 @@ def test_the_prefill_hop_takes_the_tenants_cold_load_budget() -> None:
         assert reply.status_code == 200, reply.text
         assert held == [1]  # the adapter's worker has reported nothing loaded: a cold load
         assert not client.app.state.gateway.pool.cold.open["acme"]
+
+
+def test_each_hop_holds_one_of_the_tenants_open_request_share() -> None:
+    """The decode hop (a two-pool answer's long stream) counts against the same share as
+    the prefill hop: one budget per tenant across both pools."""
+    pools = TwoPools()
+    held: list[tuple[str, int]] = []
+    route = pools.__call__
+
+    def counting(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            share = client.app.state.gateway.pool.tenant_open.open["acme"]
+            held.append((request.url.host or "", share))
+        return route(request)
+
+    for client in client_for(counting):  # type: ignore[arg-type]
+        state = client.app.state.gateway
+        assert state.decode_pool.tenant_open is state.pool.tenant_open
+        reply = client.post(
+            "/v1/chat/completions",
+            headers=AUTH,
+            json={"messages": MSGS, "user": "u1", "max_tokens": 3, "stream": True},
+        )
+        assert reply.status_code == 200, reply.text
+        hosts = [host for host, _ in held]
+        assert len(pools.decode_seen) == 1 and hosts == ["prefill", "decode"]
+        assert [share for _, share in held] == [1, 1]  # the prefill hop closed first
+        assert not state.pool.tenant_open.open

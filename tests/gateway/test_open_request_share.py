@@ -94,11 +94,21 @@ def test_the_share_defaults_to_a_quarter_and_may_not_exceed_the_limit() -> None:
         GatewaySettings(**base, max_open_requests=10, tenant_max_open_requests=11)
 
 
-def test_a_tenants_streams_hold_its_share_until_they_end() -> None:
+def test_a_tenants_streams_hold_its_share_until_they_end(monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the app and a real server: two streams of one tenant fill its share, its
-    third request is refused before any worker sees it, another tenant's is served, and
-    the share comes back when a client leaves."""
+    third request is refused before any worker sees it (and before its rate limit is
+    charged), another tenant's is served, and the share comes back when a client leaves."""
+    from preft_serve.gateway import completion_handler
+
     streams: list[EndlessStream] = []
+    charged: list[str] = []
+    charge = completion_handler.charge
+
+    async def counted_charge(state, tenant, *args):  # type: ignore[no-untyped-def]
+        charged.append(tenant)
+        return await charge(state, tenant, *args)
+
+    monkeypatch.setattr(completion_handler, "charge", counted_charge)
 
     def worker(request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
@@ -117,30 +127,32 @@ def test_a_tenants_streams_hold_its_share_until_they_end() -> None:
     server, thread, url = serve_in_thread(app)
     chat = {"messages": MSGS, "user": "u1", "stream": True}
     try:
-        with httpx.Client(timeout=10) as first, httpx.Client(timeout=10) as second:
-            with (
-                first.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, json=chat) as a,
-                second.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, json=chat) as b,
-            ):
-                assert (a.status_code, b.status_code) == (200, 200)
-                lines = a.iter_lines(), b.iter_lines()
-                assert all(next(it).startswith("data: ") for it in lines)
-                with httpx.stream(
-                    "POST", f"{url}/v1/chat/completions", headers=AUTH, json=chat, timeout=10
-                ) as refused:
-                    assert refused.status_code == 429
-                    assert json.loads(refused.read())["error"]["code"] == ("too_many_open_requests")
-                    assert refused.headers["retry-after"] == "1"
-                assert len(streams) == 2  # no worker saw it
-                other = {"messages": MSGS, "user": "u9"}
-                served = httpx.post(
-                    f"{url}/v1/chat/completions",
-                    headers={"Authorization": f"Bearer {OTHER_KEY}"},
-                    json={**other, "stream": False},
-                    timeout=10,
-                )
-                assert served.status_code == 200, served.text
-                assert served.json()["choices"][0]["message"]["content"] == "hi"
+        with (
+            httpx.Client(timeout=10) as first,
+            httpx.Client(timeout=10) as second,
+            first.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, json=chat) as a,
+            second.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, json=chat) as b,
+        ):
+            assert (a.status_code, b.status_code) == (200, 200)
+            lines = a.iter_lines(), b.iter_lines()
+            assert all(next(it).startswith("data: ") for it in lines)
+            with httpx.stream(
+                "POST", f"{url}/v1/chat/completions", headers=AUTH, json=chat, timeout=10
+            ) as refused:
+                assert refused.status_code == 429
+                assert json.loads(refused.read())["error"]["code"] == ("too_many_open_requests")
+                assert refused.headers["retry-after"] == "1"
+            assert len(streams) == 2  # no worker saw it
+            assert charged == ["acme", "acme"]  # nor was its rate limit charged
+            other = {"messages": MSGS, "user": "u9"}
+            served = httpx.post(
+                f"{url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {OTHER_KEY}"},
+                json={**other, "stream": False},
+                timeout=10,
+            )
+            assert served.status_code == 200, served.text
+            assert served.json()["choices"][0]["message"]["content"] == "hi"
         # both clients left: their streams end and the share comes back
         pool = app.state.gateway.pool
         deadline = time.monotonic() + 30

@@ -46,6 +46,24 @@ def test_a_tenant_binds_at_most_its_limit_of_new_users(
     assert [_bind(client, acme, u, "b").status_code for u in ("u4", "u5")] == [200, 403]
 
 
+def test_concurrent_unbinds_count_every_user(
+    client, acme, lora_dir, redis_client, namespace
+) -> None:
+    """Unbinds of different users at once each lower the count (the count is watched):
+    none is lost, so a tenant cleaning up in parallel gets all its room back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    count = RegistryKeys(namespace).bound_users("acme")
+    assert upload(client, acme, "a", lora_dir).status_code == 201
+    users = [f"u{i}" for i in range(24)]
+    bindings = client.app.state.registry.bindings
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda u: bindings.bind("acme", u, "a"), users))
+        assert redis_client.get(count) == str(len(users))
+        list(pool.map(lambda u: bindings.unbind("acme", u), users))
+    assert redis_client.get(count) == "0"
+
+
 def test_bindings_made_before_the_count_never_take_it_below_zero(
     client, acme, lora_dir, redis_client, namespace
 ) -> None:

@@ -144,7 +144,13 @@ def as_service_error(exc: domain.DomainError) -> ServiceError:
                     details=exc.details,
                     retry_after_s=exc.retry_after_s,
                 )
-    return ServiceError(exc.message, code=exc.code, param=exc.param, details=exc.details)
+    return ServiceError(
+        exc.message,
+        code=exc.code,
+        param=exc.param,
+        details=exc.details,
+        retry_after_s=exc.retry_after_s,
+    )
 
 
 class ServiceError(StarletteHTTPException, domain.DomainError):

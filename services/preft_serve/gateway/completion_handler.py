@@ -139,9 +139,11 @@ async def admit(
 ) -> Target:
     """What a validated request runs, once its rate limit lets it in: its user (the body's
     or the ``X-User-Id`` header) and the adapter that user or ``model`` selects, in the
-    version the adapter's serving policy gives that user. The model is read before the
-    limit is charged, so a request refused for its model costs nothing."""
+    version the adapter's serving policy gives that user. The model is read, and the
+    tenant's open-request share checked (it is taken when the request is routed), before
+    the limit is charged, so a request refused for either costs nothing."""
     settings = state.settings
+    state.pool.tenant_open.check(record.tenant)
     user, model = await charge(state, record.tenant, request, body, output_tokens, record.log)
     target = await select_target(
         state.registry,

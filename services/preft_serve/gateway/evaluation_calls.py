@@ -19,8 +19,8 @@ class Refused(Exception):
         self.status, self.payload, self.retry_after = status, payload, retry_after
 
 
-def error(status: int, message: str, code: str) -> Refused:
-    return Refused(status, {"error": {"message": message, "type": code, "code": code}})
+def error(status: int, message: str, code: str, retry_after: str | None = None) -> Refused:
+    return Refused(status, {"error": {"message": message, "type": code, "code": code}}, retry_after)
 
 
 async def post(
@@ -39,5 +39,6 @@ async def post(
             reply.status_code if reply.status_code >= 400 else 502,
             f"example {line} on {model}: {message}",
             "evaluation_failed",
+            reply.headers.get("retry-after"),  # a busy refusal: when the run may try again
         )
     return payload

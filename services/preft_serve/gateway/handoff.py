@@ -238,7 +238,7 @@ class Handoff:
     ) -> None:
         self.state, self.target, self.body = state, target, body
         self.chat, self.path, self.request_id = chat, path, request_id
-        self.tenant = tenant  # whose open-request share the prefill hop holds
+        self.tenant = tenant  # whose open-request share each hop holds
         self.stream = bool(body.get("stream"))
         self.want_ids = bool(body.get("return_token_ids"))
         options = body.get("stream_options")
@@ -289,6 +289,7 @@ class Handoff:
             DECODE_PATH,
             decode_body(self.body, self.chat, first, self.state.settings.worker_model),
             self.request_id,
+            tenant=self.tenant,
         )
 
     def answer(self, first: FirstToken, decoded: dict[str, Any] | None) -> dict[str, Any]:

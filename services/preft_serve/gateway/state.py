@@ -139,6 +139,8 @@ class GatewayState:
         decode_source = decode_source or create_decode_source(settings)
         if decode_source is not None:
             decode_pool = pool_from_settings(settings, decode=True)
+            # One share per tenant across both pools: a two-pool stream is its decode hop.
+            decode_pool.tenant_open = pool.tenant_open
             decode_monitor = WorkerMonitor(
                 decode_pool,
                 decode_source,

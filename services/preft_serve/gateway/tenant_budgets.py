@@ -35,12 +35,17 @@ class TenantBudget:
         self.limit, self.code, self.message = limit, code, message
         self.open: Counter[str] = Counter()
 
-    def acquire(self, tenant: str) -> None:
-        """Count one more request of ``tenant``, or refuse it (nothing counted)."""
+    def check(self, tenant: str) -> None:
+        """Refuse ``tenant`` when its budget is full, counting nothing: lets a request be
+        refused before it spends anything else (its rate-limit tokens)."""
         if self.limit and self.open[tenant] >= self.limit:
             raise TooManyRequests(
                 self.message.format(limit=self.limit), code=self.code, headers=RETRY_AFTER
             )
+
+    def acquire(self, tenant: str) -> None:
+        """Count one more request of ``tenant``, or refuse it (nothing counted)."""
+        self.check(tenant)
         self.open[tenant] += 1
 
     def release(self, tenant: str) -> None:

@@ -146,7 +146,7 @@ class BindingService:
                 self.maxlen,
             )
 
-        transact(self.redis, txn, binding_key)
+        transact(self.redis, txn, binding_key, count_key)
 
     def list(self, tenant: str, adapter: str | None = None) -> list[UserBinding]:
         """Every bound user of the tenant, or of one adapter, sorted by user id."""

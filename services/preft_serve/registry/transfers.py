@@ -149,6 +149,8 @@ class TransferSlots:
     def _hold(self, transfer: Transfer, size: int) -> None:
         tenant = transfer.tenant
         with self._lock:
+            if transfer.ended:  # its bytes were given back: nothing would give these back
+                return
             tenant_bytes = self._held_bytes.get(tenant, 0) + size
             if self.tenant_scratch_bytes is not None and tenant_bytes > self.tenant_scratch_bytes:
                 raise RateLimited(
