@@ -180,3 +180,38 @@ def test_the_trainers_refusal_names_the_file_and_the_api_parameter(
         assert f"raise method.preft.max_seq_len to {needed} or more" in message
     else:
         assert "raise" not in message
+
+
+def test_a_job_for_an_adapter_at_its_version_limit_is_refused_at_create(
+    make_client: Callable[..., TestClient],
+    tmp_path: Path,
+    lora_dir: Path,
+    state_snapshot: Callable[[], dict[str, Any]],
+) -> None:
+    """Refused before it trains for hours to a version that could not be registered."""
+    from tests.support.registry_api import upload
+
+    client = make_client(
+        finetune=FinetuneSettings(poll_s=60, work_dir=tmp_path), max_versions_per_adapter=1
+    )
+    headers = create_tenant(client, "acme")
+    key = headers["Authorization"].removeprefix("Bearer ")
+    assert upload(client, headers, "bot", lora_dir).status_code == 201
+    file_id = _upload(client, key, _conversation("Hi?"))
+    before = state_snapshot()
+    refused = client.post(
+        JOBS,
+        headers=headers,
+        json={"model": "tiny-llama", "training_file": file_id, "suffix": "bot"},
+    )
+    assert refused.status_code == 403, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "quota_exceeded"
+    assert "adapter 'bot' already has 1 versions" in error["message"]
+    assert state_snapshot() == before
+    other = client.post(
+        JOBS,
+        headers=headers,
+        json={"model": "tiny-llama", "training_file": file_id, "suffix": "fresh"},
+    )
+    assert other.status_code == 200, other.text

@@ -36,3 +36,26 @@ def test_an_adapter_at_its_version_limit_refuses_more_and_stores_nothing(
     assert upload(client, acme, "other", lora_dir2).status_code == 201
     assert client.delete("/v1/adapters/bot", headers=acme).status_code == 204
     assert upload(client, acme, "bot", lora_dir2).json()["version"] == 1
+
+
+def test_new_content_refused_at_the_limit_is_not_left_in_the_store(
+    make_client, state_snapshot, lora_dir, lora_dir2, base_model_dir, tmp_path, monkeypatch
+) -> None:
+    """Refused before it is stored; and when only the commit sees the limit (another writer
+    got there first), the content it stored is collected again."""
+    from tests.registry import factories
+
+    third = factories.lora(base_model_dir, tmp_path / "third", seed=3)
+    client = make_client(max_versions_per_adapter=2)
+    acme = create_tenant(client, "acme")
+    assert upload(client, acme, "bot", lora_dir).status_code == 201
+    assert upload(client, acme, "bot", lora_dir2, method="PUT").status_code == 201
+    before = state_snapshot()
+    assert upload(client, acme, "bot", third, method="PUT").status_code == 403
+    assert state_snapshot() == before  # nothing in Redis or the bucket
+
+    adapters = client.app.state.registry.adapters
+    monkeypatch.setattr(adapters, "check_version_room", lambda tenant, name: None)
+    refused = upload(client, acme, "bot", third, method="PUT")
+    assert refused.status_code == 403, refused.text  # the commit's own check
+    assert state_snapshot() == before  # stored, then collected

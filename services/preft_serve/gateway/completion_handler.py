@@ -261,8 +261,10 @@ async def _two_pools(
     metrics.handoff_seconds.observe(time.perf_counter() - handed_at)
     status = record.decoded(decoding)
     if status != 200:
-        raw = await decoding.response.aread()
-        await decoding.aclose()
+        try:
+            raw = await decoding.response.aread()
+        finally:  # releases the worker's slot and the tenant's share, however it ends
+            await decoding.aclose()
         metrics.handoffs.labels("decode_failed").inc()
         return _worker_refusal(raw, status)
     metrics.handoffs.labels("decoded").inc()

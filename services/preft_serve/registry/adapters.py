@@ -262,6 +262,8 @@ class AdapterService:
             early = self._unchanged_or_conflict(name, current, validated, create)
             if early is not None:
                 return dataclasses.replace(early, warnings=validated.warnings)
+            if current:
+                self.check_version_room(tenant, name)
             if self.quota is not None:
                 check_upload(
                     self.quota,
@@ -301,6 +303,11 @@ class AdapterService:
                 return self.commit(
                     tenant, name, v, create=create, promote=promote, stored_at=stored_at
                 )
+            except (QuotaExceeded, Conflict):
+                # Refused after the content was stored (another writer got there first):
+                # collected unless some version references it (``blob_gc``).
+                self.collector.submit({v.sha256})
+                raise
             except ContentBeingDeleted:  # a delete began after the epoch was read
                 if time.monotonic() > deadline:
                     raise Unavailable(
@@ -356,7 +363,7 @@ class AdapterService:
             if not stored_since(pipe, self.keys, v.sha256, stored_at):
                 raise ContentBeingDeleted(v.sha256)
             records = pipe.hgetall(self.keys.versions(tenant, name)) if current else {}
-            self._check_room(name, records)
+            self._check_room(name, len(records))
             rec = version_record(name, v, latest_version(current) + 1 if current else 1, now)
             pipe.multi()
             if promote or not current:
@@ -367,14 +374,19 @@ class AdapterService:
 
         return transact(self.redis, txn, adapter_key, *watched_keys(self.keys, v.sha256))
 
-    def _check_room(self, name: str, records: dict[str, str]) -> None:
+    def check_version_room(self, tenant: str, name: str) -> None:
+        """Refuse, before anything is stored or trained, a new version of an adapter that
+        has as many as it may keep (the commit checks again under WATCH)."""
+        self._check_room(name, int(self.redis.hlen(self.keys.versions(tenant, name))))
+
+    def _check_room(self, name: str, versions: int) -> None:
         """Refuse a version past ``max_versions``: every upload, rollback or fine-tuned
         version is a record in Redis (and each upload reads them all), so a tenant
         re-uploading two contents in turn must not grow one adapter's history without
         bound."""
-        if len(records) >= self.max_versions:
+        if versions >= self.max_versions:
             raise QuotaExceeded(
-                f"adapter {shown(name)} already has {len(records)} versions, the most one "
+                f"adapter {shown(name)} already has {versions} versions, the most one "
                 f"adapter keeps (PREFT_REGISTRY_MAX_VERSIONS_PER_ADAPTER); upload under a new "
                 f"adapter name, or delete this adapter and upload it again",
                 param="name",
@@ -575,7 +587,7 @@ class AdapterService:
                     f"adapter {shown(name)} has no version {target.version} with that "
                     "content any more; read its versions again"
                 )
-            self._check_room(name, records)
+            self._check_room(name, len(records))
             if not pipe.exists(k.blob(target.sha256)):
                 raise NotFound(
                     f"the content of adapter {shown(name)} version {version} is no "

@@ -80,6 +80,7 @@ async def _pass_through(state: GatewayState, tenant: str, request: Request, path
         _check_token_ids(body, state)
     else:
         _check_tokenize_body(body)
+    state.pool.tenant_open.check(tenant)  # before the charge: a refusal costs nothing
     _, model = await charge(state, tenant, request, body, 0, access_fields(request))
     if model is not None:  # resolved as for a completion: an unknown name is its 404
         await select_target(

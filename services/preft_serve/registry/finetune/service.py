@@ -8,6 +8,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 from preft_serve.common.domain_errors import Conflict, InvalidRequest, NotFound, RateLimited
@@ -91,16 +92,20 @@ class FineTuningService:
         longest_token: int | None,
         canceller: Canceller,
         metrics: RegistryMetrics,
+        version_room: Callable[[str, str], None] | None = None,
     ) -> None:
         """``base_models``: the names the base model is served under, as the gateway's
         ``/v1/models`` lists it; ``longest_token``: the most bytes one token of the base
         model stands for (None: no tokenizer to bound prompts with); ``canceller`` stops a
-        cancelled job's running trainer (the dispatcher)."""
+        cancelled job's running trainer (the dispatcher); ``version_room`` refuses a job
+        whose adapter keeps as many versions as it may (``AdapterService``), before it
+        trains for hours to a version that could not be registered."""
         self.store, self.files, self.settings = store, files, settings
         self.base_models, self.model_shape = base_models, model_shape
         self.longest_token = longest_token
         self.max_lora_rank, self.max_reft_rank = max_lora_rank, max_reft_rank
         self.canceller, self.metrics = canceller, metrics
+        self.version_room = version_room
 
     def _check_model(self, model: str) -> None:
         if model in self.base_models:
@@ -203,6 +208,8 @@ class FineTuningService:
                 "validation_key": blob_key(files[1].sha256) if len(files) > 1 else None,
             },
         )
+        if self.version_room is not None:
+            self.version_room(tenant, record.adapter_name)
         limit = self.settings.tenant_max_running + self.settings.tenant_max_queued
         if not self.store.create_limited(
             record,

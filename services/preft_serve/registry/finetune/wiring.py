@@ -73,5 +73,6 @@ def build_finetune(
         longest_token_bytes(model_dir),
         canceller=dispatcher,
         metrics=metrics,
+        version_room=adapters.check_version_room,
     )
     return FinetuneParts(files, jobs, dispatcher)
