@@ -134,17 +134,16 @@ def as_service_error(exc: domain.DomainError) -> ServiceError:
     an ``HTTPException`` (an ASGI ``receive`` that FastAPI's body parsing calls)."""
     if isinstance(exc, ServiceError):
         return exc
-    for cls in type(exc).__mro__:
-        for service in _SERVICE_ERRORS:
-            if cls in service.__bases__:
-                return service(
-                    exc.message,
-                    code=exc.code,
-                    param=exc.param,
-                    details=exc.details,
-                    retry_after_s=exc.retry_after_s,
-                )
-    return ServiceError(
+    service = next(
+        (
+            service
+            for cls in type(exc).__mro__
+            for service in _SERVICE_ERRORS
+            if cls in service.__bases__
+        ),
+        ServiceError,
+    )
+    return service(
         exc.message,
         code=exc.code,
         param=exc.param,
