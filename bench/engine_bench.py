@@ -384,6 +384,9 @@ class Host:
             "TQDM_DISABLE": "1",
             "OMP_NUM_THREADS": str(common["threads"]),
             "VLLM_USE_V2_MODEL_RUNNER": "0",
+            # One adapter family per run: a slot kept for prefill-only adapters would only
+            # cap the classic ones (preft_serve.worker.decode_slots).
+            "PREFT_WORKER_PREFILL_RESERVED_SLOTS": "0",
             **(env or {}),
         }
         if any(r.mode == "stock-lora" for r in runs):

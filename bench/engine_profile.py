@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "TQDM_DISABLE": "1",
             "VLLM_USE_V2_MODEL_RUNNER": "0",
+            "PREFT_WORKER_PREFILL_RESERVED_SLOTS": "0",  # as bench.engine_bench
             "OMP_NUM_THREADS": str(args.threads),
         }
     )

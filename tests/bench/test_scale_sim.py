@@ -44,8 +44,8 @@ def loss_run() -> scenarios.Run:
     calls: list[tuple[str, str, str]] = []
     choose = WorkerPool.choose
 
-    def spy(self: WorkerPool, key: str, prefill_hop: bool = False):  # type: ignore[no-untyped-def]
-        choice = choose(self, key, prefill_hop)
+    def spy(self: WorkerPool, key: str, prefill_hop: bool = False, classic=None):  # type: ignore[no-untyped-def]
+        choice = choose(self, key, prefill_hop, classic)
         calls.append((key, choice.order[0], choice.result.value))
         return choice
 

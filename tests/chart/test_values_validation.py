@@ -47,6 +47,7 @@ def test_cross_field_problems_are_reported_together(render_error: Callable[..., 
             "model.path": "/elsewhere/model",
             "registry.modelConfig": "not json",
             "worker.gpu.count": "0",
+            "worker.maxLoras": "2",
         },
     )
     assert "Invalid values for the preft-serve chart" in message
@@ -60,6 +61,7 @@ def test_cross_field_problems_are_reported_together(render_error: Callable[..., 
         "model.path (/elsewhere/model) must be a directory under model.mountPath (/models)",
         "registry.modelConfig must be the base model's config.json",
         "worker.gpu.count must be at least 1 when worker.device=gpu",
+        "worker.prefillReservedSlots (2) must be below worker.maxLoras (2)",
     ]:
         assert expected in message
 

@@ -1,8 +1,9 @@
-"""Adapter slots: a prefill-only adapter holds one only while its prompt is computed."""
+"""Adapter slots: a prefill-only adapter holds one only while its prompt is computed, and
+adapters applied to every token leave some for prefill-only ones (``decode_slots``)."""
 
 from __future__ import annotations
 
-from tests.support.engine import MAX_LORAS, Engine, prompt
+from tests.support.engine import MAX_LORAS, Engine, prompt, scheduler_of
 
 DECODE_TOKENS = 24
 
@@ -30,3 +31,23 @@ def test_all_token_adapters_still_queue_for_slots(engine: Engine) -> None:
     first_wave_done = min(o.metrics.last_token_ts for o in order[:MAX_LORAS])
     # The third adapter had to wait for a slot held by a decoding request.
     assert order[MAX_LORAS].metrics.scheduled_ts >= first_wave_done
+
+
+def test_classic_adapters_leave_a_slot_to_prefill_only_ones(engine: Engine) -> None:
+    # Two slots, one kept from classic adapters (the default: a quarter, at least one).
+    slots = scheduler_of(engine.llm).decode_slots
+    assert slots is not None and slots.limit == MAX_LORAS - 1
+    refused_before = slots.refused
+    names = ["all-1", "all-2", "prefill-1"]
+    engine.settle(names)
+    long_answer, waiting_classic, prefill_only = engine.generate(
+        [prompt(400 + i, 10) for i in range(3)],
+        [engine.lora(n) for n in names],
+        DECODE_TOKENS,
+    )
+    classic_done = long_answer.metrics.last_token_ts
+    # Stock vLLM would run both classic adapters and hold the prefill-only request back
+    # until one ended; here the second classic one waits and the prefill-only one runs.
+    assert prefill_only.metrics.scheduled_ts < classic_done
+    assert waiting_classic.metrics.scheduled_ts >= classic_done
+    assert slots.refused > refused_before

@@ -185,9 +185,9 @@ def test_only_the_prefill_hop_is_routed_as_one(
     seen: list[tuple[str, bool]] = []
     choose = WorkerPool.choose
 
-    def spy(pool: WorkerPool, key: str, prefill_hop: bool = False) -> Any:
+    def spy(pool: WorkerPool, key: str, prefill_hop: bool = False, classic: Any = None) -> Any:
         seen.append(("adapter" if pool is state.pool else "decode", prefill_hop))
-        return choose(pool, key, prefill_hop)
+        return choose(pool, key, prefill_hop, classic)
 
     monkeypatch.setattr(WorkerPool, "choose", spy)
     for extra in ({}, {"n": 2}):  # split, then served whole

@@ -72,6 +72,9 @@ Each entry is a Kubernetes EnvVar plus one field the rendered pod spec does not 
 - name: PREFT_GATEWAY_TENANT_COLD_LOADS
   value: {{ $g.tenantColdLoads | quote }}
   set: gateway.tenantColdLoads
+- name: PREFT_GATEWAY_TENANT_CLASSIC_ADAPTERS_PER_WORKER
+  value: {{ $g.tenantClassicAdaptersPerWorker | quote }}
+  set: gateway.tenantClassicAdaptersPerWorker
 - name: PREFT_GATEWAY_BASE_MODEL_NAME
   value: {{ .Values.model.name | quote }}
   set: model.name

@@ -28,6 +28,10 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- end -}}
 {{- end -}}
 
+{{- if ge (int $v.worker.prefillReservedSlots) (int $v.worker.maxLoras) -}}
+{{- $errors = append $errors (printf "worker.prefillReservedSlots (%v) must be below worker.maxLoras (%v), or adapters applied to every token never get a slot and the workers refuse to start; lower it (0 reserves none)" $v.worker.prefillReservedSlots $v.worker.maxLoras) -}}
+{{- end -}}
+
 {{- if $v.gateway.pdb.enabled -}}
 {{- $floor := ternary $v.gateway.autoscaling.minReplicas $v.gateway.replicas $v.gateway.autoscaling.enabled -}}
 {{- if ge (int $v.gateway.pdb.minAvailable) (int $floor) -}}

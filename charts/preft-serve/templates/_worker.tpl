@@ -178,6 +178,8 @@ spec:
                   fieldPath: status.podIP
             {{- end }}
             {{- if not $decode }}
+            - name: PREFT_WORKER_PREFILL_RESERVED_SLOTS
+              value: {{ $w.prefillReservedSlots | quote }}
             {{- if $w.prefetchNewVersions }}
             # Same as --registry-redis-url, kept out of the command line (it holds the password).
             {{- include "preft-serve.redisEnv" (dict "root" $root "var" "PREFT_WORKER_REGISTRY_REDIS_URL") | nindent 12 }}

@@ -89,6 +89,7 @@ async def _serve(
         request_id_of(request),
         cold_tenant=target.cold_tenant,
         tenant=record.tenant,
+        classic=target.classic,
     )
     status = record.answered(upstream)
     if stream and status == 200:

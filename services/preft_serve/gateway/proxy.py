@@ -21,6 +21,7 @@ import orjson
 from preft_serve.common.access_log import REQUEST_ID_HEADER
 from preft_serve.common.error_envelope import error_body
 from preft_serve.common.errors import ServiceError, ServiceUnavailable
+from preft_serve.gateway.classic_slots import ClassicRequest
 from preft_serve.gateway.routing import Choice, RouteResult, WorkerPool
 from preft_serve.gateway.upstream import Calls, WorkerAnswer
 
@@ -43,6 +44,7 @@ class Upstream:
     pool: WorkerPool
     result: RouteResult
     tenant: str | None = None  # whose open-request share it holds (None: none)
+    classic: ClassicRequest | None = None  # the classic adapter it holds a slot of
     _closed: bool = False
 
     async def aclose(self) -> None:
@@ -51,7 +53,7 @@ class Upstream:
             try:
                 await self.response.aclose()
             finally:
-                self.pool.release(self.worker)
+                self.pool.release(self.worker, self.classic)
                 if self.tenant is not None:
                     self.pool.tenant_open.release(self.tenant)
 
@@ -67,6 +69,7 @@ async def open_upstream(
     cold_tenant: str | None = None,
     prefill_hop: bool = False,
     tenant: str | None = None,
+    classic: ClassicRequest | None = None,
 ) -> Upstream:
     """Send ``body`` to the best worker for ``key``; the response body is not read yet.
     ``request_id`` goes along as ``X-Request-Id`` (vLLM names the request after it).
@@ -76,8 +79,11 @@ async def open_upstream(
     sends a stream's headers, so that is how long the load takes (a whole answer's
     headers come at its end: longer). ``prefill_hop``: a two-pool gateway's first hop
     (``WorkerPool.choose``). ``tenant``: whose open-request share the request holds until
-    the upstream is closed (``tenant_budgets``; a 429 when the share is full)."""
-    route = take_route(pool, key, cold_tenant, prefill_hop, tenant)
+    the upstream is closed (``tenant_budgets``; a 429 when the share is full).
+    ``classic``: the request's (tenant, key) where its adapter keeps a worker's slot until
+    the answer ends (``classic_slots``: workers where the tenant holds its most are left
+    out, a 429 when that is all of them)."""
+    route = take_route(pool, key, cold_tenant, prefill_hop, tenant, classic)
     try:
         upstream = await _open(calls, pool, route.choice, path, body, request_id)
     except BaseException:
@@ -106,16 +112,19 @@ def take_route(
     cold_tenant: str | None = None,
     prefill_hop: bool = False,
     tenant: str | None = None,
+    classic: ClassicRequest | None = None,
 ) -> Route:
     """The routing decision of one request, without I/O: one of ``tenant``'s open-request
     share (429 when it is full; the caller gives it back), the pool's choice for ``key``
     (503 ``gateway_busy`` at its open-request limit) and, when the first worker has not
     reported the adapter loaded, one of ``cold_tenant``'s cold-load slots (429 when none is
-    free). ``open_upstream`` and the scale simulator both decide through it."""
+    free). A ``classic`` adapter's request goes only to workers where its tenant may hold
+    one more (``WorkerPool.choose``). ``open_upstream`` and the scale simulator both
+    decide through it."""
     if tenant is not None:
         pool.tenant_open.acquire(tenant)
     try:
-        choice = pool.choose(key, prefill_hop)
+        choice = pool.choose(key, prefill_hop, classic)
         cold = cold_tenant if cold_tenant is not None and choice.cold else None
         if cold is not None:
             pool.cold.acquire(cold)
@@ -172,24 +181,24 @@ async def _try(
 ) -> Upstream | httpx.TransportError:
     """One worker's answer, or the connect failure to try the next one with (nothing was
     sent); any other failure is the request's (the worker may have it)."""
-    pool.acquire(worker)
+    pool.acquire(worker, choice.classic)
     try:
         response = await calls.post(worker, path, content, headers)
     except RETRYABLE as exc:
-        pool.release(worker)
+        pool.release(worker, choice.classic)
         pool.mark_failed(worker)
         logger.warning("worker %s unreachable (%s); trying the next one", worker, exc)
         return exc
     except httpx.HTTPError as exc:
-        pool.release(worker)
+        pool.release(worker, choice.classic)
         # The cause chain names what the client library saw (a timeout's kind, a reset).
         logger.warning("worker %s failed: %r (cause %r)", worker, exc, exc.__cause__)
         raise BadGateway(f"worker {worker} failed: {exc.__class__.__name__}") from None
     except BaseException:
-        pool.release(worker)
+        pool.release(worker, choice.classic)
         raise
     pool.mark_ok(worker)
-    return Upstream(worker, response, pool, choice.landed(worker))
+    return Upstream(worker, response, pool, choice.landed(worker), classic=choice.classic)
 
 
 TOOLS_OFF = (

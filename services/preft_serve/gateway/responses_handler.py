@@ -104,6 +104,7 @@ async def _serve(state: GatewayState, record: RequestRecord, request: Request) -
         request_id_of(request),
         cold_tenant=target.cold_tenant,
         tenant=record.tenant,
+        classic=target.classic,
     )
     status = record.answered(upstream)
     if body.get("stream") and status == 200:

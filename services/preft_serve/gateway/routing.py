@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 from preft_serve.common.errors import ServiceUnavailable
 from preft_serve.gateway import tenant_budgets
+from preft_serve.gateway.classic_slots import ClassicRequest, ClassicSlots
 from preft_serve.gateway.hot_keys import HotKeys
 from preft_serve.gateway.settings import GatewaySettings
 
@@ -94,6 +95,7 @@ class Choice:
     order: list[str]
     preferred: str  # the key's rendezvous top choice among healthy workers
     result: RouteResult
+    classic: ClassicRequest | None = None  # counted per worker while open (classic_slots)
 
     @property
     def spilled(self) -> bool:
@@ -147,6 +149,7 @@ class WorkerPool:
         tenant_cold_loads: int = 0,
         tenant_open: int = 0,
         resident_slack: int = RESIDENT_SLACK,
+        tenant_classic_adapters: int = 0,
     ) -> None:
         """``max_open``: most requests open to workers at once (None: no limit); more are
         refused with a 503 rather than queued for a connection. ``worker_load``: the cap
@@ -157,6 +160,8 @@ class WorkerPool:
         ``load_factor - 1``); ``tenant_cold_loads``: most cold requests one tenant has
         open, ``tenant_open`` most requests one tenant has open to workers
         (:mod:`~preft_serve.gateway.tenant_budgets`; 0: no limit);
+        ``tenant_classic_adapters``: most classic adapters one tenant has requests open to
+        on one worker (:mod:`~preft_serve.gateway.classic_slots`; 0: no limit);
         ``resident_slack``: requests past the cap a worker with the key resident may take
         before the request spills to a worker without it, where the cap's headroom holds
         it (at any cap for a prefill hop: :meth:`choose`)."""
@@ -164,6 +169,7 @@ class WorkerPool:
         self.resident_slack = resident_slack
         self.cold = tenant_budgets.cold_loads(tenant_cold_loads)
         self.tenant_open = tenant_budgets.open_requests(tenant_open)
+        self.classic = ClassicSlots(tenant_classic_adapters)
         self.load_factor = load_factor
         self.hot_replicas = hot_replicas
         self.hot = HotKeys(hot_window) if hot_replicas > 1 else None
@@ -212,13 +218,16 @@ class WorkerPool:
         slack = 0 if self.worker_load else 1
         return math.ceil((total + 1) / len(candidates) * self.load_factor) + slack
 
-    def choose(self, key: str, prefill_hop: bool = False) -> Choice:
+    def choose(
+        self, key: str, prefill_hop: bool = False, classic: ClassicRequest | None = None
+    ) -> Choice:
         """The first healthy worker under the cap, preferring ones that have ``key``
         resident, in the key's rendezvous order (failing those, one with ``key`` resident
         under ``cap + resident_slack``, the slack at most ``cap x (load_factor - 1)``, or
         whole for a ``prefill_hop``: a two-pool gateway's short first hop, which keeps the
         caps small while its spill costs a whole store fetch); then the rest as retry
-        fallbacks."""
+        fallbacks. A ``classic`` adapter's request leaves out the workers where its tenant
+        holds as many other classic adapters as it may (429 when that is every worker)."""
         if not self.status:
             raise ServiceUnavailable(
                 "no worker is registered yet (discovery found none); retry shortly"
@@ -232,10 +241,16 @@ class WorkerPool:
             )
         healthy = self.healthy()
         ranked = _cached_order(key, tuple(self.status))  # filtering keeps its order
+        if classic is not None and self.classic.limit:
+            ranked = tuple(w for w in ranked if not self.classic.full(w, classic))
+            if not ranked:
+                raise self.classic.refusal()
         up = set(healthy)
         order = [w for w in ranked if w in up]
         cap = self.cap(healthy)
         down = [w for w in ranked if w not in up]
+        if not order:  # every worker left looks down: trying beats a 503
+            order, down = down, []
         k = self.replicas(key, len(order))
         if k > 1 and (spread := [w for w in order[:k] if self.status[w].load < cap]):
             first = self._least_loaded(
@@ -245,7 +260,9 @@ class WorkerPool:
                 result = RouteResult.RESIDENT
             else:
                 result = RouteResult.PREFERRED if first == order[0] else RouteResult.REPLICA
-            return Choice([first, *(w for w in order if w != first), *down], order[0], result)
+            return Choice(
+                [first, *(w for w in order if w != first), *down], order[0], result, classic
+            )
         under = [w for w in order if self.status[w].load < cap] or order
         slack = (
             self.resident_slack
@@ -260,7 +277,7 @@ class WorkerPool:
             result = RouteResult.RESIDENT
         else:
             result = RouteResult.PREFERRED if first == order[0] else RouteResult.SPILL
-        return Choice([first, *(w for w in order if w != first), *down], order[0], result)
+        return Choice([first, *(w for w in order if w != first), *down], order[0], result, classic)
 
     def replicas(self, key: str, workers: int) -> int:
         """How many workers ``key`` is spread over (counting this request toward its
@@ -290,11 +307,15 @@ class WorkerPool:
             s.inflight for s in self._retired.values()
         )
 
-    def acquire(self, worker: str) -> None:
+    def acquire(self, worker: str, classic: ClassicRequest | None = None) -> None:
         if worker in self.status:
             self.status[worker].inflight += 1
+        if classic is not None:
+            self.classic.acquire(worker, classic)
 
-    def release(self, worker: str) -> None:
+    def release(self, worker: str, classic: ClassicRequest | None = None) -> None:
+        if classic is not None:
+            self.classic.release(worker, classic)
         status = self.status.get(worker)
         if status is not None:
             status.inflight -= 1
@@ -358,4 +379,5 @@ def pool_from_settings(
         hot_headroom=settings.hot_headroom,
         tenant_cold_loads=settings.tenant_cold_loads,
         tenant_open=settings.tenant_open_share,
+        tenant_classic_adapters=settings.tenant_classic_adapters_per_worker,
     )

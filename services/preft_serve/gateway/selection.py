@@ -24,10 +24,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from preft_serve.adapters.format import format_model_name
+from preft_serve.adapters.format import AdapterMode, AdapterType, format_model_name
 from preft_serve.common.errors import BadRequest, NotFound
 from preft_serve.common.registry_client import AdapterRef, split_pinned
 from preft_serve.common.tenant_serving import UnboundUser
+from preft_serve.gateway.classic_slots import ClassicRequest
 
 
 class Resolver(Protocol):
@@ -62,6 +63,15 @@ class Target:
         """Whose cold-load budget a request to this target draws on when its worker has
         not loaded the adapter (the base model is always loaded: none)."""
         return self.adapter.tenant if self.adapter is not None else None
+
+    @property
+    def classic(self) -> ClassicRequest | None:
+        """(tenant, key) where the adapter is a LoRA applied to every token: it keeps a
+        worker's adapter slot until its answer ends (``classic_slots``); else None."""
+        ref = self.adapter
+        if ref is None or ref.type != AdapterType.LORA or ref.mode != AdapterMode.ALL:
+            return None
+        return ref.tenant, self.routing_key
 
     def log_fields(self) -> dict[str, object]:
         """What the access log says about the model served (the base model: no adapter)."""

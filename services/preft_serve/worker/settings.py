@@ -69,6 +69,17 @@ class WorkerSettings(BaseSettings):
         "at once and parse in the step, as stock vLLM does",
     )
 
+    prefill_reserved_slots: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="Adapter slots (of --max-loras) that adapters applied to every token "
+        "may not take, so a prefill-only adapter always finds one while classic adapters "
+        "decode (they keep theirs until their request ends; see "
+        "preft_serve.worker.decode_slots); unset = a quarter of --max-loras, at least 1 "
+        "where it is 2 or more; 0 = none, as stock vLLM",
+    )
+
     def preload_share_gil(self) -> GilYield | None:
         return GilYield(pause_s=self.preload_pause_us / 1e6) if self.preload_pause_us else None
 

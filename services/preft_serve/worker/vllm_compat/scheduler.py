@@ -6,11 +6,15 @@ Relies on:
   every scheduled running request, and only the running loop reads it there (block hashes
   are computed outside ``schedule()``). A prefill-only adapter whose prompt is computed
   needs no slot, so its ``lora_request`` is hidden from that count for the call (as is one
-  past its adapter boundary: ``Request.sampling_params.extra_args``).
+  past its adapter boundary: ``Request.sampling_params.extra_args``). ``Scheduler.running``
+  is read before each call for the classic adapters holding slots
+  (:mod:`preft_serve.worker.decode_slots`).
 - ``Scheduler._handle_blocked_waiting_request``: the hook vLLM uses to skip a waiting request
   for a step (grammars, remote KV). The parse gate
   (:mod:`preft_serve.worker.adapter_tiers.parse_gate`) skips a request whose adapter the
-  worker cannot yet run unparsed, while the worker parses it ahead.
+  worker cannot yet run unparsed, while the worker parses it ahead; a classic adapter's
+  request is skipped while classic adapters hold every slot they may
+  (:mod:`preft_serve.worker.decode_slots`).
 - ``Scheduler.update_from_output`` and ``grammar_compile_error_reqs``: the set it finishes
   with ``FINISHED_ERROR`` (and outputs) for requests that fail before running; a request
   whose adapter cannot be read ends through it.
@@ -27,6 +31,7 @@ from typing import Any
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from preft_serve.worker.adapter_tiers.parse_gate import AdapterGate
+from preft_serve.worker.decode_slots import DecodeSlots, reserved_slots
 from preft_serve.worker.settings import WorkerSettings
 from preft_serve.worker.token_mapping import in_prompt_phase
 from preft_serve.worker.vllm_compat.lora_request import (
@@ -43,8 +48,9 @@ REPORT_ATTR = "preft_adapter_report"
 
 class PreftSchedulerMixin:
     """Frees a prefill-only adapter's slot once its request's prompt (or the part before its
-    adapter boundary) is computed, and
-    holds a waiting request back while its adapter is parsed (``parse_gate.py``).
+    adapter boundary) is computed, keeps some slots from adapters applied to every token
+    (``decode_slots.py``), and holds a waiting request back while its adapter is parsed
+    (``parse_gate.py``).
 
     Combined with vLLM's ``Scheduler`` below, which mypy cannot see as its base: the
     ``super()`` calls into vLLM are ``type: ignore[misc]`` for that reason only."""
@@ -52,13 +58,21 @@ class PreftSchedulerMixin:
     lora_config: Any
     running: list[Any]
     adapter_gate: AdapterGate
+    decode_slots: DecodeSlots | None  # None: no LoRA, or no slot reserved
     grammar_compile_error_reqs: set[str]  # vLLM's; see update_from_output
     _adapter_failed_reqs: set[str]  # waiting requests whose adapter cannot be read
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.adapter_gate = AdapterGate(hold_s=WorkerSettings().adapter_hold_ms / 1000)
+        settings = WorkerSettings()
+        self.adapter_gate = AdapterGate(hold_s=settings.adapter_hold_ms / 1000)
         self._adapter_failed_reqs = set()
+        self.decode_slots = None
+        if self.lora_config:
+            max_loras = self.lora_config.max_loras
+            reserved = reserved_slots(max_loras, settings.prefill_reserved_slots)
+            if reserved:
+                self.decode_slots = DecodeSlots(max_loras, reserved)
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         """vLLM skips a waiting request for this step when this says False (it does so for
@@ -71,7 +85,10 @@ class PreftSchedulerMixin:
         if self.adapter_gate.failed(lora.lora_int_id):
             self._adapter_failed_reqs.add(request.request_id)
             return False
-        return self.adapter_gate.admit(lora.lora_int_id, lora)
+        if not self.adapter_gate.admit(lora.lora_int_id, lora):
+            return False
+        slots = self.decode_slots
+        return slots is None or adapter_kinds(lora)[1] or slots.admit(lora.lora_int_id)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         self.adapter_gate.on_step(getattr(model_runner_output, REPORT_ATTR, None))
@@ -89,6 +106,13 @@ class PreftSchedulerMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self.lora_config:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if self.decode_slots is not None:
+            self.decode_slots.begin_step(
+                request.lora_request.lora_int_id
+                for request in self.running
+                if request.lora_request is not None
+                and adapter_kinds(request.lora_request) == (False, False)
+            )
         output = self._schedule_with_prefill_slots_freed(*args, **kwargs)
         announce = self.adapter_gate.take_announcements()
         if announce:
