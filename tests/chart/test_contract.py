@@ -21,7 +21,7 @@ from preft_serve.gateway.settings import GatewaySettings
 from preft_serve.registry.app import create_app as create_registry
 from preft_serve.registry.settings import Bytes, RegistrySettings
 from preft_serve.worker import serve
-from preft_serve.worker.decode_slots import reserved_slots
+from preft_serve.worker.decode_slots import reserved_slots, tenant_slots
 from preft_serve.worker.settings import WorkerSettings
 from tests.chart.manifests import container, container_port, env, pod_spec
 from tests.chart.support import CHART, SCENARIOS, Rendered
@@ -181,12 +181,13 @@ def test_worker_launcher_accepts_the_command_line(
     assert settings.resolver_enabled
     # Some adapter slots stay free for prefill-only adapters, and the worker's scheduler
     # accepts the count (it refuses one that leaves classic adapters no slot).
-    max_loras = args.max_loras
-    reserved = reserved_slots(max_loras, settings.prefill_reserved_slots)
-    assert 0 < reserved < max_loras
+    classic = args.max_loras - reserved_slots(args.max_loras, settings.prefill_reserved_slots)
+    assert 0 < classic < args.max_loras
+    share = tenant_slots(classic, settings.tenant_classic_slots)
+    assert 0 < share < classic  # one tenant never holds every classic slot
     gateway = service_env(rendered, "gateway", "PREFT_GATEWAY_")
-    per_tenant = int(gateway["PREFT_GATEWAY_TENANT_CLASSIC_ADAPTERS_PER_WORKER"])
-    assert 0 < per_tenant < max_loras - reserved  # one tenant never holds them all
+    # The gateway spills a tenant's classic adapters before a worker would hold them back.
+    assert 0 < int(gateway["PREFT_GATEWAY_TENANT_CLASSIC_ADAPTERS_PER_WORKER"]) <= share
     assert settings.registry_redis_url is not None  # hot-swap prefetch
     assert settings.adapter_cache_bytes == int(args.adapter_cache_gib * (1 << 30))
     assert all(a.startswith("--") for a in passthrough)

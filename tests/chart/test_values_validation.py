@@ -48,6 +48,8 @@ def test_cross_field_problems_are_reported_together(render_error: Callable[..., 
             "registry.modelConfig": "not json",
             "worker.gpu.count": "0",
             "worker.maxLoras": "2",
+            "worker.tenantClassicSlots": "7",
+            "gateway.tenantClassicAdaptersPerWorker": "8",
         },
     )
     assert "Invalid values for the preft-serve chart" in message
@@ -62,8 +64,15 @@ def test_cross_field_problems_are_reported_together(render_error: Callable[..., 
         "registry.modelConfig must be the base model's config.json",
         "worker.gpu.count must be at least 1 when worker.device=gpu",
         "worker.prefillReservedSlots (2) must be below worker.maxLoras (2)",
+        "gateway.tenantClassicAdaptersPerWorker (8) must not exceed worker.tenantClassicSlots (7)",
     ]:
         assert expected in message
+
+
+def test_one_tenant_cannot_be_given_every_classic_slot(render_error: Callable[..., str]) -> None:
+    message = render_error([], {"worker.maxLoras": "8", "worker.tenantClassicSlots": "6"})
+    assert "worker.tenantClassicSlots (6) must be below worker.maxLoras" in message
+    assert "prefillReservedSlots (6)" in message
 
 
 def test_autoscaling_bounds_are_checked(render_error: Callable[..., str]) -> None:

@@ -7,6 +7,7 @@ tenants pass."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -17,8 +18,10 @@ import pytest
 from preft_serve.adapters.format import AdapterMode, AdapterType
 from preft_serve.common.errors import TooManyRequests
 from preft_serve.common.registry_client import AdapterRef
+from preft_serve.common.tenant_xarg import TENANT_XARG
 from preft_serve.gateway.app import create_app
-from preft_serve.gateway.routing import WorkerPool
+from preft_serve.gateway.proxy import open_upstream
+from preft_serve.gateway.routing import RouteResult, WorkerPool
 from preft_serve.gateway.selection import adapter_target
 from preft_serve.gateway.settings import GatewaySettings
 from tests.gateway.test_disconnect import EndlessStream
@@ -56,6 +59,52 @@ def test_a_tenants_classic_adapters_spill_to_other_workers_then_are_refused() ->
     for worker, request in held:
         pool.release(worker, request)
     assert not pool.classic.open and pool.open_requests() == 0
+
+
+def test_a_worker_that_looks_down_is_no_way_around_the_limit() -> None:
+    pool = WorkerPool(WORKERS, tenant_classic_adapters=1, unhealthy_after=1)
+    for worker in (WORKERS[0], WORKERS[2]):
+        pool.acquire(worker, ("acme", f"held-{worker}"))
+    pool.mark_failed(WORKERS[1])
+    with pytest.raises(TooManyRequests):
+        pool.choose("k", classic=("acme", "k"))
+    pool.mark_ok(WORKERS[1])
+    assert pool.choose("k", classic=("acme", "k")).order == [WORKERS[1]]
+
+
+def test_a_spill_off_the_favourite_is_counted_as_one() -> None:
+    pool = WorkerPool(WORKERS, tenant_classic_adapters=1)
+    favourite = pool.choose("k").order[0]
+    pool.acquire(favourite, ("acme", "other"))
+    choice = pool.choose("k", classic=("acme", "k"))
+    assert choice.preferred == favourite and choice.order[0] != favourite
+    assert choice.result is RouteResult.SPILL
+
+
+def test_a_request_retried_on_the_next_worker_counts_only_there() -> None:
+    class FirstRefuses:
+        def __init__(self) -> None:
+            self.tried: list[str] = []
+
+        async def post(self, worker: str, *args: object) -> httpx.Response:
+            self.tried.append(worker)
+            if len(self.tried) == 1:
+                raise httpx.ConnectError("refused")
+            return httpx.Response(200, json={})
+
+    pool = WorkerPool(WORKERS, tenant_classic_adapters=1)
+    calls = FirstRefuses()
+
+    async def scenario() -> None:
+        upstream = await open_upstream(
+            calls, pool, "k", "/v1/completions", {}, tenant="acme", classic=("acme", "k")
+        )
+        assert upstream.worker == calls.tried[1]
+        assert pool.classic.open == {(calls.tried[1], "acme"): {"k": 1}}
+        await upstream.aclose()
+        assert not pool.classic.open and pool.open_requests() == 0
+
+    asyncio.run(scenario())
 
 
 def test_only_lora_adapters_applied_to_every_token_are_classic() -> None:
@@ -103,12 +152,14 @@ class ClassicRegistry(FakeRegistry):
 def test_through_the_app_a_tenants_long_answer_holds_its_classic_slot() -> None:
     streams: list[EndlessStream] = []
     seen: list[str] = []
+    xargs: dict[str, object] = {}  # model -> the vllm_xargs the worker got
 
     def worker(request: httpx.Request) -> httpx.Response:
         if request.method == "GET":
             return httpx.Response(200, json={"data": []})
         body = json.loads(request.content)
         seen.append(body["model"])
+        xargs[body["model"]] = body.get("vllm_xargs")
         if not body.get("stream"):
             return httpx.Response(
                 200,
@@ -126,7 +177,8 @@ def test_through_the_app_a_tenants_long_answer_holds_its_classic_slot() -> None:
     settings = GatewaySettings(
         worker_urls=["http://w1:8000"], base_model_name="tiny", tenant_classic_adapters_per_worker=1
     )
-    app = create_app(settings, transport=httpx.MockTransport(worker), registry=ClassicRegistry())
+    registry = ClassicRegistry()
+    app = create_app(settings, transport=httpx.MockTransport(worker), registry=registry)
     server, thread, url = serve_in_thread(app)
     endpoint = f"{url}/v1/chat/completions"
 
@@ -162,6 +214,21 @@ def test_through_the_app_a_tenants_long_answer_holds_its_classic_slot() -> None:
             time.sleep(0.02)
         assert not pool.classic.open  # the client left: its slot came back
         assert ask("c2").status_code == 200
+        # The worker is told whose classic adapter it runs (it bounds each tenant's slots).
+        classic = {"c1": "acme", "c2": "acme", "g1": "globex"}
+        for name, tenant in classic.items():
+            ref = registry.classic[(tenant, name)]
+            assert ref.mode is AdapterMode.ALL
+            assert xargs[f"sha256:{ref.sha256}"] == {TENANT_XARG: tenant}
+        assert xargs[f"sha256:{registry.ref.sha256}"] is None  # prefill-only: not needed
+        forged = httpx.post(
+            endpoint,
+            headers=AUTH,
+            json={"messages": MSGS, "model": "c2", "vllm_xargs": {TENANT_XARG: "globex"}},
+            timeout=10,
+        )
+        assert forged.status_code == 400
+        assert forged.json()["error"]["param"] == f"vllm_xargs.{TENANT_XARG}"
         text = httpx.get(f"{url}/metrics", timeout=10).text
         assert 'preft_gateway_errors_total{cause="too_many_classic_adapters"} 1.0' in text
     finally:

@@ -196,9 +196,8 @@ def test_a_store_failure_leaves_garbage_and_no_mark_behind(
     assert f"could not delete unreferenced content {sha}" in caplog.text
     assert not redis_client.exists(keys.blob_deleting(sha))  # uploads of it need not wait
     monkeypatch.undo()
-    started = time.monotonic()
+    # A mark left behind would hold the upload until its deadline, then refuse it (503).
     assert upload(client, acme, "bot", lora_dir).status_code == 201
-    assert time.monotonic() - started < 5
 
 
 def test_a_delete_stands_when_its_collection_fails(

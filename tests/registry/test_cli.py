@@ -334,7 +334,19 @@ def test_download_rollback_and_user_list(
     code, out, _ = run_cli(capsys, "user", "list")
     assert out.splitlines() == ["USER   ADAPTER", "alice  bot", "bob    bot", "carol  copy"]
     code, out, _ = run_cli(capsys, "user", "list", "--adapter", "copy", "--json")
-    assert json.loads(out) == {"items": [{"user": "carol", "adapter": "copy"}]}
+    assert json.loads(out) == {"items": [{"user": "carol", "adapter": "copy"}], "next_cursor": None}
+    # A page at a time: the cursor to go on with, then the rest.
+    code, out, _ = run_cli(capsys, "user", "list", "--limit", "2")
+    assert out.splitlines() == [
+        "USER   ADAPTER",
+        "alice  bot",
+        "bob    bot",
+        "(more: --cursor bob, or --all)",
+    ]
+    code, out, _ = run_cli(capsys, "user", "list", "--limit", "2", "--cursor", "bob", "--json")
+    assert json.loads(out) == {"items": [{"user": "carol", "adapter": "copy"}], "next_cursor": None}
+    code, out, _ = run_cli(capsys, "user", "list", "--limit", "1", "--all", "--json")
+    assert [b["user"] for b in json.loads(out)["items"]] == ["alice", "bob", "carol"]
 
 
 def test_tenant_list_and_delete(live_server, tenant_key, capsys, monkeypatch):

@@ -72,11 +72,24 @@ class Engine:
         self.tokens(warm_up, [self.lora(n) for n in adapters], 1)
 
     def generate(
-        self, prompts: list[list[int]], loras: list[Any], max_tokens: int = 16
+        self,
+        prompts: list[list[int]],
+        loras: list[Any],
+        max_tokens: int = 16,
+        extra_args: list[dict[str, Any] | None] | None = None,
     ) -> list[Any]:
+        """Greedy answers of ``max_tokens`` each; ``extra_args``: per request, what a
+        request's ``vllm_xargs`` would carry."""
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        params: Any = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        if extra_args is not None:
+            params = [
+                SamplingParams(
+                    temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=args
+                )
+                for args in extra_args
+            ]
         return self.llm.generate(
             [{"prompt_token_ids": p} for p in prompts],
             params,

@@ -32,6 +32,14 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- $errors = append $errors (printf "worker.prefillReservedSlots (%v) must be below worker.maxLoras (%v), or adapters applied to every token never get a slot and the workers refuse to start; lower it (0 reserves none)" $v.worker.prefillReservedSlots $v.worker.maxLoras) -}}
 {{- end -}}
 
+{{- $classic := sub (int $v.worker.maxLoras) (int $v.worker.prefillReservedSlots) -}}
+{{- if and (gt (int $v.worker.tenantClassicSlots) 0) (ge (int $v.worker.tenantClassicSlots) (int $classic)) (gt (int $classic) 1) -}}
+{{- $errors = append $errors (printf "worker.tenantClassicSlots (%v) must be below worker.maxLoras - worker.prefillReservedSlots (%v), or one tenant's long answers can hold every slot of adapters applied to every token; lower it (0 turns the per-tenant limit off)" $v.worker.tenantClassicSlots $classic) -}}
+{{- end -}}
+{{- if and (gt (int $v.gateway.tenantClassicAdaptersPerWorker) (int $v.worker.tenantClassicSlots)) (gt (int $v.worker.tenantClassicSlots) 0) -}}
+{{- $errors = append $errors (printf "gateway.tenantClassicAdaptersPerWorker (%v) must not exceed worker.tenantClassicSlots (%v): the gateway would send a tenant's adapters to workers that hold them back" $v.gateway.tenantClassicAdaptersPerWorker $v.worker.tenantClassicSlots) -}}
+{{- end -}}
+
 {{- if $v.gateway.pdb.enabled -}}
 {{- $floor := ternary $v.gateway.autoscaling.minReplicas $v.gateway.replicas $v.gateway.autoscaling.enabled -}}
 {{- if ge (int $v.gateway.pdb.minAvailable) (int $floor) -}}

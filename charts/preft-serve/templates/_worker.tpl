@@ -180,6 +180,8 @@ spec:
             {{- if not $decode }}
             - name: PREFT_WORKER_PREFILL_RESERVED_SLOTS
               value: {{ $w.prefillReservedSlots | quote }}
+            - name: PREFT_WORKER_TENANT_CLASSIC_SLOTS
+              value: {{ $w.tenantClassicSlots | quote }}
             {{- if $w.prefetchNewVersions }}
             # Same as --registry-redis-url, kept out of the command line (it holds the password).
             {{- include "preft-serve.redisEnv" (dict "root" $root "var" "PREFT_WORKER_REGISTRY_REDIS_URL") | nindent 12 }}

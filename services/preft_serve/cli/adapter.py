@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from preft_serve.adapters.format import CONFIG_FILE, WEIGHTS_FILE, AdapterMode, file_digest
-from preft_serve.cli.client import CliError, ProgressFile, Registry
+from preft_serve.cli.client import CliError, ProgressFile, Registry, add_paging_options, list_pages
 from preft_serve.cli.evaluation import add_evaluation_parsers
 from preft_serve.cli.helptext import with_examples
 from preft_serve.cli.ids import adapter_name
@@ -111,15 +111,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
-    items: list[Any] = []
-    cursor = args.cursor
-    while True:
-        params = {"limit": args.limit, **({"cursor": cursor} if cursor else {})}
-        page = reg.call("GET", "/v1/adapters", params=params)
-        items += page["items"]
-        cursor = page["next_cursor"]
-        if cursor is None or not args.all:
-            return {"items": items, "next_cursor": cursor}
+    return list_pages(reg, "/v1/adapters", args)
 
 
 def cmd_download(reg: Registry, args: argparse.Namespace) -> Any:
@@ -249,9 +241,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
     )
     conv.set_defaults(local=cmd_convert)
     ls = leaf(a_sub, "list", "List your adapters", cmd_list)
-    ls.add_argument("--limit", type=int, default=100, help="page size (default 100)")
-    ls.add_argument("--all", action="store_true", help="fetch every page")
-    ls.add_argument("--cursor", help="the page after this cursor (a list's next_cursor)")
+    add_paging_options(ls)
     show = leaf(
         a_sub,
         "show",

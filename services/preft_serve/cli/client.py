@@ -232,3 +232,29 @@ def _refusal(resp: httpx.Response) -> CliError:
         message = clip(" ".join(text.split()), 300) or resp.reason_phrase
         error = error_body(resp.status_code, message, code=f"http_{resp.status_code}")["error"]
     return CliError(message, status=resp.status_code, error=error)
+
+
+def list_pages(
+    reg: Registry, path: str, args: Any, params: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A cursor-paged list (``/v1/adapters``, ``/v1/users``): the page after ``--cursor``
+    of ``--limit`` items, or with ``--all`` every page after it, as one result whose
+    ``next_cursor`` says where the next would start (None: nothing left)."""
+    items: list[Any] = []
+    cursor = args.cursor
+    while True:
+        query = {**(params or {}), "limit": args.limit, **({"cursor": cursor} if cursor else {})}
+        page = reg.call("GET", path, params=query)
+        items += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None or not args.all:
+            return {"items": items, "next_cursor": cursor}
+
+
+def add_paging_options(parser: Any, default_limit: int = 100) -> None:
+    """``--limit``, ``--all`` and ``--cursor`` of a :func:`list_pages` command."""
+    parser.add_argument(
+        "--limit", type=int, default=default_limit, help=f"page size (default {default_limit})"
+    )
+    parser.add_argument("--all", action="store_true", help="fetch every page")
+    parser.add_argument("--cursor", help="the page after this cursor (a list's next_cursor)")

@@ -292,6 +292,8 @@ def render(result: Any, command: str, out: IO[str]) -> None:
         _policy(result, out)
     elif command == "user list":
         print_table(result["items"], ["user", "adapter"], out)
+        if result["next_cursor"]:
+            out.write(f"(more: --cursor {result['next_cursor']}, or --all)\n")
     elif command == "usage show":
         _usage(result, out)
     elif command == "audit show":

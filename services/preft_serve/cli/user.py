@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from preft_serve.cli.client import Registry
+from preft_serve.cli.client import Registry, add_paging_options, list_pages
 from preft_serve.cli.ids import adapter_name, user_id
 
 
 def cmd_list(reg: Registry, args: argparse.Namespace) -> Any:
-    return reg.call("GET", "/v1/users", params={"adapter": args.adapter} if args.adapter else None)
+    return list_pages(reg, "/v1/users", args, {"adapter": args.adapter} if args.adapter else None)
 
 
 def add_parser(groups: Any, leaf: Any) -> None:
@@ -32,6 +32,7 @@ def add_parser(groups: Any, leaf: Any) -> None:
     ).add_argument("user", type=user_id)
     ls = leaf(u_sub, "list", "List bound users and their adapters", cmd_list)
     ls.add_argument("--adapter", help="only the users bound to this adapter")
+    add_paging_options(ls, default_limit=1000)
     leaf(
         u_sub,
         "unbind",

@@ -17,6 +17,7 @@ from starlette.background import BackgroundTask
 from preft_serve.common.access_log import request_id_of
 from preft_serve.common.errors import ServiceUnavailable
 from preft_serve.common.registry_client import split_pinned
+from preft_serve.common.tenant_xarg import with_tenant
 from preft_serve.common.version_split import Variant, pick
 from preft_serve.gateway.handoff import FirstToken, Handoff, unified_reason
 from preft_serve.gateway.prompt_count import count_prompt
@@ -59,6 +60,8 @@ async def _serve(
     output_tokens = validate_body(body, chat=chat, caps=state.caps)
     target = await admit(state, record, request, body, output_tokens)
     body["model"] = target.worker_model
+    if target.classic is not None:  # the worker bounds each tenant's classic slots
+        with_tenant(body, record.tenant)
     if state.decode_pool is not None:
         reason = unified_reason(body, chat, target)
         if reason is None:

@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 
 from preft_serve.common.access_log import request_id_of
 from preft_serve.common.errors import BadRequest
+from preft_serve.common.tenant_xarg import with_tenant
 from preft_serve.gateway.completion_handler import admit, answer_whole
 from preft_serve.gateway.deps import authenticate
 from preft_serve.gateway.prompt_count import count_prompt
@@ -95,6 +96,8 @@ async def _serve(state: GatewayState, record: RequestRecord, request: Request) -
     check_tools(body, state.settings.tool_calling)
     target = await admit(state, record, request, body, output_tokens)
     body["model"] = target.worker_model
+    if target.classic is not None:  # the worker bounds each tenant's classic slots
+        with_tenant(body, record.tenant)
     upstream = await open_upstream(
         state.calls,
         state.pool,

@@ -240,17 +240,16 @@ class WorkerPool:
                 "workers, its most; retry shortly"
             )
         healthy = self.healthy()
+        up = set(healthy)
         ranked = _cached_order(key, tuple(self.status))  # filtering keeps its order
+        favourite = next(w for w in ranked if w in up)
         if classic is not None and self.classic.limit:
             ranked = tuple(w for w in ranked if not self.classic.full(w, classic))
-            if not ranked:
+            if not any(w in up for w in ranked):  # a worker that looks down is no way out
                 raise self.classic.refusal()
-        up = set(healthy)
         order = [w for w in ranked if w in up]
         cap = self.cap(healthy)
         down = [w for w in ranked if w not in up]
-        if not order:  # every worker left looks down: trying beats a 503
-            order, down = down, []
         k = self.replicas(key, len(order))
         if k > 1 and (spread := [w for w in order[:k] if self.status[w].load < cap]):
             first = self._least_loaded(
@@ -259,9 +258,9 @@ class WorkerPool:
             if key in self.status[first].resident:
                 result = RouteResult.RESIDENT
             else:
-                result = RouteResult.PREFERRED if first == order[0] else RouteResult.REPLICA
+                result = RouteResult.PREFERRED if first == favourite else RouteResult.REPLICA
             return Choice(
-                [first, *(w for w in order if w != first), *down], order[0], result, classic
+                [first, *(w for w in order if w != first), *down], favourite, result, classic
             )
         under = [w for w in order if self.status[w].load < cap] or order
         slack = (
@@ -276,8 +275,8 @@ class WorkerPool:
         if warm:
             result = RouteResult.RESIDENT
         else:
-            result = RouteResult.PREFERRED if first == order[0] else RouteResult.SPILL
-        return Choice([first, *(w for w in order if w != first), *down], order[0], result, classic)
+            result = RouteResult.PREFERRED if first == favourite else RouteResult.SPILL
+        return Choice([first, *(w for w in order if w != first), *down], favourite, result, classic)
 
     def replicas(self, key: str, workers: int) -> int:
         """How many workers ``key`` is spread over (counting this request toward its

@@ -216,12 +216,11 @@ class GatewaySettings(ServiceSettings):
         3,
         ge=0,
         description="Most adapters applied to every token (mode 'all') one tenant may "
-        "have requests open to on one worker; each keeps one of the worker's adapter "
-        "slots until its answer ends. A request past it goes to the next worker of its "
-        "adapter's order, and where every worker is full gets 429 "
-        "too_many_classic_adapters. The default is half the classic slots of a worker "
-        "with --max-loras 8 (6 of 8; PREFT_WORKER_PREFILL_RESERVED_SLOTS keeps 2). "
-        "0 = no limit",
+        "have requests open to on one worker, counted by this replica. A request past it "
+        "goes to the next worker of its adapter's order, and where every worker is full "
+        "gets 429 too_many_classic_adapters, rather than wait at a worker that holds it "
+        "back (the workers bound each tenant's classic slots themselves: "
+        "PREFT_WORKER_TENANT_CLASSIC_SLOTS, 3 of 8). 0 = no limit",
     )
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0)

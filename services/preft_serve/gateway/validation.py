@@ -22,6 +22,7 @@ import orjson
 from preft_serve.common.adapter_boundary import ADAPTER_TOKENS_XARG
 from preft_serve.common.errors import BadRequest
 from preft_serve.common.jsondepth import json_nests_deeper
+from preft_serve.common.tenant_xarg import TENANT_XARG
 from preft_serve.gateway import body_rules
 from preft_serve.gateway.body_rules import (
     MAX_ALLOWED_TOKEN_IDS,
@@ -402,9 +403,15 @@ def _check_fields(body: dict[str, Any]) -> None:
 # request's prompt KV) and are set by the gateway between its prefill and decode workers.
 # The adapter boundary (``common.adapter_boundary``) is the gateway's own: its evaluation
 # runner sets it to score an expected answer; a client setting it would change what a
-# served adapter computes.
+# served adapter computes. So is the tenant (``common.tenant_xarg``): a client naming
+# another tenant would spend that tenant's share of a worker's adapter slots.
 WORKER_INTERNAL_FIELDS = ("kv_transfer_params", "ec_transfer_params")
-WORKER_INTERNAL_XARGS = (*WORKER_INTERNAL_FIELDS, "kv_cache_report_mode", ADAPTER_TOKENS_XARG)
+WORKER_INTERNAL_XARGS = (
+    *WORKER_INTERNAL_FIELDS,
+    "kv_cache_report_mode",
+    ADAPTER_TOKENS_XARG,
+    TENANT_XARG,
+)
 XARGS = "vllm_xargs"
 GATEWAY_XARGS: ContextVar[frozenset[str]] = ContextVar("gateway_xargs", default=frozenset())
 """Worker-internal xargs that requests sent from this task may carry: the gateway's own

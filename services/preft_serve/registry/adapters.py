@@ -54,6 +54,7 @@ from preft_serve.registry.serving_policy import (
 )
 from preft_serve.registry.transfers import EXPORT_SLACK_BYTES, hold_scratch
 from preft_serve.registry.txn import Redis, transact
+from preft_serve.registry.user_index import queue_unindexed
 from preft_serve.registry.validation import (
     BaseModelSpec,
     UploadBounds,
@@ -483,6 +484,7 @@ class AdapterService:
             pipe.multi()
             uncount_users(pipe, count_key, bound, len(users))
             pipe.delete(k.adapter(tenant, name), k.versions(tenant, name), users_key)
+            queue_unindexed(pipe, k, tenant, *users)
             pipe.zrem(k.adapters(tenant), name)
             for user in users:
                 pipe.delete(k.binding(tenant, user))

@@ -27,6 +27,7 @@ from preft_serve.registry.names import (
 )
 from preft_serve.registry.schemas import BindingOut, UserBinding
 from preft_serve.registry.txn import Redis, transact
+from preft_serve.registry.user_index import ensure_index, page, queue_indexed, queue_unindexed
 
 
 def queue_binding(
@@ -45,6 +46,7 @@ def queue_binding(
         pipe.srem(keys.adapter_users(tenant, old), user)
     else:
         pipe.incr(keys.bound_users(tenant))
+        queue_indexed(pipe, keys, tenant, user)
     pipe.sadd(keys.adapter_users(tenant, adapter), user)
     queue_event(
         pipe,
@@ -138,6 +140,7 @@ class BindingService:
             pipe.multi()
             pipe.delete(binding_key)
             pipe.srem(k.adapter_users(tenant, old), user)
+            queue_unindexed(pipe, k, tenant, user)
             uncount_users(pipe, count_key, bound, 1)
             queue_event(
                 pipe,
@@ -148,25 +151,16 @@ class BindingService:
 
         transact(self.redis, txn, binding_key, count_key)
 
-    def list(self, tenant: str, adapter: str | None = None) -> list[UserBinding]:
-        """Every bound user of the tenant, or of one adapter, sorted by user id."""
-        k = self.keys
+    def list(
+        self, tenant: str, limit: int, cursor: str | None = None, adapter: str | None = None
+    ) -> tuple[list[UserBinding], str | None]:
+        """A page of the tenant's bound users, or of one adapter's, by user id, and the
+        next page's cursor (``user_index``)."""
+        if cursor is not None:
+            check_user_id(cursor)
         if adapter is not None:
             check_adapter_name(adapter)
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.exists(k.adapter(tenant, adapter))
-            pipe.smembers(k.adapter_users(tenant, adapter))
-            exists, users = pipe.execute()
-            if not exists:
+            if not self.redis.exists(self.keys.adapter(tenant, adapter)):
                 raise NotFound(f"adapter {shown(adapter)} does not exist")
-            return [UserBinding(user=u, adapter=adapter) for u in sorted(users)]
-        names = self.redis.zrange(k.adapters(tenant), 0, -1)
-        pipe = self.redis.pipeline(transaction=True)
-        for name in names:
-            pipe.smembers(k.adapter_users(tenant, name))
-        found = [
-            UserBinding(user=u, adapter=name)
-            for name, users in zip(names, pipe.execute())
-            for u in users
-        ]
-        return sorted(found, key=lambda b: b.user)
+        ensure_index(self.redis, self.keys, tenant)
+        return page(self.redis, self.keys, tenant, limit, cursor, adapter)

@@ -233,8 +233,11 @@ class UserBinding(BaseModel):
     adapter: str
 
 
-class UserList(BaseModel):
+class UserPage(BaseModel):
     items: list[UserBinding]
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null on the last page"
+    )
 
 
 class UsageModel(BaseModel):

@@ -80,6 +80,16 @@ class WorkerSettings(BaseSettings):
         "where it is 2 or more; 0 = none, as stock vLLM",
     )
 
+    tenant_classic_slots: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="Of the slots adapters applied to every token may take, how many one "
+        "tenant's may hold at once (the tenant the gateway names in the request), so one "
+        "tenant's long answers cannot hold every classic slot; unset = half of them, at "
+        "least 1; 0 = no per-tenant limit",
+    )
+
     def preload_share_gil(self) -> GilYield | None:
         return GilYield(pause_s=self.preload_pause_us / 1e6) if self.preload_pause_us else None
 

@@ -201,6 +201,12 @@ class RegistryKeys:
     def bound_users(self, tenant: str) -> str:  # STRING count of bindings (the tenant's cap)
         return f"{self.tenant(tenant)}:bound_users"
 
+    def user_index(self, tenant: str) -> str:  # ZSET bound user ids, score 0: paged by id
+        return f"{self.tenant(tenant)}:user_index"
+
+    def user_index_complete(self, tenant: str) -> str:  # STRING, once older bindings are in
+        return f"{self.tenant(tenant)}:user_index_complete"
+
     def blob(self, sha256: str) -> str:  # HASH sha256 type mode rank base_model size_bytes gen
         return f"{self.ns}:blob:{_part(sha256, is_digest, 'content hash')}"
 

@@ -12,9 +12,9 @@ from preft_serve.common.errors import error_responses
 from preft_serve.registry.audit_deps import TenantAuditDep
 from preft_serve.registry.bindings import BindingService
 from preft_serve.registry.deps import BindingsDep, PrincipalDep
-from preft_serve.registry.names import ADAPTER_PATTERN
+from preft_serve.registry.names import ADAPTER_PATTERN, USER_PATTERN
 from preft_serve.registry.routers.path_params import UserPath
-from preft_serve.registry.schemas import BindingIn, BindingOut, UserList
+from preft_serve.registry.schemas import BindingIn, BindingOut, UserPage
 
 router = APIRouter(prefix="/v1/users", tags=["users"])
 
@@ -27,20 +27,30 @@ def _bound_to(bindings: BindingService, tenant: str, user: str) -> str | None:
         return None
 
 
-@router.get("", response_model=UserList, responses=error_responses(400, 401, 403, 404))
+@router.get("", response_model=UserPage, responses=error_responses(400, 401, 403, 404))
 def list_users(
     principal: PrincipalDep,
     bindings: BindingsDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[
+        str | None,
+        Query(
+            description="next_cursor of the previous page (a user id)",
+            json_schema_extra={"pattern": USER_PATTERN},
+        ),
+    ] = None,
     adapter: Annotated[
         str | None,
         Query(
-            description="Only the users bound to this adapter",
+            description="Only the users bound to this adapter (a page then reads at most "
+            "ten times limit users, so it may hold fewer than limit before the last)",
             json_schema_extra={"pattern": ADAPTER_PATTERN},
         ),
     ] = None,
-) -> UserList:
-    """Your bound users and their adapters, by user id."""
-    return UserList(items=bindings.list(principal.tenant, adapter))
+) -> UserPage:
+    """Your bound users and their adapters, a page at a time by user id."""
+    items, next_cursor = bindings.list(principal.tenant, limit, cursor, adapter)
+    return UserPage(items=items, next_cursor=next_cursor)
 
 
 @router.put("/{user_id}", response_model=BindingOut, responses=error_responses(400, 401, 403, 404))

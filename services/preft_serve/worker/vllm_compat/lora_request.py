@@ -5,7 +5,8 @@ vLLM carries only the name, the int id and the path of an adapter to the schedul
 runner; whether it is prefill-only or applied by the ReFT runtime is read from its
 directory (:mod:`preft_serve.worker.adapter_info`), keyed by id and path. Where a
 request's adapter stops is read from its ``SamplingParams.extra_args``
-(:mod:`preft_serve.common.adapter_boundary`).
+(:mod:`preft_serve.common.adapter_boundary`), and whose request it is from the same
+(:mod:`preft_serve.common.tenant_xarg`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from preft_serve.adapters.families import Runtime
 from preft_serve.common.adapter_boundary import adapter_boundary
+from preft_serve.common.tenant_xarg import tenant_of
 from preft_serve.worker.adapter_info import ADAPTER_INFO, AdapterInfo
 from preft_serve.worker.token_mapping import adapter_end
 
@@ -48,6 +50,12 @@ def adapter_end_of(request: Any) -> int:
     params = request.sampling_params
     boundary = adapter_boundary(params.extra_args) if params is not None else None
     return adapter_end(int(request.num_prompt_tokens), boundary)
+
+
+def tenant_of_request(request: Any) -> str | None:
+    """The tenant the gateway named in a scheduler ``Request``'s ``sampling_params``."""
+    params = request.sampling_params
+    return tenant_of(params.extra_args) if params is not None else None
 
 
 def adapter_ends(

@@ -7,13 +7,13 @@ Relies on:
   are computed outside ``schedule()``). A prefill-only adapter whose prompt is computed
   needs no slot, so its ``lora_request`` is hidden from that count for the call (as is one
   past its adapter boundary: ``Request.sampling_params.extra_args``). ``Scheduler.running``
-  is read before each call for the classic adapters holding slots
-  (:mod:`preft_serve.worker.decode_slots`).
+  is read before each call for the classic adapters holding slots, and each request's
+  tenant from ``Request.sampling_params.extra_args`` (:mod:`preft_serve.worker.decode_slots`).
 - ``Scheduler._handle_blocked_waiting_request``: the hook vLLM uses to skip a waiting request
   for a step (grammars, remote KV). The parse gate
   (:mod:`preft_serve.worker.adapter_tiers.parse_gate`) skips a request whose adapter the
   worker cannot yet run unparsed, while the worker parses it ahead; a classic adapter's
-  request is skipped while classic adapters hold every slot they may
+  request is skipped while classic adapters, or its tenant's, hold every slot they may
   (:mod:`preft_serve.worker.decode_slots`).
 - ``Scheduler.update_from_output`` and ``grammar_compile_error_reqs``: the set it finishes
   with ``FINISHED_ERROR`` (and outputs) for requests that fail before running; a request
@@ -31,13 +31,14 @@ from typing import Any
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from preft_serve.worker.adapter_tiers.parse_gate import AdapterGate
-from preft_serve.worker.decode_slots import DecodeSlots, reserved_slots
+from preft_serve.worker.decode_slots import DecodeSlots, reserved_slots, tenant_slots
 from preft_serve.worker.settings import WorkerSettings
 from preft_serve.worker.token_mapping import in_prompt_phase
 from preft_serve.worker.vllm_compat.lora_request import (
     adapter_end_of,
     adapter_info_of,
     adapter_kinds,
+    tenant_of_request,
 )
 
 ANNOUNCE_ATTR = "preft_announce"
@@ -58,7 +59,7 @@ class PreftSchedulerMixin:
     lora_config: Any
     running: list[Any]
     adapter_gate: AdapterGate
-    decode_slots: DecodeSlots | None  # None: no LoRA, or no slot reserved
+    decode_slots: DecodeSlots | None  # None: no LoRA, or no limit under max_loras
     grammar_compile_error_reqs: set[str]  # vLLM's; see update_from_output
     _adapter_failed_reqs: set[str]  # waiting requests whose adapter cannot be read
 
@@ -70,9 +71,10 @@ class PreftSchedulerMixin:
         self.decode_slots = None
         if self.lora_config:
             max_loras = self.lora_config.max_loras
-            reserved = reserved_slots(max_loras, settings.prefill_reserved_slots)
-            if reserved:
-                self.decode_slots = DecodeSlots(max_loras, reserved)
+            classic = max_loras - reserved_slots(max_loras, settings.prefill_reserved_slots)
+            per_tenant = tenant_slots(classic, settings.tenant_classic_slots)
+            if classic < max_loras or per_tenant < classic:
+                self.decode_slots = DecodeSlots(classic, per_tenant)
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         """vLLM skips a waiting request for this step when this says False (it does so for
@@ -88,7 +90,9 @@ class PreftSchedulerMixin:
         if not self.adapter_gate.admit(lora.lora_int_id, lora):
             return False
         slots = self.decode_slots
-        return slots is None or adapter_kinds(lora)[1] or slots.admit(lora.lora_int_id)
+        if slots is None or adapter_kinds(lora)[1]:
+            return True
+        return slots.admit(lora.lora_int_id, tenant_of_request(request))
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         self.adapter_gate.on_step(getattr(model_runner_output, REPORT_ATTR, None))
@@ -108,7 +112,7 @@ class PreftSchedulerMixin:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
         if self.decode_slots is not None:
             self.decode_slots.begin_step(
-                request.lora_request.lora_int_id
+                (request.lora_request.lora_int_id, tenant_of_request(request))
                 for request in self.running
                 if request.lora_request is not None
                 and adapter_kinds(request.lora_request) == (False, False)

@@ -1,18 +1,22 @@
-// Users: the tenant's bindings, searched and paged here, bound and unbound through
-// /v1/users.
+// Users: the tenant's bindings, bound and unbound through /v1/users. The registry
+// answers a page of bindings at a time (by user id); the first page is loaded and "Load
+// more" appends the next, and the search and pages here cover what is loaded.
 
 import * as api from "../api.js";
 import { h, fill, field, table, notices, confirmDialog } from "../dom.js";
 
 const PAGE = 25;
+const FETCH = 1000; // bindings asked of the registry at once (its most)
 
 export function render(view, _params, alive) {
   const note = notices();
   let bindings = [];
+  let cursor = null; // where the registry's next page starts; null: all loaded
   let page = 0;
   const search = h("input", { type: "search", name: "search", autocomplete: "off" });
   const body = h("div", {}, h("p", { class: "loading" }, "Loading bindings…"));
   const pager = h("div", { class: "row" });
+  const more = h("div", { class: "row" });
   const user = h("input", { name: "user-id", required: true, autocomplete: "off", maxlength: "128" });
   const adapter = h("input", { name: "adapter", required: true, autocomplete: "off", list: "adapter-names" });
   const names = h("datalist", { id: "adapter-names" });
@@ -33,6 +37,7 @@ export function render(view, _params, alive) {
     h("div", { class: "row" }, field("Search user or adapter", search)),
     body,
     pager,
+    more,
   );
 
   function draw() {
@@ -71,7 +76,18 @@ export function render(view, _params, alive) {
       page += 1;
       draw();
     });
-    fill(pager, prev, h("span", { class: "muted" }, `Page ${page + 1} of ${pages} (${shown.length} bindings)`), next);
+    const counted = cursor ? `${shown.length} of the bindings loaded` : `${shown.length} bindings`;
+    fill(pager, prev, h("span", { class: "muted" }, `Page ${page + 1} of ${pages} (${counted})`), next);
+    if (!cursor) {
+      fill(more);
+      return;
+    }
+    const button = h("button", { type: "button", class: "secondary" }, "Load more bindings");
+    button.addEventListener("click", () => {
+      button.disabled = true;
+      fetchPage(cursor);
+    });
+    fill(more, h("span", { class: "muted" }, "The search covers the bindings loaded. "), button);
   }
   search.addEventListener("input", () => {
     page = 0;
@@ -93,16 +109,21 @@ export function render(view, _params, alive) {
     load();
   });
 
-  async function load() {
+  function load() {
+    return fetchPage(null);
+  }
+  async function fetchPage(after) {
     let answer;
     try {
-      answer = await api.call("GET", "/v1/users");
+      const query = after ? { limit: FETCH, cursor: after } : { limit: FETCH };
+      answer = await api.call("GET", "/v1/users", { query });
     } catch (error) {
       if (alive()) fill(body), note.fail(error);
       return;
     }
     if (!alive()) return;
-    bindings = answer.items;
+    bindings = after ? bindings.concat(answer.items) : answer.items;
+    cursor = answer.next_cursor;
     draw();
   }
   async function loadNames() {
