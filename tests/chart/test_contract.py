@@ -186,8 +186,8 @@ def test_worker_launcher_accepts_the_command_line(
     share = tenant_slots(classic, settings.tenant_classic_slots)
     assert 0 < share < classic  # one tenant never holds every classic slot
     gateway = service_env(rendered, "gateway", "PREFT_GATEWAY_")
-    # The gateway spills a tenant's classic adapters before a worker would hold them back.
-    assert 0 < int(gateway["PREFT_GATEWAY_TENANT_CLASSIC_ADAPTERS_PER_WORKER"]) <= share
+    # The gateway spills a tenant's classic adapters where a worker would hold them back.
+    assert int(gateway["PREFT_GATEWAY_TENANT_CLASSIC_ADAPTERS_PER_WORKER"]) == share
     assert settings.registry_redis_url is not None  # hot-swap prefetch
     assert settings.adapter_cache_bytes == int(args.adapter_cache_gib * (1 << 30))
     assert all(a.startswith("--") for a in passthrough)

@@ -48,6 +48,7 @@ def test_cross_field_problems_are_reported_together(render_error: Callable[..., 
             "registry.modelConfig": "not json",
             "worker.gpu.count": "0",
             "worker.maxLoras": "2",
+            "worker.prefillReservedSlots": "2",
             "worker.tenantClassicSlots": "7",
             "gateway.tenantClassicAdaptersPerWorker": "8",
         },
@@ -64,7 +65,7 @@ def test_cross_field_problems_are_reported_together(render_error: Callable[..., 
         "registry.modelConfig must be the base model's config.json",
         "worker.gpu.count must be at least 1 when worker.device=gpu",
         "worker.prefillReservedSlots (2) must be below worker.maxLoras (2)",
-        "gateway.tenantClassicAdaptersPerWorker (8) must not exceed worker.tenantClassicSlots (7)",
+        "gateway.tenantClassicAdaptersPerWorker (8) must not exceed the workers' per-tenant share",
     ]:
         assert expected in message
 
@@ -73,6 +74,11 @@ def test_one_tenant_cannot_be_given_every_classic_slot(render_error: Callable[..
     message = render_error([], {"worker.maxLoras": "8", "worker.tenantClassicSlots": "6"})
     assert "worker.tenantClassicSlots (6) must be below worker.maxLoras" in message
     assert "prefillReservedSlots (6)" in message
+    # The gateway's limit may not exceed the workers' share (half of 3 classic slots: 1).
+    sets = {"worker.maxLoras": "4", "gateway.tenantClassicAdaptersPerWorker": "2"}
+    message = render_error([], sets)
+    assert "gateway.tenantClassicAdaptersPerWorker (2) must not exceed" in message
+    assert "share of classic slots (1," in message
 
 
 def test_autoscaling_bounds_are_checked(render_error: Callable[..., str]) -> None:

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from preft_serve.common.adapter_boundary import ADAPTER_TOKENS_XARG
+from preft_serve.common.tenant_xarg import TENANT_XARG
 from preft_serve.gateway.app import create_app
 from preft_serve.gateway.settings import GatewaySettings
 from tests.support.gateway import AUTH, MSGS, FakeRegistry, Workers, message
@@ -218,6 +219,7 @@ def test_clients_cannot_name_kv_blocks(client: TestClient, workers: Workers) -> 
         {"ec_transfer_params": {"x": 1}},
         {"kv_cache_report_mode": "all"},
         {ADAPTER_TOKENS_XARG: 3},  # the evaluation gate's adapter boundary
+        {TENANT_XARG: "someone-else"},  # whose share of a worker's adapter slots
     ],
 )
 def test_clients_cannot_reach_worker_internal_fields_through_vllm_xargs(
@@ -293,3 +295,18 @@ def test_a_request_id_in_the_body_is_refused_for_the_header(
         "X-Request-Id header",
         code="unsupported_parameter",
     )
+
+
+def test_beam_search_is_refused_before_any_worker(client: TestClient, workers: Workers) -> None:
+    """vLLM runs it as new requests with the beams' tokens in the prompt, where a
+    prefill-only adapter would apply to them."""
+    for reply in (
+        chat(client, use_beam_search=True),
+        complete(client, prompt="hi", use_beam_search=True),
+    ):
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (error["code"], error["param"]) == ("unsupported_parameter", "use_beam_search")
+        assert "ask for several sampled answers with 'n'" in error["message"]
+    assert workers.seen == []
+    assert chat(client, use_beam_search=False).status_code == 200

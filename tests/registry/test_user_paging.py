@@ -6,10 +6,11 @@ users are listed; an index entry whose binding is gone is never listed."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from preft_serve.common.registry_client import RegistryKeys
-from preft_serve.registry.user_index import SCAN_FACTOR
+from preft_serve.registry.user_index import RECHECK_S, SCAN_FACTOR
 from tests.support.registry_api import create_tenant, upload
 
 
@@ -28,6 +29,22 @@ def _pages(client: Any, headers: dict[str, str], **params: Any) -> list[dict[str
         cursor = pages[-1]["next_cursor"]
         if cursor is None:
             return pages
+
+
+def test_a_page_past_many_removed_ids_ends_early_with_a_cursor(
+    client, acme, lora_dir, redis_client, namespace
+) -> None:
+    keys = RegistryKeys(namespace)
+    assert upload(client, acme, "a", lora_dir).status_code == 201
+    _bind(client, acme, "zed", "a")
+    client.get("/v1/users", headers=acme)
+    ghosts = {f"ghost-{i:02d}": 0 for i in range(25)}  # ids whose bindings are gone
+    redis_client.zadd(keys.user_index("acme"), ghosts)
+    first = client.get("/v1/users", params={"limit": 2}, headers=acme).json()
+    assert first == {"items": [], "next_cursor": "ghost-19"}  # read 2 x SCAN_FACTOR
+    rest = client.get("/v1/users", params={"limit": 2, "cursor": "ghost-19"}, headers=acme)
+    assert rest.json() == {"items": [{"user": "zed", "adapter": "a"}], "next_cursor": None}
+    assert redis_client.zrange(keys.user_index("acme"), 0, -1) == ["zed"]
 
 
 def test_pages_follow_user_ids_and_every_change(client, acme, lora_dir, lora_dir2) -> None:
@@ -81,8 +98,60 @@ def test_bindings_made_before_the_index_are_listed(
     redis_client.delete(keys.user_index("acme"), keys.user_index_complete("acme"))
     pages = _pages(client, acme, limit=2)
     assert [[b["user"] for b in p["items"]] for p in pages] == [["alice", "bob"], ["carol"]]
-    assert redis_client.get(keys.user_index_complete("acme")) == "1"
+    assert redis_client.get(keys.user_index_complete("acme")) is not None
     assert redis_client.zrange(keys.user_index("acme"), 0, -1) == ["alice", "bob", "carol"]
+
+
+def test_bindings_an_older_registry_makes_later_are_listed(
+    client, acme, lora_dir, lora_dir2, redis_client, namespace
+) -> None:
+    """During a rolling update a registry of the older version binds users without the
+    index (and counts them): once the index holds fewer users than the count it is filled
+    again, at most every RECHECK_S; a rebind puts a lost entry back at once."""
+    keys = RegistryKeys(namespace)
+    for name, folder in (("a", lora_dir), ("b", lora_dir2)):
+        assert upload(client, acme, name, folder).status_code == 201
+    _bind(client, acme, "alice", "a")
+    client.get("/v1/users", headers=acme)  # the index is complete
+    for user in ("dave", "erin"):  # as the older registry writes them
+        redis_client.set(keys.binding("acme", user), "a")
+        redis_client.sadd(keys.adapter_users("acme", "a"), user)
+        redis_client.incr(keys.bound_users("acme"))
+
+    def listed() -> list[str]:
+        return [b["user"] for b in client.get("/v1/users", headers=acme).json()["items"]]
+
+    assert listed() == ["alice"]  # filled again at most every RECHECK_S
+    redis_client.set(keys.user_index_complete("acme"), str(time.time() - RECHECK_S - 1))
+    assert listed() == ["alice", "dave", "erin"]
+    redis_client.zrem(keys.user_index("acme"), "erin")  # an entry lost
+    _bind(client, acme, "erin", "b")  # a rebind adds it back
+    assert listed() == ["alice", "dave", "erin"]
+
+
+def test_a_user_bound_while_a_page_reads_is_not_dropped(
+    client, acme, lora_dir, redis_client, namespace, monkeypatch
+) -> None:
+    """A page drops ids whose binding it read as gone; the drop checks again, so a user
+    bound between the read and the drop keeps its entry."""
+    keys = RegistryKeys(namespace)
+    assert upload(client, acme, "a", lora_dir).status_code == 201
+    for user in ("alice", "bob"):
+        _bind(client, acme, user, "a")
+    client.get("/v1/users", headers=acme)
+    registry_redis = client.app.state.registry.bindings.redis
+    mget = registry_redis.mget
+
+    def read_before_bob_was_bound(names: list[str]) -> list[str | None]:
+        return [
+            None if name == keys.binding("acme", "bob") else value
+            for name, value in zip(names, mget(names), strict=True)
+        ]
+
+    monkeypatch.setattr(registry_redis, "mget", read_before_bob_was_bound)
+    assert [b["user"] for b in client.get("/v1/users", headers=acme).json()["items"]] == ["alice"]
+    monkeypatch.undo()
+    assert redis_client.zrange(keys.user_index("acme"), 0, -1) == ["alice", "bob"]
 
 
 def test_an_index_entry_without_a_binding_is_dropped(

@@ -73,7 +73,7 @@ Each entry is a Kubernetes EnvVar plus one field the rendered pod spec does not 
   value: {{ $g.tenantColdLoads | quote }}
   set: gateway.tenantColdLoads
 - name: PREFT_GATEWAY_TENANT_CLASSIC_ADAPTERS_PER_WORKER
-  value: {{ $g.tenantClassicAdaptersPerWorker | quote }}
+  value: {{ ternary (include "preft-serve.tenantClassicShare" .) $g.tenantClassicAdaptersPerWorker (kindIs "invalid" $g.tenantClassicAdaptersPerWorker) | quote }}
   set: gateway.tenantClassicAdaptersPerWorker
 - name: PREFT_GATEWAY_BASE_MODEL_NAME
   value: {{ .Values.model.name | quote }}

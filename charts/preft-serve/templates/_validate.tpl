@@ -28,16 +28,17 @@ reported at once, each with its fix, so one `helm install` run shows everything 
 {{- end -}}
 {{- end -}}
 
-{{- if ge (int $v.worker.prefillReservedSlots) (int $v.worker.maxLoras) -}}
+{{- if and (not (kindIs "invalid" $v.worker.prefillReservedSlots)) (ge (int $v.worker.prefillReservedSlots) (int $v.worker.maxLoras)) -}}
 {{- $errors = append $errors (printf "worker.prefillReservedSlots (%v) must be below worker.maxLoras (%v), or adapters applied to every token never get a slot and the workers refuse to start; lower it (0 reserves none)" $v.worker.prefillReservedSlots $v.worker.maxLoras) -}}
 {{- end -}}
 
-{{- $classic := sub (int $v.worker.maxLoras) (int $v.worker.prefillReservedSlots) -}}
-{{- if and (gt (int $v.worker.tenantClassicSlots) 0) (ge (int $v.worker.tenantClassicSlots) (int $classic)) (gt (int $classic) 1) -}}
+{{- $classic := sub (int $v.worker.maxLoras) (include "preft-serve.prefillReservedSlots" . | int) -}}
+{{- if and (not (kindIs "invalid" $v.worker.tenantClassicSlots)) (gt (int $v.worker.tenantClassicSlots) 0) (ge (int $v.worker.tenantClassicSlots) (int $classic)) (gt (int $classic) 1) -}}
 {{- $errors = append $errors (printf "worker.tenantClassicSlots (%v) must be below worker.maxLoras - worker.prefillReservedSlots (%v), or one tenant's long answers can hold every slot of adapters applied to every token; lower it (0 turns the per-tenant limit off)" $v.worker.tenantClassicSlots $classic) -}}
 {{- end -}}
-{{- if and (gt (int $v.gateway.tenantClassicAdaptersPerWorker) (int $v.worker.tenantClassicSlots)) (gt (int $v.worker.tenantClassicSlots) 0) -}}
-{{- $errors = append $errors (printf "gateway.tenantClassicAdaptersPerWorker (%v) must not exceed worker.tenantClassicSlots (%v): the gateway would send a tenant's adapters to workers that hold them back" $v.gateway.tenantClassicAdaptersPerWorker $v.worker.tenantClassicSlots) -}}
+{{- $share := include "preft-serve.tenantClassicShare" . | int -}}
+{{- if and (not (kindIs "invalid" $v.gateway.tenantClassicAdaptersPerWorker)) (gt (int $v.gateway.tenantClassicAdaptersPerWorker) $share) -}}
+{{- $errors = append $errors (printf "gateway.tenantClassicAdaptersPerWorker (%v) must not exceed the workers' per-tenant share of classic slots (%v, worker.tenantClassicSlots): the gateway would send a tenant's adapters to workers that hold them back" $v.gateway.tenantClassicAdaptersPerWorker $share) -}}
 {{- end -}}
 
 {{- if $v.gateway.pdb.enabled -}}
@@ -188,3 +189,37 @@ A Kubernetes quantity ("6Gi", "7G", "512Mi", "1073741824") as a number of bytes 
 {{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
 {{- mulf (float64 $number) (get $units (trimPrefix $number $quantity)) -}}
 {{- end -}}
+
+{{/*
+The workers' per-tenant share of the slots classic adapters may take, as
+preft_serve.worker.decode_slots.tenant_slots computes it: worker.tenantClassicSlots (0: all
+of them), or half of them, at least 1. (root context)
+*/}}
+{{- define "preft-serve.tenantClassicShare" -}}
+{{- $w := .Values.worker -}}
+{{- $classic := max 1 (sub (int $w.maxLoras) (include "preft-serve.prefillReservedSlots" . | int)) -}}
+{{- if kindIs "invalid" $w.tenantClassicSlots -}}
+{{- max 1 (div $classic 2) -}}
+{{- else if gt (int $w.tenantClassicSlots) 0 -}}
+{{- min (int $w.tenantClassicSlots) $classic -}}
+{{- else -}}
+{{- $classic -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The slots the workers keep from classic adapters, as decode_slots.reserved_slots computes
+it: worker.prefillReservedSlots, or a quarter of worker.maxLoras, at least 1 where it is 2 or
+more. (root context)
+*/}}
+{{- define "preft-serve.prefillReservedSlots" -}}
+{{- $w := .Values.worker -}}
+{{- if not (kindIs "invalid" $w.prefillReservedSlots) -}}
+{{- $w.prefillReservedSlots -}}
+{{- else if ge (int $w.maxLoras) 2 -}}
+{{- max 1 (div (int $w.maxLoras) 4) -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end -}}
+

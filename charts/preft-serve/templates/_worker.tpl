@@ -178,10 +178,14 @@ spec:
                   fieldPath: status.podIP
             {{- end }}
             {{- if not $decode }}
+            {{- if not (kindIs "invalid" $w.prefillReservedSlots) }}
             - name: PREFT_WORKER_PREFILL_RESERVED_SLOTS
               value: {{ $w.prefillReservedSlots | quote }}
+            {{- end }}
+            {{- if not (kindIs "invalid" $w.tenantClassicSlots) }}
             - name: PREFT_WORKER_TENANT_CLASSIC_SLOTS
               value: {{ $w.tenantClassicSlots | quote }}
+            {{- end }}
             {{- if $w.prefetchNewVersions }}
             # Same as --registry-redis-url, kept out of the command line (it holds the password).
             {{- include "preft-serve.redisEnv" (dict "root" $root "var" "PREFT_WORKER_REGISTRY_REDIS_URL") | nindent 12 }}

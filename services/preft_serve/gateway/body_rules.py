@@ -139,7 +139,12 @@ SAMPLING_LISTS: dict[str, Rule] = {
         _ids(MAX_ALLOWED_TOKEN_IDS), "The only token ids the output may contain"
     ),
 }
-_GENERATING = {**NAMES, "adapter_id": ADAPTER_ID, "stream": STREAM}
+BEAM_SEARCH = Rule(
+    {"type": ["boolean", "null"], "enum": [False, None]},
+    "Not served (400 unsupported_parameter): vLLM's beam search re-sends the beams' tokens "
+    "as prompt, where a prefill-only adapter would apply to them; use `n`",
+)
+_GENERATING = {**NAMES, "adapter_id": ADAPTER_ID, "stream": STREAM, "use_beam_search": BEAM_SEARCH}
 _COMPLETING = {**_GENERATING, **TOKEN_FIELDS, **CHOICE_FIELDS, **SAMPLING_LISTS}
 
 CHAT: dict[str, Rule] = {

@@ -220,7 +220,8 @@ class GatewaySettings(ServiceSettings):
         "goes to the next worker of its adapter's order, and where every worker is full "
         "gets 429 too_many_classic_adapters, rather than wait at a worker that holds it "
         "back (the workers bound each tenant's classic slots themselves: "
-        "PREFT_WORKER_TENANT_CLASSIC_SLOTS, 3 of 8). 0 = no limit",
+        "PREFT_WORKER_TENANT_CLASSIC_SLOTS, by default half of their classic slots: 3 "
+        "of the 6 that --max-loras 8 leaves them). 0 = no limit",
     )
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0)

@@ -393,6 +393,8 @@ def _check_fields(body: dict[str, Any]) -> None:
             param="request_id",
             code="unsupported_parameter",
         )
+    if body.get("use_beam_search"):
+        raise BadRequest(BEAM_SEARCH_REFUSED, param="use_beam_search", code="unsupported_parameter")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be true or false", param="stream")
 
@@ -405,6 +407,14 @@ def _check_fields(body: dict[str, Any]) -> None:
 # runner sets it to score an expected answer; a client setting it would change what a
 # served adapter computes. So is the tenant (``common.tenant_xarg``): a client naming
 # another tenant would spend that tenant's share of a worker's adapter slots.
+# vLLM runs beam search as one new request per step with each beam's tokens appended to the
+# prompt, built without the request's extra arguments: a prefill-only adapter would be
+# applied to the answer, and the worker would not see the tenant it bounds the slots of.
+BEAM_SEARCH_REFUSED = (
+    "beam search is not served here (a prefill-only adapter would be applied to the beams' "
+    "tokens as if they were prompt); remove 'use_beam_search', or ask for several sampled "
+    "answers with 'n'"
+)
 WORKER_INTERNAL_FIELDS = ("kv_transfer_params", "ec_transfer_params")
 WORKER_INTERNAL_XARGS = (
     *WORKER_INTERNAL_FIELDS,

@@ -7,6 +7,7 @@ the per-adapter user set lets deletion find (and refuse, or remove) bindings.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from preft_serve.common.domain_errors import NotFound, QuotaExceeded
@@ -46,7 +47,7 @@ def queue_binding(
         pipe.srem(keys.adapter_users(tenant, old), user)
     else:
         pipe.incr(keys.bound_users(tenant))
-        queue_indexed(pipe, keys, tenant, user)
+    queue_indexed(pipe, keys, tenant, user)  # a rebind too: it repairs a lost entry
     pipe.sadd(keys.adapter_users(tenant, adapter), user)
     queue_event(
         pipe,
@@ -162,5 +163,5 @@ class BindingService:
             check_adapter_name(adapter)
             if not self.redis.exists(self.keys.adapter(tenant, adapter)):
                 raise NotFound(f"adapter {shown(adapter)} does not exist")
-        ensure_index(self.redis, self.keys, tenant)
+        ensure_index(self.redis, self.keys, tenant, time.time())
         return page(self.redis, self.keys, tenant, limit, cursor, adapter)

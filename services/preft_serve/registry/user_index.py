@@ -7,12 +7,14 @@ tenant listing in a loop kept Redis busy for everyone. The index is a sorted set
 ids, all at score 0, so Redis orders them by id and ``ZRANGE ... BYLEX`` reads the page
 after a cursor in O(log n + page).
 
-Every write that binds a new user or removes a binding keeps the index in the same
-transaction (:mod:`preft_serve.registry.bindings`, adapter and tenant deletes). Bindings
-made before the index existed are added once, the first time the tenant's users are
-listed (:func:`ensure_index`), a few hundred at a time, and a marker records that it was
-done. A binding removed while that runs may be added back to the index; a page drops, and
-removes, every id whose binding no longer exists, so such an entry is never listed.
+Every binding write adds its user to the index and every removal takes it out, in the same
+transaction (:mod:`preft_serve.registry.bindings`, adapter and tenant deletes). Bindings the
+index does not hold (made before it existed, or by a registry of an older version during a
+rolling update) are added by :func:`ensure_index`: the first time a tenant's users are
+listed, and again (at most every ``RECHECK_S``) whenever the index holds fewer users than
+the tenant's count of bound users. An id whose binding is gone (a removal by an older
+registry; a backfill that read a user just unbound) is taken out by the page that meets
+it, atomically with the check, so it is never listed and a user bound meanwhile stays.
 """
 
 from __future__ import annotations
@@ -24,14 +26,28 @@ from preft_serve.registry.schemas import UserBinding
 from preft_serve.registry.txn import Redis
 
 BACKFILL_BATCH = 500
-READ_BATCH = 1000  # index entries read at once with an adapter filter
+RECHECK_S = 600  # least time between two backfills of one tenant that ran for a shortfall
+READ_BATCH = 1000  # index entries a page reads at once with an adapter filter
 SCAN_FACTOR = 10
-"""With an adapter filter, a page reads at most this many index entries per item asked
-for; past that it ends early with a cursor, so a rare adapter's page is bounded work."""
+"""A page reads at most this many index entries per item asked for; past that it ends
+early with a cursor, so a page of a rare adapter's users (or past many stale entries) is
+bounded work."""
+
+# Removes each id (ARGV) whose binding key (KEYS[2..]) does not exist from the index
+# (KEYS[1]), checked and removed at once: a user bound between a page's read and this stays.
+_DROP_UNBOUND = """
+local removed = 0
+for i, user in ipairs(ARGV) do
+  if redis.call('EXISTS', KEYS[i + 1]) == 0 then
+    removed = removed + redis.call('ZREM', KEYS[1], user)
+  end
+end
+return removed
+"""
 
 
 def queue_indexed(pipe: Any, keys: RegistryKeys, tenant: str, *users: str) -> None:
-    """Queue ``users`` into the index (a new binding)."""
+    """Queue ``users`` into the index (a binding written; adding one present is a no-op)."""
     if users:
         pipe.zadd(keys.user_index(tenant), dict.fromkeys(users, 0))
 
@@ -42,20 +58,32 @@ def queue_unindexed(pipe: Any, keys: RegistryKeys, tenant: str, *users: str) -> 
         pipe.zrem(keys.user_index(tenant), *users)
 
 
-def ensure_index(client: Redis, keys: RegistryKeys, tenant: str) -> None:
-    """Add the bindings made before the index existed, once per tenant."""
-    if client.exists(keys.user_index_complete(tenant)):
+def ensure_index(client: Redis, keys: RegistryKeys, tenant: str, now: float) -> None:
+    """Add the bindings the index does not hold: once per tenant, and again when it holds
+    fewer users than the tenant's count of bound users, at most every ``RECHECK_S`` (a
+    count that never matches must not make every listing a backfill). Reads each adapter's
+    set a batch at a time (a tenant's 100,000 users: a few hundred round trips, none long)."""
+    index, done = keys.user_index(tenant), keys.user_index_complete(tenant)
+    pipe = client.pipeline(transaction=False)
+    pipe.get(done)
+    pipe.zcard(index)
+    pipe.get(keys.bound_users(tenant))
+    last, indexed, bound = pipe.execute()
+    if last is not None and (indexed >= int(bound or 0) or now - float(last) < RECHECK_S):
         return
     for name in client.zrange(keys.adapters(tenant), 0, -1):
         batch: list[str] = []
         for user in client.sscan_iter(keys.adapter_users(tenant, name), count=BACKFILL_BATCH):
             batch.append(user)
             if len(batch) >= BACKFILL_BATCH:
-                client.zadd(keys.user_index(tenant), dict.fromkeys(batch, 0))
+                client.zadd(index, dict.fromkeys(batch, 0))
                 batch.clear()
         if batch:
-            client.zadd(keys.user_index(tenant), dict.fromkeys(batch, 0))
-    client.set(keys.user_index_complete(tenant), "1")
+            client.zadd(index, dict.fromkeys(batch, 0))
+    if not client.exists(keys.tenant(tenant)):  # deleted meanwhile: leave nothing behind
+        client.delete(index, done)
+        return
+    client.set(done, str(now))  # when it ran
 
 
 def page(
@@ -67,15 +95,15 @@ def page(
     adapter: str | None = None,
 ) -> tuple[list[UserBinding], str | None]:
     """Up to ``limit`` bindings after user id ``cursor`` (all of them, or ``adapter``'s), by
-    user id, and the cursor of the next page (None: nothing after). With ``adapter`` a page
-    reads at most ``limit x SCAN_FACTOR`` users, so it may hold fewer than ``limit`` (even
-    none) and still have a cursor."""
+    user id, and the cursor of the next page (None: nothing after). A page reads at most
+    ``limit x SCAN_FACTOR`` index entries, so it may hold fewer than ``limit`` (even none)
+    and still have a cursor."""
     index = keys.user_index(tenant)
-    budget = limit if adapter is None else limit * SCAN_FACTOR
+    budget = limit * SCAN_FACTOR
     items: list[UserBinding] = []
     after = cursor
     while budget > 0:
-        want = limit - len(items) if adapter is None else min(budget, READ_BATCH)
+        want = min(budget, limit - len(items) if adapter is None else READ_BATCH)
         users: list[str] = client.zrange(
             index, f"({after}" if after else "-", "+", bylex=True, offset=0, num=want
         )
@@ -84,7 +112,8 @@ def page(
         bound = client.mget([keys.binding(tenant, u) for u in users])
         stale = [u for u, name in zip(users, bound, strict=True) if name is None]
         if stale:
-            client.zrem(index, *stale)
+            binding_keys = [keys.binding(tenant, u) for u in stale]
+            client.eval(_DROP_UNBOUND, 1 + len(stale), index, *binding_keys, *stale)
         for user, name in zip(users, bound, strict=True):
             after = user
             if name is not None and (adapter is None or name == adapter):

@@ -204,7 +204,7 @@ class RegistryKeys:
     def user_index(self, tenant: str) -> str:  # ZSET bound user ids, score 0: paged by id
         return f"{self.tenant(tenant)}:user_index"
 
-    def user_index_complete(self, tenant: str) -> str:  # STRING, once older bindings are in
+    def user_index_complete(self, tenant: str) -> str:  # STRING when older bindings went in
         return f"{self.tenant(tenant)}:user_index_complete"
 
     def blob(self, sha256: str) -> str:  # HASH sha256 type mode rank base_model size_bytes gen

@@ -17,14 +17,18 @@ BINDING = json_reply("user, adapter, and the version it runs")
 
 @router.get(
     "",
-    openapi_extra=typed_query(adapter=("string", "Only the users bound to this adapter")),
+    openapi_extra=typed_query(
+        limit=("integer", "At most this many (1-1000, default 100)"),
+        cursor=("string", "next_cursor of the previous page (a user id)"),
+        adapter=("string", "Only the users bound to this adapter"),
+    ),
     responses={
-        **json_reply("items: user and adapter"),
+        **json_reply("items (user and adapter) and next_cursor"),
         **error_responses(400, 404, *FORWARD_ERRORS),
     },
 )
 async def list_users(request: Request, state: StateDep, owner: TenantDep) -> Response:
-    """Your bound users and their adapters, by user id."""
+    """Your bound users and their adapters, by user id, a page at a time."""
     return await forward(state.registry_http, request, owner)
 
 

@@ -12,6 +12,8 @@ export function render(view, _params, alive) {
   const note = notices();
   let bindings = [];
   let cursor = null; // where the registry's next page starts; null: all loaded
+  let generation = 0; // bumped by each reload: an answer for an older one is dropped
+  let fetching = false; // a "Load more" in flight
   let page = 0;
   const search = h("input", { type: "search", name: "search", autocomplete: "off" });
   const body = h("div", {}, h("p", { class: "loading" }, "Loading bindings…"));
@@ -82,7 +84,7 @@ export function render(view, _params, alive) {
       fill(more);
       return;
     }
-    const button = h("button", { type: "button", class: "secondary" }, "Load more bindings");
+    const button = h("button", { type: "button", class: "secondary", disabled: fetching }, "Load more bindings");
     button.addEventListener("click", () => {
       button.disabled = true;
       fetchPage(cursor);
@@ -110,18 +112,27 @@ export function render(view, _params, alive) {
   });
 
   function load() {
+    generation += 1;
+    fetching = false;
     return fetchPage(null);
   }
   async function fetchPage(after) {
+    const mine = generation;
+    fetching = after !== null;
     let answer;
     try {
       const query = after ? { limit: FETCH, cursor: after } : { limit: FETCH };
       answer = await api.call("GET", "/v1/users", { query });
     } catch (error) {
-      if (alive()) fill(body), note.fail(error);
+      if (!alive() || mine !== generation) return;
+      fetching = false;
+      if (after === null) fill(body); // a failed "Load more" keeps what is shown
+      note.fail(error);
+      if (after !== null) draw();
       return;
     }
-    if (!alive()) return;
+    if (!alive() || mine !== generation) return; // a reload started since
+    fetching = false;
     bindings = after ? bindings.concat(answer.items) : answer.items;
     cursor = answer.next_cursor;
     draw();
