@@ -248,6 +248,9 @@ class RegistryKeys:
     def tenant_jobs(self, tenant: str) -> str:  # ZSET job id by created_at ms (listing)
         return f"{self.tenant(tenant)}:ftjobs"
 
+    def tenant_active_jobs(self, tenant: str) -> str:  # ZSET its queued and running job ids
+        return f"{self.tenant(tenant)}:ftjobs:active"
+
     def job(self, job_id: str) -> str:  # STRING JSON job record (incl. tenant, runner)
         return f"{self.ns}:ftjob:{_part(job_id, is_job_id, 'job id')}"
 
@@ -257,6 +260,10 @@ class RegistryKeys:
     @property
     def active_jobs(self) -> str:  # ZSET job id (queued or running) by created_at ms
         return f"{self.ns}:ftjobs:active"
+
+    @property
+    def active_jobs_by_tenant(self) -> str:  # STRING once tenant_active_jobs holds them all
+        return f"{self.ns}:ftjobs:active:by_tenant"
 
     def runner_heartbeat(self, instance: str) -> str:  # STRING with a TTL: runner alive
         return f"{self.ns}:ftrunner:{_part(instance, _is_instance, 'runner instance')}"

@@ -4,7 +4,8 @@ A job is one JSON record under ``RegistryKeys.job``; every change is an optimist
 transaction (WATCH) so the dispatcher, a cancel and a restarted registry never overwrite
 each other's transitions, and a finished job never changes state again. Events are a
 capped stream per job. ``active_jobs`` indexes the queued and running ones, which is all
-the dispatcher and the per-tenant limits read.
+the dispatcher reads; ``tenant_active_jobs`` indexes each tenant's, which is all a create
+reads for the tenant's limits (a handful of records, whatever the other tenants run).
 
 A tenant keeps a bounded number of finished jobs: creating a job deletes the tenant's
 oldest finished ones past the limit (:meth:`JobStore.create_limited`). A deleted job's
@@ -88,14 +89,16 @@ class JobStore:
         pipe.set(self.keys.job(record.id), record.model_dump_json())
         pipe.zadd(self.keys.tenant_jobs(record.tenant), {record.id: score})
         pipe.zadd(self.keys.active_jobs, {record.id: score})
+        pipe.zadd(self.keys.tenant_active_jobs(record.tenant), {record.id: score})
         self._queue_event(pipe, record.id, message, "info", "message", None)
 
     def create_limited(
         self, record: JobRecord, limit: int, message: str, keep_finished: int | None = None
     ) -> bool:
         """Create the job unless its tenant already has ``limit`` active ones (checked and
-        written in one transaction over the active index, so concurrent creates cannot
-        both take the last place).
+        written in one transaction over the tenant's active index, so concurrent creates
+        cannot both take the last place; other tenants' creates and transitions do not
+        touch it, so they neither slow nor retry this one).
 
         ``keep_finished``: the finished jobs (succeeded, failed, cancelled) the tenant
         keeps. The same transaction deletes the tenant's oldest finished jobs past it, at
@@ -109,36 +112,59 @@ class JobStore:
         never changes state again, so the candidates cannot change under the transaction.
         """
 
+        self._index_active_by_tenant()
+        index = self.keys.tenant_active_jobs(record.tenant)
+
         def txn(pipe: Any) -> bool:
-            ids = pipe.zrange(self.keys.active_jobs, 0, -1)
-            raws = [pipe.get(self.keys.job(i)) for i in ids]
-            mine = sum(
-                1
-                for raw in raws
-                if raw and JobRecord.model_validate_json(raw).tenant == record.tenant
-            )
+            ids = pipe.zrange(index, 0, -1)
+            raws = pipe.mget([self.keys.job(i) for i in ids]) if ids else []
+            records = [JobRecord.model_validate_json(raw) if raw else None for raw in raws]
+            live = {
+                i
+                for i, r in zip(ids, records, strict=True)
+                if r is not None and r.tenant == record.tenant and not r.status.finished
+            }
+            stale = [i for i in ids if i not in live]  # ended while the index was filled
+            mine = len(live)
             if mine >= limit:
                 pipe.multi()
+                if stale:
+                    pipe.zrem(index, *stale)
                 return False
             doomed = (
                 []
                 if keep_finished is None
-                else self._past_retention(pipe, record.tenant, set(ids), mine, keep_finished)
+                else self._past_retention(pipe, record.tenant, live, mine, keep_finished)
             )
             pipe.multi()
+            if stale:
+                pipe.zrem(index, *stale)
             self._queue_create(pipe, record, message)
             for job_id in doomed:
                 pipe.delete(self.keys.job(job_id), self.keys.job_events(job_id))
                 pipe.zrem(self.keys.tenant_jobs(record.tenant), job_id)
             return True
 
-        return transact(self.redis, txn, self.keys.active_jobs)
+        return transact(self.redis, txn, index)
+
+    def _index_active_by_tenant(self) -> None:
+        """Once per namespace: add the active jobs of a registry from before the
+        per-tenant index to it (a job that ends meanwhile may be added after it left:
+        :meth:`create_limited` drops such an entry when it reads it)."""
+        if self.redis.exists(self.keys.active_jobs_by_tenant):
+            return
+        for job_id in self.redis.zrange(self.keys.active_jobs, 0, -1):
+            found = self.get(job_id)
+            if found is not None and not found.status.finished:
+                score = self.redis.zscore(self.keys.active_jobs, job_id) or time.time_ns() // 1000
+                self.redis.zadd(self.keys.tenant_active_jobs(found.tenant), {job_id: score})
+        self.redis.set(self.keys.active_jobs_by_tenant, "1")
 
     def _past_retention(
         self, pipe: Any, tenant: str, active: set[str], mine: int, keep: int
     ) -> list[str]:
         """The tenant's oldest finished jobs past ``keep``, at most PRUNE_PER_CREATE
-        (``mine``: its active jobs, all in ``active``; reads at most ``mine`` plus that
+        (``mine``: its active jobs, ``active`` their ids; reads at most ``mine`` plus that
         many ids and that many records)."""
         key = self.keys.tenant_jobs(tenant)
         over = min(pipe.zcard(key) - mine - keep, PRUNE_PER_CREATE)
@@ -184,6 +210,7 @@ class JobStore:
             pipe.set(key, new.model_dump_json())
             if new.status.finished:
                 pipe.zrem(self.keys.active_jobs, job_id)
+                pipe.zrem(self.keys.tenant_active_jobs(new.tenant), job_id)
             if message:
                 self._queue_event(pipe, job_id, message, level, "message", None)
             return new

@@ -1,0 +1,94 @@
+"""A fine-tuning create reads its own tenant's queued and running jobs, nothing else: the
+per-tenant active index (``tenant_active_jobs``) bounds the work of every create, however
+many jobs other tenants run, and other tenants' creates and transitions do not make it
+retry. Active jobs of a registry from before the index are added to it once; an entry of a
+job that ended is dropped when a create reads it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from preft_serve.common.finetune_wire import JobStatus
+from preft_serve.common.registry_client import RegistryKeys
+from preft_serve.registry.finetune.jobs import JobStore
+from tests.finetune.test_retention import new_record, set_status
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_server, decode_responses=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store(client: redis.Redis, namespace: str) -> JobStore:
+    return JobStore(client, RegistryKeys(namespace), 100)
+
+
+def test_a_create_reads_none_of_the_other_tenants_jobs(
+    store: JobStore, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    others = [new_record(f"tenant-{n:03d}") for n in range(200)]
+    for record in others:
+        assert store.create_limited(record, 4, "queued", keep_finished=10)
+    mine = new_record()
+    assert store.create_limited(mine, 4, "queued", keep_finished=10)
+
+    commands: list[tuple[Any, ...]] = []
+    real_pipeline = client.pipeline
+
+    def recording_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(*args, **kwargs)
+        run = pipe.execute_command
+
+        def execute_command(*command: Any, **options: Any) -> Any:
+            commands.append(command)
+            return run(*command, **options)
+
+        pipe.execute_command = execute_command  # type: ignore[method-assign]
+        return pipe
+
+    monkeypatch.setattr(client, "pipeline", recording_pipeline)
+    assert store.create_limited(new_record(), 4, "queued", keep_finished=10)
+    touched = " ".join(str(part) for command in commands for part in command)
+    assert mine.id in touched  # its own active job was read
+    assert not any(record.id in touched for record in others)
+    assert "tenant-" not in touched
+    assert len(commands) < 20
+
+
+def test_the_limit_counts_active_jobs_from_before_the_index(
+    store: JobStore, client: redis.Redis
+) -> None:
+    keys = store.keys
+    queued, running = new_record(), new_record()
+    for record in (queued, running):
+        store.create(record, "queued")
+    set_status(store, running.id, JobStatus.RUNNING)
+    # As a registry from before the per-tenant index left them.
+    client.delete(keys.tenant_active_jobs("acme"), keys.active_jobs_by_tenant)
+    assert not store.create_limited(new_record(), 2, "queued")
+    assert client.zrange(keys.tenant_active_jobs("acme"), 0, -1) == [queued.id, running.id]
+    assert client.get(keys.active_jobs_by_tenant) == "1"
+    set_status(store, queued.id, JobStatus.CANCELLED)  # leaves both indexes
+    assert client.zrange(keys.tenant_active_jobs("acme"), 0, -1) == [running.id]
+    assert store.create_limited(new_record(), 2, "queued")
+
+
+def test_an_entry_of_a_job_that_ended_is_dropped_when_read(
+    store: JobStore, client: redis.Redis
+) -> None:
+    """As the one-time fill can leave: the job ended after the fill read it as active."""
+    keys = store.keys
+    ended = new_record()
+    assert store.create_limited(ended, 1, "queued")
+    set_status(store, ended.id, JobStatus.SUCCEEDED)
+    client.zadd(keys.tenant_active_jobs("acme"), {ended.id: 1})
+    fresh = new_record()
+    assert store.create_limited(fresh, 1, "queued")  # the ended job does not count
+    assert client.zrange(keys.tenant_active_jobs("acme"), 0, -1) == [fresh.id]
