@@ -1,8 +1,8 @@
-"""A fine-tuning create reads its own tenant's queued and running jobs, nothing else: the
-per-tenant active index (``tenant_active_jobs``) bounds the work of every create, however
-many jobs other tenants run, and other tenants' creates and transitions do not make it
-retry. Active jobs of a registry from before the index are added to it once; an entry of a
-job that ended is dropped when a create reads it."""
+"""A fine-tuning create (and a file delete) reads its own tenant's queued and running jobs,
+nothing else: the per-tenant active index (``tenant_active_jobs``) bounds the work of each,
+however many jobs other tenants run. Active jobs of a registry from before the index, or
+created by an older one during a rolling update, are added to it, never a job that ended;
+an entry of a job that ended is dropped when a create reads it."""
 
 from __future__ import annotations
 
@@ -92,3 +92,33 @@ def test_an_entry_of_a_job_that_ended_is_dropped_when_read(
     fresh = new_record()
     assert store.create_limited(fresh, 1, "queued")  # the ended job does not count
     assert client.zrange(keys.tenant_active_jobs("acme"), 0, -1) == [fresh.id]
+
+
+def test_jobs_an_older_registry_creates_are_added_and_ended_ones_never(
+    store: JobStore, client: redis.Redis
+) -> None:
+    """During a rolling update an older registry creates jobs in the global index only;
+    the dispatcher's periodic repair (``index_active``) adds them to their tenant's, and
+    never adds back a job that ended."""
+    keys = store.keys
+    assert store.create_limited(new_record(), 2, "queued")  # the index is in use
+    older = new_record()
+    store.create(older, "queued")
+    client.zrem(keys.tenant_active_jobs("acme"), older.id)  # as the older registry wrote it
+    ended = new_record()
+    store.create(ended, "queued")
+    set_status(store, ended.id, JobStatus.FAILED)
+    store.index_active([*store.active(), ended])
+    assert older.id in client.zrange(keys.tenant_active_jobs("acme"), 0, -1)
+    assert ended.id not in client.zrange(keys.tenant_active_jobs("acme"), 0, -1)
+    assert not store.create_limited(new_record(), 2, "queued")  # both active ones count
+
+
+def test_a_file_delete_reads_its_own_tenants_jobs(store: JobStore) -> None:
+    reading = new_record()
+    store.create(reading, "queued")
+    store.create(new_record("beta"), "queued")
+    assert store.using_file("acme", "file-x") == [reading.id]
+    assert store.using_file("acme", "file-y") == []
+    set_status(store, reading.id, JobStatus.CANCELLED)
+    assert store.using_file("acme", "file-x") == []

@@ -33,6 +33,8 @@ from preft_serve.registry.policy_schemas import VersionState
 
 logger = logging.getLogger(__name__)
 
+INDEX_REPAIR_S = 60.0  # how often a tick adds active jobs missing from their tenant's index
+
 
 def new_instance() -> str:
     return uuid.uuid4().hex
@@ -58,6 +60,7 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._owned: set[str] = set()
         self._polled: dict[str, float] = {}
+        self._next_index_repair = 0.0  # time.monotonic() of the next repair
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -102,6 +105,11 @@ class Dispatcher:
         self.store.beat(self.instance, self.settings.heartbeat_s)
         active = self.store.active()
         active_ids = {r.id for r in active}
+        if time.monotonic() >= self._next_index_repair:
+            # Jobs a registry of an older version created during a rolling update are in
+            # the global index only; the per-tenant limits read the tenant's.
+            self.store.index_active(active)
+            self._next_index_repair = time.monotonic() + INDEX_REPAIR_S
         for state in (JobStatus.QUEUED, JobStatus.RUNNING):
             self.metrics.finetune_jobs.labels(state.value).set(
                 sum(1 for r in active if r.status is state)

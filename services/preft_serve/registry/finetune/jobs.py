@@ -40,6 +40,16 @@ return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 2))
 """
 
 
+# KEYS: the global active index, a tenant's. ARGV: a job id. Adds the job to the tenant's
+# index with its global score while it is still active there: a job that ended (left both
+# in one transaction) is never added back.
+_ADD_IF_ACTIVE = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then return 0 end
+return redis.call('ZADD', KEYS[2], score, ARGV[1])
+"""
+
+
 def estimate_finish(started_at: float, now: float, step: int, total: int) -> int | None:
     """When a job at ``step`` of ``total`` ends at its pace so far (the start counts:
     loading the model is part of any job's time); None before the first step."""
@@ -75,6 +85,7 @@ class JobRecord(BaseModel):
 class JobStore:
     def __init__(self, client: Any, keys: RegistryKeys, events_maxlen: int) -> None:
         self.redis, self.keys, self.maxlen = client, keys, events_maxlen
+        self._by_tenant_seen = False  # the marker that older active jobs were added was read
 
     def create(self, record: JobRecord, message: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -149,16 +160,23 @@ class JobStore:
 
     def _index_active_by_tenant(self) -> None:
         """Once per namespace: add the active jobs of a registry from before the
-        per-tenant index to it (a job that ends meanwhile may be added after it left:
-        :meth:`create_limited` drops such an entry when it reads it)."""
-        if self.redis.exists(self.keys.active_jobs_by_tenant):
+        per-tenant index to it (:meth:`index_active`; the dispatcher repeats that now and
+        then for jobs an older registry creates during a rolling update)."""
+        if self._by_tenant_seen or self.redis.exists(self.keys.active_jobs_by_tenant):
+            self._by_tenant_seen = True
             return
-        for job_id in self.redis.zrange(self.keys.active_jobs, 0, -1):
-            found = self.get(job_id)
-            if found is not None and not found.status.finished:
-                score = self.redis.zscore(self.keys.active_jobs, job_id) or time.time_ns() // 1000
-                self.redis.zadd(self.keys.tenant_active_jobs(found.tenant), {job_id: score})
+        self.index_active(self.active())
         self.redis.set(self.keys.active_jobs_by_tenant, "1")
+        self._by_tenant_seen = True
+
+    def index_active(self, records: list[JobRecord]) -> None:
+        """Add each of ``records`` (active jobs) to its tenant's active index, unless it
+        has ended meanwhile (checked in Redis, so an ended job is never added back)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for record in records:
+            keys = (self.keys.active_jobs, self.keys.tenant_active_jobs(record.tenant))
+            pipe.eval(_ADD_IF_ACTIVE, 2, *keys, record.id)
+        pipe.execute()
 
     def _past_retention(
         self, pipe: Any, tenant: str, active: set[str], mine: int, keep: int
@@ -351,11 +369,18 @@ class JobStore:
     # -- runner liveness ------------------------------------------------------------------
 
     def using_file(self, tenant: str, file_id: str) -> list[str]:
-        """Ids of the tenant's queued or running jobs that read ``file_id``."""
+        """Ids of the tenant's queued or running jobs that read ``file_id`` (read from its
+        own active index: a file delete's work does not grow with other tenants' jobs)."""
+        self._index_active_by_tenant()
+        ids = self.redis.zrange(self.keys.tenant_active_jobs(tenant), 0, -1)
+        raws = self.redis.mget([self.keys.job(i) for i in ids]) if ids else []
+        records = [JobRecord.model_validate_json(raw) for raw in raws if raw]
         return [
             r.id
-            for r in self.active()
-            if r.tenant == tenant and file_id in (r.job.training_file, r.job.validation_file)
+            for r in records
+            if r.tenant == tenant
+            and not r.status.finished
+            and file_id in (r.job.training_file, r.job.validation_file)
         ]
 
     def beat(self, instance: str, ttl_s: float) -> None:
