@@ -201,6 +201,50 @@ def test_each_create_deletes_a_bounded_number_of_the_oldest_finished_jobs(
     assert len(client.zrange(keys.tenant_jobs("acme"), 0, -1)) == len(active) + 2
 
 
+def test_a_long_job_that_ends_last_is_kept_over_those_that_ended_before(
+    store: JobStore, client: redis.Redis
+) -> None:
+    keys = store.keys
+    long_job = new_record()  # created first, ends last
+    store.create(long_job, "queued")
+    set_status(store, long_job.id, JobStatus.RUNNING)
+    short = []
+    for _ in range(3):
+        record = new_record()
+        store.create(record, "queued")
+        set_status(store, record.id, JobStatus.SUCCEEDED)
+        short.append(record.id)
+    set_status(store, long_job.id, JobStatus.SUCCEEDED)
+    fresh = new_record()
+    assert store.create_limited(fresh, 100, "queued", keep_finished=2)
+    # Four finished, two kept: the two that ended first go, not the oldest created.
+    assert client.zrange(keys.tenant_jobs("acme"), 0, -1) == [long_job.id, short[2], fresh.id]
+    assert client.zrange(keys.tenant_finished_jobs("acme"), 0, -1) == [short[2], long_job.id]
+
+
+def test_jobs_that_finished_before_the_finished_index_go_by_when_they_ended(
+    store: JobStore, client: redis.Redis
+) -> None:
+    keys = store.keys
+    ended = []
+    for finished_at in (300, 100, 200):  # created in this order, ended in another
+        record = new_record()
+        store.create(record, "queued")
+
+        def finish(r: JobRecord, at: int = finished_at) -> JobRecord:
+            r.job.status, r.job.finished_at = JobStatus.SUCCEEDED, at
+            return r
+
+        store.update(record.id, finish)
+        ended.append(record.id)
+    # As a registry from before the finished index left them.
+    client.delete(keys.tenant_finished_jobs("acme"), keys.tenant_finished_indexed("acme"))
+    fresh = new_record()
+    assert store.create_limited(fresh, 100, "queued", keep_finished=1)
+    assert client.zrange(keys.tenant_jobs("acme"), 0, -1) == [ended[0], fresh.id]
+    assert client.get(keys.tenant_finished_indexed("acme")) == "1"
+
+
 def test_late_writes_to_a_deleted_job_create_nothing(
     store: JobStore, client: redis.Redis, namespace: str
 ) -> None:

@@ -251,6 +251,12 @@ class RegistryKeys:
     def tenant_active_jobs(self, tenant: str) -> str:  # ZSET its queued and running job ids
         return f"{self.tenant(tenant)}:ftjobs:active"
 
+    def tenant_finished_jobs(self, tenant: str) -> str:  # ZSET its ended job ids by finished_at
+        return f"{self.tenant(tenant)}:ftjobs:finished"
+
+    def tenant_finished_indexed(self, tenant: str) -> str:  # STRING once older ones are in
+        return f"{self.tenant(tenant)}:ftjobs:finished:complete"
+
     def job(self, job_id: str) -> str:  # STRING JSON job record (incl. tenant, runner)
         return f"{self.ns}:ftjob:{_part(job_id, is_job_id, 'job id')}"
 

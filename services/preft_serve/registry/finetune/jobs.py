@@ -8,7 +8,8 @@ the dispatcher reads; ``tenant_active_jobs`` indexes each tenant's, which is all
 reads for the tenant's limits (a handful of records, whatever the other tenants run).
 
 A tenant keeps a bounded number of finished jobs: creating a job deletes the tenant's
-oldest finished ones past the limit (:meth:`JobStore.create_limited`). A deleted job's
+finished ones that ended first, past the limit (:meth:`JobStore.create_limited`), so a
+long job that ends late is kept as long as any other that ends then. A deleted job's
 late writes (a runner still reporting on it) create nothing: :meth:`JobStore.update`
 needs the record, and :meth:`JobStore.add_event` appends only while the record exists.
 """
@@ -31,6 +32,7 @@ MAX_MESSAGE = 1000
 PRUNE_PER_CREATE = 10  # finished jobs one create deletes at most (each create adds one)
 MATCH_SCAN = 1000  # job records a filtered listing reads per call once it has a match
 MATCH_BATCH = 100
+FINISHED_BATCH = 500  # job records read at once while a tenant's finished index is filled
 
 # KEYS: the job's record, its events. ARGV: the stream's cap, then field/value pairs. A job
 # deleted meanwhile (retention, its tenant's deletion) gets no stream without a record.
@@ -124,6 +126,8 @@ class JobStore:
         """
 
         self._index_active_by_tenant()
+        if keep_finished is not None:
+            self._index_finished(record.tenant)
         index = self.keys.tenant_active_jobs(record.tenant)
 
         def txn(pipe: Any) -> bool:
@@ -154,6 +158,7 @@ class JobStore:
             for job_id in doomed:
                 pipe.delete(self.keys.job(job_id), self.keys.job_events(job_id))
                 pipe.zrem(self.keys.tenant_jobs(record.tenant), job_id)
+                pipe.zrem(self.keys.tenant_finished_jobs(record.tenant), job_id)
             return True
 
         return transact(self.redis, txn, index)
@@ -181,23 +186,51 @@ class JobStore:
     def _past_retention(
         self, pipe: Any, tenant: str, active: set[str], mine: int, keep: int
     ) -> list[str]:
-        """The tenant's oldest finished jobs past ``keep``, at most PRUNE_PER_CREATE
-        (``mine``: its active jobs, ``active`` their ids; reads at most ``mine`` plus that
-        many ids and that many records)."""
-        key = self.keys.tenant_jobs(tenant)
-        over = min(pipe.zcard(key) - mine - keep, PRUNE_PER_CREATE)
+        """The tenant's finished jobs that ended first, past ``keep``, at most
+        PRUNE_PER_CREATE (``mine``: its active jobs, ``active`` their ids; reads that many
+        ids and records)."""
+        over = min(pipe.zcard(self.keys.tenant_jobs(tenant)) - mine - keep, PRUNE_PER_CREATE)
         if over <= 0:
             return []
-        oldest = [i for i in pipe.zrange(key, 0, mine + over - 1) if i not in active][:over]
-        if not oldest:
+        ended = [
+            i
+            for i in pipe.zrange(self.keys.tenant_finished_jobs(tenant), 0, over - 1)
+            if i not in active
+        ]
+        if not ended:
             return []
-        raws = pipe.mget([self.keys.job(i) for i in oldest])
+        raws = pipe.mget([self.keys.job(i) for i in ended])
         doomed = []
-        for job_id, raw in zip(oldest, raws, strict=True):
+        for job_id, raw in zip(ended, raws, strict=True):
             found = JobRecord.model_validate_json(raw) if raw else None
             if found is None or (found.tenant == tenant and found.status.finished):
-                doomed.append(job_id)  # a record already gone: its index entry goes
+                doomed.append(job_id)  # a record already gone: its index entries go
         return doomed
+
+    def _index_finished(self, tenant: str) -> None:
+        """Once per tenant: add its jobs that finished before the finished index existed,
+        by their ``finished_at`` (seconds, so they sort before every job that ends after;
+        a batch of records at a time; a tenant keeps at most its retention plus its
+        active jobs)."""
+        done = self.keys.tenant_finished_indexed(tenant)
+        if self.redis.exists(done):
+            return
+        ids = self.redis.zrange(self.keys.tenant_jobs(tenant), 0, -1)
+        for start in range(0, len(ids), FINISHED_BATCH):
+            batch = ids[start : start + FINISHED_BATCH]
+            ended = {
+                r.id: (r.job.finished_at or r.job.created_at) * 1_000_000
+                for r in (
+                    JobRecord.model_validate_json(raw)
+                    for raw in self.redis.mget([self.keys.job(i) for i in batch])
+                    if raw
+                )
+                if r.status.finished
+            }
+            if ended:
+                # NX: a job the index holds keeps the finer time it ended at
+                self.redis.zadd(self.keys.tenant_finished_jobs(tenant), ended, nx=True)
+        self.redis.set(done, "1")
 
     def get(self, job_id: str) -> JobRecord | None:
         raw = self.redis.get(self.keys.job(job_id))
@@ -229,6 +262,8 @@ class JobStore:
             if new.status.finished:
                 pipe.zrem(self.keys.active_jobs, job_id)
                 pipe.zrem(self.keys.tenant_active_jobs(new.tenant), job_id)
+                ended_us = time.time_ns() // 1000  # as the creation index: ties stay in order
+                pipe.zadd(self.keys.tenant_finished_jobs(new.tenant), {job_id: ended_us})
             if message:
                 self._queue_event(pipe, job_id, message, level, "message", None)
             return new
