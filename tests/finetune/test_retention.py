@@ -1,5 +1,5 @@
-"""A tenant keeps a bounded number of finished jobs: creating one deletes its oldest
-finished jobs past ``tenant_max_jobs_kept`` whole (record, events, index entries), never a
+"""A tenant keeps a bounded number of finished jobs: creating one deletes its finished
+jobs that ended first past ``tenant_max_jobs_kept`` whole (record, events, index entries), never a
 queued or running one nor another tenant's; a runner's late writes to a deleted job
 create nothing; a listing filtered by metadata reads a bounded number of records."""
 
@@ -18,7 +18,12 @@ from preft_serve.common.finetune_wire import FineTuningJob, JobStatus
 from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune import jobs as jobs_module
 from preft_serve.registry.finetune.dispatcher import Dispatcher
-from preft_serve.registry.finetune.jobs import PRUNE_PER_CREATE, JobRecord, JobStore
+from preft_serve.registry.finetune.jobs import (
+    PRUNE_PER_CREATE,
+    RECHECK_S,
+    JobRecord,
+    JobStore,
+)
 from preft_serve.registry.finetune.settings import FinetuneSettings
 from preft_serve.registry.metrics import RegistryMetrics
 from tests.finetune.conftest import Api, chat_jsonl
@@ -242,7 +247,29 @@ def test_jobs_that_finished_before_the_finished_index_go_by_when_they_ended(
     fresh = new_record()
     assert store.create_limited(fresh, 100, "queued", keep_finished=1)
     assert client.zrange(keys.tenant_jobs("acme"), 0, -1) == [ended[0], fresh.id]
-    assert client.get(keys.tenant_finished_indexed("acme")) == "1"
+    assert client.zrange(keys.tenant_finished_jobs("acme"), 0, -1) == [ended[0]]
+    assert client.get(keys.tenant_finished_indexed("acme")) is not None
+
+
+def test_a_job_an_older_registry_finished_is_added_and_pruned(
+    store: JobStore, client: redis.Redis
+) -> None:
+    """During a rolling update an older registry finishes jobs without the finished index:
+    once the tenant holds more jobs than its indexes, they are added (at most every
+    RECHECK_S) and pruned in turn."""
+    keys = store.keys
+    first, second = new_record(), new_record()
+    for record in (first, second):
+        store.create(record, "queued")
+        set_status(store, record.id, JobStatus.SUCCEEDED)
+    assert store.create_limited(new_record(), 100, "queued", keep_finished=5)  # filled once
+    client.zrem(keys.tenant_finished_jobs("acme"), first.id)  # as the older registry left it
+    assert store.create_limited(new_record(), 100, "queued", keep_finished=1)
+    assert first.id in client.zrange(keys.tenant_jobs("acme"), 0, -1)  # not yet: RECHECK_S
+    client.set(keys.tenant_finished_indexed("acme"), str(time.time() - RECHECK_S - 1))
+    assert store.create_limited(new_record(), 100, "queued", keep_finished=1)
+    assert first.id not in client.zrange(keys.tenant_jobs("acme"), 0, -1)
+    assert second.id in client.zrange(keys.tenant_jobs("acme"), 0, -1)
 
 
 def test_late_writes_to_a_deleted_job_create_nothing(

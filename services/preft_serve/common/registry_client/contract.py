@@ -251,10 +251,10 @@ class RegistryKeys:
     def tenant_active_jobs(self, tenant: str) -> str:  # ZSET its queued and running job ids
         return f"{self.tenant(tenant)}:ftjobs:active"
 
-    def tenant_finished_jobs(self, tenant: str) -> str:  # ZSET its ended job ids by finished_at
+    def tenant_finished_jobs(self, tenant: str) -> str:  # ZSET its ended job ids by when (µs)
         return f"{self.tenant(tenant)}:ftjobs:finished"
 
-    def tenant_finished_indexed(self, tenant: str) -> str:  # STRING once older ones are in
+    def tenant_finished_indexed(self, tenant: str) -> str:  # STRING when others last went in
         return f"{self.tenant(tenant)}:ftjobs:finished:complete"
 
     def job(self, job_id: str) -> str:  # STRING JSON job record (incl. tenant, runner)

@@ -33,6 +33,7 @@ PRUNE_PER_CREATE = 10  # finished jobs one create deletes at most (each create a
 MATCH_SCAN = 1000  # job records a filtered listing reads per call once it has a match
 MATCH_BATCH = 100
 FINISHED_BATCH = 500  # job records read at once while a tenant's finished index is filled
+RECHECK_S = 600  # least time between two fills of one tenant's finished index
 
 # KEYS: the job's record, its events. ARGV: the stream's cap, then field/value pairs. A job
 # deleted meanwhile (retention, its tenant's deletion) gets no stream without a record.
@@ -114,9 +115,9 @@ class JobStore:
         touch it, so they neither slow nor retry this one).
 
         ``keep_finished``: the finished jobs (succeeded, failed, cancelled) the tenant
-        keeps. The same transaction deletes the tenant's oldest finished jobs past it, at
-        most :data:`PRUNE_PER_CREATE` (bounded work per request), each whole: record,
-        event stream and index entry. Creating is the one place a tenant's job count
+        keeps. The same transaction deletes the tenant's finished jobs that ended first
+        past it (``tenant_finished_jobs``), at most :data:`PRUNE_PER_CREATE` (bounded work
+        per request), each whole: record, event stream and index entries. Creating is the one place a tenant's job count
         grows, so pruning there bounds it without touching the dispatcher's transitions:
         between two creates the tenant holds at most ``keep_finished`` finished jobs plus
         the ones that were active at the first (and an excess left by lowering the setting
@@ -149,7 +150,7 @@ class JobStore:
             doomed = (
                 []
                 if keep_finished is None
-                else self._past_retention(pipe, record.tenant, live, mine, keep_finished)
+                else self._past_retention(pipe, record.tenant, live, keep_finished)
             )
             pipe.multi()
             if stale:
@@ -183,20 +184,15 @@ class JobStore:
             pipe.eval(_ADD_IF_ACTIVE, 2, *keys, record.id)
         pipe.execute()
 
-    def _past_retention(
-        self, pipe: Any, tenant: str, active: set[str], mine: int, keep: int
-    ) -> list[str]:
+    def _past_retention(self, pipe: Any, tenant: str, active: set[str], keep: int) -> list[str]:
         """The tenant's finished jobs that ended first, past ``keep``, at most
-        PRUNE_PER_CREATE (``mine``: its active jobs, ``active`` their ids; reads that many
-        ids and records)."""
-        over = min(pipe.zcard(self.keys.tenant_jobs(tenant)) - mine - keep, PRUNE_PER_CREATE)
+        PRUNE_PER_CREATE (never one of ``active``, its active jobs; reads that many ids
+        and records)."""
+        finished = self.keys.tenant_finished_jobs(tenant)
+        over = min(pipe.zcard(finished) - keep, PRUNE_PER_CREATE)
         if over <= 0:
             return []
-        ended = [
-            i
-            for i in pipe.zrange(self.keys.tenant_finished_jobs(tenant), 0, over - 1)
-            if i not in active
-        ]
+        ended = [i for i in pipe.zrange(finished, 0, over - 1) if i not in active]
         if not ended:
             return []
         raws = pipe.mget([self.keys.job(i) for i in ended])
@@ -208,12 +204,22 @@ class JobStore:
         return doomed
 
     def _index_finished(self, tenant: str) -> None:
-        """Once per tenant: add its jobs that finished before the finished index existed,
-        by their ``finished_at`` (seconds, so they sort before every job that ends after;
-        a batch of records at a time; a tenant keeps at most its retention plus its
-        active jobs)."""
+        """Add the tenant's finished jobs the finished index lacks: once, for jobs that
+        ended before it existed, and again (at most every ``RECHECK_S``) when the tenant
+        holds more jobs than its active and finished indexes together (jobs a registry of
+        an older version finished during a rolling update). By ``finished_at`` (seconds,
+        so they sort before every job that ends after), a batch of records at a time; a
+        tenant keeps at most its retention plus its active jobs."""
         done = self.keys.tenant_finished_indexed(tenant)
-        if self.redis.exists(done):
+        finished = self.keys.tenant_finished_jobs(tenant)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(done)
+        pipe.zcard(self.keys.tenant_jobs(tenant))
+        pipe.zcard(self.keys.tenant_active_jobs(tenant))
+        pipe.zcard(finished)
+        last, kept, active, indexed = pipe.execute()
+        now = time.time()
+        if last is not None and (kept <= active + indexed or now - float(last) < RECHECK_S):
             return
         ids = self.redis.zrange(self.keys.tenant_jobs(tenant), 0, -1)
         for start in range(0, len(ids), FINISHED_BATCH):
@@ -229,8 +235,8 @@ class JobStore:
             }
             if ended:
                 # NX: a job the index holds keeps the finer time it ended at
-                self.redis.zadd(self.keys.tenant_finished_jobs(tenant), ended, nx=True)
-        self.redis.set(done, "1")
+                self.redis.zadd(finished, ended, nx=True)
+        self.redis.set(done, str(now))  # when it ran
 
     def get(self, job_id: str) -> JobRecord | None:
         raw = self.redis.get(self.keys.job(job_id))
@@ -262,8 +268,9 @@ class JobStore:
             if new.status.finished:
                 pipe.zrem(self.keys.active_jobs, job_id)
                 pipe.zrem(self.keys.tenant_active_jobs(new.tenant), job_id)
-                ended_us = time.time_ns() // 1000  # as the creation index: ties stay in order
-                pipe.zadd(self.keys.tenant_finished_jobs(new.tenant), {job_id: ended_us})
+                ended_us = time.time_ns() // 1000  # finer than finished_at (seconds)
+                finished = self.keys.tenant_finished_jobs(new.tenant)
+                pipe.zadd(finished, {job_id: ended_us}, nx=True)
             if message:
                 self._queue_event(pipe, job_id, message, level, "message", None)
             return new

@@ -90,7 +90,7 @@ class FinetuneSettings(BaseModel):
         1000,
         ge=1,
         description="Finished jobs (succeeded, failed, cancelled) one tenant keeps: "
-        "creating a job deletes the oldest ones past this, with their events",
+        "creating a job deletes those that ended first past this, with their events",
     )
     tenant_max_files: int = Field(100, ge=1, le=100000, description="Files one tenant keeps")
     max_file_bytes: int = Field(
