@@ -117,8 +117,9 @@ class JobStore:
         ``keep_finished``: the finished jobs (succeeded, failed, cancelled) the tenant
         keeps. The same transaction deletes the tenant's finished jobs that ended first
         past it (``tenant_finished_jobs``), at most :data:`PRUNE_PER_CREATE` (bounded work
-        per request), each whole: record, event stream and index entries. Creating is the one place a tenant's job count
-        grows, so pruning there bounds it without touching the dispatcher's transitions:
+        per request), each whole: record, event stream and index entries. Creating is the
+        one place a tenant's job count grows, so pruning there bounds it without touching
+        the dispatcher's transitions:
         between two creates the tenant holds at most ``keep_finished`` finished jobs plus
         the ones that were active at the first (and an excess left by lowering the setting
         shrinks by ``PRUNE_PER_CREATE - 1`` per create). Queued and running jobs are never
