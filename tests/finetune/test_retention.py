@@ -227,6 +227,20 @@ def test_a_long_job_that_ends_last_is_kept_over_those_that_ended_before(
     assert client.zrange(keys.tenant_finished_jobs("acme"), 0, -1) == [short[2], long_job.id]
 
 
+def test_a_listing_reads_on_past_a_cursor_that_retention_deleted(store: JobStore) -> None:
+    jobs = [new_record() for _ in range(3)]
+    for record in jobs:
+        store.create(record, "queued")
+    for index in (1, 2, 0):  # the middle one ends first
+        set_status(store, jobs[index].id, JobStatus.SUCCEEDED)
+    page, more = store.page("acme", None, 2)
+    assert [r.id for r in page] == [jobs[2].id, jobs[1].id] and more
+    assert store.create_limited(new_record(), 100, "queued", keep_finished=2)
+    assert store.get(jobs[1].id) is None  # deleted: it ended first
+    page, more = store.page("acme", jobs[1].id, 2)  # the client's cursor
+    assert [r.id for r in page] == [jobs[0].id] and not more
+
+
 def test_jobs_that_finished_before_the_finished_index_go_by_when_they_ended(
     store: JobStore, client: redis.Redis
 ) -> None:

@@ -257,6 +257,9 @@ class RegistryKeys:
     def tenant_finished_indexed(self, tenant: str) -> str:  # STRING when others last went in
         return f"{self.tenant(tenant)}:ftjobs:finished:complete"
 
+    def tenant_pruned_jobs(self, tenant: str) -> str:  # ZSET deleted job ids by listing place
+        return f"{self.tenant(tenant)}:ftjobs:pruned"
+
     def job(self, job_id: str) -> str:  # STRING JSON job record (incl. tenant, runner)
         return f"{self.ns}:ftjob:{_part(job_id, is_job_id, 'job id')}"
 

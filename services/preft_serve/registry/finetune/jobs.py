@@ -34,6 +34,7 @@ MATCH_SCAN = 1000  # job records a filtered listing reads per call once it has a
 MATCH_BATCH = 100
 FINISHED_BATCH = 500  # job records read at once while a tenant's finished index is filled
 RECHECK_S = 600  # least time between two fills of one tenant's finished index
+CURSOR_MARKS = 1000  # deleted jobs whose place in the listing a tenant's cursors may name
 
 # KEYS: the job's record, its events. ARGV: the stream's cap, then field/value pairs. A job
 # deleted meanwhile (retention, its tenant's deletion) gets no stream without a record.
@@ -149,7 +150,7 @@ class JobStore:
                     pipe.zrem(index, *stale)
                 return False
             doomed = (
-                []
+                {}
                 if keep_finished is None
                 else self._past_retention(pipe, record.tenant, live, keep_finished)
             )
@@ -161,6 +162,7 @@ class JobStore:
                 pipe.delete(self.keys.job(job_id), self.keys.job_events(job_id))
                 pipe.zrem(self.keys.tenant_jobs(record.tenant), job_id)
                 pipe.zrem(self.keys.tenant_finished_jobs(record.tenant), job_id)
+            self._queue_cursor_marks(pipe, record.tenant, doomed)
             return True
 
         return transact(self.redis, txn, index)
@@ -185,24 +187,37 @@ class JobStore:
             pipe.eval(_ADD_IF_ACTIVE, 2, *keys, record.id)
         pipe.execute()
 
-    def _past_retention(self, pipe: Any, tenant: str, active: set[str], keep: int) -> list[str]:
+    def _past_retention(
+        self, pipe: Any, tenant: str, active: set[str], keep: int
+    ) -> dict[str, float]:
         """The tenant's finished jobs that ended first, past ``keep``, at most
         PRUNE_PER_CREATE (never one of ``active``, its active jobs; reads that many ids
-        and records)."""
+        and records), with their places in the listing."""
         finished = self.keys.tenant_finished_jobs(tenant)
         over = min(pipe.zcard(finished) - keep, PRUNE_PER_CREATE)
         if over <= 0:
-            return []
+            return {}
         ended = [i for i in pipe.zrange(finished, 0, over - 1) if i not in active]
         if not ended:
-            return []
+            return {}
         raws = pipe.mget([self.keys.job(i) for i in ended])
-        doomed = []
+        listed = self.keys.tenant_jobs(tenant)
+        doomed: dict[str, float] = {}  # id -> its place in the listing
         for job_id, raw in zip(ended, raws, strict=True):
             found = JobRecord.model_validate_json(raw) if raw else None
             if found is None or (found.tenant == tenant and found.status.finished):
-                doomed.append(job_id)  # a record already gone: its index entries go
+                # a record already gone: its index entries go
+                doomed[job_id] = pipe.zscore(listed, job_id) or 0.0
         return doomed
+
+    def _queue_cursor_marks(self, pipe: Any, tenant: str, doomed: dict[str, float]) -> None:
+        """Keep where the deleted jobs stood in the listing (the last ``CURSOR_MARKS``), so
+        a client paging with one of them as its cursor reads on from there."""
+        if not doomed:
+            return
+        marks = self.keys.tenant_pruned_jobs(tenant)
+        pipe.zadd(marks, {i: score for i, score in doomed.items() if score})
+        pipe.zremrangebyrank(marks, 0, -CURSOR_MARKS - 1)
 
     def _index_finished(self, tenant: str) -> None:
         """Add the tenant's finished jobs the finished index lacks: once, for jobs that
@@ -367,6 +382,8 @@ class JobStore:
         top: str | float = "+inf"
         if after is not None:
             score = self.redis.zscore(key, after)
+            if score is None:  # deleted by retention since the client read it
+                score = self.redis.zscore(self.keys.tenant_pruned_jobs(tenant), after)
             if score is None:
                 return [], False
             top = f"({score}"
