@@ -12,9 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from preft_serve.common.objectstore import ObjectStoreSettings
+from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.app import create_app
+from preft_serve.registry.finetune.jobs import JobStore
 from preft_serve.registry.finetune.settings import FinetuneSettings
 from preft_serve.registry.settings import RegistrySettings
 from tests.support.inprocess import serve_in_thread
@@ -43,6 +46,19 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def namespace() -> str:
     return f"ft{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    """A client of the test Redis, for the job store's own tests."""
+    c = redis.Redis.from_url(redis_server, decode_responses=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store(client: redis.Redis, namespace: str) -> JobStore:
+    return JobStore(client, RegistryKeys(namespace), 100)
 
 
 def registry_settings(

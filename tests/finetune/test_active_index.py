@@ -6,28 +6,14 @@ an entry of a job that ended is dropped when a create reads it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from preft_serve.common.finetune_wire import JobStatus
-from preft_serve.common.registry_client import RegistryKeys
 from preft_serve.registry.finetune.jobs import JobStore
 from tests.finetune.test_retention import new_record, set_status
-
-
-@pytest.fixture
-def client(redis_server: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_server, decode_responses=True)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def store(client: redis.Redis, namespace: str) -> JobStore:
-    return JobStore(client, RegistryKeys(namespace), 100)
 
 
 def test_a_create_reads_none_of_the_other_tenants_jobs(

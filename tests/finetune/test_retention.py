@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,18 +30,6 @@ from tests.finetune.conftest import Api, chat_jsonl
 
 JOBS = "/v1/fine_tuning/jobs"
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
-@pytest.fixture
-def client(redis_server: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_server, decode_responses=True)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def store(client: redis.Redis, namespace: str) -> JobStore:
-    return JobStore(client, RegistryKeys(namespace), 100)
 
 
 def job_keys(client: redis.Redis, namespace: str) -> set[str]:

@@ -36,7 +36,7 @@ from preft_serve.registry.policy_schemas import (
     PolicyOut,
     VersionUploaded,
 )
-from preft_serve.registry.routers.path_params import AdapterPath
+from preft_serve.registry.routers.path_params import AdapterCursor, AdapterPath, PageLimit
 from preft_serve.registry.schemas import (
     AdapterDetail,
     AdapterPage,
@@ -189,14 +189,8 @@ def upload_version(
 def list_adapters(
     principal: PrincipalDep,
     adapters: AdaptersDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[
-        str | None,
-        Query(
-            description="next_cursor of the previous page",
-            json_schema_extra={"pattern": ADAPTER_PATTERN},
-        ),
-    ] = None,
+    limit: PageLimit = 100,
+    cursor: AdapterCursor = None,
 ) -> AdapterPage:
     items, next_cursor = adapters.list(principal.tenant, limit, cursor)
     return AdapterPage(items=items, next_cursor=next_cursor)

@@ -12,8 +12,8 @@ from preft_serve.common.errors import error_responses
 from preft_serve.registry.audit_deps import TenantAuditDep
 from preft_serve.registry.bindings import BindingService
 from preft_serve.registry.deps import BindingsDep, PrincipalDep
-from preft_serve.registry.names import ADAPTER_PATTERN, USER_PATTERN
-from preft_serve.registry.routers.path_params import UserPath
+from preft_serve.registry.names import ADAPTER_PATTERN
+from preft_serve.registry.routers.path_params import PageLimit, UserCursor, UserPath
 from preft_serve.registry.schemas import BindingIn, BindingOut, UserPage
 
 router = APIRouter(prefix="/v1/users", tags=["users"])
@@ -31,14 +31,8 @@ def _bound_to(bindings: BindingService, tenant: str, user: str) -> str | None:
 def list_users(
     principal: PrincipalDep,
     bindings: BindingsDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[
-        str | None,
-        Query(
-            description="next_cursor of the previous page (a user id)",
-            json_schema_extra={"pattern": USER_PATTERN},
-        ),
-    ] = None,
+    limit: PageLimit = 100,
+    cursor: UserCursor = None,
     adapter: Annotated[
         str | None,
         Query(
