@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from preft_serve.common.local_redis import NOT_INSTALLED, running_redis
 from tests.support import tiers
@@ -142,6 +143,14 @@ def redis_server() -> Iterator[str]:
         pytest.fail(NOT_INSTALLED)
     with running_redis() as url:
         yield url
+
+
+@pytest.fixture
+def redis_client(redis_server: str) -> Iterator[redis.Redis]:
+    """A client of the test Redis (strings decoded), closed after the test."""
+    client = redis.Redis.from_url(redis_server, decode_responses=True)
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -49,11 +49,9 @@ def namespace() -> str:
 
 
 @pytest.fixture
-def client(redis_server: str) -> Iterator[redis.Redis]:
-    """A client of the test Redis, for the job store's own tests."""
-    c = redis.Redis.from_url(redis_server, decode_responses=True)
-    yield c
-    c.close()
+def client(redis_client: redis.Redis) -> redis.Redis:
+    """The test Redis's client, as the job store's own tests name it."""
+    return redis_client
 
 
 @pytest.fixture

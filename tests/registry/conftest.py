@@ -60,13 +60,6 @@ def lora_dir2(base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture
-def redis_client(redis_server: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server, decode_responses=True)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def s3(s3_server: str) -> Any:
     return boto3.client("s3", endpoint_url=s3_server, **S3_CREDS)
 

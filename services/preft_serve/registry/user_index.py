@@ -109,11 +109,14 @@ def page(
         )
         if not users:
             return items, None
-        bound = client.mget([keys.binding(tenant, u) for u in users])
-        stale = [u for u, name in zip(users, bound, strict=True) if name is None]
+        binding_keys = [keys.binding(tenant, u) for u in users]
+        bound = client.mget(binding_keys)
+        stale = [i for i, name in enumerate(bound) if name is None]
         if stale:
-            binding_keys = [keys.binding(tenant, u) for u in stale]
-            client.eval(_DROP_UNBOUND, 1 + len(stale), index, *binding_keys, *stale)
+            stale_keys = [binding_keys[i] for i in stale]
+            client.eval(
+                _DROP_UNBOUND, 1 + len(stale), index, *stale_keys, *(users[i] for i in stale)
+            )
         for user, name in zip(users, bound, strict=True):
             after = user
             if name is not None and (adapter is None or name == adapter):
